@@ -1,0 +1,32 @@
+# All dependencies come from Debian packages (scripts/install-deps.sh installs them).
+find_package(Threads REQUIRED)
+find_package(fmt REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(OpenSSL REQUIRED)
+
+find_package(Gloo QUIET)
+set(DDP_HAVE_GLOO ${Gloo_FOUND})
+
+find_package(MPI QUIET COMPONENTS C)
+set(DDP_HAVE_MPI ${MPI_C_FOUND})
+
+if(DDP_WITH_TORCH)
+  find_package(Torch QUIET)
+  if(NOT Torch_FOUND)
+    message(WARNING "LibTorch not found: the torch layer, DDP and the examples are not built")
+    set(DDP_WITH_TORCH OFF)
+  endif()
+endif()
+
+if(DDP_BUILD_TESTS)
+  enable_testing()
+  find_package(GTest REQUIRED)
+  include(GoogleTest)
+endif()
+if(DDP_BUILD_BENCH)
+  find_package(benchmark QUIET)
+endif()
+
+message(STATUS "ddp: gloo=${DDP_HAVE_GLOO} mpi=${DDP_HAVE_MPI} torch=${DDP_WITH_TORCH}")

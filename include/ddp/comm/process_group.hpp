@@ -1,0 +1,86 @@
+#pragma once
+// ProcessGroup: collectives over a fixed set of ranks (torch.distributed's ProcessGroup).
+//
+// Contract shared by every backend:
+// - Every rank of the group calls the same collectives in the same order with matching
+//   dtype and counts. With DDP_DEBUG_COLLECTIVES=1 a mismatch raises CollectiveError naming
+//   both calls and the ranks instead of hanging.
+// - Operations are asynchronous: they return a Work; buffers must stay alive and untouched
+//   until wait() returns. Operations issued by one thread complete in issue order.
+// - Buffers are raw (pointer, count, dtype). `count` is in elements. Zero counts are allowed.
+// - An optional operation a backend lacks throws NotSupportedError("backend X does not
+//   support Y").
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/types.hpp"
+#include "ddp/comm/work.hpp"
+
+namespace ddp {
+
+class ProcessGroup {
+ public:
+  static constexpr std::chrono::milliseconds kDefaultTimeout{std::chrono::minutes(30)};
+
+  virtual ~ProcessGroup() = default;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual std::string backend_name() const = 0;
+
+  // In place: data (count elements) becomes op over all ranks' data. kAvg divides the sum by
+  // size() (integer types: truncating division).
+  virtual WorkPtr all_reduce(void* data, size_t count, DataType dtype, ReduceOp op) = 0;
+
+  // In place: every rank's data becomes root's data.
+  virtual WorkPtr broadcast(void* data, size_t count, DataType dtype, int root) = 0;
+
+  // In place on root: root's data becomes op over all ranks; other ranks' data is unspecified
+  // afterwards.
+  virtual WorkPtr reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root) = 0;
+
+  // out holds size() * count elements: rank r's input lands at out + r * count.
+  virtual WorkPtr all_gather(const void* in, void* out, size_t count, DataType dtype) = 0;
+
+  // Unequal sizes: counts[r] elements from rank r, packed in rank order into out.
+  virtual WorkPtr all_gather_v(const void* in, void* out, const std::vector<size_t>& counts,
+                               DataType dtype) = 0;
+
+  // As all_gather, but only root receives; out is ignored on other ranks.
+  virtual WorkPtr gather(const void* in, void* out, size_t count, DataType dtype, int root) = 0;
+
+  // Root's in holds size() * count elements; rank r receives in + r * count into out.
+  virtual WorkPtr scatter(const void* in, void* out, size_t count, DataType dtype, int root) = 0;
+
+  // in holds size() * count elements; rank r receives op over all ranks of block r.
+  virtual WorkPtr reduce_scatter(const void* in, void* out, size_t count, DataType dtype,
+                                 ReduceOp op) = 0;
+
+  // in and out hold size() * count elements; block j of rank i's in lands in block i of rank
+  // j's out.
+  virtual WorkPtr all_to_all(const void* in, void* out, size_t count, DataType dtype) = 0;
+
+  virtual WorkPtr barrier() = 0;
+
+  // Point to point. A recv matches the send from `src` with the same tag, in order.
+  virtual WorkPtr send(const void* data, size_t count, DataType dtype, int dst, int tag) = 0;
+  virtual WorkPtr recv(void* data, size_t count, DataType dtype, int src, int tag) = 0;
+
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+ protected:
+  ProcessGroup(int rank, int size, std::chrono::milliseconds timeout)
+      : rank_(rank), size_(size), timeout_(timeout) {}
+
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+};
+
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+}  // namespace ddp

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs every Debian package ddp needs that is missing. Idempotent: when everything is
+# present it touches neither the network nor dpkg. Usage: install-deps.sh [main|test]
+set -euo pipefail
+
+profile="${1:-main}"
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config
+  libtorch-dev libgloo-dev libopenmpi-dev openmpi-bin
+  libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libssl-dev
+  dataset-fashion-mnist python3-torch
+  libgtest-dev libgmock-dev libbenchmark-dev
+)
+if [[ "$profile" == "test" ]]; then
+  # Multi-host tests (ip netns), the fuzz target, the SLURM cluster test.
+  packages+=(iproute2 clang libclang-rt-14-dev procps psmisc)
+fi
+
+missing=()
+for pkg in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$pkg")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+if [[ $(id -u) -ne 0 ]]; then
+  SUDO=sudo
+else
+  SUDO=
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
