@@ -30,3 +30,10 @@ if(DDP_BUILD_BENCH)
 endif()
 
 message(STATUS "ddp: gloo=${DDP_HAVE_GLOO} mpi=${DDP_HAVE_MPI} torch=${DDP_WITH_TORCH}")
+
+# Gives a LibTorch-using target (test, example, bench) the torch layer's precompiled header.
+function(ddp_torch_pch target)
+  if(TARGET ddp_torch)
+    target_precompile_headers(${target} REUSE_FROM ddp_torch)
+  endif()
+endfunction()
