@@ -14,7 +14,7 @@ packages=(
 )
 if [[ "$profile" == "test" ]]; then
   # Multi-host tests (ip netns), the fuzz target, the SLURM cluster test.
-  packages+=(iproute2 clang libclang-rt-14-dev procps psmisc)
+  packages+=(iproute2 clang libclang-rt-14-dev procps psmisc slurm-wlm munge)
 fi
 
 missing=()
