@@ -100,6 +100,13 @@ void expand_entry(const std::string& list, size_t begin, size_t end,
     size_t open = list.find('[', pos);
     if (open == std::string::npos || open >= end) open = end;
     std::string literal = list.substr(pos, open - pos);
+    if (open == end && pos != begin && !literal.empty()) {
+      // SLURM (22.05) rejects text after the last group; accepting it would let a list that
+      // works here fail in scontrol and sbatch.
+      fail(list, pos, fmt::format("text \"{}\" after ']'", literal),
+           "SLURM host lists end each name with its last bracket group; list such names "
+           "one by one");
+    }
     for (auto& p : partial) p += literal;
     if (open == end) break;
     size_t close = list.find(']', open);  // the tokenizer guarantees it exists before end
@@ -133,9 +140,6 @@ std::vector<std::string> expand_hostlist(const std::string& list) {
   std::vector<std::string> hosts;
   size_t entry_begin = std::string::npos;   // start of the entry being read
   size_t open_bracket = std::string::npos;  // position of the '[' we are inside
-  // A comma must sit between two entries: set at a comma, cleared when an entry starts.
-  // Starts "pending" so a leading comma is an error too.
-  size_t pending_comma = 0;
   bool any_entry = false;
   for (size_t i = 0; i < list.size(); ++i) {
     char c = list[i];
@@ -153,18 +157,11 @@ std::vector<std::string> expand_hostlist(const std::string& list) {
         expand_entry(list, entry_begin, i, hosts);
         entry_begin = std::string::npos;
       }
-      if (c == ',') {
-        if (pending_comma != std::string::npos) {
-          fail(list, i, "empty entry", "remove the stray comma");
-        }
-        pending_comma = i;
-      }
       continue;
     }
     if (c == '[') open_bracket = i;
     if (entry_begin == std::string::npos) {
       entry_begin = i;
-      pending_comma = std::string::npos;
       any_entry = true;
     }
   }
@@ -176,9 +173,6 @@ std::vector<std::string> expand_hostlist(const std::string& list) {
         fmt::format("host list \"{}\" is empty: name at least one host, e.g. \"node[1-4]\"", list));
   }
   if (entry_begin != std::string::npos) expand_entry(list, entry_begin, list.size(), hosts);
-  if (pending_comma != std::string::npos) {
-    fail(list, pending_comma, "trailing comma", "remove it or name another host after it");
-  }
   return hosts;
 }
 

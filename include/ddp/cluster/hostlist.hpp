@@ -8,10 +8,11 @@
 //   "[8-11]" -> 8 9 10 11).
 // - Several bracket groups in one name expand as a product, leftmost group outermost:
 //   "r[1-2]n[1-2]" -> r1n1 r1n2 r2n1 r2n2.
-// Rejected with a UsageError naming the list, the 1-based position and the fix: an empty list
-// or empty entry, unbalanced or nested brackets, empty brackets, reversed ranges, ranges
-// with a step ("[1-9:2]" is not SLURM syntax), non-digits inside brackets, and expansions of
-// more than kMaxHosts hosts.
+// - Empty entries ("a,,b") are skipped, as SLURM does.
+// Rejected with a UsageError naming the list, the 1-based position and the fix: an empty
+// list, unbalanced or nested brackets, empty brackets, reversed ranges, ranges with a step
+// ("[1-9:2]" is not SLURM syntax), non-digits inside brackets, text after a name's last
+// bracket group ("n[1-2]x", which SLURM rejects too), and more than kMaxHosts hosts.
 
 #include <cstddef>
 #include <string>
