@@ -1,0 +1,33 @@
+// ddprun [flags] PROGRAM [ARGS...]: starts PROGRAM once per worker with torchrun's
+// environment, forwards output and signals, restarts the group on failure.
+//
+// Exit codes: 0 every worker succeeded; 1 a worker failed and restarts are exhausted (or the
+// launcher itself failed); 2 bad command line; 128+N stopped by signal N.
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "ddp/launcher/cli.hpp"
+#include "ddp/launcher/launch.hpp"
+#include "ddp/util/error.hpp"
+
+int main(int argc, char** argv) {
+  using namespace ddp::launcher;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  EnvLookup env = process_env();
+  try {
+    ParsedCommandLine parsed = parse_command_line(args, env);
+    if (!parsed.options) {
+      std::fputs(parsed.help.c_str(), stdout);
+      return 0;
+    }
+    return launch(*parsed.options, env);
+  } catch (const ddp::UsageError& e) {
+    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,51 @@
+#pragma once
+// The local agent: runs attempts of the worker group on this node and restarts the whole
+// group after a failure, up to max_restarts times, raising TORCHELASTIC_RESTART_COUNT.
+// Ranks come from `rendezvous`, called once per attempt (static assignment today; a
+// multi-node rendezvous can be plugged in later without touching the agent).
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddp/launcher/root_cause.hpp"
+#include "ddp/launcher/std_streams.hpp"
+#include "ddp/launcher/world.hpp"
+
+namespace ddp::launcher {
+
+struct AgentOptions {
+  std::string role = "default";
+  std::string run_id = "none";
+  int max_restarts = 0;
+  std::vector<std::string> command;   // resolved argv of every worker
+  std::vector<std::string> base_env;  // "KEY=VALUE"
+  bool set_omp_threads = false;
+  std::optional<std::string> log_dir;
+  StdSpec redirects;
+  StdSpec tee;
+  std::optional<std::vector<int>> local_ranks_filter;
+  std::chrono::milliseconds term_grace{30000};
+  std::chrono::milliseconds monitor_interval{5000};
+  std::string host;
+  int console_out = 1;
+  int console_err = 2;
+  int notice_fd = 2;
+  // restart_count -> the world of that attempt.
+  std::function<WorldAssignment(int restart_count)> rendezvous;
+};
+
+struct AgentResult {
+  // 0 all workers succeeded; 1 failed after restarts; 128+signo interrupted.
+  int exit_code = 0;
+  int restart_count = 0;
+  std::optional<FailureReport> failure;
+  int signal = 0;
+};
+
+// Prints notices and the failure report to notice_fd; returns the outcome.
+AgentResult run_agent(const AgentOptions& options);
+
+}  // namespace ddp::launcher

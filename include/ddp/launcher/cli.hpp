@@ -1,0 +1,38 @@
+#pragma once
+// ddprun's command line: torchrun's flags in both spellings (--nproc-per-node and
+// --nproc_per_node) with PET_* environment fallbacks (PET_NPROC_PER_NODE, ...), then
+// PROGRAM [ARGS...], which are passed to every worker untouched.
+//
+// Contract: bad input throws ddp::UsageError whose message names the flag, the value and the
+// fix; the caller prints it and exits 2. Nothing here prints or exits.
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddp/launcher/launch_options.hpp"
+
+namespace ddp::launcher {
+
+// Reads an environment variable; nullopt when unset. Injected so tests need not touch the
+// process environment.
+using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
+
+// The process environment.
+EnvLookup process_env();
+
+struct ParsedCommandLine {
+  // Set unless --help was asked for.
+  std::optional<LaunchOptions> options;
+  // The help text when --help was given.
+  std::string help;
+};
+
+// args excludes argv[0].
+ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const EnvLookup& env);
+
+// N|auto|cpu|gpu -> a worker count. `flag` names the source in errors.
+int resolve_nproc_per_node(const std::string& value, const std::string& flag);
+
+}  // namespace ddp::launcher

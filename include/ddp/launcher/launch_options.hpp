@@ -1,0 +1,57 @@
+#pragma once
+// Everything ddprun's command line decides, as named fields. The CLI (cli.hpp) fills it from
+// flags and PET_* variables; launch() (launch.hpp) turns it into an agent run.
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddp/launcher/std_streams.hpp"
+
+namespace ddp::launcher {
+
+struct LaunchOptions {
+  static constexpr const char* kDefaultMasterAddr = "127.0.0.1";
+  static constexpr int kDefaultMasterPort = 29500;
+  static constexpr const char* kDefaultRole = "default";
+
+  // World shape. Only one node is supported so far (nnodes == 1).
+  int nnodes = 1;
+  int node_rank = 0;
+  int nproc_per_node = 1;  // resolved from N|auto|cpu|gpu
+
+  // Where rank 0 of the workers hosts the TCPStore (PyTorch's env:// init).
+  std::string master_addr = kDefaultMasterAddr;
+  int master_port = kDefaultMasterPort;
+  // --standalone: pick a free master port (by binding port 0) for every attempt and a random
+  // run id.
+  bool standalone = false;
+
+  std::string role = kDefaultRole;
+  std::string run_id = "none";
+  int max_restarts = 0;
+  // Accepted for torchrun compatibility. The agent is event driven and does not poll, so
+  // this only bounds how long it sleeps without any event.
+  double monitor_interval_s = 5.0;
+
+  // Logs: DIR/<run_id>/attempt_<n>/<rank>/{stdout,stderr}.log, error.json. Unset: a temp
+  // directory that is removed at exit.
+  std::optional<std::string> log_dir;
+  StdSpec redirects;
+  StdSpec tee;
+  // Local ranks whose output reaches the console; unset means all.
+  std::optional<std::vector<int>> local_ranks_filter;
+
+  // What each worker runs: PROGRAM ARGS... (a .py file runs under Python, -m runs a module,
+  // --no-python execs PROGRAM directly).
+  bool no_python = false;
+  bool module = false;
+  std::string program;
+  std::vector<std::string> program_args;
+
+  // SIGTERM -> SIGKILL grace when stopping workers (torchrun: 30 s; DDPRUN_TERM_GRACE_S).
+  std::chrono::milliseconds term_grace{30000};
+};
+
+}  // namespace ddp::launcher

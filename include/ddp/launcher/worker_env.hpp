@@ -1,0 +1,32 @@
+#pragma once
+// The environment a worker starts with (DESIGN.md's contract, same names as torchrun): the
+// launcher's own environment plus RANK, LOCAL_RANK, WORLD_SIZE, ... Variables the launcher
+// sets override inherited ones. TORCHELASTIC_USE_AGENT_STORE is removed, so PyTorch's
+// env:// init makes rank 0 host the TCPStore itself (ddprun runs no agent store).
+
+#include <string>
+#include <vector>
+
+#include "ddp/launcher/world.hpp"
+
+namespace ddp::launcher {
+
+struct WorkerEnvInputs {
+  const WorldAssignment* world = nullptr;
+  WorkerIdentity worker;
+  std::string role;
+  std::string run_id;
+  int restart_count = 0;
+  int max_restarts = 0;
+  std::string error_file;        // TORCHELASTIC_ERROR_FILE
+  bool set_omp_threads = false;  // OMP_NUM_THREADS=1 (caller decides: nproc > 1 and unset)
+};
+
+// `base` is "KEY=VALUE" entries (e.g. from environ). Returns "KEY=VALUE" entries.
+std::vector<std::string> build_worker_env(const std::vector<std::string>& base,
+                                          const WorkerEnvInputs& inputs);
+
+// The current process environment as "KEY=VALUE" entries.
+std::vector<std::string> current_environment();
+
+}  // namespace ddp::launcher

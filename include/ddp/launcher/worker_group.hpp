@@ -1,0 +1,66 @@
+#pragma once
+// One attempt: start every local worker, forward their output, watch them, stop them.
+//
+// run() returns only when every worker and every descendant the launcher adopted (it is a
+// child subreaper) has been reaped and every pipe drained, whatever happened:
+// - all workers exit 0                  -> kSucceeded (leftover descendants are stopped)
+// - a worker exits non-zero or by signal -> kFailed: the others get SIGTERM (to their process
+//   groups), SIGKILL after the grace period
+// - SIGINT/SIGTERM/SIGHUP/SIGQUIT arrive  -> forwarded to every worker group, then the same
+//   stop -> kInterrupted; a second such signal kills at once
+// - SIGUSR1/SIGUSR2 arrive                -> forwarded; monitoring goes on
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddp/launcher/root_cause.hpp"
+#include "ddp/launcher/signals.hpp"
+#include "ddp/launcher/std_streams.hpp"
+#include "ddp/launcher/world.hpp"
+
+namespace ddp::launcher {
+
+class RunDirectory;
+
+struct AttemptSpec {
+  const WorldAssignment* world = nullptr;
+  const RunDirectory* run_dir = nullptr;
+  int restart_count = 0;  // the attempt number, TORCHELASTIC_RESTART_COUNT
+  int max_restarts = 0;
+  std::string role;
+  std::string run_id;
+  std::string host;
+  std::vector<std::string> command;   // resolved argv
+  std::vector<std::string> base_env;  // "KEY=VALUE"
+  bool set_omp_threads = false;
+  bool write_logs = false;  // write stdout.log/stderr.log for every rank (--log-dir)
+  StdSpec redirects;
+  StdSpec tee;
+  std::optional<std::vector<int>> local_ranks_filter;
+  std::chrono::milliseconds term_grace{30000};
+  std::chrono::milliseconds monitor_interval{5000};
+  // Descendants still alive this long after SIGKILL are reported and abandoned (a process
+  // stuck in the kernel cannot be killed); bounds every wait in run().
+  std::chrono::milliseconds kill_wait{10000};
+  int console_out = 1;
+  int console_err = 2;
+  int notice_fd = 2;  // where launcher notices go
+  size_t stderr_tail_lines = 40;
+};
+
+enum class AttemptOutcome { kSucceeded, kFailed, kInterrupted };
+
+struct AttemptResult {
+  AttemptOutcome outcome = AttemptOutcome::kSucceeded;
+  std::optional<WorkerFailure> root_cause;  // kFailed: the first worker that failed
+  std::vector<WorkerFailure> others;        // other non-zero exits (kFailed)
+  int signal = 0;                           // kInterrupted: the signal received
+};
+
+// Runs one attempt. Throws ddp::Error when workers cannot be started (after stopping those
+// that were).
+AttemptResult run_attempt(const AttemptSpec& spec, SignalChannel& signals);
+
+}  // namespace ddp::launcher

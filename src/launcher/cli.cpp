@@ -1,0 +1,393 @@
+#include "ddp/launcher/cli.hpp"
+
+#include <dirent.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <map>
+#include <random>
+
+#include "ddp/util/error.hpp"
+
+namespace ddp::launcher {
+
+namespace {
+
+// One option that takes a value: its flag names (first long spelling is used in messages),
+// its PET_* variable, and the value given on the command line.
+struct ValueFlag {
+  std::string names;  // CLI11 spec, e.g. "--nproc-per-node,--nproc_per_node"
+  std::string env;    // PET_NPROC_PER_NODE
+  std::string help;
+  std::string cli_value;
+  CLI::Option* option = nullptr;
+};
+
+struct BoolFlag {
+  std::string names;
+  std::string env;
+  std::string help;
+  bool cli_value = false;
+  CLI::Option* option = nullptr;
+};
+
+// A value with where it came from, for messages: "--max-restarts" or "PET_MAX_RESTARTS".
+struct Sourced {
+  std::string value;
+  std::string source;
+};
+
+std::string first_long_name(const std::string& names) {
+  size_t start = 0;
+  while (start < names.size()) {
+    size_t comma = names.find(',', start);
+    std::string name =
+        names.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (name.rfind("--", 0) == 0) return name;
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return names;
+}
+
+std::optional<Sourced> value_of(const ValueFlag& f, const EnvLookup& env) {
+  if (f.option->count() > 0) return Sourced{f.cli_value, first_long_name(f.names)};
+  auto v = env(f.env);
+  if (v && !v->empty()) return Sourced{*v, f.env};  // torchrun ignores empty PET_ values
+  return std::nullopt;
+}
+
+bool bool_of(const BoolFlag& f, const EnvLookup& env) {
+  if (f.option->count() > 0) return f.cli_value;
+  auto v = env(f.env);
+  if (!v || v->empty()) return false;
+  // torchrun: bool(int(value)).
+  char* end = nullptr;
+  long parsed = std::strtol(v->c_str(), &end, 10);
+  if (end == v->c_str() || *end != '\0') {
+    throw UsageError(fmt::format("{}={}: expected an integer (1 turns {} on, 0 off)", f.env, *v,
+                                 first_long_name(f.names)));
+  }
+  return parsed != 0;
+}
+
+int parse_int(const Sourced& s, int min, int max, const std::string& what) {
+  const std::string& v = s.value;
+  char* end = nullptr;
+  errno = 0;
+  long parsed = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || end == v.c_str() || *end != '\0' || errno != 0 || parsed < min || parsed > max) {
+    throw UsageError(fmt::format("{}: '{}' is not {}", s.source, v, what));
+  }
+  return static_cast<int>(parsed);
+}
+
+double parse_positive_double(const Sourced& s) {
+  char* end = nullptr;
+  double parsed = std::strtod(s.value.c_str(), &end);
+  if (end == s.value.c_str() || *end != '\0' || !(parsed > 0)) {
+    throw UsageError(fmt::format("{}: '{}' is not a positive number of seconds (e.g. 5 or 0.5)",
+                                 s.source, s.value));
+  }
+  return parsed;
+}
+
+int count_gpus() {
+  int count = 0;
+  DIR* dev = ::opendir("/dev");
+  if (dev == nullptr) return 0;
+  while (dirent* e = ::readdir(dev)) {
+    std::string name = e->d_name;
+    if (name.size() > 6 && name.rfind("nvidia", 0) == 0 &&
+        std::all_of(name.begin() + 6, name.end(), [](char c) { return std::isdigit(c); })) {
+      ++count;
+    }
+  }
+  ::closedir(dev);
+  return count;
+}
+
+int count_cpus() {
+  long n = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+std::string random_run_id() {
+  std::random_device rd;
+  std::uniform_int_distribution<uint32_t> dist;
+  uint32_t a = dist(rd), b = dist(rd), c = dist(rd), d = dist(rd);
+  // uuid4-shaped, like torchrun's --standalone run id.
+  return fmt::format("{:08x}-{:04x}-4{:03x}-{:04x}-{:04x}{:08x}", a, b >> 16, b & 0xfff,
+                     0x8000 | (c >> 18), c & 0xffff, d);
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::vector<int> parse_rank_list(const Sourced& s) {
+  std::vector<int> ranks;
+  size_t start = 0;
+  while (start <= s.value.size()) {
+    size_t comma = s.value.find(',', start);
+    std::string item =
+        s.value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    ranks.push_back(parse_int({item, s.source}, 0, 1 << 20,
+                              "a comma-separated list of local ranks like 0 or 0,1"));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return ranks;
+}
+
+int parse_nnodes(const Sourced& s) {
+  std::string v = s.value;
+  std::string max_part = v;
+  auto colon = v.find(':');
+  if (colon != std::string::npos) {
+    parse_int({v.substr(0, colon), s.source}, 1, 1 << 20, "a node count like 1 or 1:1");
+    max_part = v.substr(colon + 1);
+  }
+  int max_nodes = parse_int({max_part, s.source}, 1, 1 << 20, "a node count like 1 or 1:1");
+  if (max_nodes > 1) {
+    throw UsageError(fmt::format(
+        "{} {}: multi-node runs are not supported yet by ddprun; use --nnodes 1 (one node, "
+        "several workers with --nproc-per-node)",
+        s.source, v));
+  }
+  return 1;
+}
+
+}  // namespace
+
+EnvLookup process_env() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* v = std::getenv(name.c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  };
+}
+
+int resolve_nproc_per_node(const std::string& value, const std::string& flag) {
+  if (value == "cpu") return count_cpus();
+  if (value == "gpu" || value == "auto") {
+    int gpus = count_gpus();
+    if (gpus > 0) return gpus;
+    if (value == "auto") return count_cpus();
+    throw UsageError(fmt::format(
+        "{} gpu: no NVIDIA GPU found (no /dev/nvidia<N>); use a number, cpu or auto", flag));
+  }
+  return parse_int({value, flag}, 1, 1 << 16,
+                   "a worker count: a positive integer, auto, cpu or gpu");
+}
+
+ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const EnvLookup& env) {
+  CLI::App app{
+      "Usage: ddprun [flags] PROGRAM [ARGS...]\n\nddprun: torchrun's command line in C++. Starts "
+      "PROGRAM once per worker with RANK, "
+      "WORLD_SIZE, MASTER_ADDR, ... set; restarts the group on failure.",
+      "ddprun"};
+  app.prefix_command();  // everything from PROGRAM on belongs to the program
+  app.footer(
+      "Every flag also has an underscore spelling (--nproc_per_node) and a PET_ variable "
+      "(PET_NPROC_PER_NODE) used when the flag is absent. See docs/ddprun.md.");
+
+  std::map<std::string, ValueFlag> v;
+  auto value_flag = [&](const std::string& key, const std::string& names,
+                        const std::string& env_name, const std::string& help) {
+    ValueFlag& f = v[key];
+    f.names = names;
+    f.env = env_name;
+    f.help = help;
+    f.option = app.add_option(names, f.cli_value, help + " [env " + env_name + "]")
+                   ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  };
+  std::map<std::string, BoolFlag> b;
+  auto bool_flag = [&](const std::string& key, const std::string& names,
+                       const std::string& env_name, const std::string& help) {
+    BoolFlag& f = b[key];
+    f.names = names;
+    f.env = env_name;
+    f.help = help;
+    f.option = app.add_flag(names, f.cli_value, help + " [env " + env_name + "]");
+  };
+
+  value_flag("nnodes", "--nnodes", "PET_NNODES", "Number of nodes; only 1 is supported yet");
+  value_flag("nproc", "--nproc-per-node,--nproc_per_node", "PET_NPROC_PER_NODE",
+             "Workers on this node: N, auto, cpu or gpu (default 1)");
+  value_flag("node_rank", "--node-rank,--node_rank", "PET_NODE_RANK",
+             "Rank of this node (default 0)");
+  value_flag("master_addr", "--master-addr,--master_addr", "PET_MASTER_ADDR",
+             "Address of rank 0's TCPStore (default 127.0.0.1)");
+  value_flag("master_port", "--master-port,--master_port", "PET_MASTER_PORT",
+             "Port of rank 0's TCPStore (default 29500)");
+  bool_flag("standalone", "--standalone", "PET_STANDALONE",
+            "One-node run: pick a free master port and a random run id");
+  value_flag("max_restarts", "--max-restarts,--max_restarts", "PET_MAX_RESTARTS",
+             "Restarts of the worker group after a failure (default 0)");
+  value_flag("monitor_interval", "--monitor-interval,--monitor_interval", "PET_MONITOR_INTERVAL",
+             "Accepted for torchrun compatibility; ddprun reacts to events at once (default 5)");
+  value_flag("start_method", "--start-method,--start_method", "PET_START_METHOD",
+             "Accepted for torchrun compatibility (spawn, fork, forkserver); ignored");
+  value_flag("role", "--role", "PET_ROLE", "Role name of the workers (default 'default')");
+  value_flag("run_id", "--run-id,--run_id,--rdzv-id,--rdzv_id", "PET_RDZV_ID",
+             "Run id: TORCHELASTIC_RUN_ID and the log folder name (default 'none', random "
+             "with --standalone)");
+  value_flag("rdzv_backend", "--rdzv-backend,--rdzv_backend", "PET_RDZV_BACKEND",
+             "Not supported yet (multi-node)");
+  value_flag("rdzv_endpoint", "--rdzv-endpoint,--rdzv_endpoint", "PET_RDZV_ENDPOINT",
+             "Not supported yet (multi-node)");
+  value_flag("rdzv_conf", "--rdzv-conf,--rdzv_conf", "PET_RDZV_CONF",
+             "Not supported yet (multi-node)");
+  value_flag("log_dir", "--log-dir,--log_dir", "PET_LOG_DIR",
+             "Write DIR/<run id>/attempt_<n>/<rank>/{stdout,stderr}.log");
+  value_flag("redirects", "-r,--redirects", "PET_REDIRECTS",
+             "Streams sent to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or a map "
+             "like 0:1,1:2 (default 0)");
+  value_flag("tee", "-t,--tee", "PET_TEE",
+             "Streams sent to log files and the console with a [role rank]: prefix (same "
+             "syntax as --redirects)");
+  value_flag("local_ranks_filter", "--local-ranks-filter,--local_ranks_filter",
+             "PET_LOCAL_RANKS_FILTER", "Only these local ranks reach the console, e.g. 0 or 0,1");
+  bool_flag("no_python", "--no-python,--no_python", "PET_NO_PYTHON",
+            "Execute PROGRAM directly, even a .py file");
+  bool_flag("module", "-m,--module", "PET_MODULE", "Run PROGRAM as a Python module (python -m)");
+
+  std::vector<std::string> argv_storage = {"ddprun"};
+  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_storage) argv.push_back(a.data());
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const CLI::CallForHelp&) {
+    ParsedCommandLine result;
+    result.help = app.help();
+    return result;
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(fmt::format("{}; run 'ddprun --help' for the list of flags", e.what()));
+  }
+
+  std::vector<std::string> rest = app.remaining();
+  if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+  if (rest.empty()) {
+    throw UsageError("no PROGRAM given; usage: ddprun [flags] PROGRAM [ARGS...]");
+  }
+  if (rest.front().size() > 1 && rest.front()[0] == '-') {
+    std::string flag = rest.front().substr(0, rest.front().find('='));
+    std::string best;
+    size_t best_distance = 4;
+    for (auto* opt : app.get_options()) {
+      for (const auto& name : opt->get_lnames()) {
+        size_t d = edit_distance(flag, "--" + name);
+        if (d < best_distance) {
+          best_distance = d;
+          best = "--" + name;
+        }
+      }
+    }
+    throw UsageError(
+        fmt::format("unknown flag '{}'{}; flags go before PROGRAM, run 'ddprun "
+                    "--help' for the list (put '--' before a PROGRAM whose name "
+                    "starts with '-')",
+                    flag, best.empty() ? "" : fmt::format(" (did you mean '{}'?)", best)));
+  }
+
+  LaunchOptions o;
+  o.program = rest.front();
+  o.program_args.assign(rest.begin() + 1, rest.end());
+
+  for (const char* key : {"rdzv_backend", "rdzv_endpoint", "rdzv_conf"}) {
+    if (auto s = value_of(v[key], env)) {
+      // The static backend on one node is what ddprun does anyway.
+      if (std::string(key) == "rdzv_backend" && s->value == "static") continue;
+      throw UsageError(fmt::format(
+          "{} {}: rendezvous backends (multi-node) are not supported yet by ddprun; for one "
+          "node drop it (use --standalone or --master-addr/--master-port)",
+          s->source, s->value));
+    }
+  }
+  if (auto s = value_of(v["start_method"], env)) {
+    if (s->value != "spawn" && s->value != "fork" && s->value != "forkserver") {
+      throw UsageError(
+          fmt::format("{}: '{}' is not one of spawn, fork, forkserver", s->source, s->value));
+    }
+  }
+  if (auto s = value_of(v["nnodes"], env)) o.nnodes = parse_nnodes(*s);
+  if (auto s = value_of(v["nproc"], env))
+    o.nproc_per_node = resolve_nproc_per_node(s->value, s->source);
+  if (auto s = value_of(v["node_rank"], env)) {
+    o.node_rank = parse_int(*s, 0, 1 << 20, "a node rank (0 or more)");
+    if (o.node_rank >= o.nnodes) {
+      throw UsageError(fmt::format("{} {} is outside [0, {}) for --nnodes {}; use --node-rank 0",
+                                   s->source, o.node_rank, o.nnodes, o.nnodes));
+    }
+  }
+  if (auto s = value_of(v["master_addr"], env)) {
+    if (s->value.empty()) throw UsageError(fmt::format("{}: empty address", s->source));
+    o.master_addr = s->value;
+  }
+  if (auto s = value_of(v["master_port"], env)) {
+    o.master_port = parse_int(*s, 1, 65535, "a TCP port (1-65535)");
+  }
+  o.standalone = bool_of(b["standalone"], env);
+  if (auto s = value_of(v["max_restarts"], env)) {
+    o.max_restarts = parse_int(*s, 0, 1 << 20, "a restart count (0 or more)");
+  }
+  if (auto s = value_of(v["monitor_interval"], env)) {
+    o.monitor_interval_s = parse_positive_double(*s);
+  }
+  if (auto s = value_of(v["role"], env)) {
+    if (s->value.empty()) throw UsageError(fmt::format("{}: the role name is empty", s->source));
+    o.role = s->value;
+  }
+  if (auto s = value_of(v["run_id"], env)) {
+    if (s->value.find('/') != std::string::npos || s->value == "." || s->value == "..") {
+      throw UsageError(fmt::format(
+          "{}: '{}' cannot name a log folder; use letters, digits, '-', '_'", s->source, s->value));
+    }
+    o.run_id = s->value;
+  } else if (o.standalone) {
+    o.run_id = random_run_id();
+  }
+  if (auto s = value_of(v["log_dir"], env)) o.log_dir = s->value;
+  if (auto s = value_of(v["redirects"], env)) o.redirects = parse_std_spec(s->value, s->source);
+  if (auto s = value_of(v["tee"], env)) o.tee = parse_std_spec(s->value, s->source);
+  if (auto s = value_of(v["local_ranks_filter"], env)) o.local_ranks_filter = parse_rank_list(*s);
+  o.no_python = bool_of(b["no_python"], env);
+  o.module = bool_of(b["module"], env);
+  if (o.module && o.no_python) {
+    throw UsageError(
+        "--module and --no-python cannot be used together: -m runs 'python -m "
+        "MODULE', --no-python runs PROGRAM without Python; drop one");
+  }
+
+  if (auto grace = env("DDPRUN_TERM_GRACE_S"); grace && !grace->empty()) {
+    double seconds = 0;
+    char* end = nullptr;
+    seconds = std::strtod(grace->c_str(), &end);
+    if (end == grace->c_str() || *end != '\0' || seconds < 0) {
+      throw UsageError(fmt::format(
+          "DDPRUN_TERM_GRACE_S={}: expected seconds (0 or more, e.g. 30 or 0.5)", *grace));
+    }
+    o.term_grace = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  }
+
+  ParsedCommandLine result;
+  result.options = std::move(o);
+  return result;
+}
+
+}  // namespace ddp::launcher

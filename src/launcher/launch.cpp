@@ -1,0 +1,78 @@
+#include "ddp/launcher/launch.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include "ddp/launcher/agent.hpp"
+#include "ddp/launcher/command.hpp"
+#include "ddp/launcher/output.hpp"
+#include "ddp/launcher/worker_env.hpp"
+#include "ddp/launcher/world.hpp"
+#include "ddp/util/socket.hpp"
+
+namespace ddp::launcher {
+
+int pick_free_port() {
+  // Binding every interface (as PyTorch's TCPStore will) makes "free" mean free for it.
+  net::Socket s = net::listen_tcp("", 0, 1);
+  return net::local_port(s.fd());
+}
+
+namespace {
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
+  return buf;
+}
+
+}  // namespace
+
+int launch(const LaunchOptions& o, const EnvLookup& env) {
+  AgentOptions a;
+  a.command = worker_command(o, env);
+  a.role = o.role;
+  a.run_id = o.run_id;
+  a.max_restarts = o.max_restarts;
+  a.base_env = current_environment();
+  a.log_dir = o.log_dir;
+  a.redirects = o.redirects;
+  a.tee = o.tee;
+  a.local_ranks_filter = o.local_ranks_filter;
+  a.term_grace = o.term_grace;
+  a.monitor_interval = std::chrono::milliseconds(static_cast<int64_t>(o.monitor_interval_s * 1000));
+  a.host = host_name();
+
+  a.set_omp_threads = o.nproc_per_node > 1 && !env("OMP_NUM_THREADS");
+  if (a.set_omp_threads) {
+    std::string note =
+        "ddprun: setting OMP_NUM_THREADS=1 for every worker so several workers do not "
+        "overload this node; set OMP_NUM_THREADS yourself to tune it\n";
+    write_fully(2, note.data(), note.size());
+  }
+  if (!o.log_dir && (!o.redirects.per_rank.empty() || o.redirects.all != Std::kNone)) {
+    std::string note =
+        "ddprun: --redirects without --log-dir: redirected output is kept only in a temporary "
+        "directory removed at exit; add --log-dir DIR to keep it\n";
+    write_fully(2, note.data(), note.size());
+  }
+
+  StaticWorldOptions world;
+  world.node_rank = o.node_rank;
+  world.nnodes = o.nnodes;
+  world.nproc_per_node = o.nproc_per_node;
+  world.master_addr = o.master_addr;
+  world.master_port = o.master_port;
+  bool fresh_port = o.standalone;
+  // Validate now, so bad numbers are a usage error before anything starts.
+  assign_static_world(world);
+  a.rendezvous = [world, fresh_port](int /*restart_count*/) {
+    StaticWorldOptions w = world;
+    // A fresh port per attempt: the previous attempt's TCPStore port may linger in TIME_WAIT.
+    if (fresh_port) w.master_port = pick_free_port();
+    return assign_static_world(w);
+  };
+  return run_agent(a).exit_code;
+}
+
+}  // namespace ddp::launcher

@@ -1,0 +1,398 @@
+#include "ddp/launcher/worker_group.hpp"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <exception>
+#include <memory>
+#include <set>
+
+#include "ddp/launcher/output.hpp"
+#include "ddp/launcher/run_directory.hpp"
+#include "ddp/launcher/worker_env.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp::launcher {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Worker {
+  WorkerIdentity id;
+  pid_t pid = -1;
+  bool exited = false;
+  ExitStatus status;
+  std::chrono::system_clock::time_point exit_time;
+  bool exited_after_stop = false;
+  std::string error_file;
+  UniqueFd fds[2];  // stdout, stderr read ends
+  std::unique_ptr<StreamForwarder> streams[2];
+};
+
+enum class Phase { kRunning, kStopping, kKilling };
+
+class AttemptRunner {
+ public:
+  AttemptRunner(const AttemptSpec& spec, SignalChannel& signals)
+      : spec_(spec), signals_(signals), self_(::getpid()) {}
+
+  AttemptResult run() {
+    std::exception_ptr start_error;
+    try {
+      start_workers();
+    } catch (...) {
+      start_error = std::current_exception();
+      begin_stop(SIGTERM);
+    }
+    loop();
+    if (start_error) std::rethrow_exception(start_error);
+    return result();
+  }
+
+ private:
+  void notice(const std::string& text) {
+    std::string line = "ddprun: " + text + "\n";
+    write_fully(spec_.notice_fd, line.data(), line.size());
+  }
+
+  StreamRoute route_for(const WorkerIdentity& id, const std::string& dir, int stream) const {
+    Std red = spec_.redirects.for_local_rank(id.local_rank);
+    Std tee = spec_.tee.for_local_rank(id.local_rank);
+    bool is_out = stream == 0;
+    bool teed = is_out ? includes_stdout(tee) : includes_stderr(tee);
+    bool redirected = is_out ? includes_stdout(red) : includes_stderr(red);
+    bool shown =
+        !spec_.local_ranks_filter || std::count(spec_.local_ranks_filter->begin(),
+                                                spec_.local_ranks_filter->end(), id.local_rank) > 0;
+    StreamRoute route;
+    route.console_fd =
+        shown && (teed || !redirected) ? (is_out ? spec_.console_out : spec_.console_err) : -1;
+    if (teed) route.prefix = fmt::format("[{}{}]:", spec_.role, id.global_rank);
+    if (spec_.write_logs || teed || redirected) {
+      route.log_path = dir + (is_out ? "/stdout.log" : "/stderr.log");
+    }
+    route.tail_lines = is_out ? 0 : spec_.stderr_tail_lines;
+    return route;
+  }
+
+  void start_workers() {
+    const WorldAssignment& world = *spec_.world;
+    workers_.reserve(world.workers.size());
+    for (const auto& id : world.workers) {
+      std::string dir = spec_.run_dir->rank_dir(spec_.restart_count, id.global_rank);
+      auto w = std::make_unique<Worker>();
+      w->id = id;
+      w->error_file = dir + "/error.json";
+      ::unlink(w->error_file.c_str());  // a stale file must not be reported as this failure
+      for (int s = 0; s < 2; ++s) {
+        w->streams[s] = std::make_unique<StreamForwarder>(route_for(id, dir, s));
+      }
+      WorkerEnvInputs env;
+      env.world = &world;
+      env.worker = id;
+      env.role = spec_.role;
+      env.run_id = spec_.run_id;
+      env.restart_count = spec_.restart_count;
+      env.max_restarts = spec_.max_restarts;
+      env.error_file = w->error_file;
+      env.set_omp_threads = spec_.set_omp_threads;
+      SpawnOptions so;
+      so.argv = spec_.command;
+      so.env = build_worker_env(spec_.base_env, env);
+      SpawnedProcess p = spawn_process(so);
+      w->pid = p.pid;
+      w->fds[0] = std::move(p.stdout_read);
+      w->fds[1] = std::move(p.stderr_read);
+      workers_.push_back(std::move(w));
+    }
+  }
+
+  bool all_exited() const {
+    return std::all_of(workers_.begin(), workers_.end(), [](const auto& w) { return w->exited; });
+  }
+
+  bool pipes_open() const {
+    for (const auto& w : workers_) {
+      if (w->fds[0].valid() || w->fds[1].valid()) return true;
+    }
+    return false;
+  }
+
+  void loop() {
+    for (;;) {
+      if (all_exited()) {
+        reap();
+        if (!children_remain_) break;
+        // Workers are done but adopted descendants linger: stop them too.
+        if (phase_ == Phase::kRunning) begin_stop(SIGTERM);
+      }
+      std::vector<pollfd> fds;
+      std::vector<std::pair<Worker*, int>> owners;
+      fds.push_back({signals_.fd(), POLLIN, 0});
+      owners.emplace_back(nullptr, 0);
+      for (auto& w : workers_) {
+        for (int s = 0; s < 2; ++s) {
+          if (w->fds[s].valid()) {
+            fds.push_back({w->fds[s].get(), POLLIN, 0});
+            owners.emplace_back(w.get(), s);
+          }
+        }
+      }
+      int n = ::poll(fds.data(), fds.size(), poll_timeout_ms());
+      if (n < 0 && errno != EINTR)
+        throw Error(fmt::format("poll failed: {}", std::strerror(errno)));
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents != 0) read_stream(*owners[i].first, owners[i].second);
+      }
+      if (fds[0].revents != 0) handle_signals();
+      reap();
+      on_clock();
+    }
+    // Every descendant is gone, so every writer is closed: read what is left and finish.
+    for (auto& w : workers_) {
+      for (int s = 0; s < 2; ++s) {
+        while (w->fds[s].valid() && read_stream(*w, s)) {
+        }
+        w->fds[s].reset();
+        w->streams[s]->finish();
+      }
+    }
+  }
+
+  int poll_timeout_ms() const {
+    auto until = [](Clock::time_point t) {
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();
+      return static_cast<int>(std::clamp<int64_t>(ms + 1, 0, 1 << 30));
+    };
+    switch (phase_) {
+      case Phase::kRunning:
+        return static_cast<int>(spec_.monitor_interval.count());
+      case Phase::kStopping:
+        return until(kill_at_);
+      case Phase::kKilling:
+        // Re-scan for adopted descendants now and then: they may be reparented to us at
+        // any moment and need their own SIGKILL.
+        return std::min(50, until(give_up_at_));
+    }
+    return -1;
+  }
+
+  // Reads one chunk; returns true when more may follow right away.
+  bool read_stream(Worker& w, int s) {
+    char buf[65536];
+    ssize_t n = ::read(w.fds[s].get(), buf, sizeof(buf));
+    if (n > 0) {
+      w.streams[s]->feed(buf, static_cast<size_t>(n));
+      return true;
+    }
+    if (n < 0 && (errno == EINTR)) return true;
+    if (n < 0 && errno == EAGAIN) return false;
+    w.fds[s].reset();  // EOF or error
+    w.streams[s]->finish();
+    return false;
+  }
+
+  void handle_signals() {
+    for (int sig : signals_.drain()) {
+      if (sig == SIGCHLD) continue;  // reap() runs after every wake-up
+      if (is_forward_only_signal(sig)) {
+        forward(sig);
+      } else if (is_terminating_signal(sig)) {
+        if (interrupt_signal_ != 0) {
+          notice(fmt::format("received {} again; killing the workers now", signal_name(sig)));
+          begin_kill();
+          continue;
+        }
+        interrupt_signal_ = sig;
+        notice(fmt::format("received {}; forwarding it to the workers and stopping them",
+                           signal_name(sig)));
+        forward(sig);
+        if (phase_ == Phase::kRunning) begin_stop(0);
+      }
+    }
+  }
+
+  void forward(int sig) {
+    for (auto& w : workers_) signal_process_group(w->pid, sig);
+  }
+
+  // SIGTERM (or already-forwarded `sig` when 0) to every worker group and adopted descendant;
+  // SIGKILL after the grace period.
+  void begin_stop(int sig) {
+    if (phase_ != Phase::kRunning) return;
+    phase_ = Phase::kStopping;
+    kill_at_ = Clock::now() + spec_.term_grace;
+    if (sig != 0) forward(sig);
+    terminate_adopted(sig == 0 ? SIGTERM : sig);
+  }
+
+  void terminate_adopted(int sig) {
+    for (pid_t child : list_children(self_)) {
+      if (is_worker(child) || termed_.count(child) > 0) continue;
+      termed_.insert(child);
+      ::kill(child, sig);
+    }
+  }
+
+  bool is_worker(pid_t pid) const {
+    for (const auto& w : workers_) {
+      if (w->pid == pid && !w->exited) return true;
+    }
+    return false;
+  }
+
+  void begin_kill() {
+    if (phase_ != Phase::kKilling) {
+      phase_ = Phase::kKilling;
+      give_up_at_ = Clock::now() + spec_.kill_wait;
+    }
+    kill_everything();
+  }
+
+  void kill_everything() {
+    for (auto& w : workers_) signal_process_group(w->pid, SIGKILL);
+    for (pid_t child : list_children(self_)) {
+      ::kill(child, SIGKILL);
+      ::kill(-child, SIGKILL);  // its group, when it leads one (no-op otherwise)
+    }
+  }
+
+  void on_clock() {
+    auto now = Clock::now();
+    if (phase_ == Phase::kStopping) {
+      if (now >= kill_at_) {
+        notice(fmt::format("workers still running {:.1f} s after SIGTERM; sending SIGKILL",
+                           spec_.term_grace.count() / 1000.0));
+        begin_kill();
+      } else {
+        terminate_adopted(SIGTERM);
+      }
+    } else if (phase_ == Phase::kKilling) {
+      if (now >= give_up_at_) {
+        auto left = list_children(self_);
+        std::string pids;
+        for (pid_t p : left) pids += " " + std::to_string(p);
+        notice(
+            fmt::format("processes still alive {} ms after SIGKILL (stuck in the kernel?), "
+                        "abandoning them:{}",
+                        spec_.kill_wait.count(), pids));
+        children_remain_ = false;
+        for (auto& w : workers_) {
+          if (!w->exited) {
+            w->exited = true;
+            w->status = ExitStatus{true, SIGKILL};
+            w->exit_time = std::chrono::system_clock::now();
+            w->exited_after_stop = true;
+          }
+        }
+        abandoned_ = true;
+      } else {
+        kill_everything();
+      }
+    }
+  }
+
+  // Reaps every exited child (workers and adopted descendants) without blocking.
+  void reap() {
+    if (abandoned_) return;
+    for (;;) {
+      int status = 0;
+      pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid < 0) {
+        if (errno == EINTR) continue;
+        children_remain_ = false;  // ECHILD: nobody left
+        return;
+      }
+      if (pid == 0) {
+        children_remain_ = true;
+        return;
+      }
+      termed_.erase(pid);
+      for (auto& w : workers_) {
+        if (w->pid == pid && !w->exited) on_worker_exit(*w, status);
+      }
+    }
+  }
+
+  void on_worker_exit(Worker& w, int status) {
+    w.exited = true;
+    w.status = ExitStatus::from_wait_status(status);
+    w.exit_time = std::chrono::system_clock::now();
+    w.exited_after_stop = phase_ != Phase::kRunning;
+    // Its output is in the pipe already; read it now so the report sees the stderr tail.
+    for (int s = 0; s < 2; ++s) {
+      while (w.fds[s].valid() && read_stream(w, s)) {
+      }
+    }
+    if (w.status.success() || phase_ != Phase::kRunning) return;
+    root_cause_ = &w;
+    notice(fmt::format("{}; stopping the other workers", describe_failure(failure_of(w))));
+    begin_stop(SIGTERM);
+  }
+
+  WorkerFailure failure_of(const Worker& w) const {
+    WorkerFailure f;
+    f.global_rank = w.id.global_rank;
+    f.local_rank = w.id.local_rank;
+    f.pid = w.pid;
+    f.status = w.status;
+    f.time = w.exit_time;
+    f.host = spec_.host;
+    const auto& tail = w.streams[1]->tail();
+    f.stderr_tail.assign(tail.begin(), tail.end());
+    f.error_file = w.error_file;
+    f.error = read_error_file(w.error_file);
+    f.stopped_by_launcher = w.exited_after_stop;
+    return f;
+  }
+
+  AttemptResult result() const {
+    AttemptResult r;
+    if (interrupt_signal_ != 0) {
+      r.outcome = AttemptOutcome::kInterrupted;
+      r.signal = interrupt_signal_;
+      return r;
+    }
+    if (root_cause_ == nullptr) {
+      r.outcome = AttemptOutcome::kSucceeded;
+      return r;
+    }
+    r.outcome = AttemptOutcome::kFailed;
+    r.root_cause = failure_of(*root_cause_);
+    for (const auto& w : workers_) {
+      if (w.get() != root_cause_ && !w->status.success()) r.others.push_back(failure_of(*w));
+    }
+    return r;
+  }
+
+  const AttemptSpec& spec_;
+  SignalChannel& signals_;
+  pid_t self_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  Phase phase_ = Phase::kRunning;
+  Clock::time_point kill_at_;
+  Clock::time_point give_up_at_;
+  bool children_remain_ = true;
+  bool abandoned_ = false;
+  std::set<pid_t> termed_;
+  Worker* root_cause_ = nullptr;
+  int interrupt_signal_ = 0;
+};
+
+}  // namespace
+
+AttemptResult run_attempt(const AttemptSpec& spec, SignalChannel& signals) {
+  if (spec.world == nullptr || spec.run_dir == nullptr || spec.command.empty()) {
+    throw Error("run_attempt: world, run directory and command are required");
+  }
+  AttemptRunner runner(spec, signals);
+  return runner.run();
+}
+
+}  // namespace ddp::launcher
