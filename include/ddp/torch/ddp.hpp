@@ -1,0 +1,201 @@
+#pragma once
+// DistributedDataParallel: data-parallel training of any torch::nn::Module over a
+// ddp::ProcessGroup, like torch.nn.parallel.DistributedDataParallel.
+//
+//   auto pg = ddp::init_process_group(...);
+//   auto net = std::make_shared<Net>();               // or a ModuleHolder: Net net;
+//   ddp::DistributedDataParallel model(net, pg);       // checks and broadcasts rank 0's state
+//   torch::optim::Adam opt(model.parameters(), 1e-3);
+//   for (auto& batch : loader) {
+//     opt.zero_grad();
+//     auto loss = torch::nll_loss(model(batch.data), batch.target);  // = net->forward(...)
+//     loss.backward();        // buckets are all-reduced while backward runs
+//     model.step(opt);        // or opt.step(): gradients already hold the average
+//   }
+//
+// Construction is collective: every rank must wrap a model with the same parameter names,
+// shapes and dtypes (else a UsageError names the first difference and the ranks), and ends
+// with rank 0's parameters and buffers on every rank.
+//
+// forward()/operator() call the module's own forward with the caller's arguments and types,
+// after broadcasting buffers (broadcast_buffers) and, with find_unused_parameters, tracing the
+// outputs' graph. Calling module()->forward() directly also trains correctly (the gradient
+// hooks are always armed), minus those two services.
+//
+// The wrapper is not a torch::nn::Module: its parameters, buffers and state dict use the
+// module's own names, so snapshots of the wrapper and of the bare module are interchangeable.
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "ddp/comm/process_group.hpp"
+#include "ddp/torch/comm_hooks.hpp"
+#include "ddp/torch/ddp_options.hpp"
+#include "ddp/torch/ddp_reducer.hpp"
+#include "ddp/torch/ddp_state.hpp"
+#include "ddp/torch/timeline.hpp"
+
+namespace ddp {
+
+class DistributedDataParallelBase;
+
+// While alive, backward passes only accumulate gradients locally (no communication); the
+// first backward after it ends averages everything accumulated (gradient accumulation).
+class NoSyncGuard {
+ public:
+  explicit NoSyncGuard(Reducer* reducer);
+  ~NoSyncGuard();
+  NoSyncGuard(NoSyncGuard&& other) noexcept;
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+
+ private:
+  Reducer* reducer_;
+  bool previous_ = true;
+};
+
+// Everything that does not depend on the module's type.
+class DistributedDataParallelBase {
+ public:
+  DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr pg,
+                              DistributedDataParallelOptions options);
+  virtual ~DistributedDataParallelBase();
+  DistributedDataParallelBase(DistributedDataParallelBase&&) = default;
+  DistributedDataParallelBase& operator=(DistributedDataParallelBase&&) = default;
+
+  int rank() const { return pg_->rank(); }
+  int world_size() const { return pg_->size(); }
+  ProcessGroup& process_group() const { return *pg_; }
+  const DistributedDataParallelOptions& options() const { return options_; }
+  torch::nn::Module& base_module() const { return *base_; }
+
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(reducer_.get()); }
+
+  // The module's tensors under the module's own names.
+  std::vector<torch::Tensor> parameters() const { return base_->parameters(); }
+  torch::OrderedDict<std::string, torch::Tensor> named_parameters() const;
+  torch::OrderedDict<std::string, torch::Tensor> named_buffers() const;
+  StateDict state_dict() const { return ddp::state_dict(*base_); }
+  void load_state_dict(const StateDict& state, bool strict = true);
+
+  void train(bool on = true) { base_->train(on); }
+  void eval() { base_->eval(); }
+  bool is_training() const { return base_->is_training(); }
+
+  // Waits for any gradient averaging still pending (normally done when backward returns),
+  // then runs optimizer.step(), recorded as "optimizer.step" in the timeline.
+  template <typename Optimizer>
+  void step(Optimizer& optimizer) {
+    reducer_->finalize();
+    Timeline::Scope span(timeline_.get(), "optimizer.step", Timeline::Track::kCompute);
+    optimizer.step();
+  }
+
+  // Completes a pending gradient average; a no-op when backward already did.
+  void finalize() { reducer_->finalize(); }
+
+  // Parameter names per gradient bucket, in launch order.
+  std::vector<std::vector<std::string>> bucket_names() const { return reducer_->bucket_names(); }
+
+  // This rank's timeline, or null when options().timeline_path() is empty.
+  Timeline* timeline() const { return timeline_.get(); }
+  // The file the timeline goes to ("" when disabled).
+  const std::string& timeline_file() const { return timeline_file_; }
+  // Writes the timeline now (it is also written on destruction).
+  void write_timeline() const;
+
+ protected:
+  // Around the module's forward: buffers broadcast, timeline span, unused-parameter trace.
+  void before_forward();
+  void after_forward(const std::vector<torch::Tensor>& outputs);
+  Timeline::Clock::time_point forward_begin_;
+
+ private:
+  std::shared_ptr<torch::nn::Module> base_;
+  ProcessGroupPtr pg_;
+  DistributedDataParallelOptions options_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<Timeline> timeline_;
+  std::string timeline_file_;
+  std::vector<torch::Tensor> buffers_;
+  std::unique_ptr<Reducer> reducer_;
+};
+
+namespace detail {
+
+// The tensors in a forward's result, for tracing the graph (find_unused_parameters).
+inline void collect_tensors(const torch::Tensor& t, std::vector<torch::Tensor>& out) {
+  out.push_back(t);
+}
+inline void collect_tensors(const std::vector<torch::Tensor>& ts, std::vector<torch::Tensor>& out) {
+  out.insert(out.end(), ts.begin(), ts.end());
+}
+template <typename... Ts>
+void collect_tensors(const std::tuple<Ts...>& tuple, std::vector<torch::Tensor>& out) {
+  std::apply([&](const auto&... items) { (collect_tensors(items, out), ...); }, tuple);
+}
+template <typename A, typename B>
+void collect_tensors(const std::pair<A, B>& pair, std::vector<torch::Tensor>& out) {
+  collect_tensors(pair.first, out);
+  collect_tensors(pair.second, out);
+}
+// Anything else carries no tensors we can see: unused parameters are then found at the end of
+// backward instead.
+template <typename T>
+void collect_tensors(const T&, std::vector<torch::Tensor>&) {}
+
+}  // namespace detail
+
+template <typename ModuleType>
+class DistributedDataParallel : public DistributedDataParallelBase {
+ public:
+  DistributedDataParallel(std::shared_ptr<ModuleType> module, ProcessGroupPtr pg,
+                          DistributedDataParallelOptions options = {})
+      : DistributedDataParallelBase(module, std::move(pg), std::move(options)),
+        module_(std::move(module)) {}
+
+  DistributedDataParallel(const torch::nn::ModuleHolder<ModuleType>& holder, ProcessGroupPtr pg,
+                          DistributedDataParallelOptions options = {})
+      : DistributedDataParallel(holder.ptr(), std::move(pg), std::move(options)) {}
+
+  const std::shared_ptr<ModuleType>& module() const { return module_; }
+
+  // Calls module()->forward(args...) with DDP's per-iteration services around it.
+  template <typename... Args>
+  auto forward(Args&&... args) {
+    before_forward();
+    auto out = module_->forward(std::forward<Args>(args)...);
+    std::vector<torch::Tensor> tensors;
+    detail::collect_tensors(out, tensors);
+    after_forward(tensors);
+    return out;
+  }
+
+  template <typename... Args>
+  auto operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+ private:
+  std::shared_ptr<ModuleType> module_;
+};
+
+template <typename M>
+DistributedDataParallel(std::shared_ptr<M>, ProcessGroupPtr) -> DistributedDataParallel<M>;
+template <typename M>
+DistributedDataParallel(std::shared_ptr<M>, ProcessGroupPtr, DistributedDataParallelOptions)
+    -> DistributedDataParallel<M>;
+template <typename M>
+DistributedDataParallel(const torch::nn::ModuleHolder<M>&, ProcessGroupPtr)
+    -> DistributedDataParallel<M>;
+template <typename M>
+DistributedDataParallel(const torch::nn::ModuleHolder<M>&, ProcessGroupPtr,
+                        DistributedDataParallelOptions) -> DistributedDataParallel<M>;
+
+}  // namespace ddp

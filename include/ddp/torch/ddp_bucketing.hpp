@@ -1,0 +1,26 @@
+#pragma once
+// Bucket assignment: which parameters' gradients travel together in one all-reduce.
+//
+// Parameters are taken in REVERSE registration order (the order backward tends to produce
+// their gradients), grouped by dtype and device (a bucket is one flat tensor). A bucket is
+// closed once its size reaches its cap: the first bucket's cap is small (default 1 MB) so
+// communication starts early in backward, later buckets use bucket_cap (default 25 MB). The
+// result depends only on the inputs, so every rank computes the same assignment.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+struct BucketParam {
+  size_t bytes = 0;
+  std::string group;  // dtype + device; only parameters of one group share a bucket
+};
+
+// Returns buckets (lists of indices into params) in launch order. Caps are in bytes.
+std::vector<std::vector<size_t>> assign_buckets(const std::vector<BucketParam>& params,
+                                                size_t first_bucket_cap, size_t bucket_cap);
+
+}  // namespace ddp

@@ -1,0 +1,43 @@
+#pragma once
+// Options of ddp::DistributedDataParallel, LibTorch style: named setters that chain,
+//   DistributedDataParallelOptions().bucket_cap_mb(50).find_unused_parameters(true)
+
+#include <torch/arg.h>
+
+#include <chrono>
+#include <string>
+
+#include "ddp/torch/comm_hooks.hpp"
+
+namespace ddp {
+
+struct DistributedDataParallelOptions {
+  static constexpr double kDefaultBucketCapMb = 25.0;
+  static constexpr double kDefaultFirstBucketCapMb = 1.0;
+
+  // Size at which a gradient bucket is closed and its all-reduce launched (MiB). Larger:
+  // fewer, bigger messages; smaller: communication starts earlier in backward.
+  TORCH_ARG(double, bucket_cap_mb) = kDefaultBucketCapMb;
+  // Cap of the first bucket (the last layers' gradients, ready first), kept small so
+  // communication starts early, like PyTorch's 1 MiB.
+  TORCH_ARG(double, first_bucket_cap_mb) = kDefaultFirstBucketCapMb;
+  // Broadcast the module's buffers (e.g. BatchNorm running stats) from rank 0 before every
+  // forward through the wrapper.
+  TORCH_ARG(bool, broadcast_buffers) = true;
+  // Allow parameters that get no gradient in some iterations (costs a graph traversal per
+  // forward and one small all-reduce per backward).
+  TORCH_ARG(bool, find_unused_parameters) = false;
+  // Make param.grad() a view into the bucket buffer: saves a copy each way and the memory of
+  // one gradient copy. Code that replaces param.grad() by another tensor defeats it.
+  TORCH_ARG(bool, gradient_as_bucket_view) = false;
+  // How a bucket is averaged; null means allreduce_hook(). See comm_hooks.hpp.
+  TORCH_ARG(CommHookPtr, comm_hook) = nullptr;
+  // Where to write this rank's Chrome trace of forward, backward, bucket all-reduces and
+  // optimizer steps; "{rank}" is replaced by the rank (required when world size > 1). Empty:
+  // no timeline. Written when the wrapper is destroyed, or by write_timeline().
+  TORCH_ARG(std::string, timeline_path) = "";
+  // Bound on every wait for communication; zero means the process group's timeout.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::milliseconds(0);
+};
+
+}  // namespace ddp

@@ -1,0 +1,112 @@
+#pragma once
+// Reducer: averages gradients over the ranks of a ProcessGroup while backward runs.
+//
+// A post-hook on each parameter's AccumulateGrad node fires once the gradient of this backward
+// has been accumulated into param.grad(). The hook copies it into its bucket's flat buffer (or
+// finds it already there, with gradient_as_bucket_view) and, when the bucket is full, launches
+// the bucket's communication hook at once, asynchronously, while autograd goes on. Buckets are
+// launched strictly in index order, so all ranks issue the same collectives in the same order
+// even when gradients arrive in different orders.
+//
+// The first hook of a backward queues a final autograd callback; it runs when backward ends,
+// waits for every bucket and writes the averages back into param.grad(). When backward returns,
+// the gradients therefore hold the average over ranks. finalize() does the same for callers
+// whose backward ran outside the autograd engine's callback machinery (normally a no-op).
+//
+// Unused parameters (no gradient in this backward): with find_unused_parameters they are
+// marked ready with their current gradient (zeros when none), found either from the graph of
+// the forward outputs (mark_unused_from_outputs) or, failing that, at the end of backward.
+// A parameter that no rank used keeps its gradient untouched (undefined stays undefined), as
+// in single-process training. Without find_unused_parameters a missing gradient is a
+// UsageError naming the parameters.
+//
+// Thread-safety: hooks may run on autograd worker threads; all state is under one mutex.
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/process_group.hpp"
+#include "ddp/torch/comm_hooks.hpp"
+#include "ddp/torch/timeline.hpp"
+
+namespace ddp {
+
+struct ReducerConfig {
+  size_t first_bucket_cap_bytes = 1 << 20;
+  size_t bucket_cap_bytes = 25 << 20;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;
+  CommHookPtr comm_hook;  // null: allreduce_hook()
+  std::chrono::milliseconds timeout{ProcessGroup::kDefaultTimeout};
+  std::shared_ptr<Timeline> timeline;  // null: no spans recorded
+};
+
+class Reducer {
+ public:
+  // params: the parameters to average (all require grad), names for messages.
+  Reducer(std::vector<torch::Tensor> params, std::vector<std::string> names, ProcessGroupPtr pg,
+          ReducerConfig config);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // While false (DistributedDataParallel::no_sync), gradients only accumulate locally.
+  void set_sync(bool sync);
+  bool sync() const;
+
+  // With find_unused_parameters: records which parameters the graph of `outputs` cannot
+  // reach, so they are marked ready as soon as backward starts. No-op otherwise.
+  void mark_unused_from_outputs(const std::vector<torch::Tensor>& outputs);
+
+  // Completes a backward whose final callback has not run yet; no-op when none is pending.
+  void finalize();
+
+  // Bucket contents as parameter names, in launch order (diagnostics, tests).
+  std::vector<std::vector<std::string>> bucket_names() const;
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;        // indices into params_
+    torch::Tensor buffer;              // flat, one dtype/device
+    std::vector<torch::Tensor> views;  // per member, shaped like the parameter
+    size_t pending = 0;                // members not yet ready in this backward
+    std::unique_ptr<BucketReduction> reduction;
+    Timeline::Clock::time_point launched_at;
+    bool completion_recorded = false;
+  };
+
+  void on_gradient_ready(size_t index);
+  void begin_backward_locked();
+  void mark_ready_locked(size_t index);
+  void launch_ready_buckets_locked();
+  void poll_completions_locked();
+  void finalize_locked();
+  void reset_iteration_locked();
+  void abandon_iteration_locked();
+
+  std::vector<torch::Tensor> params_;
+  std::vector<std::string> names_;
+  ProcessGroupPtr pg_;
+  ReducerConfig config_;
+
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::pair<size_t, size_t>> locator_;  // param -> (bucket, slot)
+
+  mutable std::mutex mutex_;
+  bool sync_ = true;
+  bool in_backward_ = false;
+  size_t next_bucket_ = 0;
+  std::vector<bool> ready_;
+  std::vector<int32_t> locally_used_;  // since the last synchronized backward
+  std::vector<size_t> known_unused_;   // from mark_unused_from_outputs
+  Timeline::Clock::time_point backward_begin_;
+};
+
+}  // namespace ddp

@@ -1,0 +1,69 @@
+#include "ddp/torch/comm_hooks.hpp"
+
+#include "ddp/torch/tensor_adapter.hpp"
+
+namespace ddp {
+namespace {
+
+// Reduces `wire` (a tensor of the hook's choice) and, at finish, writes it back into the
+// bucket with `copy_back`. When the bucket lives on a device the backend cannot address,
+// `wire` is a host copy (see needs_host_staging).
+class WireReduction : public BucketReduction {
+ public:
+  WireReduction(torch::Tensor bucket, torch::Tensor wire, WorkPtr work)
+      : bucket_(std::move(bucket)), wire_(std::move(wire)), work_(std::move(work)) {}
+
+  bool is_completed() override { return work_->is_completed(); }
+
+  void finish(std::chrono::milliseconds timeout) override {
+    work_->wait(timeout);
+    // The wire tensor already holds the average; copy_ casts and moves across devices.
+    if (!wire_.is_same(bucket_)) bucket_.copy_(wire_);
+  }
+
+ private:
+  torch::Tensor bucket_;
+  torch::Tensor wire_;
+  WorkPtr work_;
+};
+
+class AllReduceHook : public CommHook {
+ public:
+  std::string name() const override { return "allreduce"; }
+  std::unique_ptr<BucketReduction> launch(ProcessGroup& pg, const torch::Tensor& bucket) override {
+    torch::Tensor wire = needs_host_staging(bucket, pg) ? bucket.cpu() : bucket;
+    WorkPtr work = all_reduce(pg, wire, ReduceOp::kAvg);
+    return std::make_unique<WireReduction>(bucket, wire, std::move(work));
+  }
+};
+
+class CompressHook : public CommHook {
+ public:
+  CompressHook(c10::ScalarType type, std::string name) : type_(type), name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+  std::unique_ptr<BucketReduction> launch(ProcessGroup& pg, const torch::Tensor& bucket) override {
+    // Dividing before the cast keeps the float16 sum of size() ranks inside its range.
+    torch::Tensor wire = bucket.div(pg.size()).to(type_);
+    if (needs_host_staging(wire, pg)) wire = wire.cpu();
+    WorkPtr work = all_reduce(pg, wire, ReduceOp::kSum);
+    return std::make_unique<WireReduction>(bucket, wire, std::move(work));
+  }
+
+ private:
+  c10::ScalarType type_;
+  std::string name_;
+};
+
+}  // namespace
+
+CommHookPtr allreduce_hook() {
+  return std::make_shared<AllReduceHook>();
+}
+CommHookPtr fp16_compress_hook() {
+  return std::make_shared<CompressHook>(c10::ScalarType::Half, "fp16_compress");
+}
+CommHookPtr bf16_compress_hook() {
+  return std::make_shared<CompressHook>(c10::ScalarType::BFloat16, "bf16_compress");
+}
+
+}  // namespace ddp

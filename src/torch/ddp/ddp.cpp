@@ -1,0 +1,149 @@
+#include "ddp/torch/ddp.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "ddp/torch/ddp_consistency.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp {
+
+NoSyncGuard::NoSyncGuard(Reducer* reducer) : reducer_(reducer) {
+  previous_ = reducer_->sync();
+  reducer_->set_sync(false);
+}
+
+NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
+    : reducer_(other.reducer_), previous_(other.previous_) {
+  other.reducer_ = nullptr;
+}
+
+NoSyncGuard::~NoSyncGuard() {
+  if (reducer_) reducer_->set_sync(previous_);
+}
+
+namespace {
+
+std::string timeline_file_for(const std::string& pattern, int rank, int world) {
+  if (pattern.empty()) return "";
+  const std::string token = "{rank}";
+  const size_t at = pattern.find(token);
+  if (at == std::string::npos) {
+    if (world > 1) {
+      throw UsageError(fmt::format(
+          "timeline_path '{}' has no '{{rank}}': with {} ranks every rank would write the same "
+          "file; use e.g. 'timeline_rank{{rank}}.json'",
+          pattern, world));
+    }
+    return pattern;
+  }
+  std::string out = pattern;
+  for (size_t pos = out.find(token); pos != std::string::npos; pos = out.find(token)) {
+    out.replace(pos, token.size(), std::to_string(rank));
+  }
+  return out;
+}
+
+size_t megabytes_to_bytes(double mb, const char* option) {
+  if (!(mb > 0)) {
+    throw UsageError(
+        fmt::format("DistributedDataParallelOptions::{} must be positive, got {}", option, mb));
+  }
+  return static_cast<size_t>(mb * 1024.0 * 1024.0);
+}
+
+}  // namespace
+
+DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
+                                                         ProcessGroupPtr pg,
+                                                         DistributedDataParallelOptions options)
+    : base_(std::move(module)), pg_(std::move(pg)), options_(std::move(options)) {
+  if (!base_) throw UsageError("DistributedDataParallel: the module is null");
+  if (!pg_) throw UsageError("DistributedDataParallel: the process group is null");
+  timeout_ = options_.timeout().count() > 0 ? options_.timeout() : pg_->timeout();
+  timeline_file_ = timeline_file_for(options_.timeline_path(), pg_->rank(), pg_->size());
+  if (!timeline_file_.empty()) timeline_ = std::make_shared<Timeline>(pg_->rank());
+
+  std::vector<NamedTensor> described;
+  std::vector<torch::Tensor> all;
+  std::vector<torch::Tensor> grad_params;
+  std::vector<std::string> grad_names;
+  for (const auto& item : base_->named_parameters(true)) {
+    described.push_back({"parameter " + item.key(), item.value()});
+    all.push_back(item.value());
+    if (item.value().requires_grad()) {
+      grad_params.push_back(item.value());
+      grad_names.push_back(item.key());
+    }
+  }
+  for (const auto& item : base_->named_buffers(true)) {
+    described.push_back({"buffer " + item.key(), item.value()});
+    all.push_back(item.value());
+    buffers_.push_back(item.value());
+  }
+  verify_same_tensors(*pg_, described, "parameters and buffers", timeout_);
+  if (pg_->size() > 1) broadcast_tensors(*pg_, all, /*root=*/0, timeout_);
+
+  ReducerConfig config;
+  config.first_bucket_cap_bytes =
+      megabytes_to_bytes(options_.first_bucket_cap_mb(), "first_bucket_cap_mb");
+  config.bucket_cap_bytes = megabytes_to_bytes(options_.bucket_cap_mb(), "bucket_cap_mb");
+  config.find_unused_parameters = options_.find_unused_parameters();
+  config.gradient_as_bucket_view = options_.gradient_as_bucket_view();
+  config.comm_hook = options_.comm_hook();
+  config.timeout = timeout_;
+  config.timeline = timeline_;
+  reducer_ = std::make_unique<Reducer>(std::move(grad_params), std::move(grad_names), pg_, config);
+}
+
+DistributedDataParallelBase::~DistributedDataParallelBase() {
+  if (!timeline_ || timeline_file_.empty()) return;
+  try {
+    write_timeline();
+  } catch (const std::exception& e) {
+    // A destructor must not throw; the caller can call write_timeline() to see the error.
+    spdlog::error("DistributedDataParallel: {}", e.what());
+  }
+}
+
+torch::OrderedDict<std::string, torch::Tensor> DistributedDataParallelBase::named_parameters()
+    const {
+  return base_->named_parameters(true);
+}
+
+torch::OrderedDict<std::string, torch::Tensor> DistributedDataParallelBase::named_buffers() const {
+  return base_->named_buffers(true);
+}
+
+void DistributedDataParallelBase::load_state_dict(const StateDict& state, bool strict) {
+  ddp::load_state_dict(*base_, state, strict);
+}
+
+void DistributedDataParallelBase::write_timeline() const {
+  if (!timeline_) {
+    throw UsageError(
+        "write_timeline: no timeline; set DistributedDataParallelOptions::timeline_path");
+  }
+  timeline_->write(timeline_file_);
+}
+
+void DistributedDataParallelBase::before_forward() {
+  // A backward that ended outside the engine's callbacks is completed before moving on.
+  reducer_->finalize();
+  forward_begin_ = Timeline::Clock::now();
+  if (options_.broadcast_buffers() && pg_->size() > 1 && !buffers_.empty()) {
+    broadcast_tensors(*pg_, buffers_, /*root=*/0, timeout_);
+  }
+}
+
+void DistributedDataParallelBase::after_forward(const std::vector<torch::Tensor>& outputs) {
+  if (options_.find_unused_parameters() && torch::GradMode::is_enabled()) {
+    reducer_->mark_unused_from_outputs(outputs);
+  }
+  if (timeline_) {
+    timeline_->add_span("forward", Timeline::Track::kCompute, forward_begin_,
+                        Timeline::Clock::now());
+  }
+}
+
+}  // namespace ddp

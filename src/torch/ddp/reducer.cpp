@@ -1,0 +1,351 @@
+#include "ddp/torch/ddp_reducer.hpp"
+
+#include <fmt/format.h>
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <unordered_set>
+
+#include "ddp/torch/ddp_bucketing.hpp"
+#include "ddp/torch/tensor_adapter.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp {
+namespace {
+
+// Runs `fn` after the AccumulateGrad node it is attached to has accumulated the gradient.
+class ReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit ReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
+    fn_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
+// A tensor sharing `buffer`'s storage at `offset`, shaped like `like`. Made with set_ rather
+// than narrow/view so autograd does not treat it as a view: optimizers may detach_() and
+// zero_() it in place when it serves as param.grad().
+torch::Tensor slice_of(const torch::Tensor& buffer, int64_t offset, const torch::Tensor& like) {
+  torch::NoGradGuard no_grad;
+  auto t = torch::empty({0}, buffer.options());
+  t.set_(buffer.storage(), buffer.storage_offset() + offset, like.sizes(),
+         c10::contiguous_strides(like.sizes()));
+  return t;
+}
+
+std::string join_names(const std::vector<std::string>& names, const std::vector<size_t>& which,
+                       size_t limit) {
+  std::string out;
+  for (size_t k = 0; k < which.size() && k < limit; ++k) {
+    if (k) out += ", ";
+    out += "'" + names[which[k]] + "'";
+  }
+  if (which.size() > limit) out += fmt::format(" and {} more", which.size() - limit);
+  return out;
+}
+
+}  // namespace
+
+Reducer::Reducer(std::vector<torch::Tensor> params, std::vector<std::string> names,
+                 ProcessGroupPtr pg, ReducerConfig config)
+    : params_(std::move(params)),
+      names_(std::move(names)),
+      pg_(std::move(pg)),
+      config_(std::move(config)) {
+  if (!config_.comm_hook) config_.comm_hook = allreduce_hook();
+  const size_t n = params_.size();
+  std::vector<BucketParam> sizes(n);
+  for (size_t i = 0; i < n; ++i) {
+    const torch::Tensor& p = params_[i];
+    const std::string what = fmt::format("parameter '{}'", names_[i]);
+    if (!p.requires_grad() || !p.is_leaf()) {
+      throw UsageError(
+          fmt::format("{} must be a leaf tensor that requires grad to be averaged by DDP", what));
+    }
+    if (p.layout() != c10::kStrided) {
+      throw UsageError(fmt::format("{} is sparse; DDP averages dense parameters only", what));
+    }
+    if (!to_data_type(p.scalar_type())) {
+      throw UsageError(fmt::format(
+          "{} has dtype {}, which DDP cannot all-reduce; use float32/float64/float16/bfloat16",
+          what, c10::toString(p.scalar_type())));
+    }
+    sizes[i].bytes = static_cast<size_t>(p.numel()) * p.element_size();
+    sizes[i].group = std::string(c10::toString(p.scalar_type())) + "@" + p.device().str();
+  }
+
+  locator_.resize(n);
+  for (const auto& members :
+       assign_buckets(sizes, config_.first_bucket_cap_bytes, config_.bucket_cap_bytes)) {
+    Bucket bucket;
+    bucket.params = members;
+    int64_t total = 0;
+    for (size_t i : members) total += params_[i].numel();
+    bucket.buffer = torch::zeros({total}, params_[members.front()].options().requires_grad(false));
+    int64_t offset = 0;
+    for (size_t slot = 0; slot < members.size(); ++slot) {
+      const size_t i = members[slot];
+      bucket.views.push_back(slice_of(bucket.buffer, offset, params_[i]));
+      offset += params_[i].numel();
+      locator_[i] = {buckets_.size(), slot};
+      if (config_.gradient_as_bucket_view && params_[i].grad().defined()) {
+        torch::NoGradGuard no_grad;
+        bucket.views.back().copy_(params_[i].grad());
+        params_[i].mutable_grad() = bucket.views.back();
+      }
+    }
+    bucket.pending = members.size();
+    buckets_.push_back(std::move(bucket));
+  }
+
+  ready_.assign(n, false);
+  locally_used_.assign(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
+    if (!acc) {
+      throw UsageError(fmt::format("parameter '{}' has no gradient accumulator", names_[i]));
+    }
+    hook_keys_.push_back(
+        acc->add_post_hook(std::make_unique<ReadyHook>([this, i] { on_gradient_ready(i); })));
+    accumulators_.push_back(std::move(acc));
+  }
+}
+
+Reducer::~Reducer() {
+  for (size_t i = 0; i < accumulators_.size(); ++i) {
+    accumulators_[i]->del_post_hook(hook_keys_[i]);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  abandon_iteration_locked();
+}
+
+void Reducer::set_sync(bool sync) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  sync_ = sync;
+}
+
+bool Reducer::sync() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return sync_;
+}
+
+void Reducer::mark_unused_from_outputs(const std::vector<torch::Tensor>& outputs) {
+  if (!config_.find_unused_parameters) return;
+  std::unordered_set<const torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> stack;
+  for (const auto& out : outputs) {
+    if (!out.defined() || !out.requires_grad()) continue;
+    auto fn = torch::autograd::impl::gradient_edge(out).function;
+    if (fn && seen.insert(fn.get()).second) stack.push_back(fn.get());
+  }
+  while (!stack.empty()) {
+    torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function && seen.insert(edge.function.get()).second) {
+        stack.push_back(edge.function.get());
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  known_unused_.clear();
+  for (size_t i = 0; i < accumulators_.size(); ++i) {
+    if (!seen.count(accumulators_[i].get())) known_unused_.push_back(i);
+  }
+}
+
+void Reducer::on_gradient_ready(size_t index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  locally_used_[index] = 1;
+  if (!sync_) return;
+  if (!in_backward_) begin_backward_locked();
+  if (ready_[index]) {
+    throw UsageError(fmt::format(
+        "DDP: parameter '{}' received a gradient twice in one backward on rank {}; DDP averages "
+        "one backward per iteration: call backward once per forward (accumulate over several "
+        "with no_sync()), or mark the shared parameter's module so it is used once",
+        names_[index], pg_->rank()));
+  }
+  mark_ready_locked(index);
+  launch_ready_buckets_locked();
+  if (config_.timeline) poll_completions_locked();
+}
+
+void Reducer::begin_backward_locked() {
+  in_backward_ = true;
+  backward_begin_ = Timeline::Clock::now();
+  // Runs once the engine has finished this backward, on the thread that ran it.
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
+  for (size_t i : known_unused_) {
+    if (!ready_[i]) mark_ready_locked(i);
+  }
+  known_unused_.clear();
+}
+
+void Reducer::mark_ready_locked(size_t index) {
+  auto [b, slot] = locator_[index];
+  Bucket& bucket = buckets_[b];
+  torch::Tensor& view = bucket.views[slot];
+  torch::Tensor& param = params_[index];
+  const torch::Tensor& grad = param.grad();
+  torch::NoGradGuard no_grad;
+  if (!grad.defined()) {
+    view.zero_();
+  } else {
+    if (grad.layout() != c10::kStrided) {
+      throw UsageError(fmt::format(
+          "DDP: parameter '{}' got a sparse gradient; DDP averages dense gradients only (build "
+          "the embedding with sparse=false)",
+          names_[index]));
+    }
+    if (grad.data_ptr() != view.data_ptr()) {
+      view.copy_(grad);
+      if (config_.gradient_as_bucket_view) param.mutable_grad() = view;
+    }
+  }
+  ready_[index] = true;
+  --bucket.pending;
+}
+
+void Reducer::launch_ready_buckets_locked() {
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    Bucket& bucket = buckets_[next_bucket_++];
+    bucket.launched_at = Timeline::Clock::now();
+    bucket.completion_recorded = false;
+    bucket.reduction = config_.comm_hook->launch(*pg_, bucket.buffer);
+  }
+}
+
+// Completion is observed, not signalled: a span ends at the first poll that sees it done.
+void Reducer::poll_completions_locked() {
+  for (size_t b = 0; b < next_bucket_; ++b) {
+    Bucket& bucket = buckets_[b];
+    if (bucket.reduction && !bucket.completion_recorded && bucket.reduction->is_completed()) {
+      bucket.completion_recorded = true;
+      config_.timeline->add_span(fmt::format("allreduce bucket {}", b), Timeline::Track::kComm,
+                                 bucket.launched_at, Timeline::Clock::now());
+    }
+  }
+}
+
+void Reducer::finalize() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (in_backward_) finalize_locked();
+}
+
+void Reducer::finalize_locked() {
+  std::vector<size_t> missing;
+  for (size_t i = 0; i < ready_.size(); ++i) {
+    if (!ready_[i]) missing.push_back(i);
+  }
+  // Missing gradients still go out (as zeros) so that peers' collectives complete and no rank
+  // hangs; without find_unused_parameters the iteration then fails with the names.
+  for (size_t i : missing) mark_ready_locked(i);
+  launch_ready_buckets_locked();
+
+  torch::Tensor global_used;
+  WorkPtr used_work;
+  if (config_.find_unused_parameters) {
+    global_used = torch::tensor(locally_used_, torch::kInt32);
+    used_work = all_reduce(*pg_, global_used, ReduceOp::kSum);
+  }
+  try {
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      Bucket& bucket = buckets_[b];
+      bucket.reduction->finish(config_.timeout);
+      bucket.reduction.reset();
+      if (config_.timeline && !bucket.completion_recorded) {
+        config_.timeline->add_span(fmt::format("allreduce bucket {}", b), Timeline::Track::kComm,
+                                   bucket.launched_at, Timeline::Clock::now());
+      }
+    }
+    if (used_work) used_work->wait(config_.timeout);
+  } catch (...) {
+    abandon_iteration_locked();
+    throw;
+  }
+
+  torch::NoGradGuard no_grad;
+  const int32_t* used = global_used.defined() ? global_used.data_ptr<int32_t>() : nullptr;
+  for (Bucket& bucket : buckets_) {
+    for (size_t slot = 0; slot < bucket.params.size(); ++slot) {
+      const size_t i = bucket.params[slot];
+      torch::Tensor& grad = params_[i].mutable_grad();
+      const torch::Tensor& view = bucket.views[slot];
+      if (grad.defined()) {
+        if (grad.data_ptr() != view.data_ptr()) grad.copy_(view);
+      } else if (!used || used[i] > 0) {
+        // Another rank produced a gradient for it: this rank receives the average too.
+        grad = config_.gradient_as_bucket_view ? view : view.clone();
+      }
+    }
+  }
+  if (config_.timeline) {
+    config_.timeline->add_span("backward", Timeline::Track::kCompute, backward_begin_,
+                               Timeline::Clock::now());
+  }
+  reset_iteration_locked();
+
+  if (!missing.empty() && !config_.find_unused_parameters) {
+    throw UsageError(fmt::format(
+        "DDP: {} parameter(s) received no gradient in this backward on rank {}: {}. DDP must "
+        "know when every gradient is ready; make every parameter take part in the loss, or "
+        "pass DistributedDataParallelOptions().find_unused_parameters(true) when some are "
+        "legitimately unused (conditional branches, frozen heads)",
+        missing.size(), pg_->rank(), join_names(names_, missing, 10)));
+  }
+}
+
+void Reducer::reset_iteration_locked() {
+  in_backward_ = false;
+  next_bucket_ = 0;
+  std::fill(ready_.begin(), ready_.end(), false);
+  std::fill(locally_used_.begin(), locally_used_.end(), 0);
+  known_unused_.clear();
+  for (Bucket& bucket : buckets_) bucket.pending = bucket.params.size();
+}
+
+// After a failed iteration: a collective that cannot be shown finished may still write into
+// its buffer, so its reduction (which holds the buffer) is leaked and the bucket gets a fresh
+// buffer. With gradient_as_bucket_view the next hook re-points param.grad() at it.
+void Reducer::abandon_iteration_locked() {
+  for (Bucket& bucket : buckets_) {
+    if (!bucket.reduction) continue;
+    bool done = false;
+    try {
+      done = bucket.reduction->is_completed();
+    } catch (...) {
+    }
+    if (!done) {
+      (void)bucket.reduction.release();
+      bucket.buffer = torch::zeros_like(bucket.buffer);
+      int64_t offset = 0;
+      for (size_t slot = 0; slot < bucket.params.size(); ++slot) {
+        bucket.views[slot] = slice_of(bucket.buffer, offset, params_[bucket.params[slot]]);
+        offset += params_[bucket.params[slot]].numel();
+      }
+    }
+    bucket.reduction.reset();
+  }
+  reset_iteration_locked();
+}
+
+std::vector<std::vector<std::string>> Reducer::bucket_names() const {
+  std::vector<std::vector<std::string>> out;
+  for (const Bucket& bucket : buckets_) {
+    out.emplace_back();
+    for (size_t i : bucket.params) out.back().push_back(names_[i]);
+  }
+  return out;
+}
+
+}  // namespace ddp

@@ -1,0 +1,89 @@
+#include "ddp/torch/tensor_adapter.hpp"
+
+#include <fmt/format.h>
+
+#include "ddp/util/error.hpp"
+
+namespace ddp {
+
+std::optional<DataType> to_data_type(c10::ScalarType type) {
+  switch (type) {
+    case c10::ScalarType::Float:
+      return DataType::kFloat32;
+    case c10::ScalarType::Double:
+      return DataType::kFloat64;
+    case c10::ScalarType::Half:
+      return DataType::kFloat16;
+    case c10::ScalarType::BFloat16:
+      return DataType::kBFloat16;
+    case c10::ScalarType::Int:
+      return DataType::kInt32;
+    case c10::ScalarType::Long:
+      return DataType::kInt64;
+    case c10::ScalarType::Byte:
+      return DataType::kUInt8;
+    default:
+      return std::nullopt;
+  }
+}
+
+c10::ScalarType to_scalar_type(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      return c10::ScalarType::Float;
+    case DataType::kFloat64:
+      return c10::ScalarType::Double;
+    case DataType::kFloat16:
+      return c10::ScalarType::Half;
+    case DataType::kBFloat16:
+      return c10::ScalarType::BFloat16;
+    case DataType::kInt32:
+      return c10::ScalarType::Int;
+    case DataType::kInt64:
+      return c10::ScalarType::Long;
+    case DataType::kUInt8:
+      return c10::ScalarType::Byte;
+  }
+  throw UsageError(fmt::format("unknown ddp::DataType {}", static_cast<int>(dtype)));
+}
+
+TensorBuffer tensor_buffer(const torch::Tensor& tensor, const std::string& what) {
+  if (!tensor.defined()) {
+    throw UsageError(fmt::format("{} is an undefined tensor; collectives need real storage", what));
+  }
+  if (tensor.layout() != c10::kStrided) {
+    throw UsageError(fmt::format(
+        "{} has layout {}; collectives support dense (strided) tensors only: call .to_dense()",
+        what, c10::toString(tensor.layout())));
+  }
+  if (!tensor.is_contiguous()) {
+    throw UsageError(
+        fmt::format("{} (sizes {}) is not contiguous; collectives need one contiguous block: call "
+                    ".contiguous() and reduce that tensor",
+                    what, c10::str(tensor.sizes())));
+  }
+  auto dtype = to_data_type(tensor.scalar_type());
+  if (!dtype) {
+    throw UsageError(fmt::format(
+        "{} has dtype {}, which collectives do not support; supported: float32, float64, "
+        "float16, bfloat16, int32, int64, uint8 (convert with .to(torch::kFloat32))",
+        what, c10::toString(tensor.scalar_type())));
+  }
+  return TensorBuffer{tensor.data_ptr(), static_cast<size_t>(tensor.numel()), *dtype};
+}
+
+bool needs_host_staging(const torch::Tensor& tensor, const ProcessGroup& pg) {
+  return tensor.is_cuda() && pg.backend_name() != "nccl";
+}
+
+WorkPtr all_reduce(ProcessGroup& pg, const torch::Tensor& tensor, ReduceOp op) {
+  TensorBuffer b = tensor_buffer(tensor);
+  return pg.all_reduce(b.data, b.count, b.dtype, op);
+}
+
+WorkPtr broadcast(ProcessGroup& pg, const torch::Tensor& tensor, int root) {
+  TensorBuffer b = tensor_buffer(tensor);
+  return pg.broadcast(b.data, b.count, b.dtype, root);
+}
+
+}  // namespace ddp
