@@ -34,8 +34,7 @@ int64_t HashStore::add(const std::string& key, int64_t delta) {
         if (used != it->second.size()) throw std::invalid_argument("trailing bytes");
       } catch (const std::exception&) {
         throw StoreError(fmt::format(
-            "add on key '{}': its value is not an integer; use a key that only add() writes",
-            key));
+            "add on key '{}': its value is not an integer; use a key that only add() writes", key));
       }
     }
     result = current + delta;
@@ -98,9 +97,9 @@ void HashStore::wait(const std::vector<std::string>& keys, std::chrono::millisec
   }
   auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::steady_clock::now() - start);
-  throw TimeoutError(fmt::format(
-      "in-process store: timed out after {} ms (limit {} ms) waiting for keys [{}]",
-      elapsed.count(), timeout.count(), fmt::join(missing, ", ")));
+  throw TimeoutError(
+      fmt::format("in-process store: timed out after {} ms (limit {} ms) waiting for keys [{}]",
+                  elapsed.count(), timeout.count(), fmt::join(missing, ", ")));
 }
 
 }  // namespace ddp

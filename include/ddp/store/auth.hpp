@@ -1,0 +1,30 @@
+#pragma once
+// Shared-secret authentication for TcpStore (challenge-response, docs/store-protocol.md).
+//
+// The server sends a fresh random nonce; the client answers HMAC-SHA256(token, context ||
+// nonce); the server compares in constant time. The token itself never crosses the wire, and
+// a recorded answer is useless for another connection (new nonce each time).
+
+#include <optional>
+#include <string>
+
+namespace ddp::store_auth {
+
+// Name of the environment variable that supplies the token when options leave it unset.
+constexpr const char* kTokenEnvVar = "DDP_STORE_TOKEN";
+constexpr size_t kNonceBytes = 32;
+
+// The token to use: `configured` when set (an empty string means "no auth"), otherwise
+// $DDP_STORE_TOKEN when set and non-empty, otherwise none (empty string).
+std::string resolve_token(const std::optional<std::string>& configured);
+
+// kNonceBytes from OpenSSL's CSPRNG. Throws StoreError if it fails.
+std::string make_nonce();
+
+// HMAC-SHA256(token, "ddp-store-auth-v1" || nonce), 32 raw bytes.
+std::string proof(const std::string& token, const std::string& nonce);
+
+// Constant-time comparison (CRYPTO_memcmp); different lengths compare unequal.
+bool proofs_equal(const std::string& expected, const std::string& received);
+
+}  // namespace ddp::store_auth

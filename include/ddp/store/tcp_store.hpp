@@ -1,0 +1,108 @@
+#pragma once
+// TcpStore: the Store client that talks to a TcpStoreServer over TCP (c10d's TCPStore).
+//
+// Contracts:
+// - Construction connects, retrying with backoff until options.timeout (the server may start
+//   later than its clients). Running out of time throws TimeoutError naming host:port and
+//   the last failure ("connection refused").
+// - Every call is bounded: blocking ones (get, wait, multi_get) by their timeout, enforced by
+//   the server and backed by a client-side deadline; the rest by timeout() too. A timeout
+//   throws TimeoutError naming host:port, the missing keys, the elapsed time and the limit.
+// - Thread-safe: calls on one TcpStore are serialised by a mutex (one connection per object;
+//   create several objects for parallel requests).
+// - After a network failure or a client-side timeout the connection is dropped; the next call
+//   reconnects. A failed call is never retried behind the caller's back (add is not
+//   idempotent).
+// - Auth: when the server has a token, the client must have the same one (options.token or
+//   $DDP_STORE_TOKEN); otherwise construction throws StoreError saying so.
+//
+// With options.is_server the object also hosts a TcpStoreServer in this process (rank 0's
+// role in init_process_group); port 0 then picks a free port, readable with port().
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddp/store/protocol.hpp"
+#include "ddp/store/store.hpp"
+#include "ddp/util/socket.hpp"
+
+namespace ddp {
+
+class TcpStoreServer;
+
+struct TcpStoreOptions {
+  static constexpr const char* kDefaultHost = "127.0.0.1";
+  static constexpr uint16_t kDefaultPort = 29500;
+
+  std::string host = kDefaultHost;
+  uint16_t port = kDefaultPort;
+  // Bounds connecting and every call (Store::timeout()).
+  std::chrono::milliseconds timeout = Store::kDefaultTimeout;
+  // Shared secret. nullopt: $DDP_STORE_TOKEN if set, else none. "" disables auth explicitly.
+  std::optional<std::string> token;
+  // Host a TcpStoreServer in this process, listening on port (bind address: every interface).
+  bool is_server = false;
+  size_t max_frame_bytes = store_protocol::kDefaultMaxFrameBytes;
+};
+
+class TcpStore : public Store {
+ public:
+  explicit TcpStore(TcpStoreOptions options);
+  ~TcpStore() override;
+
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key) override;
+  // get with an explicit limit instead of timeout().
+  std::string get(const std::string& key, std::chrono::milliseconds timeout);
+  int64_t add(const std::string& key, int64_t delta) override;
+  std::string compare_set(const std::string& key, const std::string& expected,
+                          const std::string& desired) override;
+  bool delete_key(const std::string& key) override;
+  int64_t num_keys() override;
+  bool check(const std::vector<std::string>& keys) override;
+  using Store::wait;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  std::vector<std::string> multi_get(const std::vector<std::string>& keys) override;
+  void multi_set(const std::vector<std::string>& keys,
+                 const std::vector<std::string>& values) override;
+  // One round trip; throws like any other call when the server is unreachable.
+  void ping();
+
+  const std::string& host() const { return options_.host; }
+  // The server's port (the bound one when is_server with port 0).
+  uint16_t port() const { return options_.port; }
+  // "host:port".
+  std::string endpoint() const;
+  // The hosted server, or nullptr when !is_server.
+  TcpStoreServer* server() { return server_.get(); }
+
+ private:
+  using Op = store_protocol::Op;
+  using Frame = store_protocol::Frame;
+
+  // Sends a request and returns the kOk reply's fields. `limit` is the server-side wait (for
+  // blocking ops); the client gives up at limit + a grace period. Throws TimeoutError when
+  // the server answers kTimeout, naming `keys_waited`.
+  std::vector<std::string> call(Op op, std::vector<std::string> fields,
+                                std::chrono::milliseconds limit,
+                                const std::vector<std::string>& keys_waited);
+  // Connects and runs the handshake. Called with mutex_ held.
+  void connect_locked(net::Deadline deadline);
+  void handshake_locked(net::Deadline deadline);
+  Frame exchange_locked(const Frame& request, net::Deadline deadline);
+  [[noreturn]] void throw_reply_error(const Frame& reply, Op op);
+
+  TcpStoreOptions options_;
+  std::string token_;
+  std::unique_ptr<TcpStoreServer> server_;
+  std::mutex mutex_;
+  net::Socket sock_;
+  uint32_t next_request_id_ = 1;
+};
+
+}  // namespace ddp

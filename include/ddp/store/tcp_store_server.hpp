@@ -1,0 +1,85 @@
+#pragma once
+// TcpStoreServer: the key-value server behind TcpStore (c10d's TCPStore master).
+//
+// One thread runs an epoll loop over non-blocking sockets with per-connection buffers; there
+// is no thread per client, so thousands of clients cost only file descriptors (the
+// constructor raises the RLIMIT_NOFILE soft limit to the hard limit). Blocking requests (get,
+// wait, multi_get) park on the server until their keys are set or their own timeout passes;
+// the loop sleeps in epoll_wait until the earliest such deadline.
+//
+// Robustness contract: a client that sends garbage, a bad version, an oversized or malformed
+// frame, fails authentication, or vanishes mid-request or while waiting affects only its own
+// connection, which is closed (after an error frame when one can be sent). Other clients are
+// never blocked by it. Refused and malformed connections are logged (spdlog "ddp.store") with
+// the peer address.
+//
+// Lifecycle: the constructor binds and listens (so port() is valid at once, also for port 0);
+// start() serves on a background thread, or run() serves on the caller's thread; stop() is
+// idempotent, thread-safe, and returns once the loop has exited and every socket is closed.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "ddp/store/protocol.hpp"
+
+namespace ddp {
+
+struct TcpStoreServerOptions {
+  static constexpr uint16_t kDefaultPort = 29500;
+  static constexpr int kDefaultBacklog = 8192;
+  static constexpr std::chrono::milliseconds kDefaultHandshakeTimeout{std::chrono::seconds(60)};
+
+  // Address to bind: "" or "0.0.0.0" = every IPv4 interface, "::" = every interface.
+  std::string host;
+  // 0 picks a free port (read it back with TcpStoreServer::port()).
+  uint16_t port = kDefaultPort;
+  // Shared secret clients must prove they know. nullopt: $DDP_STORE_TOKEN if set, else none.
+  // An empty string disables auth even when the variable is set.
+  std::optional<std::string> token;
+  // Largest frame (header + payload) accepted from a client.
+  size_t max_frame_bytes = store_protocol::kDefaultMaxFrameBytes;
+  int backlog = kDefaultBacklog;
+  // A connection that has not finished the hello/auth handshake by then is closed, so idle
+  // half-open connections cannot pile up.
+  std::chrono::milliseconds handshake_timeout = kDefaultHandshakeTimeout;
+};
+
+class TcpStoreServer {
+ public:
+  // Binds and listens. Throws NetworkError naming host:port when it cannot (e.g. port in use).
+  explicit TcpStoreServer(TcpStoreServerOptions options = {});
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  // Serves on a background thread. Throws UsageError if already serving.
+  void start();
+  // Serves on the calling thread until stop() is called from another thread.
+  void run();
+  // Stops serving, closes every connection, joins the background thread. Idempotent.
+  void stop();
+
+  uint16_t port() const { return port_; }
+  // Connections currently open (including ones still in the handshake).
+  size_t num_connections() const;
+  // Connections refused for failing authentication since start.
+  uint64_t num_auth_refusals() const;
+  // Connections closed because they broke the protocol since start.
+  uint64_t num_protocol_errors() const;
+
+  class Loop;  // the epoll event loop (tcp_store_server.cpp)
+
+ private:
+  TcpStoreServerOptions options_;
+  uint16_t port_ = 0;
+  std::unique_ptr<Loop> loop_;
+  std::thread thread_;
+  std::atomic<bool> running_{false};
+};
+
+}  // namespace ddp

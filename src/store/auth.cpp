@@ -1,0 +1,49 @@
+#include "ddp/store/auth.hpp"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include "ddp/util/env.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp::store_auth {
+
+namespace {
+// Binds the MAC to this protocol and version so it cannot be replayed elsewhere.
+constexpr char kContext[] = "ddp-store-auth-v1";
+}  // namespace
+
+std::string resolve_token(const std::optional<std::string>& configured) {
+  if (configured) return *configured;
+  return env::get_or(kTokenEnvVar, "");
+}
+
+std::string make_nonce() {
+  std::string nonce(kNonceBytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()), static_cast<int>(kNonceBytes)) !=
+      1) {
+    throw StoreError("store auth: OpenSSL could not generate a random nonce");
+  }
+  return nonce;
+}
+
+std::string proof(const std::string& token, const std::string& nonce) {
+  std::string message = std::string(kContext) + nonce;
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int mac_len = 0;
+  if (HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
+           reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac,
+           &mac_len) == nullptr) {
+    throw StoreError("store auth: OpenSSL HMAC-SHA256 failed");
+  }
+  return std::string(reinterpret_cast<char*>(mac), mac_len);
+}
+
+bool proofs_equal(const std::string& expected, const std::string& received) {
+  if (expected.size() != received.size()) return false;
+  return CRYPTO_memcmp(expected.data(), received.data(), expected.size()) == 0;
+}
+
+}  // namespace ddp::store_auth

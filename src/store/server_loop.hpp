@@ -1,0 +1,146 @@
+#pragma once
+// The epoll event loop of TcpStoreServer (private to src/store).
+//
+// Invariants:
+// - Only the loop thread touches connections, the key-value map and the waiter index;
+//   other threads only call request_stop() and read the atomic counters.
+// - A connection handles one request at a time: while it has a parked waiter or unsent reply
+//   bytes, further requests stay buffered (backpressure), so one client's reply buffer holds
+//   at most one reply.
+// - Connections are destroyed only between events (state kDead, then reaped), so a handler
+//   never touches a freed connection.
+// - Every parked waiter is indexed under each key it still misses and has a timer; it leaves
+//   the index when it completes, times out, or its connection dies.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <queue>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ddp/store/protocol.hpp"
+#include "ddp/store/tcp_store_server.hpp"
+#include "ddp/util/socket.hpp"
+
+namespace spdlog {
+class logger;
+}
+
+namespace ddp {
+
+class TcpStoreServer::Loop {
+ public:
+  Loop(const TcpStoreServerOptions& options, net::Socket listener, std::string token);
+  ~Loop();
+
+  // Serves until request_stop(); closes every connection before returning.
+  void run();
+  // Thread-safe; wakes the loop through an eventfd.
+  void request_stop();
+
+  bool auth_required() const { return !token_.empty(); }
+  size_t num_connections() const { return num_connections_.load(); }
+  uint64_t num_auth_refusals() const { return auth_refusals_.load(); }
+  uint64_t num_protocol_errors() const { return protocol_errors_.load(); }
+
+ private:
+  using Op = store_protocol::Op;
+  using Frame = store_protocol::Frame;
+
+  enum class State { kHello, kAuth, kReady, kClosing, kDead };
+
+  struct Waiter {
+    bool active = false;
+    Op op = Op::kWait;
+    uint32_t request_id = 0;
+    std::vector<std::string> keys;
+    net::Clock::time_point start;
+    uint64_t seq = 0;
+  };
+
+  struct Connection {
+    uint64_t id = 0;
+    net::Socket sock;
+    std::string peer;
+    State state = State::kHello;
+    std::string nonce;
+    std::string in;
+    size_t in_off = 0;
+    std::string out;
+    size_t out_off = 0;
+    bool want_write = false;
+    Waiter waiter;
+    uint64_t timer_seq = 0;  // handshake or linger timer
+  };
+
+  struct Timer {
+    net::Clock::time_point at;
+    uint64_t conn_id;
+    uint64_t seq;
+    bool operator>(const Timer& other) const { return at > other.at; }
+  };
+
+  // Events.
+  void accept_all();
+  void on_readable(Connection& conn);
+  void on_writable(Connection& conn);
+  void expire_timers();
+  int next_timeout_ms();
+  void run_runnable();
+  void reap_dead();
+
+  // Requests.
+  void process(Connection& conn);
+  void handle(Connection& conn, Frame& frame);
+  void handle_handshake(Connection& conn, Frame& frame);
+  void handle_request(Connection& conn, Frame& frame);
+  void park(Connection& conn, Op op, uint32_t request_id, std::vector<std::string> keys,
+            int64_t timeout_ms);
+  bool all_present(const std::vector<std::string>& keys) const;
+  void complete_waiter(Connection& conn);
+  void time_out_waiter(Connection& conn);
+  void unregister_waiter(Connection& conn);
+  void register_waiter(Connection& conn);
+  void notify(const std::string& key);
+  void set_key(const std::string& key, std::string value);
+
+  // Output and teardown.
+  void reply(Connection& conn, Op op, uint32_t request_id, std::vector<std::string> fields);
+  void flush(Connection& conn);
+  void update_interest(Connection& conn);
+  // Sends an error frame (kind, message), stops reading requests, closes after a short linger.
+  void close_with_error(Connection& conn, uint32_t request_id, const char* kind,
+                        const std::string& message);
+  void kill(Connection& conn);
+  void add_timer(Connection& conn, net::Clock::time_point at, uint64_t& seq_slot);
+  Connection* find(uint64_t id);
+
+  TcpStoreServerOptions options_;
+  net::Socket listener_;
+  std::string token_;
+  std::shared_ptr<spdlog::logger> logger_;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  std::atomic<bool> stop_requested_{false};
+  bool listener_paused_ = false;
+  net::Clock::time_point listener_resume_at_;
+
+  uint64_t next_id_ = 2;  // 0: listener, 1: wake eventfd
+  uint64_t next_seq_ = 1;
+  std::unordered_map<uint64_t, std::unique_ptr<Connection>> conns_;
+  std::vector<uint64_t> dead_;
+  std::vector<uint64_t> runnable_;
+  std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers_;
+
+  std::unordered_map<std::string, std::string> data_;
+  std::unordered_map<std::string, std::vector<uint64_t>> waiters_;  // key -> connection ids
+
+  std::atomic<size_t> num_connections_{0};
+  std::atomic<uint64_t> auth_refusals_{0};
+  std::atomic<uint64_t> protocol_errors_{0};
+};
+
+}  // namespace ddp

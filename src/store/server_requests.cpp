@@ -1,0 +1,345 @@
+// TcpStoreServer::Loop: request handling (handshake, key-value operations, parked waiters).
+// Socket I/O, timers and teardown are in server_loop.cpp.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "ddp/store/auth.hpp"
+#include "ddp/util/error.hpp"
+#include "server_loop.hpp"
+
+namespace ddp {
+
+namespace {
+
+using store_protocol::kErrorAuth;
+using store_protocol::kErrorProtocol;
+using store_protocol::kErrorStore;
+using store_protocol::kErrorUsage;
+
+// Parks longer than this are clamped (keeps time_point arithmetic far from overflow).
+constexpr int64_t kMaxTimeoutMs = int64_t{365} * 24 * 3600 * 1000;
+
+// Thrown by handlers for a well-framed request whose fields are wrong; closes the connection.
+struct BadRequest {
+  std::string message;
+};
+
+void expect_fields(const store_protocol::Frame& frame, size_t count) {
+  if (frame.fields.size() != count) {
+    throw BadRequest{fmt::format("{} needs {} fields, got {}", store_protocol::op_name(frame.op),
+                                 count, frame.fields.size())};
+  }
+}
+
+void expect_min_fields(const store_protocol::Frame& frame, size_t count) {
+  if (frame.fields.size() < count) {
+    throw BadRequest{fmt::format("{} needs at least {} fields, got {}",
+                                 store_protocol::op_name(frame.op), count, frame.fields.size())};
+  }
+}
+
+int64_t field_i64(const std::string& field, const char* what) {
+  if (field.size() != 8) {
+    throw BadRequest{
+        fmt::format("field '{}' must be an 8-byte integer, got {} bytes", what, field.size())};
+  }
+  return store_protocol::decode_i64(field, what);
+}
+
+// Parses a value written by add(); nullopt if it is not a plain decimal integer.
+std::optional<int64_t> parse_counter(const std::string& text) {
+  if (text.empty() || text.size() > 20) return std::nullopt;
+  size_t i = text[0] == '-' ? 1 : 0;
+  if (i == text.size()) return std::nullopt;
+  int64_t value = 0;
+  for (; i < text.size(); ++i) {
+    if (text[i] < '0' || text[i] > '9') return std::nullopt;
+    int digit = text[i] - '0';
+    if (__builtin_mul_overflow(value, 10, &value)) return std::nullopt;
+    if (__builtin_add_overflow(value, text[0] == '-' ? -digit : digit, &value)) {
+      return std::nullopt;
+    }
+  }
+  return value;
+}
+
+}  // namespace
+
+void TcpStoreServer::Loop::process(Connection& conn) {
+  while (
+      (conn.state == State::kHello || conn.state == State::kAuth || conn.state == State::kReady) &&
+      !conn.waiter.active && conn.out.empty() && conn.in_off < conn.in.size()) {
+    auto parsed =
+        store_protocol::parse_frame(reinterpret_cast<const uint8_t*>(conn.in.data()) + conn.in_off,
+                                    conn.in.size() - conn.in_off, options_.max_frame_bytes);
+    if (parsed.status == store_protocol::ParseStatus::kNeedMore) break;
+    if (parsed.status == store_protocol::ParseStatus::kError) {
+      logger_->warn("store server: closing {}: {}", conn.peer, parsed.error);
+      close_with_error(conn, parsed.request_id, kErrorProtocol, parsed.error);
+      return;
+    }
+    conn.in_off += parsed.consumed;
+    try {
+      handle(conn, parsed.frame);
+    } catch (const BadRequest& bad) {
+      logger_->warn("store server: closing {}: {}", conn.peer, bad.message);
+      close_with_error(conn, parsed.frame.request_id, kErrorProtocol, bad.message);
+      return;
+    }
+  }
+  if (conn.in_off == conn.in.size()) {
+    conn.in.clear();
+    conn.in_off = 0;
+  } else if (conn.in_off > (1u << 20)) {
+    conn.in.erase(0, conn.in_off);
+    conn.in_off = 0;
+  }
+}
+
+void TcpStoreServer::Loop::handle(Connection& conn, Frame& frame) {
+  if (conn.state == State::kReady) {
+    handle_request(conn, frame);
+  } else {
+    handle_handshake(conn, frame);
+  }
+}
+
+void TcpStoreServer::Loop::handle_handshake(Connection& conn, Frame& frame) {
+  auto refuse = [&](const std::string& reason, const std::string& message) {
+    auth_refusals_.fetch_add(1);
+    logger_->warn("store server: refused client {}: {}", conn.peer, reason);
+    close_with_error(conn, frame.request_id, kErrorAuth, message);
+  };
+  if (conn.state == State::kHello) {
+    if (frame.op != Op::kHello) {
+      refuse(fmt::format("sent {} before the hello handshake", store_protocol::op_name(frame.op)),
+             "the first request must be hello (is the client a ddp TcpStore?)");
+      return;
+    }
+    if (token_.empty()) {
+      conn.state = State::kReady;
+      conn.timer_seq = 0;
+      reply(conn, Op::kOk, frame.request_id, {"auth:none"});
+      return;
+    }
+    conn.nonce = store_auth::make_nonce();
+    conn.state = State::kAuth;
+    reply(conn, Op::kChallenge, frame.request_id, {conn.nonce});
+    return;
+  }
+  // State::kAuth
+  if (frame.op != Op::kAuth || frame.fields.size() != 1) {
+    refuse(fmt::format("sent {} instead of the auth answer", store_protocol::op_name(frame.op)),
+           "the store requires an auth token; the client did not answer the challenge");
+    return;
+  }
+  const std::string& answer = frame.fields[0];
+  if (answer.empty()) {
+    refuse("it has no auth token", "the store requires an auth token and the client has none");
+    return;
+  }
+  if (!store_auth::proofs_equal(store_auth::proof(token_, conn.nonce), answer)) {
+    refuse("auth token mismatch", "auth token mismatch");
+    return;
+  }
+  conn.state = State::kReady;
+  conn.timer_seq = 0;
+  conn.nonce.clear();
+  reply(conn, Op::kOk, frame.request_id, {"auth:ok"});
+}
+
+void TcpStoreServer::Loop::handle_request(Connection& conn, Frame& frame) {
+  const uint32_t rid = frame.request_id;
+  auto& f = frame.fields;
+  switch (frame.op) {
+    case Op::kPing:
+      reply(conn, Op::kOk, rid, {});
+      return;
+    case Op::kSet:
+      expect_fields(frame, 2);
+      set_key(f[0], std::move(f[1]));
+      reply(conn, Op::kOk, rid, {});
+      return;
+    case Op::kGet: {
+      expect_fields(frame, 2);
+      int64_t timeout_ms = field_i64(f[1], "timeout");
+      auto it = data_.find(f[0]);
+      if (it != data_.end()) {
+        reply(conn, Op::kOk, rid, {it->second});
+      } else {
+        park(conn, Op::kGet, rid, {std::move(f[0])}, timeout_ms);
+      }
+      return;
+    }
+    case Op::kAdd: {
+      expect_fields(frame, 2);
+      int64_t delta = field_i64(f[1], "delta");
+      int64_t current = 0;
+      auto it = data_.find(f[0]);
+      if (it != data_.end()) {
+        auto parsed = parse_counter(it->second);
+        if (!parsed) {
+          reply(conn, Op::kError, rid,
+                {kErrorStore, fmt::format("add on key '{}': its value is not an integer; use a "
+                                          "key that only add() writes",
+                                          f[0])});
+          return;
+        }
+        current = *parsed;
+      }
+      int64_t result = 0;
+      if (__builtin_add_overflow(current, delta, &result)) {
+        reply(conn, Op::kError, rid,
+              {kErrorStore,
+               fmt::format("add on key '{}': {} + {} overflows int64", f[0], current, delta)});
+        return;
+      }
+      set_key(f[0], std::to_string(result));
+      reply(conn, Op::kOk, rid, {store_protocol::encode_i64(result)});
+      return;
+    }
+    case Op::kCompareSet: {
+      expect_fields(frame, 3);
+      auto it = data_.find(f[0]);
+      bool matches = it == data_.end() ? f[1].empty() : it->second == f[1];
+      if (matches) {
+        std::string value = f[2];
+        set_key(f[0], std::move(f[2]));
+        reply(conn, Op::kOk, rid, {std::move(value)});
+      } else {
+        reply(conn, Op::kOk, rid, {it == data_.end() ? f[1] : it->second});
+      }
+      return;
+    }
+    case Op::kDelete:
+      expect_fields(frame, 1);
+      reply(conn, Op::kOk, rid, {std::string(1, data_.erase(f[0]) > 0 ? '\1' : '\0')});
+      return;
+    case Op::kNumKeys:
+      expect_fields(frame, 0);
+      reply(conn, Op::kOk, rid, {store_protocol::encode_i64(static_cast<int64_t>(data_.size()))});
+      return;
+    case Op::kCheck:
+      reply(conn, Op::kOk, rid, {std::string(1, all_present(f) ? '\1' : '\0')});
+      return;
+    case Op::kWait:
+    case Op::kMultiGet: {
+      expect_min_fields(frame, 1);
+      int64_t timeout_ms = field_i64(f[0], "timeout");
+      std::vector<std::string> keys(std::make_move_iterator(f.begin() + 1),
+                                    std::make_move_iterator(f.end()));
+      park(conn, frame.op, rid, std::move(keys), timeout_ms);
+      return;
+    }
+    case Op::kMultiSet:
+      if (f.size() % 2 != 0) {
+        throw BadRequest{fmt::format("multi_set needs key/value pairs, got {} fields", f.size())};
+      }
+      for (size_t i = 0; i < f.size(); i += 2) set_key(f[i], std::move(f[i + 1]));
+      reply(conn, Op::kOk, rid, {});
+      return;
+    case Op::kHello:
+    case Op::kAuth:
+      throw BadRequest{"hello/auth sent twice on one connection"};
+    default:
+      throw BadRequest{fmt::format("unknown request {} (is the client newer than the server?)",
+                                   store_protocol::op_name(frame.op))};
+  }
+}
+
+void TcpStoreServer::Loop::set_key(const std::string& key, std::string value) {
+  data_[key] = std::move(value);
+  notify(key);
+}
+
+bool TcpStoreServer::Loop::all_present(const std::vector<std::string>& keys) const {
+  return std::all_of(keys.begin(), keys.end(),
+                     [&](const std::string& key) { return data_.count(key) > 0; });
+}
+
+void TcpStoreServer::Loop::park(Connection& conn, Op op, uint32_t request_id,
+                                std::vector<std::string> keys, int64_t timeout_ms) {
+  conn.waiter.op = op;
+  conn.waiter.request_id = request_id;
+  conn.waiter.keys = std::move(keys);
+  conn.waiter.start = net::Clock::now();
+  if (all_present(conn.waiter.keys)) {
+    complete_waiter(conn);
+    return;
+  }
+  if (timeout_ms <= 0) {
+    time_out_waiter(conn);
+    return;
+  }
+  conn.waiter.active = true;
+  timeout_ms = std::min(timeout_ms, kMaxTimeoutMs);
+  add_timer(conn, conn.waiter.start + std::chrono::milliseconds(timeout_ms), conn.waiter.seq);
+  register_waiter(conn);
+}
+
+void TcpStoreServer::Loop::register_waiter(Connection& conn) {
+  for (const auto& key : conn.waiter.keys) {
+    if (data_.count(key) == 0) waiters_[key].push_back(conn.id);
+  }
+}
+
+void TcpStoreServer::Loop::unregister_waiter(Connection& conn) {
+  if (!conn.waiter.active) return;
+  for (const auto& key : conn.waiter.keys) {
+    auto it = waiters_.find(key);
+    if (it == waiters_.end()) continue;
+    auto& ids = it->second;
+    ids.erase(std::remove(ids.begin(), ids.end(), conn.id), ids.end());
+    if (ids.empty()) waiters_.erase(it);
+  }
+  conn.waiter.active = false;
+}
+
+void TcpStoreServer::Loop::complete_waiter(Connection& conn) {
+  unregister_waiter(conn);
+  Waiter& w = conn.waiter;
+  std::vector<std::string> fields;
+  if (w.op == Op::kGet || w.op == Op::kMultiGet) {
+    fields.reserve(w.keys.size());
+    for (const auto& key : w.keys) fields.push_back(data_.at(key));
+  }
+  reply(conn, Op::kOk, w.request_id, std::move(fields));
+  w.keys.clear();
+  runnable_.push_back(conn.id);
+}
+
+void TcpStoreServer::Loop::time_out_waiter(Connection& conn) {
+  unregister_waiter(conn);
+  Waiter& w = conn.waiter;
+  std::vector<std::string> missing;
+  for (const auto& key : w.keys) {
+    if (data_.count(key) == 0) missing.push_back(key);
+  }
+  reply(conn, Op::kTimeout, w.request_id, std::move(missing));
+  w.keys.clear();
+  runnable_.push_back(conn.id);
+}
+
+void TcpStoreServer::Loop::notify(const std::string& key) {
+  auto it = waiters_.find(key);
+  if (it == waiters_.end()) return;
+  std::vector<uint64_t> ids = std::move(it->second);
+  waiters_.erase(it);
+  for (uint64_t id : ids) {
+    Connection* conn = find(id);
+    if (conn == nullptr || !conn->waiter.active) continue;
+    if (all_present(conn->waiter.keys)) {
+      complete_waiter(*conn);
+    } else {
+      // Still missing others (or a key deleted meanwhile): re-index under what is missing now.
+      unregister_waiter(*conn);
+      conn->waiter.active = true;
+      register_waiter(*conn);
+    }
+  }
+}
+
+}  // namespace ddp

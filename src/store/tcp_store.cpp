@@ -1,0 +1,317 @@
+#include "ddp/store/tcp_store.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "ddp/store/auth.hpp"
+#include "ddp/store/tcp_store_server.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp {
+
+namespace {
+
+using store_protocol::encode_i64;
+using Ms = std::chrono::milliseconds;
+
+// How long past a blocking request's own limit the client waits for the server's timeout
+// reply before declaring the server unresponsive.
+constexpr Ms kReplyGrace{std::chrono::seconds(5)};
+constexpr Ms kMaxLimit{int64_t{365} * 24 * 3600 * 1000};
+constexpr Ms kFirstBackoff{10};
+constexpr Ms kMaxBackoff{1000};
+
+net::Deadline deadline_after(Ms limit) {
+  return net::Clock::now() + std::min(std::max(limit, Ms{0}), kMaxLimit);
+}
+
+Ms elapsed_since(net::Clock::time_point start) {
+  return std::chrono::duration_cast<Ms>(net::Clock::now() - start);
+}
+
+std::string keys_text(const std::vector<std::string>& keys) {
+  return fmt::format("[{}]", fmt::join(keys, ", "));
+}
+
+}  // namespace
+
+TcpStore::TcpStore(TcpStoreOptions options)
+    : options_(std::move(options)), token_(store_auth::resolve_token(options_.token)) {
+  timeout_ = options_.timeout;
+  if (options_.is_server) {
+    TcpStoreServerOptions server_options;
+    server_options.port = options_.port;
+    server_options.token = token_;
+    server_options.max_frame_bytes = options_.max_frame_bytes;
+    server_ = std::make_unique<TcpStoreServer>(server_options);
+    server_->start();
+    options_.port = server_->port();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  connect_locked(deadline_after(options_.timeout));
+}
+
+TcpStore::~TcpStore() = default;
+
+std::string TcpStore::endpoint() const {
+  return net::format_endpoint(options_.host, options_.port);
+}
+
+void TcpStore::connect_locked(net::Deadline deadline) {
+  auto start = net::Clock::now();
+  Ms backoff = kFirstBackoff;
+  std::string last_error;
+  for (;;) {
+    try {
+      sock_ = net::connect_tcp(options_.host, options_.port, deadline);
+      handshake_locked(deadline);
+      return;
+    } catch (const NetworkError& e) {
+      // Refused, reset, unresolvable: the server may not be up yet; retry until the deadline.
+      sock_.close();
+      last_error = e.what();
+    } catch (const TimeoutError& e) {
+      sock_.close();
+      last_error = e.what();
+    }
+    auto now = net::Clock::now();
+    if (now >= deadline) break;
+    std::this_thread::sleep_for(std::min<net::Clock::duration>(backoff, deadline - now));
+    backoff = std::min(backoff * 2, kMaxBackoff);
+  }
+  throw TimeoutError(fmt::format(
+      "store at {}: could not connect within {} ms (limit {} ms); last error: {}. Check that the "
+      "store server is running and that host and port (MASTER_ADDR/MASTER_PORT) point at it",
+      endpoint(), elapsed_since(start).count(), options_.timeout.count(), last_error));
+}
+
+void TcpStore::handshake_locked(net::Deadline deadline) {
+  Frame hello;
+  hello.op = Op::kHello;
+  hello.fields = {"ddp-tcpstore-client"};
+  Frame reply = exchange_locked(hello, deadline);
+  if (reply.op == Op::kOk) return;  // server has no token (ours, if any, is not needed)
+  if (reply.op == Op::kError) throw_reply_error(reply, Op::kHello);
+  if (reply.op != Op::kChallenge || reply.fields.size() != 1) {
+    throw ProtocolError(fmt::format("store at {}: unexpected {} reply to hello", endpoint(),
+                                    store_protocol::op_name(reply.op)));
+  }
+  Frame auth;
+  auth.op = Op::kAuth;
+  // An empty answer tells the server we have no token, so it can log the refusal.
+  auth.fields = {token_.empty() ? std::string() : store_auth::proof(token_, reply.fields[0])};
+  reply = exchange_locked(auth, deadline);
+  if (reply.op == Op::kOk) return;
+  if (reply.op == Op::kError) throw_reply_error(reply, Op::kAuth);
+  throw ProtocolError(fmt::format("store at {}: unexpected {} reply to auth", endpoint(),
+                                  store_protocol::op_name(reply.op)));
+}
+
+void TcpStore::throw_reply_error(const Frame& reply, Op op) {
+  std::string kind = reply.fields.size() == 2 ? reply.fields[0] : store_protocol::kErrorProtocol;
+  std::string message = reply.fields.size() == 2 ? reply.fields[1] : "malformed error reply";
+  if (kind == store_protocol::kErrorAuth) {
+    sock_.close();
+    std::string what = token_.empty()
+                           ? fmt::format(
+                                 "store at {} requires an auth token and this client has "
+                                 "none",
+                                 endpoint())
+                           : fmt::format(
+                                 "store at {} rejected this client's auth token (token "
+                                 "mismatch)",
+                                 endpoint());
+    throw StoreError(fmt::format(
+        "{}; pass the same token as the server (TcpStoreOptions::token or the {} environment "
+        "variable). Server said: {}",
+        what, store_auth::kTokenEnvVar, message));
+  }
+  if (kind == store_protocol::kErrorUsage) {
+    throw UsageError(
+        fmt::format("store at {}: {}: {}", endpoint(), store_protocol::op_name(op), message));
+  }
+  if (kind == store_protocol::kErrorStore) {
+    throw StoreError(fmt::format("store at {}: {}", endpoint(), message));
+  }
+  sock_.close();  // the server closes the connection after a protocol error
+  throw ProtocolError(
+      fmt::format("store at {} rejected {}: {}", endpoint(), store_protocol::op_name(op), message));
+}
+
+TcpStore::Frame TcpStore::exchange_locked(const Frame& request, net::Deadline deadline) {
+  try {
+    Frame sent = request;
+    sent.request_id = next_request_id_++;
+    std::string bytes = store_protocol::encode_frame(sent);
+    std::string peer = endpoint();
+    net::write_all(sock_.fd(), bytes.data(), bytes.size(), deadline, peer);
+
+    std::string buffer(store_protocol::kHeaderBytes, '\0');
+    net::read_exact(sock_.fd(), buffer.data(), buffer.size(), deadline, peer);
+    auto parsed = store_protocol::parse_frame(reinterpret_cast<const uint8_t*>(buffer.data()),
+                                              buffer.size(), options_.max_frame_bytes);
+    if (parsed.status == store_protocol::ParseStatus::kNeedMore) {
+      uint32_t payload = static_cast<uint8_t>(buffer[12]) |
+                         (static_cast<uint32_t>(static_cast<uint8_t>(buffer[13])) << 8) |
+                         (static_cast<uint32_t>(static_cast<uint8_t>(buffer[14])) << 16) |
+                         (static_cast<uint32_t>(static_cast<uint8_t>(buffer[15])) << 24);
+      buffer.resize(store_protocol::kHeaderBytes + payload);
+      net::read_exact(sock_.fd(), buffer.data() + store_protocol::kHeaderBytes, payload, deadline,
+                      peer);
+      parsed = store_protocol::parse_frame(reinterpret_cast<const uint8_t*>(buffer.data()),
+                                           buffer.size(), options_.max_frame_bytes);
+    }
+    if (parsed.status != store_protocol::ParseStatus::kComplete) {
+      throw ProtocolError(
+          fmt::format("store at {} sent a malformed reply: {}", peer, parsed.error));
+    }
+    if (parsed.frame.request_id != sent.request_id) {
+      throw ProtocolError(fmt::format("store at {} answered request {} while {} was expected", peer,
+                                      parsed.frame.request_id, sent.request_id));
+    }
+    return std::move(parsed.frame);
+  } catch (...) {
+    // The connection's state is unknown (a late reply may still arrive): start afresh.
+    sock_.close();
+    throw;
+  }
+}
+
+std::vector<std::string> TcpStore::call(Op op, std::vector<std::string> fields, Ms limit,
+                                        const std::vector<std::string>& keys_waited) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto start = net::Clock::now();
+  if (!sock_.valid()) connect_locked(deadline_after(options_.timeout));
+  Frame request;
+  request.op = op;
+  request.fields = std::move(fields);
+  Frame reply;
+  try {
+    reply = exchange_locked(request, deadline_after(limit + kReplyGrace));
+  } catch (const TimeoutError&) {
+    throw TimeoutError(fmt::format(
+        "store at {}: no reply to {} after {} ms (limit {} ms){}; the server is unresponsive or "
+        "the network is down",
+        endpoint(), store_protocol::op_name(op), elapsed_since(start).count(), limit.count(),
+        keys_waited.empty() ? "" : " waiting for keys " + keys_text(keys_waited)));
+  } catch (const NetworkError& e) {
+    throw NetworkError(fmt::format("store at {}: {} failed: {}", endpoint(),
+                                   store_protocol::op_name(op), e.what()));
+  }
+  if (reply.op == Op::kOk) return std::move(reply.fields);
+  if (reply.op == Op::kTimeout) {
+    throw TimeoutError(
+        fmt::format("store at {}: timed out after {} ms (limit {} ms) in {} "
+                    "waiting for keys {}",
+                    endpoint(), elapsed_since(start).count(), limit.count(),
+                    store_protocol::op_name(op), keys_text(reply.fields)));
+  }
+  if (reply.op == Op::kError) throw_reply_error(reply, op);
+  sock_.close();
+  throw ProtocolError(fmt::format("store at {}: unexpected {} reply to {}", endpoint(),
+                                  store_protocol::op_name(reply.op), store_protocol::op_name(op)));
+}
+
+namespace {
+
+void expect_reply_fields(const std::vector<std::string>& fields, size_t count, const char* op,
+                         const std::string& endpoint) {
+  if (fields.size() != count) {
+    throw ProtocolError(fmt::format("store at {}: {} reply has {} fields, expected {}", endpoint,
+                                    op, fields.size(), count));
+  }
+}
+
+bool decode_bool(const std::vector<std::string>& fields, const char* op,
+                 const std::string& endpoint) {
+  expect_reply_fields(fields, 1, op, endpoint);
+  if (fields[0].size() != 1) {
+    throw ProtocolError(fmt::format("store at {}: {} reply is not a boolean", endpoint, op));
+  }
+  return fields[0][0] != 0;
+}
+
+}  // namespace
+
+void TcpStore::set(const std::string& key, const std::string& value) {
+  call(Op::kSet, {key, value}, timeout_, {});
+}
+
+std::string TcpStore::get(const std::string& key) {
+  return get(key, timeout_);
+}
+
+std::string TcpStore::get(const std::string& key, Ms timeout) {
+  auto fields = call(Op::kGet, {key, encode_i64(timeout.count())}, timeout, {key});
+  expect_reply_fields(fields, 1, "get", endpoint());
+  return std::move(fields[0]);
+}
+
+int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  auto fields = call(Op::kAdd, {key, encode_i64(delta)}, timeout_, {});
+  expect_reply_fields(fields, 1, "add", endpoint());
+  return store_protocol::decode_i64(fields[0], "add result");
+}
+
+std::string TcpStore::compare_set(const std::string& key, const std::string& expected,
+                                  const std::string& desired) {
+  auto fields = call(Op::kCompareSet, {key, expected, desired}, timeout_, {});
+  expect_reply_fields(fields, 1, "compare_set", endpoint());
+  return std::move(fields[0]);
+}
+
+bool TcpStore::delete_key(const std::string& key) {
+  return decode_bool(call(Op::kDelete, {key}, timeout_, {}), "delete_key", endpoint());
+}
+
+int64_t TcpStore::num_keys() {
+  auto fields = call(Op::kNumKeys, {}, timeout_, {});
+  expect_reply_fields(fields, 1, "num_keys", endpoint());
+  return store_protocol::decode_i64(fields[0], "num_keys result");
+}
+
+bool TcpStore::check(const std::vector<std::string>& keys) {
+  return decode_bool(call(Op::kCheck, keys, timeout_, {}), "check", endpoint());
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys, Ms timeout) {
+  std::vector<std::string> fields;
+  fields.reserve(keys.size() + 1);
+  fields.push_back(encode_i64(timeout.count()));
+  fields.insert(fields.end(), keys.begin(), keys.end());
+  call(Op::kWait, std::move(fields), timeout, keys);
+}
+
+std::vector<std::string> TcpStore::multi_get(const std::vector<std::string>& keys) {
+  std::vector<std::string> fields;
+  fields.reserve(keys.size() + 1);
+  fields.push_back(encode_i64(timeout_.count()));
+  fields.insert(fields.end(), keys.begin(), keys.end());
+  auto values = call(Op::kMultiGet, std::move(fields), timeout_, keys);
+  expect_reply_fields(values, keys.size(), "multi_get", endpoint());
+  return values;
+}
+
+void TcpStore::multi_set(const std::vector<std::string>& keys,
+                         const std::vector<std::string>& values) {
+  if (keys.size() != values.size()) {
+    throw UsageError(fmt::format("multi_set: {} keys but {} values; pass one value per key",
+                                 keys.size(), values.size()));
+  }
+  std::vector<std::string> fields;
+  fields.reserve(keys.size() * 2);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    fields.push_back(keys[i]);
+    fields.push_back(values[i]);
+  }
+  call(Op::kMultiSet, std::move(fields), timeout_, {});
+}
+
+void TcpStore::ping() {
+  call(Op::kPing, {}, timeout_, {});
+}
+
+}  // namespace ddp

@@ -1,0 +1,130 @@
+// Shared-secret authentication: matching tokens are accepted; a missing or wrong token is
+// refused with a clear StoreError, logged with the peer address, and never touches the data.
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+
+#include <cstdlib>
+#include <sstream>
+
+#include "ddp/store/auth.hpp"
+#include "ddp/util/error.hpp"
+#include "ddp/util/logging.hpp"
+#include "store_test_util.hpp"
+
+namespace ddp::test {
+namespace {
+
+// Captures what the store logs while alive.
+class LogCapture {
+ public:
+  LogCapture() : logger_(log::get("ddp.store")) {
+    sink_ = std::make_shared<spdlog::sinks::ostream_sink_mt>(stream_);
+    logger_->sinks().push_back(sink_);
+  }
+  ~LogCapture() {
+    auto& sinks = logger_->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  std::string text() {
+    logger_->flush();
+    return stream_.str();
+  }
+
+ private:
+  std::shared_ptr<spdlog::logger> logger_;
+  std::ostringstream stream_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+};
+
+TEST(TcpStoreAuthTest, MatchingTokenIsAccepted) {
+  auto server = start_server(std::string("s3cret"));
+  TcpStore client(client_options(server->port(), 10s, std::string("s3cret")));
+  client.set("k", "v");
+  EXPECT_EQ(client.get("k"), "v");
+  EXPECT_EQ(server->num_auth_refusals(), 0u);
+}
+
+TEST(TcpStoreAuthTest, ClientWithoutTokenIsRefusedAndToldWhy) {
+  LogCapture capture;
+  auto server = start_server(std::string("s3cret"));
+  try {
+    TcpStore client(client_options(server->port(), 10s, std::string("")));
+    FAIL() << "a client without a token got in";
+  } catch (const StoreError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("127.0.0.1:" + std::to_string(server->port()) + " requires an auth token"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("DDP_STORE_TOKEN"), std::string::npos) << what;
+  }
+  EXPECT_EQ(server->num_auth_refusals(), 1u);
+  EXPECT_NE(capture.text().find("refused client 127.0.0.1:"), std::string::npos) << capture.text();
+}
+
+TEST(TcpStoreAuthTest, WrongTokenIsRefusedAsMismatch) {
+  auto server = start_server(std::string("s3cret"));
+  try {
+    TcpStore client(client_options(server->port(), 10s, std::string("guess")));
+    FAIL() << "a client with the wrong token got in";
+  } catch (const StoreError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("token mismatch"), std::string::npos) << what;
+    EXPECT_NE(what.find("pass the same token"), std::string::npos) << what;
+  }
+}
+
+TEST(TcpStoreAuthTest, RefusedClientRequestsNeverTouchTheData) {
+  auto server = start_server(std::string("s3cret"));
+  TcpStore good(client_options(server->port(), 10s, std::string("s3cret")));
+  good.set("k", "original");
+  // A raw client skips the handshake and sends a set; then another answers the challenge
+  // wrongly and pipelines a set behind the answer.
+  {
+    auto sock = raw_connect(server->port());
+    raw_send(sock, encode(store_protocol::Op::kSet, {"k", "hijacked"}));
+    auto reply = raw_read_frame(sock);
+    EXPECT_EQ(reply.op, store_protocol::Op::kError);
+  }
+  {
+    auto sock = raw_connect(server->port());
+    raw_send(sock, encode(store_protocol::Op::kHello, {"raw"}));
+    auto challenge = raw_read_frame(sock);
+    ASSERT_EQ(challenge.op, store_protocol::Op::kChallenge);
+    std::string wrong = store_auth::proof("guess", challenge.fields.at(0));
+    raw_send(sock, encode(store_protocol::Op::kAuth, {wrong}, 2) +
+                       encode(store_protocol::Op::kSet, {"k", "hijacked"}, 3) +
+                       encode(store_protocol::Op::kSet, {"new-key", "x"}, 4));
+    auto reply = raw_read_frame(sock);
+    EXPECT_EQ(reply.op, store_protocol::Op::kError);
+    EXPECT_EQ(reply.fields.at(0), store_protocol::kErrorAuth);
+  }
+  EXPECT_EQ(good.get("k"), "original");
+  EXPECT_FALSE(good.check({"new-key"}));
+  EXPECT_EQ(good.num_keys(), 1);
+  EXPECT_EQ(server->num_auth_refusals(), 2u);
+}
+
+TEST(TcpStoreAuthTest, TokenComesFromTheEnvironmentWhenNotGiven) {
+  setenv(store_auth::kTokenEnvVar, "from-env", 1);
+  auto server = start_server(std::nullopt);  // reads DDP_STORE_TOKEN
+  TcpStore env_client(client_options(server->port(), 10s, std::nullopt));
+  env_client.set("k", "v");
+  unsetenv(store_auth::kTokenEnvVar);
+  EXPECT_THROW(TcpStore(client_options(server->port(), 10s, std::nullopt)), StoreError);
+  TcpStore explicit_client(client_options(server->port(), 10s, std::string("from-env")));
+  EXPECT_EQ(explicit_client.get("k"), "v");
+}
+
+TEST(TcpStoreAuthTest, ProofDependsOnTokenAndNonce) {
+  std::string nonce = store_auth::make_nonce();
+  EXPECT_EQ(nonce.size(), store_auth::kNonceBytes);
+  EXPECT_NE(nonce, store_auth::make_nonce());
+  EXPECT_EQ(store_auth::proof("t", nonce), store_auth::proof("t", nonce));
+  EXPECT_NE(store_auth::proof("t", nonce), store_auth::proof("u", nonce));
+  EXPECT_TRUE(store_auth::proofs_equal("abc", "abc"));
+  EXPECT_FALSE(store_auth::proofs_equal("abc", "abd"));
+  EXPECT_FALSE(store_auth::proofs_equal("abc", "ab"));
+}
+
+}  // namespace
+}  // namespace ddp::test
