@@ -1,0 +1,146 @@
+#include <dirent.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "ddp/torch/snapshot.hpp"
+#include "ddp/torch/snapshot_file.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp {
+
+namespace {
+
+constexpr const char* kEpochTag = ".epoch-";
+
+bool stat_file(const std::string& path, struct stat* st) {
+  return ::stat(path.c_str(), st) == 0;
+}
+
+}  // namespace
+
+SnapshotManager::SnapshotManager(SnapshotOptions options) : options_(std::move(options)) {
+  if (options_.path_.empty()) throw UsageError("snapshot path is empty; pass e.g. snapshot.pt");
+  if (options_.keep_ < 1) {
+    throw UsageError(fmt::format("snapshot keep={} must be at least 1", options_.keep_));
+  }
+  const std::string& p = options_.path_;
+  const auto slash = p.rfind('/');
+  dir_ = slash == std::string::npos ? "." : (slash == 0 ? "/" : p.substr(0, slash));
+  const std::string base = slash == std::string::npos ? p : p.substr(slash + 1);
+  if (base.empty()) throw UsageError("snapshot path " + p + " names a directory, not a file");
+  const auto dot = base.rfind('.');
+  stem_ = (dot == std::string::npos || dot == 0) ? base : base.substr(0, dot);
+  ext_ = (dot == std::string::npos || dot == 0) ? "" : base.substr(dot);
+}
+
+std::string SnapshotManager::epoch_file(int64_t epochs_run) const {
+  return fmt::format("{}/{}{}{:06d}{}", dir_, stem_, kEpochTag, epochs_run, ext_);
+}
+
+std::vector<std::pair<int64_t, std::string>> SnapshotManager::epoch_files() const {
+  std::vector<std::pair<int64_t, std::string>> out;
+  DIR* d = ::opendir(dir_.c_str());
+  if (!d) return out;
+  const std::string prefix = stem_ + kEpochTag;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() <= prefix.size() + ext_.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+        name.compare(name.size() - ext_.size(), ext_.size(), ext_) != 0) {
+      continue;
+    }
+    const std::string digits =
+        name.substr(prefix.size(), name.size() - prefix.size() - ext_.size());
+    if (digits.empty() || digits.size() > 12 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      continue;
+    }
+    out.emplace_back(std::stoll(digits), dir_ + "/" + name);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+std::string SnapshotManager::save(const Snapshot& snapshot) {
+  const std::vector<char> bytes = encode_snapshot(snapshot);
+  const std::string file = epoch_file(snapshot.epochs_run);
+  write_file_atomically(file, bytes);
+
+  // The main path becomes the newest snapshot: a hard link renamed into place (atomic), or a
+  // second atomic write where the file system has no hard links.
+  const std::string tmp = fmt::format("{}/.{}{}.link-{}", dir_, stem_, ext_, ::getpid());
+  ::unlink(tmp.c_str());
+  if (::link(file.c_str(), tmp.c_str()) == 0) {
+    if (::rename(tmp.c_str(), options_.path_.c_str()) != 0) {
+      const int err = errno;
+      ::unlink(tmp.c_str());
+      throw Error(
+          fmt::format("cannot rename {} to {}: {}", tmp, options_.path_, std::strerror(err)));
+    }
+    fsync_directory(dir_);
+  } else {
+    write_file_atomically(options_.path_, bytes);
+  }
+
+  // Keep the newest `keep` epoch files. The one just written is among them unless older runs
+  // left files with higher epochs, which stay: they are newer by the resume rule.
+  const auto files = epoch_files();
+  bool removed = false;
+  for (size_t i = static_cast<size_t>(options_.keep_); i < files.size(); ++i) {
+    if (files[i].second == file) continue;
+    removed |= ::unlink(files[i].second.c_str()) == 0;
+  }
+  if (removed) fsync_directory(dir_);
+  return file;
+}
+
+std::optional<ResumePoint> SnapshotManager::load_newest_valid(
+    std::vector<std::string>* skipped_out) const {
+  std::vector<std::string> skipped;
+  // A snapshot that reads, verifies (or has no ddp checksum) and decodes; else a reason.
+  auto try_load = [&](const std::string& path) -> std::optional<ResumePoint> {
+    try {
+      const std::vector<char> bytes = read_whole_file(path);
+      std::string detail;
+      const ChecksumStatus status = verify_zip_checksum(bytes, &detail);
+      if (status == ChecksumStatus::kMismatch || status == ChecksumStatus::kNotZip) {
+        skipped.push_back(path + ": " + detail);
+        return std::nullopt;
+      }
+      return ResumePoint{decode_snapshot(bytes, path), path, detail, {}};
+    } catch (const Error& e) {
+      skipped.push_back(path + ": " + e.what());
+      return std::nullopt;
+    }
+  };
+
+  // Epoch files newest first; the first good one wins among them.
+  std::optional<ResumePoint> best;
+  std::vector<std::pair<uint64_t, uint64_t>> inodes;
+  for (const auto& [epoch, path] : epoch_files()) {
+    struct stat st {};
+    if (stat_file(path, &st)) inodes.emplace_back(st.st_dev, st.st_ino);
+    if (!best) best = try_load(path);
+  }
+  // The main path, when it is a file of its own (not a link to an epoch file, e.g. written by
+  // a Python trainer), competes by the epoch recorded inside.
+  struct stat main_st {};
+  if (stat_file(options_.path_, &main_st) &&
+      std::find(inodes.begin(), inodes.end(),
+                std::pair<uint64_t, uint64_t>(main_st.st_dev, main_st.st_ino)) == inodes.end()) {
+    auto main = try_load(options_.path_);
+    if (main && (!best || main->snapshot.epochs_run > best->snapshot.epochs_run)) {
+      best = std::move(main);
+    }
+  }
+  if (best) best->skipped = skipped;
+  if (skipped_out) *skipped_out = skipped;
+  return best;
+}
+
+}  // namespace ddp
