@@ -1,0 +1,332 @@
+#include "async_process_group.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "ddp/util/error.hpp"
+
+namespace ddp::detail {
+
+namespace {
+
+std::string encode(const CallInfo& c) {
+  return fmt::format("{} {} {} {} {} {} {}", static_cast<int>(c.kind), static_cast<int>(c.dtype),
+                     static_cast<int>(c.op), c.has_op ? 1 : 0, c.root, c.count, c.seq);
+}
+
+CallInfo decode(const std::string& s) {
+  std::istringstream in(s);
+  int kind = 0, dtype = 0, op = 0, has_op = 0;
+  CallInfo c;
+  in >> kind >> dtype >> op >> has_op >> c.root >> c.count >> c.seq;
+  if (!in) throw ProtocolError("malformed collective fingerprint '" + s + "' in the store");
+  c.kind = static_cast<OpKind>(kind);
+  c.dtype = static_cast<DataType>(dtype);
+  c.op = static_cast<ReduceOp>(op);
+  c.has_op = has_op != 0;
+  return c;
+}
+
+void check_buffer(const void* p, size_t count, const char* name, const char* op) {
+  if (p == nullptr && count > 0) {
+    throw UsageError(
+        fmt::format("{}: {} is null but count is {}; pass a buffer of that many "
+                    "elements",
+                    op, name, count));
+  }
+}
+
+}  // namespace
+
+AsyncProcessGroup::AsyncProcessGroup(GroupConfig config)
+    : ProcessGroup(config.rank, config.size, config.timeout), config_(std::move(config)) {
+  if (config_.global_ranks.empty()) {
+    for (int r = 0; r < config_.size; ++r) config_.global_ranks.push_back(r);
+  }
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+AsyncProcessGroup::~AsyncProcessGroup() {
+  shutdown();
+}
+
+void AsyncProcessGroup::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stop_ && !worker_.joinable()) return;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+std::string AsyncProcessGroup::where() const {
+  return fmt::format("rank {} of {} (backend {}, group {})", rank_, size_, backend_name(),
+                     config_.prefix);
+}
+
+void AsyncProcessGroup::check_rank(int peer, const char* what) const {
+  if (peer < 0 || peer >= size_) {
+    throw UsageError(fmt::format("{} {} is out of range for a group of size {} (valid: 0..{})",
+                                 what, peer, size_, size_ - 1));
+  }
+}
+
+WorkPtr AsyncProcessGroup::submit(CallInfo call, std::function<void()> fn) {
+  if (!call.is_p2p()) call.seq = ++next_seq_;
+  auto work = std::make_shared<FutureWork>(call.describe() + " on " + where());
+  Job job{call, std::move(fn), work};
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (stop_) throw UsageError("process group used after it was shut down: " + where());
+  if (!running_ && queue_.empty() && call.bytes <= config_.inline_bytes) {
+    running_ = true;
+    lock.unlock();
+    execute(job);
+    lock.lock();
+    running_ = false;
+    lock.unlock();
+    cv_.notify_all();
+    return work;
+  }
+  queue_.push_back(std::move(job));
+  lock.unlock();
+  cv_.notify_all();
+  return work;
+}
+
+void AsyncProcessGroup::worker_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    cv_.wait(lock, [&] { return (!queue_.empty() && !running_) || (stop_ && queue_.empty()); });
+    if (queue_.empty()) return;  // stop_ and drained
+    Job job = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = true;
+    lock.unlock();
+    execute(job);
+    lock.lock();
+    running_ = false;
+    cv_.notify_all();
+  }
+}
+
+void AsyncProcessGroup::execute(Job& job) {
+  std::exception_ptr error;
+  {
+    std::exception_ptr broken;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      broken = broken_;
+    }
+    if (broken) {
+      try {
+        std::rethrow_exception(broken);
+      } catch (const std::exception& e) {
+        error = std::make_exception_ptr(CollectiveError(
+            fmt::format("{} not started: the group is unusable after an earlier failure: {}",
+                        job.call.describe(), e.what())));
+      }
+      job.work->finish(error);
+      return;
+    }
+  }
+  try {
+    if (config_.debug_collectives && !job.call.is_p2p()) check_fingerprint(job.call);
+    job.fn();
+  } catch (const NotSupportedError&) {
+    error = std::current_exception();  // nothing was exchanged: the group stays usable
+  } catch (...) {
+    error = std::current_exception();
+    std::lock_guard<std::mutex> lock(mutex_);
+    broken_ = error;
+  }
+  job.work->finish(error);
+}
+
+void AsyncProcessGroup::check_fingerprint(const CallInfo& call) {
+  Store& store = *config_.store;
+  const std::string base = fmt::format("{}fp/{}/", config_.prefix, call.seq);
+  store.set(base + std::to_string(rank_), encode(call));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size_; ++r) keys.push_back(base + std::to_string(r));
+  try {
+    store.wait(keys, timeout_);
+  } catch (const TimeoutError&) {
+    std::vector<int> missing;
+    for (int r = 0; r < size_; ++r) {
+      if (!store.check({keys[r]})) missing.push_back(r);
+    }
+    throw TimeoutError(fmt::format(
+        "{} on {}: timed out after {} ms waiting for ranks {} to reach this collective ({} of "
+        "{} arrived); check that every rank calls the same collectives in the same order",
+        call.describe(), where(), timeout_.count(), missing, size_ - missing.size(), size_));
+  }
+  const std::vector<std::string> values = store.multi_get(keys);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const CallInfo other = decode(values[r]);
+    if (!call.matches(other)) {
+      throw CollectiveError(fmt::format(
+          "collective mismatch in group {}: rank {} called {} but rank {} called {}; every rank "
+          "must issue the same collectives in the same order with the same dtype, count, op "
+          "and root",
+          config_.prefix, rank_, call.describe(), r, other.describe()));
+    }
+  }
+  // Every rank has read all fingerprints of seq-2 before publishing seq-1, which we have seen.
+  if (call.seq > 2) {
+    store.delete_key(fmt::format("{}fp/{}/{}", config_.prefix, call.seq - 2, rank_));
+  }
+}
+
+WorkPtr AsyncProcessGroup::all_reduce(void* data, size_t count, DataType dtype, ReduceOp op) {
+  check_buffer(data, count, "data", "all_reduce");
+  CallInfo c{OpKind::kAllReduce, dtype, op, true, -1, 0, count, 0, count * element_size(dtype)};
+  return submit(c, [=] { run_all_reduce(data, count, dtype, op, c); });
+}
+
+WorkPtr AsyncProcessGroup::broadcast(void* data, size_t count, DataType dtype, int root) {
+  check_buffer(data, count, "data", "broadcast");
+  check_rank(root, "broadcast: root");
+  CallInfo c{OpKind::kBroadcast,         dtype, ReduceOp::kSum, false, root, 0, count, 0,
+             count * element_size(dtype)};
+  return submit(c, [=] { run_broadcast(data, count, dtype, root, c); });
+}
+
+WorkPtr AsyncProcessGroup::reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root) {
+  check_buffer(data, count, "data", "reduce");
+  check_rank(root, "reduce: root");
+  CallInfo c{OpKind::kReduce, dtype, op, true, root, 0, count, 0, count * element_size(dtype)};
+  return submit(c, [=] { run_reduce(data, count, dtype, op, root, c); });
+}
+
+WorkPtr AsyncProcessGroup::all_gather(const void* in, void* out, size_t count, DataType dtype) {
+  check_buffer(in, count, "in", "all_gather");
+  check_buffer(out, count, "out", "all_gather");
+  CallInfo c{OpKind::kAllGather,         dtype, ReduceOp::kSum, false, -1, 0, count, 0,
+             count * element_size(dtype)};
+  return submit(c, [=] { run_all_gather(in, out, count, dtype, c); });
+}
+
+WorkPtr AsyncProcessGroup::all_gather_v(const void* in, void* out,
+                                        const std::vector<size_t>& counts, DataType dtype) {
+  if (counts.size() != static_cast<size_t>(size_)) {
+    throw UsageError(
+        fmt::format("all_gather_v: counts has {} entries but the group has {} "
+                    "ranks; pass one count per rank",
+                    counts.size(), size_));
+  }
+  size_t total = 0;
+  for (size_t n : counts) total += n;
+  check_buffer(in, counts[rank_], "in", "all_gather_v");
+  check_buffer(out, total, "out", "all_gather_v");
+  CallInfo c{OpKind::kAllGatherV,        dtype, ReduceOp::kSum, false, -1, 0, counts[rank_], 0,
+             total * element_size(dtype)};
+  return submit(c, [=] { run_all_gather_v(in, out, counts, dtype, c); });
+}
+
+WorkPtr AsyncProcessGroup::gather(const void* in, void* out, size_t count, DataType dtype,
+                                  int root) {
+  check_rank(root, "gather: root");
+  check_buffer(in, count, "in", "gather");
+  if (rank_ == root) check_buffer(out, count, "out", "gather");
+  CallInfo c{OpKind::kGather, dtype, ReduceOp::kSum,
+             false,           root,  0,
+             count,           0,     count * element_size(dtype)};
+  return submit(c, [=] { run_gather(in, out, count, dtype, root, c); });
+}
+
+WorkPtr AsyncProcessGroup::scatter(const void* in, void* out, size_t count, DataType dtype,
+                                   int root) {
+  check_rank(root, "scatter: root");
+  if (rank_ == root) check_buffer(in, count, "in", "scatter");
+  check_buffer(out, count, "out", "scatter");
+  CallInfo c{OpKind::kScatter,           dtype, ReduceOp::kSum, false, root, 0, count, 0,
+             count * element_size(dtype)};
+  return submit(c, [=] { run_scatter(in, out, count, dtype, root, c); });
+}
+
+WorkPtr AsyncProcessGroup::reduce_scatter(const void* in, void* out, size_t count, DataType dtype,
+                                          ReduceOp op) {
+  check_buffer(in, count, "in", "reduce_scatter");
+  check_buffer(out, count, "out", "reduce_scatter");
+  CallInfo c{OpKind::kReduceScatter,
+             dtype,
+             op,
+             true,
+             -1,
+             0,
+             count,
+             0,
+             count * size_ * element_size(dtype)};
+  return submit(c, [=] { run_reduce_scatter(in, out, count, dtype, op, c); });
+}
+
+WorkPtr AsyncProcessGroup::all_to_all(const void* in, void* out, size_t count, DataType dtype) {
+  check_buffer(in, count, "in", "all_to_all");
+  check_buffer(out, count, "out", "all_to_all");
+  CallInfo c{OpKind::kAllToAll,
+             dtype,
+             ReduceOp::kSum,
+             false,
+             -1,
+             0,
+             count,
+             0,
+             count * size_ * element_size(dtype)};
+  return submit(c, [=] { run_all_to_all(in, out, count, dtype, c); });
+}
+
+WorkPtr AsyncProcessGroup::barrier() {
+  CallInfo c{};
+  c.kind = OpKind::kBarrier;
+  return submit(c, [=] { run_barrier(c); });
+}
+
+WorkPtr AsyncProcessGroup::send(const void* data, size_t count, DataType dtype, int dst, int tag) {
+  check_rank(dst, "send: dst");
+  if (dst == rank_) throw UsageError(fmt::format("send: dst {} is this rank itself", dst));
+  check_buffer(data, count, "data", "send");
+  CallInfo c{
+      OpKind::kSend, dtype, ReduceOp::kSum, false, dst, tag, count, 0, count * element_size(dtype)};
+  return submit(c, [=] { run_send(data, count * element_size(dtype), dst, tag, c); });
+}
+
+WorkPtr AsyncProcessGroup::recv(void* data, size_t count, DataType dtype, int src, int tag) {
+  check_rank(src, "recv: src");
+  if (src == rank_) throw UsageError(fmt::format("recv: src {} is this rank itself", src));
+  check_buffer(data, count, "data", "recv");
+  CallInfo c{
+      OpKind::kRecv, dtype, ReduceOp::kSum, false, src, tag, count, 0, count * element_size(dtype)};
+  return submit(c, [=] { run_recv(data, count * element_size(dtype), src, tag, c); });
+}
+
+void AsyncProcessGroup::run_all_gather(const void* in, void* out, size_t count, DataType dtype,
+                                       const CallInfo& call) {
+  run_all_gather_v(in, out, std::vector<size_t>(size_, count), dtype, call);
+}
+
+ProcessGroupPtr AsyncProcessGroup::create_subgroup(const std::vector<int>& ranks) {
+  if (ranks.empty()) throw UsageError("new_group: ranks is empty; pass at least one rank");
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    throw UsageError(fmt::format("new_group: ranks {} contain a duplicate", ranks));
+  }
+  for (int r : ranks) check_rank(r, "new_group: rank");
+  const uint64_t id = subgroups_created_++;
+  auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  if (it == ranks.end()) return nullptr;
+  GroupConfig sub = config_;
+  sub.prefix = fmt::format("{}sub{}/", config_.prefix, id);
+  sub.rank = static_cast<int>(it - ranks.begin());
+  sub.size = static_cast<int>(ranks.size());
+  sub.global_ranks.clear();
+  for (int r : ranks) sub.global_ranks.push_back(config_.global_ranks[r]);
+  return make_same_backend(std::move(sub));
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,130 @@
+#pragma once
+// AsyncProcessGroup: turns a backend's blocking collectives into the asynchronous ProcessGroup
+// interface (internal header).
+//
+// - One worker thread per group runs queued operations in issue order. A small operation
+//   (<= inline_bytes) issued while nothing is queued runs directly in the caller's thread and
+//   returns a completed Work: a thread hand-off would cost more than the collective itself.
+// - Arguments are validated when the call is issued (UsageError, thrown synchronously).
+// - With debug_collectives, every collective first exchanges a fingerprint (sequence number,
+//   op, dtype, count, root) through the store; a mismatch raises CollectiveError naming both
+//   calls, a rank that never arrives raises TimeoutError naming it.
+// - After an operation fails the group is broken: the peers' state is unknown, so every later
+//   operation fails at once with the original error rather than hanging.
+//
+// Derived classes implement the run_* methods and must call shutdown() first thing in their
+// destructor (the worker thread calls their virtuals).
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "call_info.hpp"
+#include "ddp/comm/process_group.hpp"
+#include "ddp/store/store.hpp"
+#include "future_work.hpp"
+
+namespace ddp::detail {
+
+struct GroupConfig {
+  std::shared_ptr<Store> store;  // shared by all ranks of the group
+  std::string prefix;            // store key prefix unique to this group, ends with '/'
+  int rank = 0;
+  int size = 1;
+  std::chrono::milliseconds timeout = ProcessGroup::kDefaultTimeout;
+  bool debug_collectives = false;
+  size_t inline_bytes = 0;
+  std::vector<int> global_ranks;  // this group's ranks as ranks of the default group
+};
+
+class AsyncProcessGroup : public ProcessGroup {
+ public:
+  explicit AsyncProcessGroup(GroupConfig config);
+  ~AsyncProcessGroup() override;
+
+  WorkPtr all_reduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
+  WorkPtr broadcast(void* data, size_t count, DataType dtype, int root) override;
+  WorkPtr reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root) override;
+  WorkPtr all_gather(const void* in, void* out, size_t count, DataType dtype) override;
+  WorkPtr all_gather_v(const void* in, void* out, const std::vector<size_t>& counts,
+                       DataType dtype) override;
+  WorkPtr gather(const void* in, void* out, size_t count, DataType dtype, int root) override;
+  WorkPtr scatter(const void* in, void* out, size_t count, DataType dtype, int root) override;
+  WorkPtr reduce_scatter(const void* in, void* out, size_t count, DataType dtype,
+                         ReduceOp op) override;
+  WorkPtr all_to_all(const void* in, void* out, size_t count, DataType dtype) override;
+  WorkPtr barrier() override;
+  WorkPtr send(const void* data, size_t count, DataType dtype, int dst, int tag) override;
+  WorkPtr recv(void* data, size_t count, DataType dtype, int src, int tag) override;
+
+  // Creates the sub-group of `ranks` (ranks of this group). Every rank of this group must call
+  // it, in the same order relative to other new_group calls; non-members get nullptr.
+  ProcessGroupPtr create_subgroup(const std::vector<int>& ranks);
+
+  const GroupConfig& config() const { return config_; }
+
+ protected:
+  // Blocking implementations, called on the worker thread (or inline), one at a time.
+  virtual void run_all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                              const CallInfo& call) = 0;
+  virtual void run_broadcast(void* data, size_t count, DataType dtype, int root,
+                             const CallInfo& call) = 0;
+  virtual void run_reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root,
+                          const CallInfo& call) = 0;
+  virtual void run_all_gather_v(const void* in, void* out, const std::vector<size_t>& counts,
+                                DataType dtype, const CallInfo& call) = 0;
+  virtual void run_all_gather(const void* in, void* out, size_t count, DataType dtype,
+                              const CallInfo& call);
+  virtual void run_gather(const void* in, void* out, size_t count, DataType dtype, int root,
+                          const CallInfo& call) = 0;
+  virtual void run_scatter(const void* in, void* out, size_t count, DataType dtype, int root,
+                           const CallInfo& call) = 0;
+  virtual void run_reduce_scatter(const void* in, void* out, size_t count, DataType dtype,
+                                  ReduceOp op, const CallInfo& call) = 0;
+  virtual void run_all_to_all(const void* in, void* out, size_t count, DataType dtype,
+                              const CallInfo& call) = 0;
+  virtual void run_barrier(const CallInfo& call) = 0;
+  virtual void run_send(const void* data, size_t bytes, int dst, int tag, const CallInfo& call) = 0;
+  virtual void run_recv(void* data, size_t bytes, int src, int tag, const CallInfo& call) = 0;
+
+  // Builds a group of the same backend for a sub-group configuration.
+  virtual ProcessGroupPtr make_same_backend(GroupConfig config) = 0;
+
+  // Stops the worker after the queued operations finished. Idempotent.
+  void shutdown();
+
+  // "rank 1 of 4 (backend cpu, group default_pg/0/)"
+  std::string where() const;
+
+  GroupConfig config_;
+
+ private:
+  struct Job {
+    CallInfo call;
+    std::function<void()> fn;
+    std::shared_ptr<FutureWork> work;
+  };
+
+  WorkPtr submit(CallInfo call, std::function<void()> fn);
+  void execute(Job& job);
+  void check_fingerprint(const CallInfo& call);
+  void worker_loop();
+  void check_rank(int peer, const char* what) const;
+
+  uint64_t next_seq_ = 0;
+  uint64_t subgroups_created_ = 0;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  bool running_ = false;  // a job is executing (worker or inline)
+  bool stop_ = false;
+  std::exception_ptr broken_;
+  std::thread worker_;
+};
+
+}  // namespace ddp::detail

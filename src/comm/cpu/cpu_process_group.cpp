@@ -1,0 +1,217 @@
+#include "cpu_process_group.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "../gloo/gloo_comm.hpp"
+#include "../reduce_kernels.hpp"
+#include "ddp/util/env.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp::detail {
+
+namespace {
+
+ShmLayout layout_for(int local_size) {
+  ShmLayout l;
+  l.ranks = local_size;
+  l.slot_bytes = local_size <= 4 ? (1 << 20) : (512 << 10);
+  if (auto v = env::get_int("DDP_SHM_SLOT_BYTES")) {
+    if (*v < 4096 || *v % 64 != 0) {
+      throw UsageError(
+          fmt::format("DDP_SHM_SLOT_BYTES={} must be a multiple of 64 and at "
+                      "least 4096",
+                      *v));
+    }
+    l.slot_bytes = static_cast<size_t>(*v);
+  }
+  return l;
+}
+
+std::chrono::microseconds spin_for(int local_size) {
+  if (auto v = env::get_int("DDP_SHM_SPIN_US")) return std::chrono::microseconds(*v);
+  // Spinning only pays when every local rank has a core of its own.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return std::chrono::microseconds(static_cast<unsigned>(local_size) <= cores ? 50 : 0);
+}
+
+std::string unique_shm_name() {
+  std::random_device rd;
+  const uint64_t r = (uint64_t{rd()} << 32) ^ rd();
+  return fmt::format("/ddp-{}-{:016x}", ::getpid(), r);
+}
+
+}  // namespace
+
+CpuProcessGroup::CpuProcessGroup(GroupConfig config, std::string host_id)
+    : AsyncProcessGroup(std::move(config)), host_id_(std::move(host_id)) {
+  Store& store = *config_.store;
+  topo_ = HostTopology::exchange(store, config_.prefix, rank_, size_, host_id_, timeout_);
+  const auto& local = topo_.ranks_of_host[topo_.my_host];
+  if (local.size() > 1) {
+    const ShmLayout layout = layout_for(static_cast<int>(local.size()));
+    const std::string name_key = fmt::format("{}shm/{}", config_.prefix, topo_.my_host);
+    ShmSegment seg;
+    if (topo_.is_leader()) {
+      seg = ShmSegment::create(unique_shm_name(), layout.total_bytes());
+      ShmGroup::initialize(seg.data(), layout);
+      store.set(name_key, seg.name());
+    } else {
+      store.wait({name_key}, timeout_);
+      seg = ShmSegment::open(store.get(name_key), layout.total_bytes());
+    }
+    // The last rank to map the segment removes its name.
+    const std::string mapped_key = fmt::format("{}shm_mapped/{}", config_.prefix, topo_.my_host);
+    if (store.add(mapped_key, 1) == static_cast<int64_t>(local.size())) seg.unlink();
+    shm_ = std::make_unique<ShmGroup>(std::move(seg), layout, topo_.local_rank, local,
+                                      spin_for(static_cast<int>(local.size())));
+  }
+  if (topo_.num_hosts() > 1) {
+    if (topo_.is_leader()) {
+      const auto leaders = topo_.leaders();
+      leaders_ =
+          std::make_unique<GlooComm>(config_.store, config_.prefix + "gloo_leaders/", topo_.my_host,
+                                     topo_.num_hosts(), timeout_, leaders, where());
+    }
+    std::vector<int> ranks(size_);
+    for (int r = 0; r < size_; ++r) ranks[r] = r;
+    all_ranks_ = std::make_unique<GlooComm>(config_.store, config_.prefix + "gloo_all/", rank_,
+                                            size_, timeout_, ranks, where());
+  }
+}
+
+CpuProcessGroup::~CpuProcessGroup() {
+  shutdown();
+}
+
+ShmContext CpuProcessGroup::context(const CallInfo& call) const {
+  ShmContext ctx;
+  ctx.call = &call;
+  ctx.timeout = timeout_;
+  ctx.deadline = Clock::now() + timeout_;
+  ctx.where = where();
+  return ctx;
+}
+
+GlooComm& CpuProcessGroup::all_ranks(const CallInfo& call) {
+  if (!all_ranks_) {
+    throw CollectiveError(
+        fmt::format("{} on {}: internal error: no cross-host context", call.describe(), where()));
+  }
+  return *all_ranks_;
+}
+
+void CpuProcessGroup::run_all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                                     const CallInfo& call) {
+  const auto ctx = context(call);
+  if (single_host()) {
+    if (shm_) shm_->all_reduce(data, count, dtype, op, ctx);
+    return;
+  }
+  // Hierarchical: sum within the host, combine among leaders, share within the host.
+  const ReduceOp partial = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  if (shm_) shm_->all_reduce(data, count, dtype, partial, ctx);
+  if (leaders_) leaders_->all_reduce(data, count, dtype, partial, call);
+  if (shm_) shm_->broadcast(data, count * element_size(dtype), 0, ctx);
+  if (op == ReduceOp::kAvg) divide_in_place(dtype, data, count, size_);
+}
+
+void CpuProcessGroup::run_broadcast(void* data, size_t count, DataType dtype, int root,
+                                    const CallInfo& call) {
+  const auto ctx = context(call);
+  const size_t bytes = count * element_size(dtype);
+  if (single_host()) {
+    if (shm_) shm_->broadcast(data, bytes, topo_.local_rank_of(root), ctx);
+    return;
+  }
+  const int root_host = topo_.host_of_rank[root];
+  // 1. On the root's host, bring the data to the leader; 2. leaders; 3. within other hosts.
+  if (topo_.my_host == root_host && shm_) {
+    shm_->broadcast(data, bytes, topo_.local_rank_of(root), ctx);
+  }
+  if (leaders_) leaders_->broadcast(data, bytes, root_host, call);
+  if (topo_.my_host != root_host && shm_) shm_->broadcast(data, bytes, 0, ctx);
+}
+
+void CpuProcessGroup::run_reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root,
+                                 const CallInfo& call) {
+  if (single_host()) {
+    // All ranks get the result; the contract leaves non-root data unspecified.
+    if (shm_) shm_->all_reduce(data, count, dtype, op, context(call));
+    return;
+  }
+  run_all_reduce(data, count, dtype, op, call);
+  (void)root;
+}
+
+void CpuProcessGroup::run_all_gather_v(const void* in, void* out, const std::vector<size_t>& counts,
+                                       DataType dtype, const CallInfo& call) {
+  std::vector<size_t> bytes(counts);
+  for (auto& b : bytes) b *= element_size(dtype);
+  if (!single_host()) return all_ranks(call).all_gather_v(in, out, bytes, call);
+  if (shm_) return shm_->gather_v(in, out, bytes, -1, context(call));
+  if (bytes[0] > 0 && in != out) std::memmove(out, in, bytes[0]);
+}
+
+void CpuProcessGroup::run_gather(const void* in, void* out, size_t count, DataType dtype, int root,
+                                 const CallInfo& call) {
+  const size_t b = count * element_size(dtype);
+  if (!single_host()) return all_ranks(call).gather(in, out, b, root, call);
+  if (shm_) return shm_->gather_v(in, out, std::vector<size_t>(size_, b), root, context(call));
+  if (b > 0 && in != out) std::memmove(out, in, b);
+}
+
+void CpuProcessGroup::run_scatter(const void* in, void* out, size_t count, DataType dtype, int root,
+                                  const CallInfo& call) {
+  const size_t b = count * element_size(dtype);
+  if (!single_host()) return all_ranks(call).scatter(in, out, b, root, call);
+  if (shm_) return shm_->scatter(in, out, b, root, context(call));
+  if (b > 0 && in != out) std::memmove(out, in, b);
+}
+
+void CpuProcessGroup::run_reduce_scatter(const void* in, void* out, size_t count, DataType dtype,
+                                         ReduceOp op, const CallInfo& call) {
+  if (!single_host()) return all_ranks(call).reduce_scatter(in, out, count, dtype, op, call);
+  if (shm_) return shm_->reduce_scatter(in, out, count, dtype, op, context(call));
+  if (count > 0 && in != out) std::memmove(out, in, count * element_size(dtype));
+}
+
+void CpuProcessGroup::run_all_to_all(const void* in, void* out, size_t count, DataType dtype,
+                                     const CallInfo& call) {
+  const size_t b = count * element_size(dtype);
+  if (!single_host()) return all_ranks(call).all_to_all(in, out, b, call);
+  if (shm_) return shm_->all_to_all(in, out, b, context(call));
+  if (b > 0 && in != out) std::memmove(out, in, b);
+}
+
+void CpuProcessGroup::run_barrier(const CallInfo& call) {
+  const auto ctx = context(call);
+  if (shm_) shm_->barrier(ctx);
+  if (leaders_) leaders_->barrier(call);
+  if (shm_ && !single_host()) shm_->barrier(ctx);
+}
+
+void CpuProcessGroup::run_send(const void* data, size_t bytes, int dst, int tag,
+                               const CallInfo& call) {
+  if (topo_.host_of_rank[dst] != topo_.my_host) {
+    return all_ranks(call).send(data, bytes, dst, tag, call);
+  }
+  shm_->send(data, bytes, topo_.local_rank_of(dst), tag, context(call));
+}
+
+void CpuProcessGroup::run_recv(void* data, size_t bytes, int src, int tag, const CallInfo& call) {
+  if (topo_.host_of_rank[src] != topo_.my_host) {
+    return all_ranks(call).recv(data, bytes, src, tag, call);
+  }
+  shm_->recv(data, bytes, topo_.local_rank_of(src), tag, context(call));
+}
+
+ProcessGroupPtr CpuProcessGroup::make_same_backend(GroupConfig config) {
+  return std::make_shared<CpuProcessGroup>(std::move(config), host_id_);
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,66 @@
+#pragma once
+// CpuProcessGroup: the "cpu" backend (internal header).
+//
+// Ranks on one host (equal host ids) run collectives through a ShmGroup. With several hosts
+// it is hierarchical: all_reduce, broadcast and barrier go through shared memory within each
+// host and Gloo (TCP) among one leader per host; the remaining operations (gathers, scatters,
+// all_to_all, send/recv across hosts) use a Gloo context over all ranks.
+//
+// The shared-memory segment's name comes from the host leader through the store
+// ("<prefix>shm/<host>"); the last rank to map it unlinks it, so nothing is left in /dev/shm
+// even if the job is killed afterwards.
+
+#include <memory>
+#include <string>
+
+#include "../async_process_group.hpp"
+#include "../host_topology.hpp"
+#include "shm_group.hpp"
+
+namespace ddp::detail {
+
+class GlooComm;
+
+class CpuProcessGroup : public AsyncProcessGroup {
+ public:
+  CpuProcessGroup(GroupConfig config, std::string host_id);
+  ~CpuProcessGroup() override;
+
+  std::string backend_name() const override { return "cpu"; }
+  const HostTopology& topology() const { return topo_; }
+
+ protected:
+  void run_all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                      const CallInfo& call) override;
+  void run_broadcast(void* data, size_t count, DataType dtype, int root,
+                     const CallInfo& call) override;
+  void run_reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root,
+                  const CallInfo& call) override;
+  void run_all_gather_v(const void* in, void* out, const std::vector<size_t>& counts,
+                        DataType dtype, const CallInfo& call) override;
+  void run_gather(const void* in, void* out, size_t count, DataType dtype, int root,
+                  const CallInfo& call) override;
+  void run_scatter(const void* in, void* out, size_t count, DataType dtype, int root,
+                   const CallInfo& call) override;
+  void run_reduce_scatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                          const CallInfo& call) override;
+  void run_all_to_all(const void* in, void* out, size_t count, DataType dtype,
+                      const CallInfo& call) override;
+  void run_barrier(const CallInfo& call) override;
+  void run_send(const void* data, size_t bytes, int dst, int tag, const CallInfo& call) override;
+  void run_recv(void* data, size_t bytes, int src, int tag, const CallInfo& call) override;
+  ProcessGroupPtr make_same_backend(GroupConfig config) override;
+
+ private:
+  ShmContext context(const CallInfo& call) const;
+  bool single_host() const { return topo_.num_hosts() == 1; }
+  GlooComm& all_ranks(const CallInfo& call);
+
+  std::string host_id_;
+  HostTopology topo_;
+  std::unique_ptr<ShmGroup> shm_;        // null when this rank is alone on its host
+  std::unique_ptr<GlooComm> leaders_;    // host leaders only, when there are several hosts
+  std::unique_ptr<GlooComm> all_ranks_;  // every rank, when there are several hosts
+};
+
+}  // namespace ddp::detail

@@ -1,0 +1,369 @@
+#include "shm_group.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "../reduce_kernels.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp::detail {
+
+namespace {
+constexpr uint64_t kMagic = 0x6464705f73686d31ull;  // "ddp_shm1"
+constexpr size_t kLine = 64;
+constexpr size_t align_up(size_t v, size_t a) {
+  return (v + a - 1) / a * a;
+}
+// Below this, all_reduce stages whole buffers and every rank reduces all of them: one
+// synchronisation instead of two.
+constexpr size_t kSmallAllReduceBytes = 32 << 10;
+}  // namespace
+
+struct ShmGroup::Header {
+  uint64_t magic;
+  uint32_t ranks;
+  uint32_t pad;
+  uint64_t slot_bytes;
+  uint64_t p2p_bytes;
+  alignas(kLine) std::atomic<uint32_t> waiters;
+};
+
+struct ShmGroup::RankCtl {
+  alignas(kLine) std::atomic<uint32_t> phase;
+};
+
+struct ShmGroup::Channel {
+  alignas(kLine) std::atomic<uint32_t> written;   // chunks published by the sender
+  alignas(kLine) std::atomic<uint32_t> consumed;  // chunks released by the receiver
+  int32_t tag;
+  uint32_t chunk_bytes;
+  uint64_t total_bytes;
+  uint64_t offset;
+};
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex needs lock-free 32-bit atomics");
+
+size_t ShmLayout::total_bytes() const {
+  const size_t n = static_cast<size_t>(ranks);
+  size_t off = align_up(sizeof(ShmGroup::Header), kLine);
+  off += n * sizeof(ShmGroup::RankCtl);
+  off += n * n * sizeof(ShmGroup::Channel);
+  off = align_up(off, 4096);
+  off += 2 * n * slot_bytes;
+  off += n * n * p2p_bytes;
+  return off;
+}
+
+void ShmGroup::initialize(void* memory, const ShmLayout& layout) {
+  auto* h = new (memory) Header{};
+  h->ranks = static_cast<uint32_t>(layout.ranks);
+  h->slot_bytes = layout.slot_bytes;
+  h->p2p_bytes = layout.p2p_bytes;
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  h->magic = kMagic;
+}
+
+ShmGroup::ShmGroup(ShmSegment segment, ShmLayout layout, int local_rank,
+                   std::vector<int> group_ranks, std::chrono::microseconds spin)
+    : segment_(std::move(segment)),
+      layout_(layout),
+      me_(local_rank),
+      n_(layout.ranks),
+      group_ranks_(std::move(group_ranks)),
+      spin_(spin),
+      sent_(n_, 0),
+      consumed_(n_, 0),
+      pending_(n_) {
+  char* base = static_cast<char*>(segment_.data());
+  header_ = reinterpret_cast<Header*>(base);
+  if (header_->magic != kMagic || header_->ranks != static_cast<uint32_t>(n_) ||
+      header_->slot_bytes != layout.slot_bytes || header_->p2p_bytes != layout.p2p_bytes) {
+    throw ProtocolError(fmt::format(
+        "shared memory segment {} has an unexpected header (ranks {}, slot {} bytes); ranks "
+        "disagree on DDP_SHM_SLOT_BYTES or the segment was reused",
+        segment_.name(), header_->ranks, header_->slot_bytes));
+  }
+  size_t off = align_up(sizeof(Header), kLine);
+  ctl_ = reinterpret_cast<RankCtl*>(base + off);
+  off += n_ * sizeof(RankCtl);
+  channels_ = reinterpret_cast<Channel*>(base + off);
+  off += static_cast<size_t>(n_) * n_ * sizeof(Channel);
+  off = align_up(off, 4096);
+  slots_ = base + off;
+  off += 2 * static_cast<size_t>(n_) * layout_.slot_bytes;
+  p2p_ = base + off;
+}
+
+char* ShmGroup::slot(int set, int rank) const {
+  return slots_ + (static_cast<size_t>(set) * n_ + rank) * layout_.slot_bytes;
+}
+
+ShmGroup::Channel& ShmGroup::channel(int src, int dst) const {
+  return channels_[static_cast<size_t>(src) * n_ + dst];
+}
+
+char* ShmGroup::channel_buffer(int src, int dst) const {
+  return p2p_ + (static_cast<size_t>(src) * n_ + dst) * layout_.p2p_bytes;
+}
+
+void ShmGroup::arrive() {
+  publish(&ctl_[me_].phase, ++phase_, &header_->waiters);
+}
+
+void ShmGroup::wait_all(const ShmContext& ctx) {
+  for (int j = 0; j < n_; ++j) {
+    if (j == me_) continue;
+    if (wait_reached(&ctl_[j].phase, phase_, &header_->waiters, ctx.deadline, spin_)) continue;
+    std::vector<int> missing;
+    for (int k = 0; k < n_; ++k) {
+      if (!reached(ctl_[k].phase.load(), phase_)) missing.push_back(group_ranks_[k]);
+    }
+    throw TimeoutError(fmt::format(
+        "{} on {}: timed out after {} ms waiting for ranks {} ({} of {} ranks on this host "
+        "arrived); those ranks did not reach this collective: they crashed, hang, or issue "
+        "different collectives (set DDP_DEBUG_COLLECTIVES=1 to compare calls)",
+        ctx.call->describe(), ctx.where, ctx.timeout.count(), missing, n_ - missing.size(), n_));
+  }
+}
+
+void ShmGroup::wait_word(std::atomic<uint32_t>* word, uint32_t target, const ShmContext& ctx,
+                         const char* waiting_for, int peer) {
+  if (wait_reached(word, target, &header_->waiters, ctx.deadline, spin_)) return;
+  throw TimeoutError(fmt::format("{} on {}: timed out after {} ms waiting for rank {} to {}",
+                                 ctx.call->describe(), ctx.where, ctx.timeout.count(),
+                                 group_ranks_[peer], waiting_for));
+}
+
+void ShmGroup::barrier(const ShmContext& ctx) {
+  next_set();
+  arrive();
+  wait_all(ctx);
+}
+
+void ShmGroup::all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                          const ShmContext& ctx) {
+  const size_t es = element_size(dtype);
+  char* d = static_cast<char*>(data);
+  if (n_ == 1) {
+    return;  // kAvg over one rank is the identity
+  }
+  std::vector<const void*> srcs(n_);
+  if (count * es <= std::min(kSmallAllReduceBytes, layout_.slot_bytes)) {
+    const int set = next_set();
+    std::memcpy(slot(set, me_), d, count * es);
+    arrive();
+    wait_all(ctx);
+    for (int j = 0; j < n_; ++j) srcs[j] = slot(set, j);
+    reduce_buffers(dtype, op, d, srcs.data(), n_, count, n_);
+    return;
+  }
+  const size_t chunk = std::max<size_t>(layout_.slot_bytes / es / n_ * n_, n_);
+  for (size_t off = 0; off < count; off += chunk) {
+    const size_t c = std::min(chunk, count - off);
+    auto start = [&](int j) { return c * j / n_; };
+    const int set = next_set();
+    char* mine = slot(set, me_);
+    for (int j = 0; j < n_; ++j) {
+      if (j == me_) continue;
+      std::memcpy(mine + start(j) * es, d + (off + start(j)) * es, (start(j + 1) - start(j)) * es);
+    }
+    arrive();
+    wait_all(ctx);
+    const size_t s = start(me_), len = start(me_ + 1) - s;
+    char* my_part = d + (off + s) * es;
+    for (int j = 0; j < n_; ++j) srcs[j] = j == me_ ? my_part : slot(set, j) + s * es;
+    reduce_buffers(dtype, op, my_part, srcs.data(), n_, len, n_);
+    std::memcpy(mine + s * es, my_part, len * es);
+    arrive();
+    wait_all(ctx);
+    for (int j = 0; j < n_; ++j) {
+      if (j == me_) continue;
+      std::memcpy(d + (off + start(j)) * es, slot(set, j) + start(j) * es,
+                  (start(j + 1) - start(j)) * es);
+    }
+  }
+}
+
+void ShmGroup::broadcast(void* data, size_t bytes, int root, const ShmContext& ctx) {
+  if (n_ == 1) return;
+  char* d = static_cast<char*>(data);
+  // Only the root writes, so a round can use the whole set (all slots are contiguous).
+  const size_t chunk = layout_.slot_bytes * n_;
+  for (size_t off = 0; off < bytes || off == 0; off += chunk) {
+    const size_t c = std::min(chunk, bytes - off);
+    const int set = next_set();
+    if (me_ == root) std::memcpy(slot(set, 0), d + off, c);
+    arrive();
+    wait_all(ctx);
+    if (me_ != root) std::memcpy(d + off, slot(set, 0), c);
+    if (bytes == 0) break;
+  }
+}
+
+void ShmGroup::gather_v(const void* in, void* out, const std::vector<size_t>& bytes, int root,
+                        const ShmContext& ctx) {
+  const char* src = static_cast<const char*>(in);
+  char* o = static_cast<char*>(out);
+  std::vector<size_t> displ(n_ + 1, 0);
+  size_t most = 0;
+  for (int j = 0; j < n_; ++j) {
+    displ[j + 1] = displ[j] + bytes[j];
+    most = std::max(most, bytes[j]);
+  }
+  const bool receive = root < 0 || root == me_;
+  // My own block: memmove, since callers may pass in == out + displ[me] (in place).
+  if (receive && bytes[me_] > 0 && o + displ[me_] != src) {
+    std::memmove(o + displ[me_], src, bytes[me_]);
+  }
+  if (n_ == 1) return;
+  const size_t chunk = layout_.slot_bytes;
+  for (size_t off = 0; off < most; off += chunk) {
+    const int set = next_set();
+    if (off < bytes[me_]) std::memcpy(slot(set, me_), src + off, std::min(chunk, bytes[me_] - off));
+    arrive();
+    wait_all(ctx);
+    if (!receive) continue;
+    for (int j = 0; j < n_; ++j) {
+      if (j == me_ || off >= bytes[j]) continue;
+      std::memcpy(o + displ[j] + off, slot(set, j), std::min(chunk, bytes[j] - off));
+    }
+  }
+}
+
+void ShmGroup::scatter(const void* in, void* out, size_t bytes, int root, const ShmContext& ctx) {
+  const char* src = static_cast<const char*>(in);
+  char* o = static_cast<char*>(out);
+  if (me_ == root && bytes > 0 && o != src + me_ * bytes) {
+    std::memmove(o, src + me_ * bytes, bytes);
+  }
+  if (n_ == 1) return;
+  const size_t chunk = layout_.slot_bytes;
+  for (size_t off = 0; off < bytes; off += chunk) {
+    const size_t c = std::min(chunk, bytes - off);
+    const int set = next_set();
+    if (me_ == root) {
+      for (int j = 0; j < n_; ++j) {
+        if (j != root) std::memcpy(slot(set, j), src + j * bytes + off, c);
+      }
+    }
+    arrive();
+    wait_all(ctx);
+    if (me_ != root) std::memcpy(o + off, slot(set, me_), c);
+  }
+}
+
+void ShmGroup::reduce_scatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                              const ShmContext& ctx) {
+  const size_t es = element_size(dtype);
+  const char* src = static_cast<const char*>(in);
+  if (n_ == 1) {
+    if (count > 0 && out != in) std::memmove(out, in, count * es);
+    return;
+  }
+  // Per round, each rank stages a piece of every block but its own.
+  const size_t piece = std::max<size_t>(layout_.slot_bytes / n_ / es, 1);
+  std::vector<const void*> srcs(n_);
+  for (size_t off = 0; off < count; off += piece) {
+    const size_t c = std::min(piece, count - off);
+    const int set = next_set();
+    for (int j = 0; j < n_; ++j) {
+      if (j == me_) continue;
+      std::memcpy(slot(set, me_) + j * piece * es, src + (j * count + off) * es, c * es);
+    }
+    arrive();
+    wait_all(ctx);
+    for (int j = 0; j < n_; ++j) {
+      srcs[j] = j == me_ ? src + (me_ * count + off) * es : slot(set, j) + me_ * piece * es;
+    }
+    reduce_buffers(dtype, op, static_cast<char*>(out) + off * es, srcs.data(), n_, c, n_);
+  }
+}
+
+void ShmGroup::all_to_all(const void* in, void* out, size_t block_bytes, const ShmContext& ctx) {
+  const char* src = static_cast<const char*>(in);
+  char* o = static_cast<char*>(out);
+  if (block_bytes > 0) std::memmove(o + me_ * block_bytes, src + me_ * block_bytes, block_bytes);
+  if (n_ == 1) return;
+  const size_t piece = std::max<size_t>(layout_.slot_bytes / n_, 1);
+  for (size_t off = 0; off < block_bytes; off += piece) {
+    const size_t c = std::min(piece, block_bytes - off);
+    const int set = next_set();
+    for (int j = 0; j < n_; ++j) {
+      if (j != me_) std::memcpy(slot(set, me_) + j * piece, src + j * block_bytes + off, c);
+    }
+    arrive();
+    wait_all(ctx);
+    for (int j = 0; j < n_; ++j) {
+      if (j != me_) std::memcpy(o + j * block_bytes + off, slot(set, j) + me_ * piece, c);
+    }
+  }
+}
+
+void ShmGroup::send(const void* data, size_t bytes, int dst, int tag, const ShmContext& ctx) {
+  Channel& ch = channel(me_, dst);
+  char* buf = channel_buffer(me_, dst);
+  const char* src = static_cast<const char*>(data);
+  size_t off = 0;
+  do {
+    // The channel holds one chunk: wait until the receiver released the previous one.
+    wait_word(&ch.consumed, sent_[dst], ctx,
+              "receive an earlier chunk (is a matching recv posted?)", dst);
+    const size_t c = std::min(layout_.p2p_bytes, bytes - off);
+    ch.tag = tag;
+    ch.chunk_bytes = static_cast<uint32_t>(c);
+    ch.total_bytes = bytes;
+    ch.offset = off;
+    std::memcpy(buf, src + off, c);
+    publish(&ch.written, ++sent_[dst], &header_->waiters);
+    off += c;
+  } while (off < bytes);
+}
+
+void ShmGroup::recv(void* data, size_t bytes, int src, int tag, const ShmContext& ctx) {
+  auto size_error = [&](size_t got) {
+    return CollectiveError(fmt::format(
+        "{} on {}: the matching send from rank {} with tag {} carries {} bytes but this recv "
+        "expects {} bytes; send and recv must use the same count and dtype",
+        ctx.call->describe(), ctx.where, group_ranks_[src], tag, got, bytes));
+  };
+  auto& early = pending_[src];
+  for (auto it = early.begin(); it != early.end(); ++it) {
+    if (it->first != tag) continue;
+    if (it->second.size() != bytes) throw size_error(it->second.size());
+    std::memcpy(data, it->second.data(), bytes);
+    early.erase(it);
+    return;
+  }
+  Channel& ch = channel(src, me_);
+  const char* buf = channel_buffer(src, me_);
+  for (;;) {
+    // Read one whole message; keep it aside when its tag is not the one we want.
+    std::string stash;
+    bool match = false;
+    size_t total = 0, off = 0;
+    do {
+      wait_word(&ch.written, consumed_[src] + 1, ctx, "send (no matching send arrived)", src);
+      total = ch.total_bytes;
+      const size_t c = ch.chunk_bytes;
+      if (off == 0) {
+        match = ch.tag == tag;
+        if (match && total != bytes) {
+          throw size_error(total);
+        }
+        if (!match) stash.resize(total);
+      }
+      std::memcpy(match ? static_cast<char*>(data) + off : stash.data() + off, buf, c);
+      const int msg_tag = ch.tag;
+      off += c;
+      publish(&ch.consumed, ++consumed_[src], &header_->waiters);
+      if (!match && off >= total) early.emplace_back(msg_tag, std::move(stash));
+    } while (off < total);
+    if (match) return;
+  }
+}
+
+}  // namespace ddp::detail

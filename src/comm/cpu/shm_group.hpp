@@ -1,0 +1,111 @@
+#pragma once
+// ShmGroup: blocking collectives among the ranks of one host through one shared-memory
+// segment (internal header). Threads of one process and separate processes are handled alike:
+// each rank maps the segment itself.
+//
+// Segment: header, one phase counter per rank, one point-to-point channel per ordered pair,
+// two sets ("parities") of one staging slot per rank, and the channel buffers.
+//
+// Synchronisation: a rank announces progress by bumping its phase counter; "wait_all" waits
+// until every rank's counter reached ours. Every collective runs as rounds over alternating
+// slot sets, and every round starts with arrive + wait_all, so when a rank writes set s in
+// round t all ranks have finished reading set s of round t-2 (they announced round t-1).
+// Reductions combine sources in rank order, so every rank gets bit-identical results.
+//
+// Large all_reduce is a pipelined reduce-scatter + all-gather: per chunk, each rank stages the
+// parts of its data the others reduce, reduces its own part (1/n) from the peers' slots and
+// publishes it, then copies the others' reduced parts.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "../call_info.hpp"
+#include "ddp/comm/types.hpp"
+#include "futex_wait.hpp"
+#include "shm_segment.hpp"
+
+namespace ddp::detail {
+
+struct ShmLayout {
+  int ranks = 1;
+  size_t slot_bytes = 1 << 20;  // staging bytes per rank and parity
+  size_t p2p_bytes = 64 << 10;  // buffer per ordered pair of ranks
+
+  size_t total_bytes() const;
+};
+
+// Identifies the running collective in timeout messages.
+struct ShmContext {
+  const CallInfo* call = nullptr;
+  Clock::time_point deadline;
+  std::string where;  // "rank 0 of 2 (backend cpu, group ...)"
+  std::chrono::milliseconds timeout{0};
+};
+
+class ShmGroup {
+ public:
+  // Writes the header of a freshly created (zeroed) segment.
+  static void initialize(void* memory, const ShmLayout& layout);
+
+  // `group_ranks[i]` is the process-group rank of local rank i (for messages).
+  ShmGroup(ShmSegment segment, ShmLayout layout, int local_rank, std::vector<int> group_ranks,
+           std::chrono::microseconds spin);
+
+  int rank() const { return me_; }
+  int size() const { return n_; }
+  ShmSegment& segment() { return segment_; }
+
+  // kAvg divides by the number of local ranks.
+  void all_reduce(void* data, size_t count, DataType dtype, ReduceOp op, const ShmContext& ctx);
+  void broadcast(void* data, size_t bytes, int root, const ShmContext& ctx);
+  // bytes[j] from rank j packed into out; only `root` receives when root >= 0.
+  void gather_v(const void* in, void* out, const std::vector<size_t>& bytes, int root,
+                const ShmContext& ctx);
+  void scatter(const void* in, void* out, size_t bytes, int root, const ShmContext& ctx);
+  void reduce_scatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                      const ShmContext& ctx);
+  void all_to_all(const void* in, void* out, size_t block_bytes, const ShmContext& ctx);
+  void barrier(const ShmContext& ctx);
+  void send(const void* data, size_t bytes, int dst, int tag, const ShmContext& ctx);
+  void recv(void* data, size_t bytes, int src, int tag, const ShmContext& ctx);
+
+ private:
+  friend struct ShmLayout;
+  struct Header;
+  struct RankCtl;
+  struct Channel;
+
+  void arrive();
+  void wait_all(const ShmContext& ctx);
+  void wait_word(std::atomic<uint32_t>* word, uint32_t target, const ShmContext& ctx,
+                 const char* waiting_for, int peer);
+  char* slot(int set, int rank) const;
+  int next_set() { return static_cast<int>(round_++ & 1); }
+  Channel& channel(int src, int dst) const;
+  char* channel_buffer(int src, int dst) const;
+
+  ShmSegment segment_;
+  ShmLayout layout_;
+  int me_;
+  int n_;
+  std::vector<int> group_ranks_;
+  std::chrono::microseconds spin_;
+  Header* header_;
+  RankCtl* ctl_;
+  Channel* channels_;
+  char* slots_;
+  char* p2p_;
+  uint32_t phase_ = 0;
+  uint64_t round_ = 0;
+  std::vector<uint32_t> sent_;      // chunks written per destination channel
+  std::vector<uint32_t> consumed_;  // chunks consumed per source channel
+  // Messages that arrived before their recv was posted, per source, in arrival order.
+  std::vector<std::deque<std::pair<int, std::string>>> pending_;
+};
+
+}  // namespace ddp::detail

@@ -1,0 +1,383 @@
+#include "gloo_comm.hpp"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/gather.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/scatter.h>
+#include <gloo/transport/tcp/device.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "../reduce_kernels.hpp"
+#include "ddp/util/env.hpp"
+#include "ddp/util/error.hpp"
+#include "store_adapter.hpp"
+
+namespace ddp::detail {
+
+namespace {
+
+// The local address whose route reaches host:port (a UDP connect sends nothing).
+std::string address_towards(const std::string& host, const std::string& port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || res == nullptr) {
+    throw NetworkError(
+        fmt::format("gloo: cannot resolve MASTER_ADDR={} to choose the local "
+                    "address; set DDP_GLOO_IFNAME to an interface name instead",
+                    host));
+  }
+  const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in local{};
+  socklen_t len = sizeof(local);
+  const bool ok = fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  if (!ok) {
+    throw NetworkError(
+        fmt::format("gloo: no route to MASTER_ADDR={}; set DDP_GLOO_IFNAME to "
+                    "the interface that reaches the other hosts",
+                    host));
+  }
+  char buf[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf));
+  return buf;
+}
+
+std::shared_ptr<gloo::transport::Device> make_device() {
+  gloo::transport::tcp::attr attr;
+  if (auto ifname = env::get("DDP_GLOO_IFNAME"); ifname && !ifname->empty()) {
+    attr.iface = *ifname;
+  } else if (auto master = env::get("MASTER_ADDR"); master && !master->empty()) {
+    attr.hostname = address_towards(*master, env::get_or("MASTER_PORT", "29500"));
+  } else {
+    attr.hostname = "127.0.0.1";
+  }
+  try {
+    return gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw NetworkError(
+        fmt::format("gloo: cannot create a TCP device on {}: {}; check "
+                    "DDP_GLOO_IFNAME / MASTER_ADDR",
+                    attr.iface.empty() ? attr.hostname : attr.iface, e.what()));
+  }
+}
+
+// Gloo moves bytes; the element type only sets the element size.
+template <typename Fn>
+void with_element_type(size_t es, Fn&& fn) {
+  switch (es) {
+    case 1:
+      return fn(uint8_t{});
+    case 2:
+      return fn(uint16_t{});
+    case 4:
+      return fn(uint32_t{});
+    case 8:
+      return fn(uint64_t{});
+  }
+  throw UsageError(fmt::format("gloo: unsupported element size {}", es));
+}
+
+bool is_half(DataType d) {
+  return d == DataType::kFloat16 || d == DataType::kBFloat16;
+}
+
+// Widens a half buffer to float32 and narrows it back (reductions in float32 precision).
+std::vector<float> widen(const void* data, size_t count, DataType dtype) {
+  std::vector<float> out(count);
+  const auto* h = static_cast<const uint16_t*>(data);
+  for (size_t i = 0; i < count; ++i) {
+    out[i] = dtype == DataType::kFloat16 ? half_to_float(h[i]) : bfloat16_to_float(h[i]);
+  }
+  return out;
+}
+
+void narrow(const std::vector<float>& in, void* data, DataType dtype) {
+  auto* h = static_cast<uint16_t*>(data);
+  for (size_t i = 0; i < in.size(); ++i) {
+    h[i] = dtype == DataType::kFloat16 ? float_to_half(in[i]) : float_to_bfloat16(in[i]);
+  }
+}
+
+std::function<void(void*, const void*, const void*, size_t)> reducer(DataType dtype, ReduceOp op) {
+  const ReduceOp combine = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  return [dtype, combine](void* c, const void* a, const void* b, size_t n) {
+    const void* srcs[2] = {a, b};
+    reduce_buffers(dtype, combine, c, srcs, 2, n, 0);
+  };
+}
+
+}  // namespace
+
+GlooComm::GlooComm(std::shared_ptr<Store> store, const std::string& prefix, int rank, int size,
+                   std::chrono::milliseconds timeout, std::vector<int> group_ranks,
+                   std::string where)
+    : rank_(rank),
+      size_(size),
+      timeout_(timeout),
+      group_ranks_(std::move(group_ranks)),
+      where_(std::move(where)) {
+  auto device = make_device();
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  ctx->setTimeout(timeout);
+  StoreAdapter adapter(std::move(store), prefix, timeout);
+  try {
+    ctx->connectFullMesh(adapter, device);
+  } catch (const ddp::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw NetworkError(
+        fmt::format("gloo: {} could not connect to its {} peers within {} ms "
+                    "(listening on {}): {}",
+                    where_, size - 1, timeout.count(), device->str(), e.what()));
+  }
+  context_ = std::move(ctx);
+}
+
+GlooComm::~GlooComm() = default;
+
+template <typename Fn>
+void GlooComm::guarded(const CallInfo& call, Fn&& fn) {
+  try {
+    fn();
+  } catch (const ddp::Error&) {
+    throw;
+  } catch (const gloo::IoException& e) {
+    const std::string what = e.what();
+    if (what.find("imed out") != std::string::npos) {
+      throw TimeoutError(
+          fmt::format("{} on {} timed out after {} ms in gloo: a peer did not "
+                      "reach this collective or died ({})",
+                      call.describe(), where_, timeout_.count(), what));
+    }
+    throw NetworkError(fmt::format("{} on {} failed in gloo: {}; a peer process probably died",
+                                   call.describe(), where_, what));
+  } catch (const std::exception& e) {
+    throw CollectiveError(
+        fmt::format("{} on {} failed in gloo: {}", call.describe(), where_, e.what()));
+  }
+}
+
+void GlooComm::all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                          const CallInfo& call, int avg_divisor) {
+  if (count == 0) return;
+  const int divisor = avg_divisor > 0 ? avg_divisor : size_;
+  if (is_half(dtype)) {
+    std::vector<float> wide = widen(data, count, dtype);
+    all_reduce(wide.data(), count, DataType::kFloat32, op, call, divisor);
+    narrow(wide, data, dtype);
+    return;
+  }
+  const uint32_t tag = next_tag();
+  guarded(call, [&] {
+    if (size_ > 1) {
+      with_element_type(element_size(dtype), [&](auto t) {
+        using T = decltype(t);
+        gloo::AllreduceOptions opts(context_);
+        opts.setOutput(static_cast<T*>(data), count);
+        opts.setReduceFunction(reducer(dtype, op));
+        opts.setTag(tag);
+        opts.setTimeout(timeout_);
+        gloo::allreduce(opts);
+      });
+    }
+  });
+  if (op == ReduceOp::kAvg) divide_in_place(dtype, data, count, divisor);
+}
+
+void GlooComm::reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root,
+                      const CallInfo& call) {
+  if (count == 0) return;
+  if (is_half(dtype)) {
+    std::vector<float> wide = widen(data, count, dtype);
+    reduce(wide.data(), count, DataType::kFloat32, op, root, call);
+    if (rank_ == root) narrow(wide, data, dtype);
+    return;
+  }
+  const uint32_t tag = next_tag();
+  guarded(call, [&] {
+    if (size_ > 1) {
+      with_element_type(element_size(dtype), [&](auto t) {
+        using T = decltype(t);
+        gloo::ReduceOptions opts(context_);
+        opts.setInput(static_cast<T*>(data), count);
+        opts.setOutput(static_cast<T*>(data), count);
+        opts.setRoot(root);
+        opts.setReduceFunction(reducer(dtype, op));
+        opts.setTag(tag);
+        opts.setTimeout(timeout_);
+        gloo::reduce(opts);
+      });
+    }
+  });
+  if (op == ReduceOp::kAvg && rank_ == root) divide_in_place(dtype, data, count, size_);
+}
+
+void GlooComm::broadcast(void* data, size_t bytes, int root, const CallInfo& call) {
+  if (bytes == 0 || size_ == 1) return;
+  const uint32_t tag = next_tag();
+  guarded(call, [&] {
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput(static_cast<uint8_t*>(data), bytes);
+    opts.setRoot(root);
+    opts.setTag(tag);
+    opts.setTimeout(timeout_);
+    gloo::broadcast(opts);
+  });
+}
+
+void GlooComm::all_gather_v(const void* in, void* out, const std::vector<size_t>& bytes,
+                            const CallInfo& call) {
+  size_t total = 0, displ = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (r < rank_) displ += bytes[r];
+    total += bytes[r];
+  }
+  if (total == 0) return;
+  if (size_ == 1) {
+    if (bytes[0] > 0 && in != out) std::memmove(out, in, bytes[0]);
+    return;
+  }
+  // Gloo needs a non-null input even for zero bytes.
+  const void* src = bytes[rank_] > 0 ? in : static_cast<char*>(out) + displ;
+  const uint32_t tag = next_tag();
+  guarded(call, [&] {
+    gloo::AllgathervOptions opts(context_);
+    opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(src)), bytes[rank_]);
+    opts.setOutput(static_cast<uint8_t*>(out), bytes);
+    opts.setTag(tag);
+    opts.setTimeout(timeout_);
+    gloo::allgatherv(opts);
+  });
+}
+
+void GlooComm::gather(const void* in, void* out, size_t bytes, int root, const CallInfo& call) {
+  if (bytes == 0) return;
+  if (size_ == 1) {
+    if (in != out) std::memmove(out, in, bytes);
+    return;
+  }
+  const uint32_t tag = next_tag();
+  guarded(call, [&] {
+    gloo::GatherOptions opts(context_);
+    opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), bytes);
+    if (rank_ == root) opts.setOutput(static_cast<uint8_t*>(out), bytes * size_);
+    opts.setRoot(root);
+    opts.setTag(tag);
+    opts.setTimeout(timeout_);
+    gloo::gather(opts);
+  });
+}
+
+void GlooComm::scatter(const void* in, void* out, size_t bytes, int root, const CallInfo& call) {
+  if (bytes == 0) return;
+  if (size_ == 1) {
+    if (in != out) std::memmove(out, in, bytes);
+    return;
+  }
+  const uint32_t tag = next_tag();
+  guarded(call, [&] {
+    gloo::ScatterOptions opts(context_);
+    if (rank_ == root) {
+      std::vector<uint8_t*> blocks;
+      for (int r = 0; r < size_; ++r) {
+        blocks.push_back(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)) + r * bytes);
+      }
+      opts.setInputs(blocks, bytes);
+    }
+    opts.setOutput(static_cast<uint8_t*>(out), bytes);
+    opts.setRoot(root);
+    opts.setTag(tag);
+    opts.setTimeout(timeout_);
+    gloo::scatter(opts);
+  });
+}
+
+void GlooComm::reduce_scatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                              const CallInfo& call) {
+  // Gloo has no unbound-buffer reduce-scatter: all-reduce the whole input, keep our block.
+  const size_t es = element_size(dtype);
+  std::vector<char> tmp(count * size_ * es);
+  if (!tmp.empty()) std::memcpy(tmp.data(), in, tmp.size());
+  all_reduce(tmp.data(), count * size_, dtype, op, call);
+  if (count > 0) std::memcpy(out, tmp.data() + rank_ * count * es, count * es);
+}
+
+void GlooComm::all_to_all(const void* in, void* out, size_t block_bytes, const CallInfo& call) {
+  if (block_bytes == 0) return;
+  if (size_ == 1) {
+    if (in != out) std::memmove(out, in, block_bytes);
+    return;
+  }
+  const uint32_t tag = next_tag();
+  guarded(call, [&] {
+    gloo::AlltoallOptions opts(context_);
+    opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), block_bytes * size_);
+    opts.setOutput(static_cast<uint8_t*>(out), block_bytes * size_);
+    opts.setTag(tag);
+    opts.setTimeout(timeout_);
+    gloo::alltoall(opts);
+  });
+}
+
+void GlooComm::barrier(const CallInfo& call) {
+  if (size_ == 1) return;
+  const uint32_t tag = next_tag();
+  guarded(call, [&] {
+    gloo::BarrierOptions opts(context_);
+    opts.setTag(tag);
+    opts.setTimeout(timeout_);
+    gloo::barrier(opts);
+  });
+}
+
+namespace {
+// Point-to-point slots live above every collective slot prefix Gloo uses (0x01..0x08).
+uint64_t p2p_slot(int tag) {
+  return (uint64_t{0x7f} << 56) | static_cast<uint32_t>(tag);
+}
+}  // namespace
+
+void GlooComm::send(const void* data, size_t bytes, int dst, int tag, const CallInfo& call) {
+  guarded(call, [&] {
+    // Gloo refuses null buffers; a zero-byte message still needs an address.
+    char dummy = 0;
+    void* p = bytes > 0 ? const_cast<void*>(data) : &dummy;
+    auto buf = context_->createUnboundBuffer(p, bytes);
+    buf->send(dst, p2p_slot(tag));
+    if (!buf->waitSend(timeout_)) {
+      throw TimeoutError(fmt::format("{} on {}: rank {} did not take the message within {} ms",
+                                     call.describe(), where_, group_ranks_[dst], timeout_.count()));
+    }
+  });
+}
+
+void GlooComm::recv(void* data, size_t bytes, int src, int tag, const CallInfo& call) {
+  guarded(call, [&] {
+    char dummy = 0;
+    void* p = bytes > 0 ? data : &dummy;
+    auto buf = context_->createUnboundBuffer(p, bytes);
+    buf->recv(src, p2p_slot(tag));
+    if (!buf->waitRecv(timeout_)) {
+      throw TimeoutError(fmt::format("{} on {}: no matching send from rank {} within {} ms",
+                                     call.describe(), where_, group_ranks_[src], timeout_.count()));
+    }
+  });
+}
+
+}  // namespace ddp::detail

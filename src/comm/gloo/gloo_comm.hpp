@@ -1,0 +1,70 @@
+#pragma once
+// GlooComm: blocking collectives over one Gloo context (TCP transport) (internal header).
+// Used by the "gloo" backend directly and by the "cpu" backend among hosts.
+//
+// Rendezvous goes through a ddp::Store under a key prefix (StoreAdapter). The address Gloo
+// listens on: DDP_GLOO_IFNAME (an interface name) if set, else the local address that routes
+// to MASTER_ADDR, else 127.0.0.1 when MASTER_ADDR is unset (single-host jobs and tests).
+//
+// float16 / bfloat16 reductions are carried out in float32 (converted before and after), so
+// summing over many ranks does not lose precision at every hop.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../call_info.hpp"
+#include "ddp/comm/types.hpp"
+#include "ddp/store/store.hpp"
+
+namespace gloo {
+class Context;
+}
+
+namespace ddp::detail {
+
+class GlooComm {
+ public:
+  // Collective over all `size` ranks: blocks until all connected or `timeout`.
+  // `group_ranks[i]` names rank i in messages (ranks of the enclosing process group).
+  GlooComm(std::shared_ptr<Store> store, const std::string& prefix, int rank, int size,
+           std::chrono::milliseconds timeout, std::vector<int> group_ranks, std::string where);
+  ~GlooComm();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // kAvg divides by `avg_divisor` (0: by size()).
+  void all_reduce(void* data, size_t count, DataType dtype, ReduceOp op, const CallInfo& call,
+                  int avg_divisor = 0);
+  void broadcast(void* data, size_t bytes, int root, const CallInfo& call);
+  void reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root,
+              const CallInfo& call);
+  void all_gather_v(const void* in, void* out, const std::vector<size_t>& bytes,
+                    const CallInfo& call);
+  void gather(const void* in, void* out, size_t bytes, int root, const CallInfo& call);
+  void scatter(const void* in, void* out, size_t bytes, int root, const CallInfo& call);
+  void reduce_scatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                      const CallInfo& call);
+  void all_to_all(const void* in, void* out, size_t block_bytes, const CallInfo& call);
+  void barrier(const CallInfo& call);
+  void send(const void* data, size_t bytes, int dst, int tag, const CallInfo& call);
+  void recv(void* data, size_t bytes, int src, int tag, const CallInfo& call);
+
+ private:
+  template <typename Fn>
+  void guarded(const CallInfo& call, Fn&& fn);
+  uint32_t next_tag() { return tag_++; }
+
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+  std::vector<int> group_ranks_;
+  std::string where_;
+  std::shared_ptr<gloo::Context> context_;
+  uint32_t tag_ = 0;
+};
+
+}  // namespace ddp::detail

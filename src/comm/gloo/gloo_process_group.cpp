@@ -1,0 +1,34 @@
+#include "gloo_process_group.hpp"
+
+#include "../host_topology.hpp"
+
+namespace ddp::detail {
+
+namespace {
+std::vector<int> identity_ranks(int n) {
+  std::vector<int> r(n);
+  for (int i = 0; i < n; ++i) r[i] = i;
+  return r;
+}
+}  // namespace
+
+GlooProcessGroup::GlooProcessGroup(GroupConfig config) : AsyncProcessGroup(std::move(config)) {
+  // Joining first through the store gives a precise "k of n joined" timeout message.
+  HostTopology::exchange(*config_.store, config_.prefix, rank_, size_, default_host_id(), timeout_);
+  comm_ = std::make_unique<GlooComm>(config_.store, config_.prefix + "gloo/", rank_, size_,
+                                     timeout_, identity_ranks(size_), where());
+}
+
+GlooProcessGroup::~GlooProcessGroup() {
+  shutdown();
+}
+
+void GlooProcessGroup::run_all_gather_v(const void* in, void* out,
+                                        const std::vector<size_t>& counts, DataType dtype,
+                                        const CallInfo& call) {
+  std::vector<size_t> bytes(counts);
+  for (auto& b : bytes) b *= element_size(dtype);
+  comm_->all_gather_v(in, out, bytes, call);
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,509 @@
+// NcclProcessGroupImpl: every ProcessGroup operation as NCCL calls on the group's
+// communication stream, ordered after the compute stream by an event (see the header for
+// the stream contract). Operations NCCL lacks are grouped point-to-point calls:
+// all_gather_v is one broadcast per rank, gather/scatter/all_to_all are sends and receives.
+// Arguments are checked before anything is queued, so bad input is a UsageError on the
+// calling rank, never a hang or a CUDA fault.
+
+#include "ddp/comm/nccl_process_group.hpp"
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuda_util.hpp"
+#include "ddp/store/store.hpp"
+#include "ddp/util/env.hpp"
+#include "ddp/util/error.hpp"
+#include "nccl_bootstrap.hpp"
+#include "nccl_communicator.hpp"
+#include "nccl_watchdog.hpp"
+#include "nccl_work.hpp"
+
+namespace ddp {
+
+NcclOptions NcclOptions::from_env(std::chrono::milliseconds timeout) {
+  NcclOptions options;
+  options.timeout = timeout;
+  options.blocking_wait = env::get_bool("DDP_NCCL_BLOCKING_WAIT", options.blocking_wait);
+  if (const auto interval = env::get_int("DDP_NCCL_WATCHDOG_INTERVAL_MS")) {
+    if (*interval <= 0) {
+      throw UsageError(fmt::format(
+          "DDP_NCCL_WATCHDOG_INTERVAL_MS={} must be a positive number of milliseconds", *interval));
+    }
+    options.watchdog_interval = std::chrono::milliseconds(*interval);
+  }
+  return options;
+}
+
+namespace nccl_detail {
+namespace {
+
+bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  if (a_bytes == 0 || b_bytes == 0) return false;
+  const auto* pa = static_cast<const char*>(a);
+  const auto* pb = static_cast<const char*>(b);
+  return pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
+const char* at(const void* base, size_t offset) {
+  return static_cast<const char*>(base) + offset;
+}
+char* at(void* base, size_t offset) {
+  return static_cast<char*>(base) + offset;
+}
+
+class NcclProcessGroupImpl final : public NcclProcessGroup {
+ public:
+  NcclProcessGroupImpl(int rank, int size, int device, const NcclOptions& options,
+                       const ncclUniqueId& id)
+      : NcclProcessGroup(rank, size, options.timeout),
+        device_(device),
+        blocking_wait_(options.blocking_wait),
+        compute_stream_(std::make_shared<std::atomic<cudaStream_t>>(options.compute_stream)) {
+    DeviceGuard guard(device_, rank_);
+    try {
+      check_cuda(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking),
+                 "cudaStreamCreate (communication stream)", rank_);
+      check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate",
+                 rank_);
+      check_cuda(cudaMalloc(&barrier_buffer_, sizeof(float)), "cudaMalloc (barrier buffer)", rank_);
+      communicator_ = std::make_unique<NcclCommunicator>(id, rank_, size_, timeout_);
+      watchdog_ = std::make_unique<NcclWatchdog>(
+          *communicator_, device_, rank_, size_, options.watchdog_interval,
+          [this](const std::string& reason) { abort_communicator(reason); });
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+
+  ~NcclProcessGroupImpl() override { release(); }
+
+  std::string backend_name() const override { return "nccl"; }
+
+  void set_compute_stream(CUstream_st* stream) override { compute_stream_->store(stream); }
+  CUstream_st* compute_stream() const override { return compute_stream_->load(); }
+  CUstream_st* communication_stream() const override { return comm_stream_; }
+  int device() const override { return device_; }
+
+  void abort(const std::string& reason) override {
+    const std::string message = fmt::format(
+        "nccl backend: rank {} of {}: the application aborted the group: {}", rank_, size_, reason);
+    abort_communicator(message);
+    watchdog_->fail_all(message);
+  }
+
+  WorkPtr all_reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
+    const std::string what =
+        fmt::format("all_reduce({}, {} x {})", op_name(op), dtype_name(dtype), count);
+    const ncclDataType_t type = to_nccl(dtype);
+    const ncclRedOp_t nccl_op = to_nccl(op);
+    check_buffer(data, count * dtype_size(dtype), "data", what);
+    return launch(what, false, [&](const std::string& label) {
+      if (count == 0) return;
+      nccl(ncclAllReduce(data, data, count, type, nccl_op, comm(), comm_stream_), label);
+    });
+  }
+
+  WorkPtr broadcast(void* data, size_t count, DataType dtype, int root) override {
+    const std::string what =
+        fmt::format("broadcast({} x {}, root {})", dtype_name(dtype), count, root);
+    const ncclDataType_t type = to_nccl(dtype);
+    check_rank(root, "root", what);
+    check_buffer(data, count * dtype_size(dtype), "data", what);
+    return launch(what, false, [&](const std::string& label) {
+      if (count == 0) return;
+      nccl(ncclBroadcast(data, data, count, type, root, comm(), comm_stream_), label);
+    });
+  }
+
+  WorkPtr reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root) override {
+    const std::string what =
+        fmt::format("reduce({}, {} x {}, root {})", op_name(op), dtype_name(dtype), count, root);
+    const ncclDataType_t type = to_nccl(dtype);
+    const ncclRedOp_t nccl_op = to_nccl(op);
+    check_rank(root, "root", what);
+    check_buffer(data, count * dtype_size(dtype), "data", what);
+    return launch(what, false, [&](const std::string& label) {
+      if (count == 0) return;
+      nccl(ncclReduce(data, data, count, type, nccl_op, root, comm(), comm_stream_), label);
+    });
+  }
+
+  WorkPtr all_gather(const void* in, void* out, size_t count, DataType dtype) override {
+    const std::string what = fmt::format("all_gather({} x {})", dtype_name(dtype), count);
+    const ncclDataType_t type = to_nccl(dtype);
+    const size_t block = count * dtype_size(dtype);
+    check_buffer(in, block, "in", what);
+    check_buffer(out, block * size_, "out", what);
+    check_in_place_or_disjoint(in, block, out, block * size_, rank_ * block, what);
+    return launch(what, false, [&](const std::string& label) {
+      if (count == 0) return;
+      nccl(ncclAllGather(in, out, count, type, comm(), comm_stream_), label);
+    });
+  }
+
+  WorkPtr all_gather_v(const void* in, void* out, const std::vector<size_t>& counts,
+                       DataType dtype) override {
+    const std::string what =
+        fmt::format("all_gather_v({}, {} counts)", dtype_name(dtype), counts.size());
+    const ncclDataType_t type = to_nccl(dtype);
+    if (counts.size() != static_cast<size_t>(size_)) {
+      throw UsageError(fmt::format(
+          "nccl backend: rank {}: {}: counts has {} entries but the group has {} ranks; pass one "
+          "count per rank",
+          rank_, what, counts.size(), size_));
+    }
+    const size_t element = dtype_size(dtype);
+    std::vector<size_t> offsets(counts.size());
+    size_t total = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      offsets[r] = total * element;
+      total += counts[r];
+    }
+    const size_t mine = counts[static_cast<size_t>(rank_)] * element;
+    check_buffer(in, mine, "in", what);
+    check_buffer(out, total * element, "out", what);
+    check_in_place_or_disjoint(in, mine, out, total * element, offsets[static_cast<size_t>(rank_)],
+                               what);
+    return launch(what, false, [&](const std::string& label) {
+      grouped(label, [&] {
+        // One broadcast per contributing rank: every rank skips the same empty blocks.
+        for (int r = 0; r < size_; ++r) {
+          if (counts[r] == 0) continue;
+          const void* send = r == rank_ ? in : at(out, offsets[r]);
+          nccl(ncclBroadcast(send, at(out, offsets[r]), counts[r], type, r, comm(), comm_stream_),
+               label);
+        }
+      });
+    });
+  }
+
+  WorkPtr gather(const void* in, void* out, size_t count, DataType dtype, int root) override {
+    const std::string what =
+        fmt::format("gather({} x {}, root {})", dtype_name(dtype), count, root);
+    const ncclDataType_t type = to_nccl(dtype);
+    check_rank(root, "root", what);
+    const size_t block = count * dtype_size(dtype);
+    check_buffer(in, block, "in", what);
+    if (rank_ == root) {
+      check_buffer(out, block * size_, "out", what);
+      check_in_place_or_disjoint(in, block, out, block * size_, root * block, what);
+    }
+    return launch(what, false, [&](const std::string& label) {
+      if (count == 0) return;
+      if (rank_ == root) copy(at(out, root * block), in, block);
+      grouped(label, [&] {
+        if (rank_ != root)
+          return nccl(ncclSend(in, count, type, root, comm(), comm_stream_), label);
+        for (int r = 0; r < size_; ++r) {
+          if (r == root) continue;
+          nccl(ncclRecv(at(out, r * block), count, type, r, comm(), comm_stream_), label);
+        }
+      });
+    });
+  }
+
+  WorkPtr scatter(const void* in, void* out, size_t count, DataType dtype, int root) override {
+    const std::string what =
+        fmt::format("scatter({} x {}, root {})", dtype_name(dtype), count, root);
+    const ncclDataType_t type = to_nccl(dtype);
+    check_rank(root, "root", what);
+    const size_t block = count * dtype_size(dtype);
+    check_buffer(out, block, "out", what);
+    if (rank_ == root) {
+      check_buffer(in, block * size_, "in", what);
+      check_in_place_or_disjoint(out, block, in, block * size_, root * block, what);
+    }
+    return launch(what, false, [&](const std::string& label) {
+      if (count == 0) return;
+      if (rank_ == root) copy(out, at(in, root * block), block);
+      grouped(label, [&] {
+        if (rank_ != root)
+          return nccl(ncclRecv(out, count, type, root, comm(), comm_stream_), label);
+        for (int r = 0; r < size_; ++r) {
+          if (r == root) continue;
+          nccl(ncclSend(at(in, r * block), count, type, r, comm(), comm_stream_), label);
+        }
+      });
+    });
+  }
+
+  WorkPtr reduce_scatter(const void* in, void* out, size_t count, DataType dtype,
+                         ReduceOp op) override {
+    const std::string what =
+        fmt::format("reduce_scatter({}, {} x {})", op_name(op), dtype_name(dtype), count);
+    const ncclDataType_t type = to_nccl(dtype);
+    const ncclRedOp_t nccl_op = to_nccl(op);
+    const size_t block = count * dtype_size(dtype);
+    check_buffer(in, block * size_, "in", what);
+    check_buffer(out, block, "out", what);
+    check_in_place_or_disjoint(out, block, in, block * size_, rank_ * block, what);
+    return launch(what, false, [&](const std::string& label) {
+      if (count == 0) return;
+      nccl(ncclReduceScatter(in, out, count, type, nccl_op, comm(), comm_stream_), label);
+    });
+  }
+
+  WorkPtr all_to_all(const void* in, void* out, size_t count, DataType dtype) override {
+    const std::string what = fmt::format("all_to_all({} x {})", dtype_name(dtype), count);
+    const ncclDataType_t type = to_nccl(dtype);
+    const size_t block = count * dtype_size(dtype);
+    check_buffer(in, block * size_, "in", what);
+    check_buffer(out, block * size_, "out", what);
+    if (overlaps(in, block * size_, out, block * size_)) {
+      throw UsageError(fmt::format(
+          "nccl backend: rank {}: {}: in and out overlap; NCCL needs separate buffers for "
+          "all_to_all",
+          rank_, what));
+    }
+    return launch(what, false, [&](const std::string& label) {
+      if (count == 0) return;
+      copy(at(out, rank_ * block), at(in, rank_ * block), block);
+      grouped(label, [&] {
+        for (int r = 0; r < size_; ++r) {
+          if (r == rank_) continue;
+          nccl(ncclSend(at(in, r * block), count, type, r, comm(), comm_stream_), label);
+          nccl(ncclRecv(at(out, r * block), count, type, r, comm(), comm_stream_), label);
+        }
+      });
+    });
+  }
+
+  WorkPtr barrier() override {
+    // An all-reduce of one scratch element; its Work blocks the host, as a barrier must.
+    return launch("barrier", true, [&](const std::string& label) {
+      nccl(ncclAllReduce(barrier_buffer_, barrier_buffer_, 1, ncclFloat32, ncclSum, comm(),
+                         comm_stream_),
+           label);
+    });
+  }
+
+  WorkPtr send(const void* data, size_t count, DataType dtype, int dst, int tag) override {
+    const std::string what =
+        fmt::format("send({} x {}, to rank {}, tag {})", dtype_name(dtype), count, dst, tag);
+    const ncclDataType_t type = to_nccl(dtype);
+    check_peer(dst, "dst", tag, what);
+    check_buffer(data, count * dtype_size(dtype), "data", what);
+    return launch(what, false, [&](const std::string& label) {
+      if (count == 0) return;
+      nccl(ncclSend(data, count, type, dst, comm(), comm_stream_), label);
+    });
+  }
+
+  WorkPtr recv(void* data, size_t count, DataType dtype, int src, int tag) override {
+    const std::string what =
+        fmt::format("recv({} x {}, from rank {}, tag {})", dtype_name(dtype), count, src, tag);
+    const ncclDataType_t type = to_nccl(dtype);
+    check_peer(src, "src", tag, what);
+    check_buffer(data, count * dtype_size(dtype), "data", what);
+    return launch(what, false, [&](const std::string& label) {
+      if (count == 0) return;
+      nccl(ncclRecv(data, count, type, src, comm(), comm_stream_), label);
+    });
+  }
+
+ private:
+  ncclComm_t comm() const { return communicator_->get(); }
+
+  // Queues one operation: the communication stream waits for the compute stream, `body`
+  // queues the NCCL calls, and a completion event is recorded for the Work and the watchdog.
+  template <class Body>
+  WorkPtr launch(const std::string& what, bool block_host, Body&& body) {
+    std::lock_guard<std::mutex> guard(launch_mutex_);
+    communicator_->throw_if_aborting();
+    DeviceGuard device(device_, rank_);
+    auto state =
+        std::make_shared<CollectiveState>(what, ++sequence_, rank_, size_, device_, timeout_);
+    const std::string label = fmt::format("{} (sequence {})", what, state->sequence);
+    check_cuda(cudaEventRecord(ready_, compute_stream_->load()),
+               "cudaEventRecord on the compute stream", rank_);
+    check_cuda(cudaStreamWaitEvent(comm_stream_, ready_, 0),
+               "cudaStreamWaitEvent (communication stream on the compute stream)", rank_);
+    body(label);
+    check_cuda(cudaEventRecord(state->done, comm_stream_),
+               "cudaEventRecord on the communication stream", rank_);
+    watchdog_->watch(state);
+    return std::make_shared<NcclWork>(state, compute_stream_, block_host || blocking_wait_);
+  }
+
+  void nccl(ncclResult_t result, const std::string& label) { communicator_->check(result, label); }
+
+  // ncclGroupStart/End around `calls`; the group is closed even when a call throws.
+  template <class Calls>
+  void grouped(const std::string& label, Calls&& calls) {
+    nccl(ncclGroupStart(), label);
+    try {
+      calls();
+    } catch (...) {
+      ncclGroupEnd();
+      throw;
+    }
+    nccl(ncclGroupEnd(), label);
+  }
+
+  // Device-to-device copy on the communication stream (a rank's own block).
+  void copy(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0 || dst == src) return;
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, comm_stream_),
+               "cudaMemcpyAsync (own block)", rank_);
+  }
+
+  void abort_communicator(const std::string& reason) {
+    communicator_->request_abort(reason);
+    std::lock_guard<std::mutex> guard(launch_mutex_);
+    communicator_->abort();
+  }
+
+  void release() {
+    watchdog_.reset();      // joins the thread before what it watches goes away
+    communicator_.reset();  // finalises, bounded by the timeout, or aborts
+    int previous = -1;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device_);
+    if (barrier_buffer_ != nullptr) cudaFree(barrier_buffer_);
+    if (ready_ != nullptr) cudaEventDestroy(ready_);
+    if (comm_stream_ != nullptr) cudaStreamDestroy(comm_stream_);
+    barrier_buffer_ = nullptr;
+    ready_ = nullptr;
+    comm_stream_ = nullptr;
+    if (previous >= 0) cudaSetDevice(previous);
+  }
+
+  void check_rank(int root, const char* name, const std::string& what) const {
+    if (root < 0 || root >= size_) {
+      throw UsageError(
+          fmt::format("nccl backend: rank {}: {}: {} {} is not a rank of this group; pass 0..{}",
+                      rank_, what, name, root, size_ - 1));
+    }
+  }
+
+  void check_peer(int peer, const char* name, int tag, const std::string& what) const {
+    check_rank(peer, name, what);
+    if (peer == rank_) {
+      throw UsageError(fmt::format(
+          "nccl backend: rank {}: {}: a rank cannot send to or receive from itself outside a "
+          "collective; copy the buffer on the device instead",
+          rank_, what));
+    }
+    if (tag < 0) {
+      throw UsageError(
+          fmt::format("nccl backend: rank {}: {}: tag {} is negative; pass a tag >= 0 (NCCL "
+                      "matches send/recv in issue order, the tag is not transmitted)",
+                      rank_, what, tag));
+    }
+  }
+
+  // Device memory of this group's device (or managed memory), non-null when bytes > 0.
+  void check_buffer(const void* buffer, size_t bytes, const char* name,
+                    const std::string& what) const {
+    if (bytes == 0) return;
+    if (buffer == nullptr) {
+      throw UsageError(fmt::format("nccl backend: rank {}: {}: {} is null but holds {} bytes",
+                                   rank_, what, name, bytes));
+    }
+    cudaPointerAttributes attributes{};
+    const cudaError_t result = cudaPointerGetAttributes(&attributes, buffer);
+    if (result != cudaSuccess) {
+      cudaGetLastError();
+      throw UsageError(fmt::format(
+          "nccl backend: rank {}: {}: {} is not CUDA memory ({}); NCCL needs device memory on "
+          "cuda:{}",
+          rank_, what, name, cudaGetErrorString(result), device_));
+    }
+    if (attributes.type == cudaMemoryTypeManaged) return;
+    if (attributes.type != cudaMemoryTypeDevice) {
+      throw UsageError(fmt::format(
+          "nccl backend: rank {}: {}: {} is host memory; NCCL needs device memory on cuda:{}: "
+          "copy the data to the GPU first, or use the cpu backend for host buffers",
+          rank_, what, name, device_));
+    }
+    if (attributes.device != device_) {
+      throw UsageError(fmt::format(
+          "nccl backend: rank {}: {}: {} lives on cuda:{} but this group runs on cuda:{}; "
+          "allocate it on the group's device",
+          rank_, what, name, attributes.device, device_));
+    }
+  }
+
+  // NCCL supports a block of the larger buffer being exactly the other (in-place); any other
+  // overlap would corrupt data.
+  void check_in_place_or_disjoint(const void* block, size_t block_bytes, const void* whole,
+                                  size_t whole_bytes, size_t in_place_offset,
+                                  const std::string& what) const {
+    if (!overlaps(block, block_bytes, whole, whole_bytes)) return;
+    if (block == at(whole, in_place_offset)) return;
+    throw UsageError(fmt::format(
+        "nccl backend: rank {}: {}: the buffers overlap, but not as the in-place form (this "
+        "rank's block at byte offset {} of the larger buffer); use separate buffers",
+        rank_, what, in_place_offset));
+  }
+
+  const int device_;
+  const bool blocking_wait_;
+  StreamCell compute_stream_;
+  cudaStream_t comm_stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;  // recorded on the compute stream before each operation
+  void* barrier_buffer_ = nullptr;
+  std::unique_ptr<NcclCommunicator> communicator_;
+  std::unique_ptr<NcclWatchdog> watchdog_;
+  std::mutex launch_mutex_;  // one operation queued at a time: NCCL needs one issue order
+  uint64_t sequence_ = 0;
+};
+
+int visible_devices(int rank) {
+  int count = 0;
+  const cudaError_t result = cudaGetDeviceCount(&count);
+  if (result != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    throw UsageError(fmt::format(
+        "nccl backend: rank {}: no CUDA device is visible ({}): the nccl backend needs one GPU "
+        "per rank; check the driver and CUDA_VISIBLE_DEVICES={}, or use the cpu backend",
+        rank, result == cudaSuccess ? "0 devices" : cudaGetErrorString(result),
+        env::get_or("CUDA_VISIBLE_DEVICES", "<unset>")));
+  }
+  return count;
+}
+
+}  // namespace
+}  // namespace nccl_detail
+
+ProcessGroupPtr make_nccl_process_group(std::shared_ptr<Store> store, int rank, int size,
+                                        int device, const NcclOptions& options) {
+  using namespace nccl_detail;
+  if (!store) throw UsageError("nccl backend: store is null; pass the rendezvous store");
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw UsageError(fmt::format(
+        "nccl backend: rank {} and size {} do not describe a group; need 0 <= rank < size", rank,
+        size));
+  }
+  if (options.timeout.count() <= 0 || options.watchdog_interval.count() <= 0) {
+    throw UsageError(
+        fmt::format("nccl backend: timeout ({} ms) and watchdog_interval ({} ms) must be positive",
+                    options.timeout.count(), options.watchdog_interval.count()));
+  }
+  const int devices = visible_devices(rank);
+  if (device < 0 || device >= devices) {
+    throw UsageError(fmt::format(
+        "nccl backend: rank {}: device {} is not visible: this process sees {} CUDA device(s) "
+        "(CUDA_VISIBLE_DEVICES={}); pass LOCAL_RANK % {} or fix CUDA_VISIBLE_DEVICES",
+        rank, device, devices, env::get_or("CUDA_VISIBLE_DEVICES", "<unset>"), devices));
+  }
+  const ncclUniqueId id = exchange_unique_id(*store, rank, size, options.timeout);
+  return std::make_shared<NcclProcessGroupImpl>(rank, size, device, options, id);
+}
+
+ProcessGroupPtr make_nccl_process_group(std::shared_ptr<Store> store, int rank, int size,
+                                        int device, std::chrono::milliseconds timeout) {
+  return make_nccl_process_group(std::move(store), rank, size, device,
+                                 NcclOptions::from_env(timeout));
+}
+
+}  // namespace ddp

@@ -1,0 +1,31 @@
+#pragma once
+// Element-wise reduction kernels shared by every backend (internal header).
+//
+// float16 and bfloat16 are accumulated in float32 and rounded once (round to nearest even),
+// so a reduction over many ranks keeps float32 precision until the final store.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ddp/comm/types.hpp"
+
+namespace ddp::detail {
+
+float half_to_float(uint16_t h);
+uint16_t float_to_half(float f);
+float bfloat16_to_float(uint16_t b);
+uint16_t float_to_bfloat16(float f);
+
+// dst[i] = op(srcs[0][i], ..., srcs[nsrc-1][i]) for i < count, nsrc >= 1. For kAvg the sum is
+// divided by `avg_divisor` (integers: truncating). dst may alias any source exactly (same
+// address), never partially.
+void reduce_buffers(DataType dtype, ReduceOp op, void* dst, const void* const* srcs, size_t nsrc,
+                    size_t count, int avg_divisor);
+
+// dst[i] = op(dst[i], src[i]); kAvg accumulates as a sum (finish with divide_in_place).
+void accumulate(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count);
+
+// data[i] /= divisor (integers: truncating).
+void divide_in_place(DataType dtype, void* data, size_t count, int divisor);
+
+}  // namespace ddp::detail
