@@ -281,11 +281,12 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
   }
 
   std::vector<std::string> rest = app.remaining();
-  if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+  bool after_double_dash = !rest.empty() && rest.front() == "--";
+  if (after_double_dash) rest.erase(rest.begin());
   if (rest.empty()) {
     throw UsageError("no PROGRAM given; usage: ddprun [flags] PROGRAM [ARGS...]");
   }
-  if (rest.front().size() > 1 && rest.front()[0] == '-') {
+  if (!after_double_dash && rest.front().size() > 1 && rest.front()[0] == '-') {
     std::string flag = rest.front().substr(0, rest.front().find('='));
     std::string best;
     size_t best_distance = 4;

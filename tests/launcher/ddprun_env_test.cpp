@@ -1,0 +1,176 @@
+// ddprun end to end: the worker environment contract, flag spellings, PET_* fallbacks, and
+// bad command lines.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <sstream>
+
+#include "launcher_fixture.hpp"
+
+namespace ddp::launcher::testing {
+namespace {
+
+// "ENV K=V K=V ..." lines -> one map per RANK.
+std::map<int, std::map<std::string, std::string>> env_lines(const std::string& out) {
+  std::map<int, std::map<std::string, std::string>> by_rank;
+  for (const auto& line : lines_with(out, "ENV ")) {
+    std::istringstream in(line.substr(line.find("ENV ") + 4));
+    std::map<std::string, std::string> kv;
+    std::string item;
+    while (in >> item) {
+      auto eq = item.find('=');
+      kv[item.substr(0, eq)] = item.substr(eq + 1);
+    }
+    by_rank[std::stoi(kv["RANK"])] = kv;
+  }
+  return by_rank;
+}
+
+using DdprunEnv = LauncherTest;
+
+TEST_F(DdprunEnv, ThreeWorkersGetTheTorchrunContract) {
+  RunResult r =
+      run({"--nproc-per-node", "3", "--max-restarts", "2", "--run-id", "job7", "--role", "trainer",
+           "--master-addr", "127.0.0.1", "--master-port", "29555", worker(), "env"},
+          {{"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto ranks = env_lines(r.out);
+  ASSERT_EQ(ranks.size(), 3u) << r.out;
+  for (int rank = 0; rank < 3; ++rank) {
+    auto& e = ranks[rank];
+    EXPECT_EQ(e["LOCAL_RANK"], std::to_string(rank));
+    EXPECT_EQ(e["ROLE_RANK"], std::to_string(rank));
+    EXPECT_EQ(e["WORLD_SIZE"], "3");
+    EXPECT_EQ(e["LOCAL_WORLD_SIZE"], "3");
+    EXPECT_EQ(e["ROLE_WORLD_SIZE"], "3");
+    EXPECT_EQ(e["GROUP_RANK"], "0");
+    EXPECT_EQ(e["GROUP_WORLD_SIZE"], "1");
+    EXPECT_EQ(e["ROLE_NAME"], "trainer");
+    EXPECT_EQ(e["MASTER_ADDR"], "127.0.0.1");
+    EXPECT_EQ(e["MASTER_PORT"], "29555");
+    EXPECT_EQ(e["TORCHELASTIC_RESTART_COUNT"], "0");
+    EXPECT_EQ(e["TORCHELASTIC_MAX_RESTARTS"], "2");
+    EXPECT_EQ(e["TORCHELASTIC_RUN_ID"], "job7");
+    EXPECT_NE(
+        e["TORCHELASTIC_ERROR_FILE"].find("/attempt_0/" + std::to_string(rank) + "/error.json"),
+        std::string::npos)
+        << e["TORCHELASTIC_ERROR_FILE"];
+    EXPECT_EQ(e["OMP_NUM_THREADS"], "1");
+    // Left unset so PyTorch's rank 0 hosts the TCPStore itself.
+    EXPECT_EQ(e["TORCHELASTIC_USE_AGENT_STORE"], "<unset>");
+  }
+  EXPECT_NE(r.err.find("OMP_NUM_THREADS=1"), std::string::npos) << r.err;
+}
+
+TEST_F(DdprunEnv, UserOmpThreadsAndSingleWorkerAreLeftAlone) {
+  RunResult r = run({"--nproc-per-node", "2", worker(), "env"}, {{"OMP_NUM_THREADS", "4"}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (auto& [rank, e] : env_lines(r.out)) EXPECT_EQ(e["OMP_NUM_THREADS"], "4");
+  r = run({worker(), "env"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto ranks = env_lines(r.out);
+  ASSERT_EQ(ranks.size(), 1u);
+  EXPECT_EQ(ranks[0]["OMP_NUM_THREADS"], "<unset>");
+  EXPECT_EQ(ranks[0]["MASTER_PORT"], "29500");
+  EXPECT_EQ(ranks[0]["ROLE_NAME"], "default");
+  EXPECT_EQ(ranks[0]["TORCHELASTIC_RUN_ID"], "none");
+}
+
+TEST_F(DdprunEnv, UnderscoreSpellingsAndPetFallbacks) {
+  RunResult r =
+      run({"--nproc_per_node", "2", "--master_port=31001", "--max_restarts", "1", worker(), "env"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto ranks = env_lines(r.out);
+  ASSERT_EQ(ranks.size(), 2u);
+  EXPECT_EQ(ranks[1]["MASTER_PORT"], "31001");
+  EXPECT_EQ(ranks[1]["TORCHELASTIC_MAX_RESTARTS"], "1");
+
+  r = run({worker(), "env"},
+          {{"PET_NPROC_PER_NODE", "3"}, {"PET_MASTER_PORT", "31002"}, {"PET_ROLE", "env_role"}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ranks = env_lines(r.out);
+  ASSERT_EQ(ranks.size(), 3u);
+  EXPECT_EQ(ranks[2]["MASTER_PORT"], "31002");
+  EXPECT_EQ(ranks[2]["ROLE_NAME"], "env_role");
+
+  // A flag beats its PET_ variable.
+  r = run({"--nproc-per-node", "1", worker(), "env"}, {{"PET_NPROC_PER_NODE", "3"}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(env_lines(r.out).size(), 1u);
+}
+
+TEST_F(DdprunEnv, StandalonePicksAFreePortAndARunId) {
+  RunResult r = run({"--standalone", "--nproc-per-node", "2", worker(), "env"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto ranks = env_lines(r.out);
+  ASSERT_EQ(ranks.size(), 2u);
+  EXPECT_NE(ranks[0]["MASTER_PORT"], "29500");
+  EXPECT_EQ(ranks[0]["MASTER_PORT"], ranks[1]["MASTER_PORT"]);
+  EXPECT_NE(ranks[0]["TORCHELASTIC_RUN_ID"], "none");
+  EXPECT_EQ(ranks[0]["TORCHELASTIC_RUN_ID"].size(), 36u) << ranks[0]["TORCHELASTIC_RUN_ID"];
+}
+
+TEST_F(DdprunEnv, ArgumentsAfterProgramAreUntouched) {
+  RunResult r =
+      run({"--nproc-per-node", "1", worker(), "print", "--nproc-per-node", "print", "-- -r 3"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "--nproc-per-node\n-- -r 3\n");
+}
+
+TEST_F(DdprunEnv, BadCommandLinesExitTwoNamingTheFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    EnvPairs env;
+    std::string expected;
+  };
+  std::vector<Case> cases = {
+      {{"--bogus", worker()}, {}, "unknown flag '--bogus'"},
+      {{"--nproc-per-nod", "2", worker()}, {}, "did you mean '--nproc-per-node'"},
+      {{"--nproc-per-node", "zero", worker()},
+       {},
+       "--nproc-per-node: 'zero' is not a worker count"},
+      {{"--nproc-per-node", "0", worker()}, {}, "--nproc-per-node: '0'"},
+      {{"--nproc-per-node"}, {}, "--nproc-per-node"},
+      {{worker()}, {{"PET_NPROC_PER_NODE", "x"}}, "PET_NPROC_PER_NODE: 'x'"},
+      {{"--nnodes", "2", worker()}, {}, "not supported yet"},
+      {{"--nnodes", "1:4", worker()}, {}, "not supported yet"},
+      {{"--master-port", "70000", worker()}, {}, "--master-port: '70000' is not a TCP port"},
+      {{"--max-restarts", "-1", worker()}, {}, "--max-restarts: '-1'"},
+      {{"-r", "7", worker()}, {}, "--redirects: '7' is not a stream selector"},
+      {{"--tee", "0:5", worker()}, {}, "--tee: '0:5'"},
+      {{"--local-ranks-filter", "a", worker()}, {}, "--local-ranks-filter: 'a'"},
+      {{"--monitor-interval", "0", worker()}, {}, "--monitor-interval: '0'"},
+      {{"-m", "--no-python", "x"}, {}, "cannot be used together"},
+      {{"--rdzv-backend", "c10d", worker()}, {}, "not supported yet"},
+      {{}, {}, "no PROGRAM given"},
+      {{"/nonexistent/prog"}, {}, "'/nonexistent/prog' does not exist"},
+      {{"no-such-program-ddprun"}, {}, "was not found on PATH"},
+      {{worker()}, {{"DDPRUN_TERM_GRACE_S", "soon"}}, "DDPRUN_TERM_GRACE_S=soon"},
+  };
+  for (const auto& c : cases) {
+    RunResult r = run(c.args, c.env);
+    std::string joined;
+    for (const auto& a : c.args) joined += a + " ";
+    EXPECT_EQ(r.exit_code, 2) << joined << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.expected), std::string::npos)
+        << "args: " << joined << "\nexpected: " << c.expected << "\ngot: " << r.err;
+    EXPECT_EQ(r.out, "") << joined;
+  }
+}
+
+TEST_F(DdprunEnv, HelpExitsZero) {
+  RunResult r = run({"--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--nproc-per-node"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("PET_NPROC_PER_NODE"), std::string::npos) << r.out;
+}
+
+TEST_F(DdprunEnv, PythonModuleRunsUnderPython) {
+  if (!file_exists("/usr/bin/python3")) GTEST_SKIP() << "/usr/bin/python3 is not installed";
+  RunResult r = run({"-m", "json.tool", "--help"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("json.tool"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace ddp::launcher::testing

@@ -1,0 +1,168 @@
+// ddprun end to end: gang kill and restarts, the root-cause report, signal forwarding, and
+// that no process survives any exit path.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <string>
+
+#include "launcher_fixture.hpp"
+
+namespace ddp::launcher::testing {
+namespace {
+
+using DdprunFailure = LauncherTest;
+
+int count(const std::string& text, const std::string& needle) {
+  return static_cast<int>(lines_with(text, needle).size());
+}
+
+TEST_F(DdprunFailure, FailureKillsTheGroupAndRestartsIt) {
+  // Rank 1 fails in attempts 0 and 1, where rank 0 would sleep for a minute unless stopped;
+  // in attempt 2 both succeed at once.
+  RunResult r =
+      run({"--nproc-per-node", "2", "--max-restarts", "3", worker(), "env", "record-signals", dir(),
+           "fail-if-rank", "1", "3", "2", "sleep-if-restart-below", "2", "60"},
+          {}, 90);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::string rc = "TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt) + " ";
+    EXPECT_EQ(count(r.out, rc), 2) << r.out;
+  }
+  EXPECT_EQ(count(r.out, "TORCHELASTIC_RESTART_COUNT=3 "), 0) << r.out;
+  // Rank 0 was stopped with SIGTERM in the two failed attempts, not in the last one.
+  EXPECT_TRUE(file_exists(dir() + "/0.0.SIGTERM"));
+  EXPECT_TRUE(file_exists(dir() + "/0.1.SIGTERM"));
+  EXPECT_FALSE(file_exists(dir() + "/0.2.SIGTERM"));
+  EXPECT_NE(r.err.find("restarting the worker group (restart 1 of 3)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("restarting the worker group (restart 2 of 3)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank 1 (local rank 1"), std::string::npos) << r.err;
+}
+
+TEST_F(DdprunFailure, ExhaustedRestartsReportTheRootCause) {
+  RunResult r = run({"--nproc-per-node", "2", "--max-restarts", "1", worker(), "stderr-lines", "50",
+                     "error-file-if-rank", "1", "ValueError: bad batch 17", "fail-if-rank", "1",
+                     "3", "99", "sleep", "60"},
+                    {}, 90);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("1 of 1 restarts used"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank:       1 (local rank 1)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("exit:       exit code 3"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("message:    ValueError: bad batch 17"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Traceback: test_worker"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("host:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("time:"), std::string::npos) << r.err;
+  // The last 40 stderr lines of rank 1, not earlier ones.
+  EXPECT_NE(r.err.find("stderr (last 40 lines)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("    stderr line 49\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("    stderr line 10\n"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("    stderr line 9\n"), std::string::npos) << r.err;
+  // Rank 0 was stopped by ddprun, not a cause.
+  EXPECT_NE(r.err.find("Stopped by ddprun after the root cause:\n  rank 0"), std::string::npos)
+      << r.err;
+}
+
+TEST_F(DdprunFailure, DeathBySignalIsNamed) {
+  RunResult r = run({"--nproc-per-node", "2", worker(), "crash-if-rank", "0",
+                     std::to_string(SIGSEGV), "sleep", "60"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("exit:       signal 11 (SIGSEGV)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank:       0 (local rank 0)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("<none written>"), std::string::npos) << r.err;
+}
+
+TEST_F(DdprunFailure, WorkerIgnoringSigtermIsKilledAfterTheGrace) {
+  RunResult r = run({"--nproc-per-node", "2", worker(), "ignore-term", "fail-if-rank", "1", "4",
+                     "1", "sleep", "60"},
+                    {{"DDPRUN_TERM_GRACE_S", "0.3"}});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("sending SIGKILL"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank 0 (local rank 0, pid"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("signal 9 (SIGKILL)"), std::string::npos) << r.err;
+}
+
+TEST_F(DdprunFailure, SignalsAreForwardedAndSigtermStopsTheRun) {
+  pid_t ddprun = start(
+      {"--nproc-per-node", "2", worker(), "record-signals", dir(), "ready", dir(), "sleep", "60"});
+  ASSERT_TRUE(wait_for_file(dir() + "/ready.0.0"));
+  ASSERT_TRUE(wait_for_file(dir() + "/ready.1.0"));
+
+  ::kill(ddprun, SIGUSR1);
+  EXPECT_TRUE(wait_for_file(dir() + "/0.0.SIGUSR1"));
+  EXPECT_TRUE(wait_for_file(dir() + "/1.0.SIGUSR1"));
+  ::kill(ddprun, SIGUSR2);
+  EXPECT_TRUE(wait_for_file(dir() + "/0.0.SIGUSR2"));
+  EXPECT_TRUE(wait_for_file(dir() + "/1.0.SIGUSR2"));
+  EXPECT_TRUE(still_running(ddprun)) << "SIGUSR1/SIGUSR2 must not stop ddprun";
+
+  ::kill(ddprun, SIGTERM);
+  RunResult r = wait(ddprun);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
+  EXPECT_TRUE(file_exists(dir() + "/0.0.SIGTERM"));
+  EXPECT_TRUE(file_exists(dir() + "/1.0.SIGTERM"));
+  EXPECT_NE(r.err.find("received SIGTERM"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("restarting"), std::string::npos) << r.err;
+}
+
+TEST_F(DdprunFailure, SigintIsForwardedAndNotRestarted) {
+  pid_t ddprun = start({"--nproc-per-node", "2", "--max-restarts", "5", worker(), "record-signals",
+                        dir(), "ready", dir(), "sleep", "60"});
+  ASSERT_TRUE(wait_for_file(dir() + "/ready.0.0"));
+  ASSERT_TRUE(wait_for_file(dir() + "/ready.1.0"));
+  ::kill(ddprun, SIGINT);
+  RunResult r = wait(ddprun);
+  EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.err;
+  EXPECT_TRUE(file_exists(dir() + "/0.0.SIGINT"));
+  EXPECT_TRUE(file_exists(dir() + "/1.0.SIGINT"));
+  EXPECT_FALSE(file_exists(dir() + "/ready.0.1")) << "an interrupted run must not restart";
+}
+
+TEST_F(DdprunFailure, NoSurvivorsAfterAWorkerIsSigkilled) {
+  // Every worker leaves a grandchild that escaped its process group and ignores SIGTERM.
+  pid_t ddprun =
+      start({"--nproc-per-node", "2", worker(), "grandchild", "ready", dir(), "sleep", "60"},
+            {{"DDPRUN_TERM_GRACE_S", "0.3"}});
+  ASSERT_TRUE(wait_for_file(dir() + "/ready.1.0"));
+  ASSERT_TRUE(wait_for_file(dir() + "/ready.0.0"));
+  int victim = std::stoi(read_file(dir() + "/ready.1.0"));
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  RunResult r = wait(ddprun);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("exit:       signal 9 (SIGKILL)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank:       1 (local rank 1)"), std::string::npos) << r.err;
+  expect_no_survivors();
+}
+
+TEST_F(DdprunFailure, NoSurvivorsAfterDdprunIsTerminated) {
+  pid_t ddprun =
+      start({"--nproc-per-node", "2", worker(), "grandchild", "ready", dir(), "sleep", "60"},
+            {{"DDPRUN_TERM_GRACE_S", "0.3"}});
+  ASSERT_TRUE(wait_for_file(dir() + "/ready.0.0"));
+  ASSERT_TRUE(wait_for_file(dir() + "/ready.1.0"));
+  ::kill(ddprun, SIGTERM);
+  RunResult r = wait(ddprun);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
+  expect_no_survivors();
+}
+
+TEST_F(DdprunFailure, NoSurvivorsAfterANormalExit) {
+  // Workers succeed but leave stubborn grandchildren behind: ddprun stops those too.
+  RunResult r = run({"--nproc-per-node", "2", worker(), "grandchild", "print", "done"},
+                    {{"DDPRUN_TERM_GRACE_S", "0.3"}});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count(r.out, "done"), 2) << r.out;
+  expect_no_survivors();
+}
+
+TEST_F(DdprunFailure, SigkilledDdprunTakesItsWorkersAlong) {
+  pid_t ddprun = start({"--nproc-per-node", "2", worker(), "ready", dir(), "sleep", "60"});
+  ASSERT_TRUE(wait_for_file(dir() + "/ready.0.0"));
+  ASSERT_TRUE(wait_for_file(dir() + "/ready.1.0"));
+  ::kill(ddprun, SIGKILL);
+  RunResult r = wait(ddprun);
+  EXPECT_EQ(r.signal, SIGKILL);
+  // PR_SET_PDEATHSIG kills the workers; they are reparented here (subreaper) and reaped.
+  expect_no_survivors();
+}
+
+}  // namespace
+}  // namespace ddp::launcher::testing

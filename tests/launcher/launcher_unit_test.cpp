@@ -1,0 +1,275 @@
+// In-process tests of the launcher's pieces: command-line parsing, stream selectors, rank
+// assignment, the worker environment, error files, reports and line forwarding.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <map>
+
+#include "ddp/launcher/cli.hpp"
+#include "ddp/launcher/error_file.hpp"
+#include "ddp/launcher/output.hpp"
+#include "ddp/launcher/root_cause.hpp"
+#include "ddp/launcher/std_streams.hpp"
+#include "ddp/launcher/worker_env.hpp"
+#include "ddp/launcher/world.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp::launcher {
+namespace {
+
+EnvLookup fake_env(std::map<std::string, std::string> vars) {
+  return [vars](const std::string& k) -> std::optional<std::string> {
+    auto it = vars.find(k);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+LaunchOptions parse(const std::vector<std::string>& args,
+                    std::map<std::string, std::string> env = {}) {
+  ParsedCommandLine p = parse_command_line(args, fake_env(std::move(env)));
+  EXPECT_TRUE(p.options.has_value());
+  return p.options.value_or(LaunchOptions{});
+}
+
+std::string usage_error(const std::vector<std::string>& args,
+                        std::map<std::string, std::string> env = {}) {
+  try {
+    parse_command_line(args, fake_env(std::move(env)));
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(Cli, DefaultsMatchTorchrun) {
+  LaunchOptions o = parse({"train", "--lr", "0.1"});
+  EXPECT_EQ(o.nproc_per_node, 1);
+  EXPECT_EQ(o.nnodes, 1);
+  EXPECT_EQ(o.master_addr, "127.0.0.1");
+  EXPECT_EQ(o.master_port, 29500);
+  EXPECT_EQ(o.role, "default");
+  EXPECT_EQ(o.run_id, "none");
+  EXPECT_EQ(o.max_restarts, 0);
+  EXPECT_FALSE(o.standalone);
+  EXPECT_EQ(o.term_grace.count(), 30000);
+  EXPECT_EQ(o.program, "train");
+  EXPECT_EQ(o.program_args, (std::vector<std::string>{"--lr", "0.1"}));
+}
+
+TEST(Cli, BothSpellingsOfEveryFlag) {
+  for (const auto& [dash, underscore] :
+       std::vector<std::pair<std::string, std::string>>{{"--nproc-per-node", "--nproc_per_node"},
+                                                        {"--max-restarts", "--max_restarts"},
+                                                        {"--master-port", "--master_port"},
+                                                        {"--node-rank", "--node_rank"}}) {
+    LaunchOptions a = parse({dash, "0" == dash ? "" : (dash == "--node-rank" ? "0" : "3"), "p"});
+    LaunchOptions b = parse({underscore, dash == "--node-rank" ? "0" : "3", "p"});
+    EXPECT_EQ(a.nproc_per_node, b.nproc_per_node) << dash;
+    EXPECT_EQ(a.max_restarts, b.max_restarts) << dash;
+    EXPECT_EQ(a.master_port, b.master_port) << dash;
+  }
+  LaunchOptions o =
+      parse({"--log_dir", "/tmp/x", "--local_ranks_filter", "0,1", "--run_id", "r", "--master_addr",
+             "10.0.0.1", "--no_python", "--monitor_interval", "0.5", "p"});
+  EXPECT_EQ(o.log_dir.value_or(""), "/tmp/x");
+  EXPECT_EQ(o.local_ranks_filter.value_or(std::vector<int>{}), (std::vector<int>{0, 1}));
+  EXPECT_EQ(o.run_id, "r");
+  EXPECT_EQ(o.master_addr, "10.0.0.1");
+  EXPECT_TRUE(o.no_python);
+  EXPECT_DOUBLE_EQ(o.monitor_interval_s, 0.5);
+}
+
+TEST(Cli, PetVariablesAreFallbacks) {
+  LaunchOptions o = parse({"p"}, {{"PET_NPROC_PER_NODE", "4"},
+                                  {"PET_MAX_RESTARTS", "2"},
+                                  {"PET_STANDALONE", "1"},
+                                  {"PET_TEE", "3"},
+                                  {"PET_RDZV_ID", "abc"},
+                                  {"PET_MASTER_ADDR", "::1"}});
+  EXPECT_EQ(o.nproc_per_node, 4);
+  EXPECT_EQ(o.max_restarts, 2);
+  EXPECT_TRUE(o.standalone);
+  EXPECT_EQ(o.tee.all, Std::kAll);
+  EXPECT_EQ(o.run_id, "abc");
+  EXPECT_EQ(o.master_addr, "::1");
+  // The flag wins; an empty PET_ value counts as unset; PET_X=0 turns a switch off.
+  o = parse({"--nproc-per-node", "2", "p"},
+            {{"PET_NPROC_PER_NODE", "4"}, {"PET_ROLE", ""}, {"PET_STANDALONE", "0"}});
+  EXPECT_EQ(o.nproc_per_node, 2);
+  EXPECT_EQ(o.role, "default");
+  EXPECT_FALSE(o.standalone);
+  EXPECT_NE(usage_error({"p"}, {{"PET_STANDALONE", "yes"}}).find("PET_STANDALONE=yes"),
+            std::string::npos);
+}
+
+TEST(Cli, StandaloneGetsARandomRunId) {
+  LaunchOptions a = parse({"--standalone", "p"});
+  LaunchOptions b = parse({"--standalone", "p"});
+  EXPECT_NE(a.run_id, "none");
+  EXPECT_NE(a.run_id, b.run_id);
+  EXPECT_EQ(parse({"--standalone", "--run-id", "mine", "p"}).run_id, "mine");
+}
+
+TEST(Cli, NprocKeywords) {
+  int cpus = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+  EXPECT_EQ(parse({"--nproc-per-node", "cpu", "p"}).nproc_per_node, cpus);
+  EXPECT_GE(parse({"--nproc-per-node", "auto", "p"}).nproc_per_node, 1);
+  EXPECT_NE(usage_error({"--nproc-per-node", "many", "p"}).find("--nproc-per-node: 'many'"),
+            std::string::npos);
+}
+
+TEST(Cli, ErrorsNameTheFlagAndTheFix) {
+  EXPECT_NE(usage_error({"--nnodes", "2", "p"}).find("not supported yet"), std::string::npos);
+  EXPECT_NO_THROW(parse({"--nnodes", "1:1", "p"}));
+  EXPECT_NE(usage_error({"--node-rank", "1", "p"}).find("--node-rank 1 is outside [0, 1)"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--standalon", "p"}).find("did you mean '--standalone'"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--run-id", "a/b", "p"}).find("cannot name a log folder"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--start-method", "thread", "p"}).find("spawn, fork, forkserver"),
+            std::string::npos);
+  EXPECT_NO_THROW(parse({"--start-method", "fork", "p"}));
+  EXPECT_NE(usage_error({"--master-port", "", "p"}).find("--master-port"), std::string::npos);
+}
+
+TEST(Cli, DoubleDashAndHelp) {
+  LaunchOptions o = parse({"--", "-weird-name", "x"});
+  EXPECT_EQ(o.program, "-weird-name");
+  ParsedCommandLine h = parse_command_line({"--help"}, fake_env({}));
+  EXPECT_FALSE(h.options);
+  EXPECT_NE(h.help.find("--nproc-per-node"), std::string::npos);
+}
+
+TEST(StdSpec, TorchrunSyntax) {
+  EXPECT_EQ(parse_std_spec("0", "-r").all, Std::kNone);
+  EXPECT_EQ(parse_std_spec("3", "-r").for_local_rank(5), Std::kAll);
+  StdSpec m = parse_std_spec("0:1,1:2,3:3", "-t");
+  EXPECT_EQ(m.for_local_rank(0), Std::kOut);
+  EXPECT_EQ(m.for_local_rank(1), Std::kErr);
+  EXPECT_EQ(m.for_local_rank(2), Std::kNone);
+  EXPECT_EQ(m.for_local_rank(3), Std::kAll);
+  for (const char* bad : {"", "4", "x", "0:", ":1", "0:1,", "0:1;1:2", "a:1", "12"}) {
+    EXPECT_THROW(parse_std_spec(bad, "--tee"), UsageError) << bad;
+  }
+}
+
+TEST(World, StaticAssignment) {
+  StaticWorldOptions o;
+  o.nnodes = 3;
+  o.node_rank = 2;
+  o.nproc_per_node = 4;
+  o.master_addr = "h";
+  o.master_port = 7;
+  WorldAssignment w = assign_static_world(o);
+  EXPECT_EQ(w.world_size, 12);
+  EXPECT_EQ(w.group_rank, 2);
+  EXPECT_EQ(w.group_world_size, 3);
+  ASSERT_EQ(w.workers.size(), 4u);
+  EXPECT_EQ(w.workers[1].global_rank, 9);
+  EXPECT_EQ(w.workers[1].local_rank, 1);
+  o.node_rank = 3;
+  EXPECT_THROW(assign_static_world(o), UsageError);
+}
+
+TEST(WorkerEnv, OverridesInheritedValuesAndDropsAgentStore) {
+  StaticWorldOptions o;
+  o.nproc_per_node = 2;
+  o.master_addr = "127.0.0.1";
+  o.master_port = 1234;
+  WorldAssignment w = assign_static_world(o);
+  WorkerEnvInputs in;
+  in.world = &w;
+  in.worker = w.workers[1];
+  in.role = "r";
+  in.run_id = "id";
+  in.restart_count = 2;
+  in.max_restarts = 3;
+  in.error_file = "/e.json";
+  in.set_omp_threads = true;
+  auto env =
+      build_worker_env({"PATH=/bin", "RANK=99", "TORCHELASTIC_USE_AGENT_STORE=True", "X=a=b"}, in);
+  std::map<std::string, std::string> m;
+  for (const auto& e : env) m[e.substr(0, e.find('='))] = e.substr(e.find('=') + 1);
+  EXPECT_EQ(m["PATH"], "/bin");
+  EXPECT_EQ(m["X"], "a=b");
+  EXPECT_EQ(m["RANK"], "1");
+  EXPECT_EQ(m["LOCAL_RANK"], "1");
+  EXPECT_EQ(m["WORLD_SIZE"], "2");
+  EXPECT_EQ(m["MASTER_PORT"], "1234");
+  EXPECT_EQ(m["TORCHELASTIC_RESTART_COUNT"], "2");
+  EXPECT_EQ(m["TORCHELASTIC_MAX_RESTARTS"], "3");
+  EXPECT_EQ(m["TORCHELASTIC_ERROR_FILE"], "/e.json");
+  EXPECT_EQ(m["OMP_NUM_THREADS"], "1");
+  EXPECT_EQ(m.count("TORCHELASTIC_USE_AGENT_STORE"), 0u);
+  EXPECT_EQ(env.size(), m.size()) << "no variable may appear twice";
+}
+
+TEST(ErrorFile, BothPytorchFormats) {
+  auto nested = parse_error_file(
+      R"({"message": {"message": "ValueError: x", "extraInfo": {"py_callstack": "Traceback...", "timestamp": "1700000000"}}})",
+      "f");
+  ASSERT_TRUE(nested);
+  EXPECT_EQ(nested->message, "ValueError: x");
+  EXPECT_EQ(nested->traceback, "Traceback...");
+  EXPECT_EQ(nested->timestamp.value_or(0), 1700000000);
+  auto flat = parse_error_file(R"({"message": "boom", "timestamp": 12})", "f");
+  ASSERT_TRUE(flat);
+  EXPECT_EQ(flat->message, "boom");
+  EXPECT_EQ(flat->timestamp.value_or(0), 12);
+  EXPECT_FALSE(parse_error_file("  \n", "f"));
+  auto broken = parse_error_file("{not json", "/x/error.json");
+  ASSERT_TRUE(broken);
+  EXPECT_NE(broken->message.find("/x/error.json"), std::string::npos);
+  EXPECT_FALSE(read_error_file("/nonexistent/error.json"));
+}
+
+TEST(RootCause, ReportNamesEverything) {
+  FailureReport r;
+  r.role = "default";
+  r.run_id = "run";
+  r.restart_count = 1;
+  r.max_restarts = 1;
+  r.root_cause.global_rank = 3;
+  r.root_cause.local_rank = 1;
+  r.root_cause.pid = 42;
+  r.root_cause.status = ExitStatus{true, SIGSEGV};
+  r.root_cause.host = "node7";
+  r.root_cause.time = std::chrono::system_clock::now();
+  r.root_cause.stderr_tail = {"a", "b"};
+  r.root_cause.error = ErrorFileMessage{"RuntimeError: z", "", std::nullopt};
+  std::string text = format_failure_report(r);
+  for (const char* s : {"rank:       3 (local rank 1)", "host:       node7", "signal 11 (SIGSEGV)",
+                        "message:    RuntimeError: z", "    a\n    b\n", "1 of 1 restarts used"}) {
+    EXPECT_NE(text.find(s), std::string::npos) << s << "\n" << text;
+  }
+  EXPECT_EQ(signal_name(SIGKILL), "SIGKILL");
+  EXPECT_EQ(ExitStatus::from_wait_status(3 << 8).describe(), "exit code 3");
+}
+
+TEST(StreamForwarder, PrefixesWholeLinesAndKeepsATail) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  {
+    StreamRoute route;
+    route.console_fd = fds[1];
+    route.prefix = "[default1]:";
+    route.tail_lines = 2;
+    StreamForwarder f(route);
+    f.feed("one\ntw", 6);
+    f.feed("o\nthree", 7);
+    f.finish();
+    EXPECT_EQ(std::vector<std::string>(f.tail().begin(), f.tail().end()),
+              (std::vector<std::string>{"two", "three"}));
+  }
+  ::close(fds[1]);
+  char buf[256];
+  ssize_t n = ::read(fds[0], buf, sizeof(buf));
+  ::close(fds[0]);
+  EXPECT_EQ(std::string(buf, n > 0 ? n : 0), "[default1]:one\n[default1]:two\n[default1]:three\n");
+}
+
+}  // namespace
+}  // namespace ddp::launcher
