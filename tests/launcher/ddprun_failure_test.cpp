@@ -19,10 +19,10 @@ int count(const std::string& text, const std::string& needle) {
 TEST_F(DdprunFailure, FailureKillsTheGroupAndRestartsIt) {
   // Rank 1 fails in attempts 0 and 1, where rank 0 would sleep for a minute unless stopped;
   // in attempt 2 both succeed at once.
-  RunResult r =
-      run({"--nproc-per-node", "2", "--max-restarts", "3", worker(), "env", "record-signals", dir(),
-           "fail-if-rank", "1", "3", "2", "sleep-if-restart-below", "2", "60"},
-          {}, 90);
+  RunResult r = run({"--nproc-per-node", "2", "--max-restarts", "3", worker(), "env",
+                     "record-signals", dir(), "ready", dir(), "await-peers", dir(), "fail-if-rank",
+                     "1", "3", "2", "sleep-if-restart-below", "2", "60"},
+                    {}, 90);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   for (int attempt = 0; attempt < 3; ++attempt) {
     std::string rc = "TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt) + " ";
@@ -71,8 +71,8 @@ TEST_F(DdprunFailure, DeathBySignalIsNamed) {
 }
 
 TEST_F(DdprunFailure, WorkerIgnoringSigtermIsKilledAfterTheGrace) {
-  RunResult r = run({"--nproc-per-node", "2", worker(), "ignore-term", "fail-if-rank", "1", "4",
-                     "1", "sleep", "60"},
+  RunResult r = run({"--nproc-per-node", "2", worker(), "ignore-term", "ready", dir(),
+                     "await-peers", dir(), "fail-if-rank", "1", "4", "1", "sleep", "60"},
                     {{"DDPRUN_TERM_GRACE_S", "0.3"}});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("sending SIGKILL"), std::string::npos) << r.err;

@@ -6,6 +6,7 @@
 //                                DIR/<rank>.<restart>.<SIGNAME>; terminating ones then exit 128+sig
 //   ignore-term                  ignore SIGTERM
 //   ready DIR                    write this pid into DIR/ready.<rank>.<restart>
+//   await-peers DIR              wait (up to 30 s) until every rank of this attempt is ready
 //   grandchild                   fork a process that leaves the group (setsid), ignores
 //                                SIGTERM and sleeps for 600 s
 //   sleep SECONDS                sleep, resuming after handled signals
@@ -101,6 +102,19 @@ int main(int argc, char** argv) {
         std::fprintf(f, "%d\n", static_cast<int>(::getpid()));
         std::fclose(f);
         std::rename(tmp.c_str(), path.c_str());
+      }
+    } else if (step == "await-peers") {
+      std::string dir = arg();
+      int world = std::atoi(env_or("WORLD_SIZE", "1").c_str());
+      for (int r = 0, waited_ms = 0; r < world && waited_ms < 30000;) {
+        std::string path =
+            dir + "/ready." + std::to_string(r) + "." + std::to_string(restart_count());
+        if (::access(path.c_str(), F_OK) == 0) {
+          ++r;
+        } else {
+          sleep_for(0.002);
+          waited_ms += 2;
+        }
       }
     } else if (step == "grandchild") {
       std::fflush(nullptr);
