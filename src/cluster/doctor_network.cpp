@@ -188,7 +188,9 @@ std::vector<CheckResult> check_endpoint(const std::string& host, uint16_t port,
   store_options.host = connected;
   store_options.port = port;
   store_options.timeout = timeout;
-  store_options.token = token;
+  // The token the workers would use: the explicit one, else DDP_STORE_TOKEN from the checked
+  // environment (which may not be this process's), else none.
+  store_options.token = token ? *token : lookup(env, "DDP_STORE_TOKEN").value_or("");
   std::unique_ptr<TcpStore> store;
   const std::string used = token
                                ? (token->empty() ? "no token (--token '')" : "--token")
