@@ -6,10 +6,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 
 #include "ddp/util/error.hpp"
-#include "dtype_util.hpp"
 #include "float16.hpp"
 
 namespace ddp::mpi_detail {
