@@ -2,6 +2,7 @@
 // that no process survives any exit path.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <string>
 
@@ -114,6 +115,27 @@ TEST_F(DdprunFailure, SigintIsForwardedAndNotRestarted) {
   EXPECT_TRUE(file_exists(dir() + "/0.0.SIGINT"));
   EXPECT_TRUE(file_exists(dir() + "/1.0.SIGINT"));
   EXPECT_FALSE(file_exists(dir() + "/ready.0.1")) << "an interrupted run must not restart";
+}
+
+TEST_F(DdprunFailure, SecondSigtermKillsAtOnce) {
+  // Workers ignore SIGTERM and the grace period is long: only the second signal ends the run
+  // before the test's own bounded wait gives up.
+  pid_t ddprun =
+      start({"--nproc-per-node", "2", worker(), "ignore-term", "ready", dir(), "sleep", "60"},
+            {{"DDPRUN_TERM_GRACE_S", "300"}});
+  ASSERT_TRUE(wait_for_file(dir() + "/ready.0.0"));
+  ASSERT_TRUE(wait_for_file(dir() + "/ready.1.0"));
+  ::kill(ddprun, SIGTERM);
+  // A second standard signal sent before the first is read would merge with it.
+  for (int i = 0; i < 6000 && current_err().find("received SIGTERM;") == std::string::npos; ++i) {
+    ::usleep(5000);
+  }
+  ASSERT_NE(current_err().find("received SIGTERM;"), std::string::npos) << current_err();
+  ::kill(ddprun, SIGTERM);
+  RunResult r = wait(ddprun, 30);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
+  EXPECT_NE(r.err.find("received SIGTERM again; killing the workers now"), std::string::npos)
+      << r.err;
 }
 
 TEST_F(DdprunFailure, NoSurvivorsAfterAWorkerIsSigkilled) {

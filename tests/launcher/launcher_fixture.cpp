@@ -176,6 +176,10 @@ RunResult LauncherTest::wait(pid_t pid, double timeout_s) {
   return r;
 }
 
+std::string LauncherTest::current_err() const {
+  return read_file(err_path_);
+}
+
 bool LauncherTest::wait_for_file(const std::string& path, double timeout_s) {
   auto deadline = after(timeout_s);
   while (!file_exists(path)) {

@@ -37,6 +37,8 @@ class LauncherTest : public ::testing::Test {
     return wait(start(args, extra), timeout_s);
   }
 
+  // What the last started ddprun has written to stderr so far.
+  std::string current_err() const;
   // Bounded wait for a file to appear.
   bool wait_for_file(const std::string& path, double timeout_s = 30);
   // True while pid has not exited (does not reap).
