@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "ddp/launcher/agent.hpp"
 #include "ddp/launcher/command.hpp"
 #include "ddp/launcher/output.hpp"
@@ -40,7 +42,10 @@ int launch(const LaunchOptions& o, const EnvLookup& env) {
   a.tee = o.tee;
   a.local_ranks_filter = o.local_ranks_filter;
   a.term_grace = o.term_grace;
-  a.monitor_interval = std::chrono::milliseconds(static_cast<int64_t>(o.monitor_interval_s * 1000));
+  // At least 10 ms, so a tiny interval cannot turn the event loop into a busy loop.
+  a.monitor_interval =
+      std::max(std::chrono::milliseconds(10),
+               std::chrono::milliseconds(static_cast<int64_t>(o.monitor_interval_s * 1000)));
   a.host = host_name();
 
   a.set_omp_threads = o.nproc_per_node > 1 && !env("OMP_NUM_THREADS");

@@ -146,6 +146,7 @@ TEST_F(DdprunEnv, BadCommandLinesExitTwoNamingTheFlag) {
       {{"/nonexistent/prog"}, {}, "'/nonexistent/prog' does not exist"},
       {{"no-such-program-ddprun"}, {}, "was not found on PATH"},
       {{worker()}, {{"DDPRUN_TERM_GRACE_S", "soon"}}, "DDPRUN_TERM_GRACE_S=soon"},
+      {{"--log-dir", "/proc/no-logs-here", worker()}, {}, "--log-dir: cannot create"},
   };
   for (const auto& c : cases) {
     RunResult r = run(c.args, c.env);
