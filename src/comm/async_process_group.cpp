@@ -75,7 +75,7 @@ void AsyncProcessGroup::check_rank(int peer, const char* what) const {
   }
 }
 
-WorkPtr AsyncProcessGroup::submit(CallInfo call, std::function<void()> fn) {
+WorkPtr AsyncProcessGroup::submit(CallInfo call, std::function<void(const CallInfo&)> fn) {
   if (!call.is_p2p()) call.seq = ++next_seq_;
   auto work = std::make_shared<FutureWork>(call.describe() + " on " + where());
   Job job{call, std::move(fn), work};
@@ -135,7 +135,7 @@ void AsyncProcessGroup::execute(Job& job) {
   }
   try {
     if (config_.debug_collectives && !job.call.is_p2p()) check_fingerprint(job.call);
-    job.fn();
+    job.fn(job.call);
   } catch (const NotSupportedError&) {
     error = std::current_exception();  // nothing was exchanged: the group stays usable
   } catch (...) {
@@ -185,7 +185,7 @@ void AsyncProcessGroup::check_fingerprint(const CallInfo& call) {
 WorkPtr AsyncProcessGroup::all_reduce(void* data, size_t count, DataType dtype, ReduceOp op) {
   check_buffer(data, count, "data", "all_reduce");
   CallInfo c{OpKind::kAllReduce, dtype, op, true, -1, 0, count, 0, count * element_size(dtype)};
-  return submit(c, [=] { run_all_reduce(data, count, dtype, op, c); });
+  return submit(c, [=](const CallInfo& call) { run_all_reduce(data, count, dtype, op, call); });
 }
 
 WorkPtr AsyncProcessGroup::broadcast(void* data, size_t count, DataType dtype, int root) {
@@ -193,14 +193,14 @@ WorkPtr AsyncProcessGroup::broadcast(void* data, size_t count, DataType dtype, i
   check_rank(root, "broadcast: root");
   CallInfo c{OpKind::kBroadcast,         dtype, ReduceOp::kSum, false, root, 0, count, 0,
              count * element_size(dtype)};
-  return submit(c, [=] { run_broadcast(data, count, dtype, root, c); });
+  return submit(c, [=](const CallInfo& call) { run_broadcast(data, count, dtype, root, call); });
 }
 
 WorkPtr AsyncProcessGroup::reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root) {
   check_buffer(data, count, "data", "reduce");
   check_rank(root, "reduce: root");
   CallInfo c{OpKind::kReduce, dtype, op, true, root, 0, count, 0, count * element_size(dtype)};
-  return submit(c, [=] { run_reduce(data, count, dtype, op, root, c); });
+  return submit(c, [=](const CallInfo& call) { run_reduce(data, count, dtype, op, root, call); });
 }
 
 WorkPtr AsyncProcessGroup::all_gather(const void* in, void* out, size_t count, DataType dtype) {
@@ -208,7 +208,7 @@ WorkPtr AsyncProcessGroup::all_gather(const void* in, void* out, size_t count, D
   check_buffer(out, count, "out", "all_gather");
   CallInfo c{OpKind::kAllGather,         dtype, ReduceOp::kSum, false, -1, 0, count, 0,
              count * element_size(dtype)};
-  return submit(c, [=] { run_all_gather(in, out, count, dtype, c); });
+  return submit(c, [=](const CallInfo& call) { run_all_gather(in, out, count, dtype, call); });
 }
 
 WorkPtr AsyncProcessGroup::all_gather_v(const void* in, void* out,
@@ -225,7 +225,7 @@ WorkPtr AsyncProcessGroup::all_gather_v(const void* in, void* out,
   check_buffer(out, total, "out", "all_gather_v");
   CallInfo c{OpKind::kAllGatherV,        dtype, ReduceOp::kSum, false, -1, 0, counts[rank_], 0,
              total * element_size(dtype)};
-  return submit(c, [=] { run_all_gather_v(in, out, counts, dtype, c); });
+  return submit(c, [=](const CallInfo& call) { run_all_gather_v(in, out, counts, dtype, call); });
 }
 
 WorkPtr AsyncProcessGroup::gather(const void* in, void* out, size_t count, DataType dtype,
@@ -236,7 +236,7 @@ WorkPtr AsyncProcessGroup::gather(const void* in, void* out, size_t count, DataT
   CallInfo c{OpKind::kGather, dtype, ReduceOp::kSum,
              false,           root,  0,
              count,           0,     count * element_size(dtype)};
-  return submit(c, [=] { run_gather(in, out, count, dtype, root, c); });
+  return submit(c, [=](const CallInfo& call) { run_gather(in, out, count, dtype, root, call); });
 }
 
 WorkPtr AsyncProcessGroup::scatter(const void* in, void* out, size_t count, DataType dtype,
@@ -246,7 +246,7 @@ WorkPtr AsyncProcessGroup::scatter(const void* in, void* out, size_t count, Data
   check_buffer(out, count, "out", "scatter");
   CallInfo c{OpKind::kScatter,           dtype, ReduceOp::kSum, false, root, 0, count, 0,
              count * element_size(dtype)};
-  return submit(c, [=] { run_scatter(in, out, count, dtype, root, c); });
+  return submit(c, [=](const CallInfo& call) { run_scatter(in, out, count, dtype, root, call); });
 }
 
 WorkPtr AsyncProcessGroup::reduce_scatter(const void* in, void* out, size_t count, DataType dtype,
@@ -262,7 +262,8 @@ WorkPtr AsyncProcessGroup::reduce_scatter(const void* in, void* out, size_t coun
              count,
              0,
              count * size_ * element_size(dtype)};
-  return submit(c, [=] { run_reduce_scatter(in, out, count, dtype, op, c); });
+  return submit(c,
+                [=](const CallInfo& call) { run_reduce_scatter(in, out, count, dtype, op, call); });
 }
 
 WorkPtr AsyncProcessGroup::all_to_all(const void* in, void* out, size_t count, DataType dtype) {
@@ -277,13 +278,22 @@ WorkPtr AsyncProcessGroup::all_to_all(const void* in, void* out, size_t count, D
              count,
              0,
              count * size_ * element_size(dtype)};
-  return submit(c, [=] { run_all_to_all(in, out, count, dtype, c); });
+  return submit(c, [=](const CallInfo& call) { run_all_to_all(in, out, count, dtype, call); });
 }
 
 WorkPtr AsyncProcessGroup::barrier() {
   CallInfo c{};
   c.kind = OpKind::kBarrier;
-  return submit(c, [=] { run_barrier(c); });
+  return submit(c, [=](const CallInfo& call) { run_barrier(call); });
+}
+
+void AsyncProcessGroup::validate_p2p(const void* data, size_t count, int peer, const char* op,
+                                     const char* peer_name) const {
+  check_rank(peer, fmt::format("{}: {}", op, peer_name).c_str());
+  if (peer == rank_) {
+    throw UsageError(fmt::format("{}: {} {} is this rank itself", op, peer_name, peer));
+  }
+  check_buffer(data, count, "data", op);
 }
 
 WorkPtr AsyncProcessGroup::send(const void* data, size_t count, DataType dtype, int dst, int tag) {
@@ -292,7 +302,9 @@ WorkPtr AsyncProcessGroup::send(const void* data, size_t count, DataType dtype, 
   check_buffer(data, count, "data", "send");
   CallInfo c{
       OpKind::kSend, dtype, ReduceOp::kSum, false, dst, tag, count, 0, count * element_size(dtype)};
-  return submit(c, [=] { run_send(data, count * element_size(dtype), dst, tag, c); });
+  return submit(c, [=](const CallInfo& call) {
+    run_send(data, count * element_size(dtype), dst, tag, call);
+  });
 }
 
 WorkPtr AsyncProcessGroup::recv(void* data, size_t count, DataType dtype, int src, int tag) {
@@ -301,7 +313,9 @@ WorkPtr AsyncProcessGroup::recv(void* data, size_t count, DataType dtype, int sr
   check_buffer(data, count, "data", "recv");
   CallInfo c{
       OpKind::kRecv, dtype, ReduceOp::kSum, false, src, tag, count, 0, count * element_size(dtype)};
-  return submit(c, [=] { run_recv(data, count * element_size(dtype), src, tag, c); });
+  return submit(c, [=](const CallInfo& call) {
+    run_recv(data, count * element_size(dtype), src, tag, call);
+  });
 }
 
 void AsyncProcessGroup::run_all_gather(const void* in, void* out, size_t count, DataType dtype,

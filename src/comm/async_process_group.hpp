@@ -94,6 +94,10 @@ class AsyncProcessGroup : public ProcessGroup {
   // Builds a group of the same backend for a sub-group configuration.
   virtual ProcessGroupPtr make_same_backend(GroupConfig config) = 0;
 
+  // Throws UsageError for a bad peer (out of range or this rank) or a null buffer.
+  void validate_p2p(const void* data, size_t count, int peer, const char* op,
+                    const char* peer_name) const;
+
   // Stops the worker after the queued operations finished. Idempotent.
   void shutdown();
 
@@ -105,11 +109,11 @@ class AsyncProcessGroup : public ProcessGroup {
  private:
   struct Job {
     CallInfo call;
-    std::function<void()> fn;
+    std::function<void(const CallInfo&)> fn;
     std::shared_ptr<FutureWork> work;
   };
 
-  WorkPtr submit(CallInfo call, std::function<void()> fn);
+  WorkPtr submit(CallInfo call, std::function<void(const CallInfo&)> fn);
   void execute(Job& job);
   void check_fingerprint(const CallInfo& call);
   void worker_loop();

@@ -7,6 +7,7 @@
 #include "cpu/cpu_process_group.hpp"
 #include "ddp/comm/world_info.hpp"
 #include "ddp/store/hash_store.hpp"
+#include "ddp/store/tcp_store.hpp"
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
 #include "gloo/gloo_process_group.hpp"
@@ -138,14 +139,16 @@ std::shared_ptr<Store> store_from_env(int rank, int world_size, std::chrono::mil
         "InitOptions.store",
         rank, world_size));
   }
-#ifdef DDP_COMM_HAVE_TCP_STORE
-  return make_env_tcp_store(*addr, static_cast<int>(*port), rank, world_size, timeout);
-#else
-  throw UsageError(
-      fmt::format("init_process_group: MASTER_ADDR={} MASTER_PORT={} given, but "
-                  "this build has no TcpStore yet; pass InitOptions.store",
-                  *addr, *port));
-#endif
+  if (*port <= 0 || *port > 65535) {
+    throw UsageError(fmt::format("MASTER_PORT={} is not a valid TCP port (1..65535)", *port));
+  }
+  // As torch's env:// rendezvous: rank 0 hosts the store, everyone connects to it.
+  TcpStoreOptions o;
+  o.host = *addr;
+  o.port = static_cast<uint16_t>(*port);
+  o.timeout = timeout;
+  o.is_server = rank == 0;
+  return std::make_shared<TcpStore>(o);
 }
 
 }  // namespace

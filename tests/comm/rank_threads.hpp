@@ -25,8 +25,10 @@ inline InitOptions thread_options(const std::string& backend,
 }
 
 // fn(pg) runs on each rank's thread.
+// customize(rank, options) may adjust each rank's options (e.g. host_id) before init.
 inline void run_ranks(int world, const InitOptions& base,
-                      const std::function<void(ProcessGroup& pg)>& fn) {
+                      const std::function<void(ProcessGroup& pg)>& fn,
+                      const std::function<void(int, InitOptions&)>& customize = {}) {
   auto store = std::make_shared<HashStore>();
   store->set_timeout(base.timeout);
   std::mutex mutex;
@@ -39,6 +41,7 @@ inline void run_ranks(int world, const InitOptions& base,
         o.rank = r;
         o.world_size = world;
         o.store = store;
+        if (customize) customize(r, o);
         ProcessGroupPtr pg = init_process_group(o);
         fn(*pg);
       } catch (...) {

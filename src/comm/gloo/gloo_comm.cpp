@@ -8,16 +8,19 @@
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
+#include <gloo/common/logging.h>
 #include <gloo/gather.h>
 #include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/scatter.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <mutex>
 
 #include "../reduce_kernels.hpp"
 #include "ddp/util/env.hpp"
@@ -378,6 +381,76 @@ void GlooComm::recv(void* data, size_t bytes, int src, int tag, const CallInfo& 
                                      call.describe(), where_, group_ranks_[src], timeout_.count()));
     }
   });
+}
+
+namespace {
+
+// A posted Gloo transfer. Gloo cannot poll an unbound buffer without blocking, so
+// is_completed() turns true once a wait() has succeeded.
+class P2PWork : public Work {
+ public:
+  P2PWork(std::unique_ptr<gloo::transport::UnboundBuffer> buf, bool is_send, std::string what,
+          std::unique_ptr<char> dummy)
+      : buf_(std::move(buf)), is_send_(is_send), what_(std::move(what)), dummy_(std::move(dummy)) {}
+
+  void wait(std::chrono::milliseconds timeout) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_) return;
+    try {
+      const bool ok = is_send_ ? buf_->waitSend(timeout) : buf_->waitRecv(timeout);
+      if (!ok) throw gloo::IoException("Timed out");
+    } catch (const gloo::IoException& e) {
+      const std::string m = e.what();
+      if (m.find("imed out") != std::string::npos) {
+        throw TimeoutError(
+            fmt::format("{} did not complete within {} ms: the peer posted no "
+                        "matching {}",
+                        what_, timeout.count(), is_send_ ? "recv" : "send"));
+      }
+      throw NetworkError(fmt::format("{} failed in gloo: {}", what_, m));
+    } catch (const gloo::EnforceNotMet& e) {
+      throw CollectiveError(
+          fmt::format("{} failed in gloo (do the sizes of send and recv "
+                      "match?): {}",
+                      what_, e.what()));
+    }
+    done_ = true;
+  }
+
+  bool is_completed() override {
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    return lock.owns_lock() && done_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unique_ptr<gloo::transport::UnboundBuffer> buf_;
+  bool is_send_;
+  std::string what_;
+  std::unique_ptr<char> dummy_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+std::shared_ptr<Work> GlooComm::post_send(const void* data, size_t bytes, int dst, int tag,
+                                          const CallInfo& call) {
+  auto dummy = std::make_unique<char>(0);  // Gloo refuses null buffers, even for 0 bytes
+  void* p = bytes > 0 ? const_cast<void*>(data) : dummy.get();
+  auto buf = context_->createUnboundBuffer(p, bytes);
+  buf->send(dst, p2p_slot(tag));
+  return std::make_shared<P2PWork>(std::move(buf), true, call.describe() + " on " + where_,
+                                   std::move(dummy));
+}
+
+std::shared_ptr<Work> GlooComm::post_recv(void* data, size_t bytes, int src, int tag,
+                                          const CallInfo& call) {
+  auto dummy = std::make_unique<char>(0);
+  void* p = bytes > 0 ? data : dummy.get();
+  auto buf = context_->createUnboundBuffer(p, bytes);
+  buf->recv(src, p2p_slot(tag));
+  return std::make_shared<P2PWork>(std::move(buf), false, call.describe() + " on " + where_,
+                                   std::move(dummy));
 }
 
 }  // namespace ddp::detail

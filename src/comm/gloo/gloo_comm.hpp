@@ -17,11 +17,15 @@
 
 #include "../call_info.hpp"
 #include "ddp/comm/types.hpp"
+#include "ddp/comm/work.hpp"
 #include "ddp/store/store.hpp"
 
 namespace gloo {
 class Context;
+namespace transport {
+class UnboundBuffer;
 }
+}  // namespace gloo
 
 namespace ddp::detail {
 
@@ -52,6 +56,12 @@ class GlooComm {
   void barrier(const CallInfo& call);
   void send(const void* data, size_t bytes, int dst, int tag, const CallInfo& call);
   void recv(void* data, size_t bytes, int src, int tag, const CallInfo& call);
+
+  // Non-blocking point to point: posts the transfer and returns a Work whose wait() completes
+  // it. Posting never waits for the peer, so sends and recvs may be issued in any order.
+  std::shared_ptr<Work> post_send(const void* data, size_t bytes, int dst, int tag,
+                                  const CallInfo& call);
+  std::shared_ptr<Work> post_recv(void* data, size_t bytes, int src, int tag, const CallInfo& call);
 
  private:
   template <typename Fn>

@@ -31,4 +31,16 @@ void GlooProcessGroup::run_all_gather_v(const void* in, void* out,
   comm_->all_gather_v(in, out, bytes, call);
 }
 
+WorkPtr GlooProcessGroup::send(const void* data, size_t count, DataType dtype, int dst, int tag) {
+  validate_p2p(data, count, dst, "send", "dst");
+  CallInfo c{OpKind::kSend, dtype, ReduceOp::kSum, false, dst, tag, count, 0, 0};
+  return comm_->post_send(data, count * element_size(dtype), dst, tag, c);
+}
+
+WorkPtr GlooProcessGroup::recv(void* data, size_t count, DataType dtype, int src, int tag) {
+  validate_p2p(data, count, src, "recv", "src");
+  CallInfo c{OpKind::kRecv, dtype, ReduceOp::kSum, false, src, tag, count, 0, 0};
+  return comm_->post_recv(data, count * element_size(dtype), src, tag, c);
+}
+
 }  // namespace ddp::detail

@@ -16,6 +16,11 @@ class GlooProcessGroup : public AsyncProcessGroup {
 
   std::string backend_name() const override { return "gloo"; }
 
+  // Point to point bypasses the queue: Gloo posts transfers without waiting for the peer,
+  // so a rank can post recvs in any tag order (as torch's gloo backend does).
+  WorkPtr send(const void* data, size_t count, DataType dtype, int dst, int tag) override;
+  WorkPtr recv(void* data, size_t count, DataType dtype, int src, int tag) override;
+
  protected:
   void run_all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,
                       const CallInfo& call) override {
