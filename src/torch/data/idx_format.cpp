@@ -74,12 +74,12 @@ IdxArray parse_idx(const uint8_t* bytes, size_t size, const std::string& source,
     const uint8_t* p = bytes + 4 + 4 * i;
     const int64_t d = (int64_t{p[0]} << 24) | (int64_t{p[1]} << 16) | (int64_t{p[2]} << 8) | p[3];
     out.dims.push_back(d);
-    // Checked before multiplying: d <= 2^32 and numel <= max_elements cannot overflow int64.
-    numel *= d;
-    if (numel > max_elements) {
+    // Checked before multiplying so the product cannot overflow.
+    if (d != 0 && numel > max_elements / d) {
       throw fail(fmt::format("declared size exceeds {} elements (dimension {} is {})", max_elements,
                              i, d));
     }
+    numel *= d;
   }
   const size_t payload = static_cast<size_t>(numel) * elem;
   if (size - header < payload) {

@@ -467,6 +467,14 @@ NodePtr Parser::reduce(const NodePtr& callable, const NodePtr& args) {
     if (a.empty() || a[0]->kind != Node::kTensor) throw fail("Parameter without a tensor");
     return a[0];
   }
+  // LibTorch's own pickler (torch::pickle_save) tags typed containers; Python's torch.load
+  // treats these as identity functions on the container.
+  if (g == "torch.jit._pickle.restore_type_tag" || g == "torch.jit._pickle.build_intlist" ||
+      g == "torch.jit._pickle.build_tensorlist" || g == "torch.jit._pickle.build_doublelist" ||
+      g == "torch.jit._pickle.build_boollist") {
+    if (a.empty()) throw fail(g + " without an argument");
+    return a[0];
+  }
   if (g == "torch.device") {
     if (a.empty() || a[0]->kind != Node::kStr) throw fail("torch.device without a name");
     auto s = make(Node::kStr);
