@@ -3,9 +3,15 @@
 # detect OpenMPI, one node, and warn that mpirun started 2 processes on the node; MASTER_ADDR
 # passed with -x becomes the master.
 #
-# Usage: mpirun_detect_test.sh DDP_DETECT. Exit 77 (ctest: skipped) when mpirun is absent.
+# With DDPRUN, also runs the deploy templates that use mpirun as written: mpirun-hostfile.sh
+# with a one-host hostfile, and pbs.qsub in a PBS-like environment (PBS_NODEFILE etc.).
+#
+# Usage: mpirun_detect_test.sh DDP_DETECT [DDPRUN]. Exit 77 (ctest: skipped) when mpirun is
+# absent.
 set -euo pipefail
-DETECT="${1:?usage: mpirun_detect_test.sh DDP_DETECT}"
+DETECT="${1:?usage: mpirun_detect_test.sh DDP_DETECT [DDPRUN]}"
+DDPRUN="${2:-}"
+DEPLOY="$(dirname "$(realpath "$0")")/../../deploy"
 command -v mpirun >/dev/null 2>&1 || { echo "SKIP: mpirun not found (Debian package openmpi-bin)"; exit 77; }
 fail() { echo "FAIL: $*"; echo "---- output"; echo "$out"; exit 1; }
 
@@ -27,3 +33,26 @@ echo "$out"
 grep -q '^using OpenMPI: job [0-9]*, 1 node, this is node 0, master unknown (pass --master-addr or set MASTER_ADDR)$' <<<"$out" ||
   fail "unexpected explanation"
 echo "PASS: mpirun detection"
+
+[[ -n "$DDPRUN" && -x "$DDPRUN" ]] || exit 0
+DDPRUN=$(realpath "$DDPRUN")  # pbs.qsub changes directory
+T=$(mktemp -d /tmp/ddp-mpirun-XXXXXX)
+trap 'rm -rf "$T"' EXIT
+printf '#!/bin/sh\necho "worker RANK=$RANK WORLD_SIZE=$WORLD_SIZE"\n' >"$T/worker.sh"
+chmod +x "$T/worker.sh"
+echo "localhost slots=1" >"$T/hosts.txt"
+MASTER_PORT=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+export DDPRUN PROGRAM="$T/worker.sh" NPROC_PER_NODE=2 MPIRUN_ARGS=--allow-run-as-root MASTER_PORT
+out=$(HOSTFILE="$T/hosts.txt" timeout 60 bash "$DEPLOY/mpirun-hostfile.sh" 2>&1) ||
+  fail "deploy/mpirun-hostfile.sh failed"
+echo "$out"
+grep -q 'worker RANK=0 WORLD_SIZE=2' <<<"$out" && grep -q 'worker RANK=1 WORLD_SIZE=2' <<<"$out" ||
+  fail "deploy/mpirun-hostfile.sh did not run 2 workers"
+
+printf 'localhost\nlocalhost\n' >"$T/nodefile"
+out=$(PBS_NODEFILE="$T/nodefile" PBS_JOBID=42.pbs PBS_O_WORKDIR="$T" VENV="" \
+  timeout 60 bash "$DEPLOY/pbs.qsub" 2>&1) || fail "deploy/pbs.qsub failed"
+echo "$out"
+grep -q 'job 42.pbs: 1 nodes, master localhost' <<<"$out" || fail "pbs.qsub misread PBS_NODEFILE"
+grep -q 'worker RANK=1 WORLD_SIZE=2' <<<"$out" || fail "deploy/pbs.qsub did not run 2 workers"
+echo "PASS: deploy templates for mpirun and PBS"

@@ -146,3 +146,19 @@ if [[ -n "$DDPRUN" ]]; then
   grep -q 'RANK=1 WORLD_SIZE=2' "$out" || fail "ddprun worker 1 missing"
 fi
 echo "PASS: SLURM job $job_id ran detection on 2 tasks"
+
+# The deploy template as users submit it; the test cluster has 2 CPUs, no GPUs and a 5-minute
+# limit, so those requests are overridden on the command line.
+if [[ -n "$DDPRUN" ]]; then
+  TEMPLATE="$(dirname "$(realpath "$0")")/../../deploy/slurm-venv.sbatch"
+  printf '#!/bin/sh\necho "template worker RANK=$RANK WORLD_SIZE=$WORLD_SIZE"\n' >"$T/worker.sh"
+  chmod +x "$T/worker.sh"
+  VENV="" DDPRUN="$DDPRUN" NPROC_PER_NODE=2 PROGRAM="$T/worker.sh" \
+    timeout 60 sbatch --wait --export=ALL --job-name=ddp-slurm-test --nodes=1 --gres=none --cpus-per-task=1 --time=2 \
+    --chdir="$T" --output="$T/template.out" "$TEMPLATE" >"$T/sbatch2.out" 2>&1 ||
+    fail "the deploy template job failed: $(cat "$T/sbatch2.out"; cat "$T/template.out" 2>/dev/null)"
+  echo "---- template job output"; cat "$T/template.out"
+  grep -q 'template worker RANK=0 WORLD_SIZE=2' "$T/template.out" || fail "template worker 0 missing"
+  grep -q 'template worker RANK=1 WORLD_SIZE=2' "$T/template.out" || fail "template worker 1 missing"
+  echo "PASS: deploy/slurm-venv.sbatch ran 2 workers under ddprun"
+fi
