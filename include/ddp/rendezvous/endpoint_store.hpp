@@ -1,0 +1,65 @@
+#pragma once
+// The store behind a rendezvous: the agent on the endpoint host serves it (TcpStoreServer on
+// the endpoint port, every interface), every agent (the host too) talks to it as a client.
+//
+// Reaching the endpoint fails fast: connection refused is retried only for connect_timeout
+// (a few seconds, in case the host agent is still starting), then a NetworkError names the
+// endpoint, this node's route to it and the last error ("connection refused", "no route to
+// host", "timed out"), says how long it retried and what to check. A token mismatch is a
+// StoreError saying the tokens differ.
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "ddp/rendezvous/options.hpp"
+#include "ddp/store/tcp_store.hpp"
+#include "ddp/store/tcp_store_server.hpp"
+
+namespace ddp::rdzv {
+
+// Whether `host` names this machine: it resolves to loopback or to an address of a local
+// interface. Resolution is bounded by `timeout`; an unresolvable host is not local.
+bool is_local_host(const std::string& host, Millis timeout = Millis(3000));
+
+// The address peers should use to reach this node, as seen on the route to `peer_host`
+// (the source address the kernel picks); the host name when that cannot be determined.
+std::string local_address_towards(const std::string& peer_host, Millis timeout = Millis(3000));
+
+struct EndpointStoreOptions {
+  Endpoint endpoint;
+  // Serve the store here (this agent is on the endpoint host).
+  bool host = false;
+  // nullopt: $DDP_STORE_TOKEN, else none (TcpStore's rule).
+  std::optional<std::string> token;
+  Millis connect_timeout = RendezvousConf::kDefaultConnectTimeout;
+  // Bound of every later store call.
+  Millis call_timeout{60000};
+};
+
+class EndpointStore {
+ public:
+  explicit EndpointStore(EndpointStoreOptions options);
+  ~EndpointStore();
+
+  // The client connection of this agent.
+  const std::shared_ptr<TcpStore>& store() const { return store_; }
+  // Another connection (e.g. for the MembershipWatcher); fails like the constructor.
+  std::shared_ptr<TcpStore> connect_another() const;
+  // The server when this agent hosts it, else nullptr.
+  TcpStoreServer* server() { return server_.get(); }
+  bool is_host() const { return server_ != nullptr; }
+  // The port actually served/used (differs from options when hosting port 0).
+  uint16_t port() const { return port_; }
+
+ private:
+  std::shared_ptr<TcpStore> connect(Millis connect_timeout) const;
+
+  EndpointStoreOptions options_;
+  std::unique_ptr<TcpStoreServer> server_;
+  uint16_t port_ = 0;
+  std::shared_ptr<TcpStore> store_;
+};
+
+}  // namespace ddp::rdzv

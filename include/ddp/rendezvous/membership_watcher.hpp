@@ -1,0 +1,70 @@
+#pragma once
+// Watches one round from a background thread while this node's workers run, and reports
+// once, with a reason, when the round must end:
+//   - another agent ended it (a worker failed there, it left, the run was shut down);
+//   - the peer this node watches missed kMissedHeartbeats heartbeats (it died or lost the
+//     network) or marked itself "left";
+//   - nodes are waiting to join (c10d, while the round is below MAX nodes).
+// It also writes this node's heartbeat every `heartbeat` period.
+//
+// Watching is a ring: the node in slot i watches the next slot that has not finished, so
+// each agent makes O(1) store calls per period whatever the number of nodes, and every death
+// is seen by some survivor. When a watcher sees a change it records the reason in the
+// round's "changed" key (the first reason wins), which wakes every other watcher at once
+// (they block on that key between heartbeats).
+//
+// The watcher needs its own Store connection (a blocking wait would otherwise hold the
+// agent's). on_change runs on the watcher thread, exactly once; it must not block for long
+// (e.g. write to a pipe the agent polls). Stopping takes at most one wait slice (<= 500 ms).
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "ddp/rendezvous/options.hpp"
+#include "ddp/rendezvous/rendezvous.hpp"
+#include "ddp/store/store.hpp"
+
+namespace ddp::rdzv {
+
+class MembershipWatcher {
+ public:
+  using OnChange = std::function<void(const std::string& reason)>;
+
+  // Starts watching `round` (this node is round.node_rank). Throws UsageError on a bad round.
+  MembershipWatcher(const RendezvousOptions& options, const RoundInfo& round,
+                    std::shared_ptr<Store> store, OnChange on_change);
+  ~MembershipWatcher();
+  MembershipWatcher(const MembershipWatcher&) = delete;
+  MembershipWatcher& operator=(const MembershipWatcher&) = delete;
+
+  // Stops the thread (idempotent). Heartbeats stop with it.
+  void stop();
+  // The reason reported, if any.
+  std::optional<std::string> reason() const;
+
+ private:
+  void run();
+  void report(const std::string& reason);
+  void check_peers();
+
+  RendezvousOptions options_;
+  RoundInfo round_;
+  std::shared_ptr<Store> store_;
+  OnChange on_change_;
+  std::atomic<bool> stop_{false};
+  mutable std::mutex mutex_;
+  std::optional<std::string> reason_;
+  std::thread thread_;
+
+  // Ring-watch state: the slot watched and when its heartbeat last changed.
+  int target_ = -1;
+  std::string target_value_;
+  std::chrono::steady_clock::time_point target_changed_at_;
+};
+
+}  // namespace ddp::rdzv

@@ -1,0 +1,99 @@
+#pragma once
+// What a rendezvous needs to know, as named fields, and the parsers for torchrun's spellings
+// of them: --nnodes N|MIN:MAX, --rdzv-endpoint HOST[:PORT], --rdzv-conf key=value,...
+//
+// Every parser throws UsageError naming the flag, the bad value and what would be accepted.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace ddp::rdzv {
+
+using Millis = std::chrono::milliseconds;
+
+enum class Backend {
+  kC10d,    // elastic: node ranks in join order, MIN:MAX nodes, membership changes
+  kStatic,  // fixed: node ranks from --node-rank, exactly nnodes nodes
+};
+const char* to_string(Backend backend);  // "c10d", "static"
+// "c10d" (also "c10d-experimental") or "static"; anything else is a UsageError.
+Backend parse_backend(const std::string& text);
+
+struct NodeRange {
+  int min = 1;
+  int max = 1;
+};
+// "N" or "MIN:MAX" with 1 <= MIN <= MAX.
+NodeRange parse_nnodes(const std::string& text);
+
+struct Endpoint {
+  std::string host;
+  uint16_t port = 0;
+};
+// "HOST", "HOST:PORT", "[V6]:PORT"; default_port when the port is omitted.
+Endpoint parse_endpoint(const std::string& text, uint16_t default_port);
+
+// The --rdzv-conf keys. Durations are seconds (fractions allowed).
+struct RendezvousConf {
+  static constexpr Millis kDefaultJoinTimeout{600000};
+  static constexpr Millis kDefaultLastCallTimeout{30000};
+  static constexpr Millis kDefaultCloseTimeout{30000};
+  static constexpr Millis kDefaultHeartbeat{5000};
+  static constexpr Millis kDefaultConnectTimeout{5000};
+
+  // Longest wait for a round to reach MIN nodes (and for a late node to be admitted).
+  Millis join_timeout = kDefaultJoinTimeout;
+  // Once MIN nodes joined, how long the round stays open for more (up to MAX).
+  Millis last_call_timeout = kDefaultLastCallTimeout;
+  // Once a round is closed, how long its members wait for node 0 to publish the ranks.
+  Millis close_timeout = kDefaultCloseTimeout;
+  // Each agent's heartbeat period; a peer silent for kMissedHeartbeats periods is dead.
+  Millis heartbeat = kDefaultHeartbeat;
+  // How long a node retries an endpoint that refuses connections (the host agent may still
+  // be starting) before it reports the endpoint unreachable.
+  Millis connect_timeout = kDefaultConnectTimeout;
+  // File whose contents (trailing newline stripped) are the store token.
+  std::optional<std::string> token_file;
+};
+// "key=value,key=value"; unknown keys and bad numbers are UsageErrors listing the known keys.
+RendezvousConf parse_rdzv_conf(const std::string& text);
+
+// The token in `path` with trailing whitespace removed. UsageError when unreadable or empty.
+std::string read_token_file(const std::string& path);
+
+// A run id names store keys, so it must be non-empty and use only [A-Za-z0-9_.:-].
+void validate_run_id(const std::string& run_id);
+
+// Peers silent this many heartbeat periods are declared dead (torchelastic uses 3 too).
+constexpr int kMissedHeartbeats = 3;
+// torchrun's default rendezvous port.
+constexpr uint16_t kDefaultRendezvousPort = 29400;
+
+struct RendezvousOptions {
+  Backend backend = Backend::kC10d;
+  std::string run_id = "none";
+  NodeRange nodes;
+  // Static backend only: this node's rank in [0, nodes.max).
+  int node_rank = -1;
+  // Where the store is (for messages; the store itself is passed separately).
+  Endpoint endpoint;
+  RendezvousConf conf;
+
+  // This node as the others see it: host name for messages, address for MASTER_ADDR.
+  std::string hostname;
+  std::string local_addr;
+  // Workers this node starts (heterogeneous across nodes is fine).
+  int local_world_size = 1;
+
+  // Node 0's choice of MASTER_PORT for the workers of each round. Unset: a free port found
+  // by binding port 0 on this machine.
+  std::function<int()> pick_master_port;
+};
+
+// Checks consistency (ranges, run id, positive durations). UsageError naming the field.
+void validate(const RendezvousOptions& options);
+
+}  // namespace ddp::rdzv

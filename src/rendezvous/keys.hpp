@@ -1,0 +1,56 @@
+#pragma once
+// The store key layout of the rendezvous (docs/rendezvous.md). Internal to src/rendezvous.
+//
+//   rdzv/_runs/#count                  agents registered at this endpoint (any run id)
+//   rdzv/_runs/#<i>                    "<run_id>\t<host>" of the i-th registration
+//   rdzv/_runs/<run_id>                number of agents that registered with run_id
+//   rdzv/<run_id>/gen                  the current generation (decimal)
+//   rdzv/<run_id>/shutdown             set once: why the run was shut down
+//   rdzv/<run_id>/<g>/slot             join counter of round g
+//   rdzv/<run_id>/<g>/node/<i>         info of the node in slot i
+//   rdzv/<run_id>/<g>/hb/<i>           heartbeat counter of slot i, or "done" / "left"
+//   rdzv/<run_id>/<g>/closed           number of members, set once with compare_set
+//   rdzv/<run_id>/<g>/pending          nodes waiting for a later round
+//   rdzv/<run_id>/<g>/changed          set once: why round g ended
+//   rdzv/<run_id>/<g>/world            "num_nodes world_size master_port master_addr"
+//   rdzv/<run_id>/<g>/rank/<i>         first global rank of slot i
+
+#include <cstdint>
+#include <string>
+
+#include <fmt/format.h>
+
+namespace ddp::rdzv::keys {
+
+inline const std::string kRunsCount = "rdzv/_runs/#count";
+inline std::string run_entry(int64_t i) {
+  return fmt::format("rdzv/_runs/#{}", i);
+}
+inline std::string run_counter(const std::string& run_id) {
+  return "rdzv/_runs/" + run_id;
+}
+
+inline std::string generation(const std::string& run_id) {
+  return "rdzv/" + run_id + "/gen";
+}
+inline std::string shutdown(const std::string& run_id) {
+  return "rdzv/" + run_id + "/shutdown";
+}
+
+constexpr const char* kDone = "done";
+constexpr const char* kLeft = "left";
+
+struct Round {
+  Round(const std::string& run_id, int64_t g) : base(fmt::format("rdzv/{}/{}/", run_id, g)) {}
+  std::string base;
+  std::string slot() const { return base + "slot"; }
+  std::string node(int i) const { return base + fmt::format("node/{}", i); }
+  std::string hb(int i) const { return base + fmt::format("hb/{}", i); }
+  std::string closed() const { return base + "closed"; }
+  std::string pending() const { return base + "pending"; }
+  std::string changed() const { return base + "changed"; }
+  std::string world() const { return base + "world"; }
+  std::string rank(int i) const { return base + fmt::format("rank/{}", i); }
+};
+
+}  // namespace ddp::rdzv::keys

@@ -1,0 +1,146 @@
+#include "ddp/rendezvous/membership_watcher.hpp"
+
+#include <fmt/format.h>
+
+#include "ddp/util/error.hpp"
+#include "ddp/util/logging.hpp"
+#include "ddp/util/socket.hpp"
+#include "keys.hpp"
+#include "node_info.hpp"
+#include "store_wait.hpp"
+
+namespace ddp::rdzv {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+constexpr Millis kMaxWaitSlice{500};
+}  // namespace
+
+MembershipWatcher::MembershipWatcher(const RendezvousOptions& options, const RoundInfo& round,
+                                     std::shared_ptr<Store> store, OnChange on_change)
+    : options_(options), round_(round), store_(std::move(store)), on_change_(std::move(on_change)) {
+  if (!store_) throw UsageError("MembershipWatcher: no store given");
+  if (round_.node_rank < 0 || round_.node_rank >= round_.num_nodes) {
+    throw UsageError(fmt::format("MembershipWatcher: node rank {} outside a round of {} nodes",
+                                 round_.node_rank, round_.num_nodes));
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+MembershipWatcher::~MembershipWatcher() {
+  stop();
+}
+
+void MembershipWatcher::stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+std::optional<std::string> MembershipWatcher::reason() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return reason_;
+}
+
+void MembershipWatcher::report(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    reason_ = reason;
+  }
+  stop_ = true;
+  if (on_change_) on_change_(reason);
+}
+
+void MembershipWatcher::check_peers() {
+  keys::Round k(options_.run_id, round_.generation);
+  const int n = round_.num_nodes, me = round_.node_rank;
+  auto now = Clock::now();
+  // Advance past finished peers: they no longer heartbeat, and are not dead.
+  for (int step = 0; step < n - 1; ++step) {
+    if (target_ < 0) {
+      target_ = (me + 1) % n;
+      target_value_.clear();
+      target_changed_at_ = now;
+    }
+    std::string value = store_->get(k.hb(target_));
+    if (value == keys::kDone) {
+      target_ = (target_ + 1) % n;
+      target_value_.clear();
+      target_changed_at_ = now;
+      if (target_ == me) {
+        target_ = -1;
+        break;
+      }
+      continue;
+    }
+    auto describe = [&] {
+      std::string who = fmt::format("node rank {}", target_);
+      try {
+        JoinedNode node = decode_node_info(store_->get(k.node(target_)), target_, k.node(target_));
+        who += fmt::format(" ({}, {})", node.host, node.addr);
+      } catch (const Error&) {
+      }
+      return who;
+    };
+    if (value == keys::kLeft) {
+      std::string reason = fmt::format("{} left the job", describe());
+      report(store_->compare_set(k.changed(), "", reason));
+      return;
+    }
+    if (value != target_value_) {
+      target_value_ = value;
+      target_changed_at_ = now;
+    } else if (now - target_changed_at_ > options_.conf.heartbeat * kMissedHeartbeats) {
+      auto silent = std::chrono::duration_cast<Millis>(now - target_changed_at_);
+      std::string reason = fmt::format(
+          "{} missed {} heartbeats (silent for {:.1f} s, heartbeat {:.1f} s): its agent died or "
+          "lost the network",
+          describe(), kMissedHeartbeats, silent.count() / 1000.0,
+          options_.conf.heartbeat.count() / 1000.0);
+      report(store_->compare_set(k.changed(), "", reason));
+    }
+    return;
+  }
+}
+
+void MembershipWatcher::run() {
+  keys::Round k(options_.run_id, round_.generation);
+  int64_t beat = 0;
+  const Millis slice = std::min(options_.conf.heartbeat, kMaxWaitSlice);
+  auto next_beat = Clock::now();
+  try {
+    while (!stop_) {
+      auto now = Clock::now();
+      if (now >= next_beat) {
+        store_->set(k.hb(round_.node_rank), std::to_string(++beat));
+        next_beat = now + options_.conf.heartbeat;
+        if (round_.num_nodes > 1) check_peers();
+        if (stop_) return;
+        if (options_.backend == Backend::kC10d && round_.num_nodes < options_.nodes.max) {
+          int64_t waiting = store_->add(k.pending(), 0);
+          if (waiting > 0) {
+            report(store_->compare_set(
+                k.changed(), "",
+                fmt::format("{} node{} waiting to join (round {} has {} of at most {} nodes)",
+                            waiting, waiting == 1 ? " is" : "s are", round_.generation,
+                            round_.num_nodes, options_.nodes.max)));
+            return;
+          }
+        }
+      }
+      Millis wait = std::min(slice, remaining(next_beat));
+      if (wait_for_keys(*store_, {k.changed()}, wait)) {
+        report(store_->get(k.changed()));
+        return;
+      }
+    }
+  } catch (const Error& e) {
+    // The store is gone (its host died) or broke the protocol: the round cannot go on.
+    if (!stop_) {
+      report(fmt::format("lost the rendezvous store at {}: {}",
+                         net::format_endpoint(options_.endpoint.host, options_.endpoint.port),
+                         e.what()));
+    }
+  }
+}
+
+}  // namespace ddp::rdzv

@@ -1,0 +1,214 @@
+#include "ddp/rendezvous/options.hpp"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "ddp/util/error.hpp"
+
+namespace ddp::rdzv {
+
+namespace {
+
+bool parse_int(const std::string& text, long& out) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  out = std::strtol(text.c_str(), &end, 10);
+  return errno == 0 && end == text.c_str() + text.size();
+}
+
+Millis parse_seconds(const std::string& key, const std::string& value) {
+  char* end = nullptr;
+  double s = std::strtod(value.c_str(), &end);
+  if (value.empty() || end != value.c_str() + value.size() || !std::isfinite(s) || s <= 0 ||
+      s > 1e7) {
+    throw UsageError(fmt::format(
+        "--rdzv-conf {}={}: expected a positive number of seconds, e.g. {}=30", key, value, key));
+  }
+  return Millis(static_cast<int64_t>(std::llround(s * 1000.0)));
+}
+
+}  // namespace
+
+const char* to_string(Backend backend) {
+  return backend == Backend::kStatic ? "static" : "c10d";
+}
+
+Backend parse_backend(const std::string& text) {
+  if (text == "c10d" || text == "c10d-experimental") return Backend::kC10d;
+  if (text == "static") return Backend::kStatic;
+  throw UsageError(fmt::format(
+      "--rdzv-backend {}: unknown backend; use c10d (elastic, node ranks in join order) or "
+      "static (fixed --node-rank)",
+      text));
+}
+
+NodeRange parse_nnodes(const std::string& text) {
+  NodeRange r;
+  auto colon = text.find(':');
+  long a = 0, b = 0;
+  bool ok = colon == std::string::npos
+                ? parse_int(text, a) && (b = a, true)
+                : parse_int(text.substr(0, colon), a) && parse_int(text.substr(colon + 1), b);
+  if (!ok || a < 1 || b < a || b > 1000000) {
+    throw UsageError(
+        fmt::format("--nnodes {}: expected N or MIN:MAX with 1 <= MIN <= MAX (e.g. --nnodes 2 or "
+                    "--nnodes 2:4)",
+                    text));
+  }
+  r.min = static_cast<int>(a);
+  r.max = static_cast<int>(b);
+  return r;
+}
+
+Endpoint parse_endpoint(const std::string& text, uint16_t default_port) {
+  Endpoint e;
+  std::string port;
+  if (!text.empty() && text[0] == '[') {
+    auto close = text.find(']');
+    if (close == std::string::npos) {
+      throw UsageError(fmt::format("--rdzv-endpoint {}: missing ']' after the IPv6 address", text));
+    }
+    e.host = text.substr(1, close - 1);
+    if (close + 1 < text.size()) {
+      if (text[close + 1] != ':') {
+        throw UsageError(fmt::format("--rdzv-endpoint {}: expected [ADDR]:PORT", text));
+      }
+      port = text.substr(close + 2);
+    }
+  } else {
+    auto colon = text.rfind(':');
+    if (colon != std::string::npos && text.find(':') != colon) {
+      throw UsageError(fmt::format(
+          "--rdzv-endpoint {}: write IPv6 addresses in brackets, e.g. [::1]:29400", text));
+    }
+    e.host = text.substr(0, colon);
+    if (colon != std::string::npos) port = text.substr(colon + 1);
+  }
+  if (e.host.empty()) {
+    throw UsageError(fmt::format("--rdzv-endpoint '{}': no host; expected HOST[:PORT]", text));
+  }
+  e.port = default_port;
+  if (!port.empty() || (text.find(':') != std::string::npos && text.back() == ':')) {
+    long p = 0;
+    if (!parse_int(port, p) || p < 0 || p > 65535) {
+      throw UsageError(
+          fmt::format("--rdzv-endpoint {}: port '{}' is not a number in 0..65535", text, port));
+    }
+    e.port = static_cast<uint16_t>(p);
+  }
+  return e;
+}
+
+RendezvousConf parse_rdzv_conf(const std::string& text) {
+  RendezvousConf conf;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    auto eq = item.find('=');
+    if (eq == std::string::npos) {
+      throw UsageError(fmt::format("--rdzv-conf '{}': expected key=value", item));
+    }
+    std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (key == "join_timeout") {
+      conf.join_timeout = parse_seconds(key, value);
+    } else if (key == "last_call_timeout") {
+      conf.last_call_timeout = parse_seconds(key, value);
+    } else if (key == "close_timeout") {
+      conf.close_timeout = parse_seconds(key, value);
+    } else if (key == "heartbeat" || key == "keep_alive_interval") {
+      conf.heartbeat = parse_seconds(key, value);
+    } else if (key == "connect_timeout") {
+      conf.connect_timeout = parse_seconds(key, value);
+    } else if (key == "token_file") {
+      if (value.empty()) throw UsageError("--rdzv-conf token_file=: expected a file path");
+      conf.token_file = value;
+    } else if (key == "timeout" || key == "read_timeout" || key == "is_host") {
+      // torchrun's c10d keys that have no meaning here are accepted and ignored, so existing
+      // job scripts keep working.
+    } else {
+      throw UsageError(fmt::format(
+          "--rdzv-conf {}: unknown key '{}'; known keys: join_timeout, last_call_timeout, "
+          "close_timeout, heartbeat, connect_timeout, token_file",
+          item, key));
+    }
+  }
+  return conf;
+}
+
+std::string read_token_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw UsageError(fmt::format(
+        "--rdzv-conf token_file={}: cannot read the file; create it on every node with the same "
+        "secret (mode 600)",
+        path));
+  }
+  std::stringstream buf;
+  buf << in.rdbuf();
+  std::string token = buf.str();
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+  if (token.empty()) {
+    throw UsageError(fmt::format("--rdzv-conf token_file={}: the file is empty", path));
+  }
+  return token;
+}
+
+void validate_run_id(const std::string& run_id) {
+  if (run_id.empty()) throw UsageError("--rdzv-id: empty; give every node the same job id");
+  for (char c : run_id) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != ':' &&
+        c != '-') {
+      throw UsageError(fmt::format(
+          "--rdzv-id '{}': character '{}' is not allowed; use letters, digits and _ . : -", run_id,
+          c));
+    }
+  }
+  if (run_id.size() > 128) throw UsageError("--rdzv-id: longer than 128 characters");
+}
+
+void validate(const RendezvousOptions& o) {
+  validate_run_id(o.run_id);
+  if (o.nodes.min < 1 || o.nodes.max < o.nodes.min) {
+    throw UsageError(
+        fmt::format("--nnodes {}:{}: expected 1 <= MIN <= MAX", o.nodes.min, o.nodes.max));
+  }
+  if (o.backend == Backend::kStatic) {
+    if (o.nodes.min != o.nodes.max) {
+      throw UsageError(fmt::format(
+          "--nnodes {}:{} with --rdzv-backend static: the static backend needs a fixed node "
+          "count; use --rdzv-backend c10d for an elastic range",
+          o.nodes.min, o.nodes.max));
+    }
+    if (o.node_rank < 0 || o.node_rank >= o.nodes.max) {
+      throw UsageError(
+          fmt::format("--node-rank {} with --nnodes {}: give each node a distinct rank in 0..{}",
+                      o.node_rank, o.nodes.max, o.nodes.max - 1));
+    }
+  }
+  if (o.local_world_size < 1) {
+    throw UsageError(fmt::format("--nproc-per-node {}: must be at least 1", o.local_world_size));
+  }
+  for (auto [name, v] : {std::pair{"join_timeout", o.conf.join_timeout},
+                         {"last_call_timeout", o.conf.last_call_timeout},
+                         {"close_timeout", o.conf.close_timeout},
+                         {"heartbeat", o.conf.heartbeat},
+                         {"connect_timeout", o.conf.connect_timeout}}) {
+    if (v.count() <= 0) {
+      throw UsageError(fmt::format("--rdzv-conf {}: must be positive", name));
+    }
+  }
+  if (o.hostname.find_first_of("\t\n") != std::string::npos ||
+      o.local_addr.find_first_of("\t\n") != std::string::npos) {
+    throw UsageError("host name or --local-addr contains a tab or newline");
+  }
+}
+
+}  // namespace ddp::rdzv

@@ -1,0 +1,347 @@
+#include "ddp/rendezvous/rendezvous.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <thread>
+
+#include "ddp/util/error.hpp"
+#include "ddp/util/logging.hpp"
+#include "ddp/util/socket.hpp"
+#include "keys.hpp"
+#include "node_info.hpp"
+#include "store_wait.hpp"
+
+namespace ddp::rdzv {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t to_int(const std::string& value, const std::string& key) {
+  char* end = nullptr;
+  long long v = std::strtoll(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0') {
+    throw ProtocolError(
+        fmt::format("rendezvous key {} holds '{}', expected an integer", key, value));
+  }
+  return v;
+}
+
+int default_master_port() {
+  // Binding every interface (as the workers' TCPStore will) makes "free" mean free for it.
+  net::Socket s = net::listen_tcp("", 0, 1);
+  return net::local_port(s.fd());
+}
+
+}  // namespace
+
+Rendezvous::Rendezvous(RendezvousOptions options, std::shared_ptr<Store> store)
+    : options_(std::move(options)), store_(std::move(store)) {
+  if (!store_) throw UsageError("Rendezvous: no store given");
+  validate(options_);
+  info_ = encode_node_info(options_.hostname, options_.local_addr, options_.local_world_size,
+                           static_cast<long>(::getpid()));
+}
+
+void Rendezvous::register_run() {
+  if (registered_) return;
+  // Run-id independent registry, so an agent that times out can name the run ids other
+  // agents at this endpoint used.
+  int64_t i = store_->add(keys::kRunsCount, 1) - 1;
+  store_->multi_set({keys::run_entry(i)}, {options_.run_id + "\t" + options_.hostname});
+  store_->add(keys::run_counter(options_.run_id), 1);
+  registered_ = true;
+}
+
+void Rendezvous::throw_if_shut_down() {
+  std::string key = keys::shutdown(options_.run_id);
+  if (store_->check({key})) {
+    throw RendezvousClosedError(fmt::format("run '{}' was shut down by one of its agents: {}",
+                                            options_.run_id, store_->get(key)));
+  }
+}
+
+int64_t Rendezvous::advance_generation() {
+  std::string gen_key = keys::generation(options_.run_id);
+  if (!last_generation_) return to_int(store_->compare_set(gen_key, "", "0"), gen_key);
+  int64_t g = *last_generation_;
+  // Invariant: the generation moves past g only once round g is marked as ended, so every
+  // member of g is woken before anyone can join g + 1.
+  keys::Round k(options_.run_id, g);
+  store_->compare_set(k.changed(), "",
+                      fmt::format("node {} started a new round", options_.hostname));
+  return to_int(store_->compare_set(gen_key, std::to_string(g), std::to_string(g + 1)), gen_key);
+}
+
+RoundInfo Rendezvous::next_round() {
+  auto deadline = Clock::now() + options_.conf.join_timeout;
+  in_round_ = false;
+  slot_ = -1;
+  register_run();
+  for (;;) {
+    throw_if_shut_down();
+    int64_t g = advance_generation();
+    if (auto r = try_round(g, deadline)) {
+      round_ = std::move(*r);
+      in_round_ = true;
+      return round_;
+    }
+  }
+}
+
+std::optional<RoundInfo> Rendezvous::try_round(int64_t g, Clock::time_point deadline) {
+  keys::Round k(options_.run_id, g);
+  auto start = Clock::now();
+  const int min = options_.nodes.min, max = options_.nodes.max;
+  last_generation_ = g;
+
+  if (options_.backend == Backend::kStatic) {
+    int slot = options_.node_rank;
+    std::string holder = store_->compare_set(k.node(slot), "", info_);
+    if (holder != info_) {
+      JoinedNode other = decode_node_info(holder, slot, k.node(slot));
+      throw UsageError(fmt::format(
+          "--node-rank {} is claimed by two nodes: {} ({}) and this one ({}); give each node a "
+          "distinct --node-rank in 0..{}",
+          slot, other.host, other.addr, options_.hostname, max - 1));
+    }
+    store_->set(k.hb(slot), "0");
+    slot_ = slot;
+    auto r = slot == 0 ? assemble(g, max, deadline) : read_assignment(g, slot, max, deadline);
+    if (!r) throw_timeout(g, slot == 0 ? "nodes to join" : "node 0 to publish the ranks", start);
+    return r;
+  }
+
+  int slot = static_cast<int>(store_->add(k.slot(), 1) - 1);
+  store_->multi_set({k.node(slot), k.hb(slot)}, {info_, "0"});
+  if (slot + 1 >= max) store_->compare_set(k.closed(), "", std::to_string(max));
+  if (slot + 1 >= min) {
+    // Last call: the round stays open this long for more nodes (up to MAX), then whoever of
+    // the joiners past MIN wakes first closes it with the count of slots taken so far.
+    Millis last_call = std::min(options_.conf.last_call_timeout, remaining(deadline));
+    if (!wait_for_keys(*store_, {k.closed()}, last_call)) {
+      int64_t count = store_->add(k.slot(), 0);
+      store_->compare_set(k.closed(), "", std::to_string(std::min<int64_t>(count, max)));
+    }
+  } else if (!wait_for_keys(*store_, {k.closed()}, remaining(deadline))) {
+    throw_timeout(g, "nodes to join", start);
+  }
+  int n = static_cast<int>(to_int(store_->get(k.closed()), k.closed()));
+
+  if (slot >= n) {
+    // Too late for round g: count ourselves in, so its members start a new round (if it is
+    // below MAX), and wait for that.
+    store_->add(k.pending(), 1);
+    log::get("ddp.rdzv")
+        ->info(
+            "round {} of run '{}' is already running with {} of at most {} nodes; waiting "
+            "to be admitted at the next round",
+            g, options_.run_id, n, max);
+    if (!wait_for_keys(*store_, {k.changed()}, remaining(deadline))) {
+      throw_timeout(g,
+                    fmt::format("admission (round {} runs with {} of at most {} nodes)", g, n, max),
+                    start);
+    }
+    return std::nullopt;
+  }
+
+  slot_ = slot;
+  auto close_deadline = Clock::now() + options_.conf.close_timeout;
+  auto r = slot == 0 ? assemble(g, n, close_deadline) : read_assignment(g, slot, n, close_deadline);
+  if (!r) {
+    // A member vanished between taking its slot and publishing (or node 0 did): abandon the
+    // round; everyone moves to the next one.
+    request_new_round(fmt::format("round {} did not complete within close_timeout ({} ms)", g,
+                                  options_.conf.close_timeout.count()));
+    return std::nullopt;
+  }
+  return r;
+}
+
+std::optional<RoundInfo> Rendezvous::assemble(int64_t g, int n, Clock::time_point info_deadline) {
+  keys::Round k(options_.run_id, g);
+  std::vector<std::string> node_keys;
+  node_keys.reserve(n);
+  for (int i = 0; i < n; ++i) node_keys.push_back(k.node(i));
+  if (!wait_for_keys(*store_, node_keys, remaining(info_deadline))) return std::nullopt;
+  std::vector<std::string> values = store_->multi_get(node_keys);
+
+  RoundInfo r;
+  r.generation = g;
+  r.node_rank = 0;
+  r.num_nodes = n;
+  r.local_world_size = options_.local_world_size;
+  std::vector<std::string> out_keys, out_values;
+  out_keys.reserve(n + 1);
+  out_values.reserve(n + 1);
+  int offset = 0;
+  for (int i = 0; i < n; ++i) {
+    r.nodes.push_back(decode_node_info(values[i], i, node_keys[i]));
+    out_keys.push_back(k.rank(i));
+    out_values.push_back(std::to_string(offset));
+    offset += r.nodes.back().local_world_size;
+  }
+  r.world_size = offset;
+  r.rank_offset = 0;
+  r.master_addr = options_.local_addr;
+  r.master_port = options_.pick_master_port ? options_.pick_master_port() : default_master_port();
+  out_keys.push_back(k.world());
+  out_values.push_back(fmt::format("{} {} {} {}", n, r.world_size, r.master_port, r.master_addr));
+  store_->multi_set(out_keys, out_values);
+  return r;
+}
+
+std::optional<RoundInfo> Rendezvous::read_assignment(int64_t g, int slot, int n,
+                                                     Clock::time_point deadline) {
+  keys::Round k(options_.run_id, g);
+  std::vector<std::string> want = {k.world(), k.rank(slot)};
+  if (!wait_for_keys(*store_, want, remaining(deadline))) return std::nullopt;
+  std::vector<std::string> v = store_->multi_get(want);
+  RoundInfo r;
+  r.generation = g;
+  r.node_rank = slot;
+  r.local_world_size = options_.local_world_size;
+  char addr[256] = {};
+  long long nodes = 0, world = 0, port = 0;
+  if (std::sscanf(v[0].c_str(), "%lld %lld %lld %255s", &nodes, &world, &port, addr) != 4 ||
+      nodes != n) {
+    throw ProtocolError(
+        fmt::format("rendezvous key {} holds '{}', expected 'nodes world port addr' with {} nodes",
+                    k.world(), v[0], n));
+  }
+  r.num_nodes = static_cast<int>(nodes);
+  r.world_size = static_cast<int>(world);
+  r.master_port = static_cast<int>(port);
+  r.master_addr = addr;
+  r.rank_offset = static_cast<int>(to_int(v[1], k.rank(slot)));
+  return r;
+}
+
+void Rendezvous::request_new_round(const std::string& reason) {
+  if (!last_generation_) return;
+  store_->compare_set(keys::Round(options_.run_id, *last_generation_).changed(), "", reason);
+}
+
+void Rendezvous::mark_finished() {
+  if (!in_round_) return;
+  store_->set(keys::Round(options_.run_id, round_.generation).hb(slot_), keys::kDone);
+}
+
+void Rendezvous::mark_left(const std::string& reason) {
+  if (in_round_) {
+    store_->set(keys::Round(options_.run_id, round_.generation).hb(slot_), keys::kLeft);
+  }
+  request_new_round(reason);
+}
+
+void Rendezvous::shutdown(const std::string& reason) {
+  store_->compare_set(keys::shutdown(options_.run_id), "", reason);
+  request_new_round("run shut down: " + reason);
+}
+
+bool Rendezvous::wait_for_peers_to_finish(Millis limit) {
+  if (!in_round_ || round_.num_nodes <= 1) return true;
+  keys::Round k(options_.run_id, round_.generation);
+  std::vector<std::string> hb_keys;
+  for (int i = 0; i < round_.num_nodes; ++i) {
+    if (i != slot_) hb_keys.push_back(k.hb(i));
+  }
+  std::vector<std::string> last(hb_keys.size());
+  std::vector<Clock::time_point> changed_at(hb_keys.size(), Clock::now());
+  const auto stale = options_.conf.heartbeat * kMissedHeartbeats;
+  const auto deadline = Clock::now() + limit;
+  const Millis poll = std::min<Millis>(options_.conf.heartbeat / 2 + Millis(1), Millis(200));
+  for (;;) {
+    std::vector<std::string> now_values = store_->multi_get(hb_keys);
+    auto now = Clock::now();
+    bool all = true;
+    for (size_t i = 0; i < hb_keys.size(); ++i) {
+      if (now_values[i] != last[i]) {
+        last[i] = now_values[i];
+        changed_at[i] = now;
+      }
+      bool gone = last[i] == keys::kDone || last[i] == keys::kLeft || now - changed_at[i] > stale;
+      all = all && gone;
+    }
+    if (all) return true;
+    if (now >= deadline) return false;
+    std::this_thread::sleep_for(std::min<Clock::duration>(poll, deadline - now));
+  }
+}
+
+TimeoutDiagnosis Rendezvous::diagnose(int64_t g, const std::string& phase, Millis waited) {
+  TimeoutDiagnosis d;
+  d.phase = phase;
+  d.endpoint = net::format_endpoint(options_.endpoint.host, options_.endpoint.port);
+  d.run_id = options_.run_id;
+  d.backend = options_.backend;
+  d.generation = g;
+  d.min_nodes = options_.nodes.min;
+  d.max_nodes = options_.nodes.max;
+  d.waited = waited;
+  d.limit = options_.conf.join_timeout;
+  constexpr int kListed = 64;
+  keys::Round k(options_.run_id, g);
+  auto read_node = [&](int i) -> std::optional<JoinedNode> {
+    if (!store_->check({k.node(i)})) return std::nullopt;
+    return decode_node_info(store_->get(k.node(i)), i, k.node(i));
+  };
+  if (options_.backend == Backend::kStatic) {
+    for (int i = 0; i < options_.nodes.max; ++i) {
+      auto n = read_node(i);
+      if (n) {
+        ++d.joined_count;
+        if (static_cast<int>(d.joined.size()) < kListed) d.joined.push_back(*n);
+      } else {
+        d.missing_ranks.push_back(i);
+      }
+    }
+  } else {
+    int count = static_cast<int>(store_->add(k.slot(), 0));
+    d.joined_count = count;
+    for (int i = 0; i < std::min(count, kListed); ++i) {
+      if (auto n = read_node(i)) d.joined.push_back(*n);
+    }
+    for (int i = count; i < options_.nodes.min; ++i) d.missing_ranks.push_back(i);
+  }
+  int64_t runs = store_->add(keys::kRunsCount, 0);
+  std::map<std::string, OtherRun> others;
+  for (int64_t i = 0; i < std::min<int64_t>(runs, 1024); ++i) {
+    std::string key = keys::run_entry(i);
+    if (!store_->check({key})) continue;
+    std::string entry = store_->get(key);
+    auto tab = entry.find('\t');
+    std::string id = entry.substr(0, tab);
+    if (id == options_.run_id) continue;
+    auto& o = others[id];
+    o.run_id = id;
+    o.hosts.push_back(tab == std::string::npos ? "?" : entry.substr(tab + 1));
+  }
+  for (auto& [id, o] : others) d.other_runs.push_back(std::move(o));
+  return d;
+}
+
+void Rendezvous::throw_timeout(int64_t g, const std::string& phase, Clock::time_point start) {
+  auto waited = std::chrono::duration_cast<Millis>(Clock::now() - start);
+  TimeoutDiagnosis d;
+  try {
+    d = diagnose(g, phase, waited);
+  } catch (const Error& e) {
+    // The store went away while diagnosing: report what is known.
+    d.phase = phase + " (the store failed while diagnosing: " + e.what() + ")";
+    d.endpoint = net::format_endpoint(options_.endpoint.host, options_.endpoint.port);
+    d.run_id = options_.run_id;
+    d.backend = options_.backend;
+    d.generation = g;
+    d.min_nodes = options_.nodes.min;
+    d.max_nodes = options_.nodes.max;
+    d.waited = waited;
+    d.limit = options_.conf.join_timeout;
+  }
+  throw RendezvousTimeoutError(std::move(d));
+}
+
+}  // namespace ddp::rdzv

@@ -1,0 +1,111 @@
+// Membership during a round: missed heartbeats, a node leaving, a worker failure elsewhere;
+// survivors re-form a smaller round when at least MIN remain.
+#include <gtest/gtest.h>
+
+#include "rdzv_test_util.hpp"
+
+namespace ddp::rdzv::test {
+namespace {
+
+struct Node {
+  std::unique_ptr<Rendezvous> rdzv;
+  RoundInfo round;
+  std::promise<std::string> changed;
+  std::unique_ptr<MembershipWatcher> watcher;
+};
+
+std::vector<std::unique_ptr<Node>> form_round(const LoopbackStore& store, NodeRange range,
+                                              int count) {
+  std::vector<std::unique_ptr<Node>> nodes;
+  std::vector<std::unique_ptr<Rendezvous>> agents;
+  for (int i = 0; i < count; ++i) {
+    agents.push_back(
+        std::make_unique<Rendezvous>(agent_options(store, "job", range, i, 2), store.connect()));
+  }
+  auto rounds = rounds_in_parallel(agents);
+  for (int i = 0; i < count; ++i) {
+    auto n = std::make_unique<Node>();
+    n->rdzv = std::move(agents[i]);
+    n->round = rounds[i];
+    Node* raw = n.get();
+    n->watcher = std::make_unique<MembershipWatcher>(
+        n->rdzv->options(), n->round, store.connect(),
+        [raw](const std::string& reason) { raw->changed.set_value(reason); });
+    nodes.push_back(std::move(n));
+  }
+  return nodes;
+}
+
+TEST(RdzvMembership, SilentNodeIsDeclaredDeadAndSurvivorsReform) {
+  LoopbackStore store;
+  auto nodes = form_round(store, {2, 3}, 3);
+  // "Kill" the node in round slot 1: its heartbeats stop.
+  Node* victim = nullptr;
+  for (auto& n : nodes) {
+    if (n->round.node_rank == 1) victim = n.get();
+  }
+  ASSERT_NE(victim, nullptr);
+  victim->watcher->stop();
+  for (auto& n : nodes) {
+    if (n.get() == victim) continue;
+    std::string reason = n->changed.get_future().get();
+    EXPECT_NE(reason.find("node rank 1 (host"), std::string::npos) << reason;
+    EXPECT_NE(reason.find("missed 3 heartbeats"), std::string::npos) << reason;
+  }
+  std::vector<std::unique_ptr<Rendezvous>> survivors;
+  for (auto& n : nodes) {
+    n->watcher.reset();
+    if (n.get() != victim) survivors.push_back(std::move(n->rdzv));
+  }
+  auto rounds = rounds_in_parallel(survivors);
+  for (const auto& r : rounds) {
+    EXPECT_EQ(r.num_nodes, 2);
+    EXPECT_EQ(r.world_size, 4);
+    EXPECT_EQ(r.generation, 1);
+  }
+  EXPECT_NE(rounds[0].node_rank, rounds[1].node_rank);
+}
+
+TEST(RdzvMembership, LeavingNodeIsSeenByEveryone) {
+  LoopbackStore store;
+  auto nodes = form_round(store, {1, 3}, 3);
+  nodes[2]->watcher->stop();
+  nodes[2]->rdzv->mark_left("host2 was interrupted (SIGINT)");
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(nodes[i]->changed.get_future().get(), "host2 was interrupted (SIGINT)");
+  }
+}
+
+TEST(RdzvMembership, FinishedNodeIsNotDeclaredDead) {
+  LoopbackStore store;
+  auto nodes = form_round(store, {2, 2}, 2);
+  // Node 1 finishes; node 0 keeps running for more than kMissedHeartbeats periods.
+  nodes[1]->watcher->stop();
+  nodes[1]->rdzv->mark_finished();
+  std::this_thread::sleep_for(nodes[0]->rdzv->options().conf.heartbeat * (kMissedHeartbeats + 3));
+  EXPECT_FALSE(nodes[0]->watcher->reason().has_value()) << *nodes[0]->watcher->reason();
+  nodes[0]->watcher->stop();
+  nodes[0]->rdzv->mark_finished();
+  EXPECT_TRUE(nodes[0]->rdzv->wait_for_peers_to_finish(Millis(5000)));
+}
+
+TEST(RdzvMembership, RequestedNewRoundWakesEveryWatcher) {
+  LoopbackStore store;
+  auto nodes = form_round(store, {2, 2}, 2);
+  nodes[0]->rdzv->request_new_round("worker local_rank 1 (RANK 1) on host0 exited with 3");
+  EXPECT_EQ(nodes[1]->changed.get_future().get(),
+            "worker local_rank 1 (RANK 1) on host0 exited with 3");
+}
+
+TEST(RdzvMembership, HostWaitsForPeersThatStillHeartbeat) {
+  LoopbackStore store;
+  auto nodes = form_round(store, {2, 2}, 2);
+  // Node 1 keeps heartbeating: the host must not consider it finished.
+  EXPECT_FALSE(nodes[0]->rdzv->wait_for_peers_to_finish(Millis(600)));
+  nodes[1]->watcher->stop();
+  nodes[1]->rdzv->mark_finished();
+  EXPECT_TRUE(nodes[0]->rdzv->wait_for_peers_to_finish(Millis(5000)));
+}
+
+}  // namespace
+}  // namespace ddp::rdzv::test

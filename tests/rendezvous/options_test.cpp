@@ -1,0 +1,103 @@
+// Parsers of torchrun's rendezvous flags: accepted spellings and the messages for bad ones.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "ddp/rendezvous/options.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp::rdzv {
+namespace {
+
+std::string usage_message(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "(no UsageError)";
+}
+
+TEST(RdzvOptions, NnodesFixedAndRange) {
+  auto a = parse_nnodes("3");
+  EXPECT_EQ(a.min, 3);
+  EXPECT_EQ(a.max, 3);
+  auto b = parse_nnodes("2:4");
+  EXPECT_EQ(b.min, 2);
+  EXPECT_EQ(b.max, 4);
+  for (const char* bad : {"0", "4:2", "x", "1:", ":3", "-1", "2:3:4"}) {
+    EXPECT_NE(usage_message([&] { parse_nnodes(bad); }).find("expected N or MIN:MAX"),
+              std::string::npos)
+        << bad;
+  }
+}
+
+TEST(RdzvOptions, EndpointDefaultsPortAndParsesIpv6) {
+  auto e = parse_endpoint("node1", kDefaultRendezvousPort);
+  EXPECT_EQ(e.host, "node1");
+  EXPECT_EQ(e.port, 29400);
+  e = parse_endpoint("10.0.0.1:1234", kDefaultRendezvousPort);
+  EXPECT_EQ(e.host, "10.0.0.1");
+  EXPECT_EQ(e.port, 1234);
+  e = parse_endpoint("[::1]:99", kDefaultRendezvousPort);
+  EXPECT_EQ(e.host, "::1");
+  EXPECT_EQ(e.port, 99);
+  EXPECT_NE(usage_message([] { parse_endpoint("h:99999", 1); }).find("not a number in 0..65535"),
+            std::string::npos);
+  EXPECT_NE(usage_message([] { parse_endpoint("::1", 1); }).find("brackets"), std::string::npos);
+  EXPECT_NE(usage_message([] { parse_endpoint(":80", 1); }).find("no host"), std::string::npos);
+}
+
+TEST(RdzvOptions, ConfKeys) {
+  auto c = parse_rdzv_conf("join_timeout=12,last_call_timeout=0.5,close_timeout=3,heartbeat=2");
+  EXPECT_EQ(c.join_timeout.count(), 12000);
+  EXPECT_EQ(c.last_call_timeout.count(), 500);
+  EXPECT_EQ(c.close_timeout.count(), 3000);
+  EXPECT_EQ(c.heartbeat.count(), 2000);
+  EXPECT_FALSE(c.token_file);
+  EXPECT_EQ(parse_rdzv_conf("token_file=/x/y").token_file.value(), "/x/y");
+  EXPECT_EQ(parse_rdzv_conf("").join_timeout, RendezvousConf::kDefaultJoinTimeout);
+  std::string m = usage_message([] { parse_rdzv_conf("join_timeot=3"); });
+  EXPECT_NE(m.find("unknown key 'join_timeot'"), std::string::npos) << m;
+  EXPECT_NE(m.find("join_timeout"), std::string::npos) << m;
+  EXPECT_NE(usage_message([] { parse_rdzv_conf("heartbeat=-1"); }).find("positive number"),
+            std::string::npos);
+  EXPECT_NE(usage_message([] { parse_rdzv_conf("heartbeat"); }).find("key=value"),
+            std::string::npos);
+}
+
+TEST(RdzvOptions, BackendAndRunId) {
+  EXPECT_EQ(parse_backend("c10d"), Backend::kC10d);
+  EXPECT_EQ(parse_backend("static"), Backend::kStatic);
+  EXPECT_NE(usage_message([] { parse_backend("etcd"); }).find("unknown backend"),
+            std::string::npos);
+  EXPECT_NO_THROW(validate_run_id("job-1234_5.a:b"));
+  EXPECT_NE(usage_message([] { validate_run_id("a/b"); }).find("'/' is not allowed"),
+            std::string::npos);
+  EXPECT_NE(usage_message([] { validate_run_id(""); }).find("empty"), std::string::npos);
+}
+
+TEST(RdzvOptions, StaticNeedsFixedCountAndRankInRange) {
+  RendezvousOptions o;
+  o.backend = Backend::kStatic;
+  o.nodes = {2, 3};
+  o.node_rank = 0;
+  EXPECT_NE(usage_message([&] { validate(o); }).find("needs a fixed node count"),
+            std::string::npos);
+  o.nodes = {2, 2};
+  o.node_rank = 2;
+  EXPECT_NE(usage_message([&] { validate(o); }).find("distinct rank in 0..1"), std::string::npos);
+}
+
+TEST(RdzvOptions, TokenFile) {
+  std::string path = ::testing::TempDir() + "/rdzv_token";
+  { std::ofstream(path) << "s3cret\n"; }
+  EXPECT_EQ(read_token_file(path), "s3cret");
+  EXPECT_NE(usage_message([] { read_token_file("/nonexistent/token"); }).find("cannot read"),
+            std::string::npos);
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace ddp::rdzv
