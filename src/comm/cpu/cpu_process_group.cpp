@@ -86,6 +86,54 @@ CpuProcessGroup::CpuProcessGroup(GroupConfig config, std::string host_id)
 
 CpuProcessGroup::~CpuProcessGroup() {
   shutdown();
+  p2p_.clear();
+}
+
+SerialExecutor& CpuProcessGroup::p2p_executor(int index) {
+  std::lock_guard<std::mutex> lock(p2p_mutex_);
+  if (p2p_.empty()) p2p_.resize(2 * size_);
+  if (!p2p_[index]) p2p_[index] = std::make_unique<SerialExecutor>();
+  return *p2p_[index];
+}
+
+WorkPtr CpuProcessGroup::send(const void* data, size_t count, DataType dtype, int dst, int tag) {
+  validate_p2p(data, count, dst, "send", "dst");
+  CallInfo c{OpKind::kSend, dtype, ReduceOp::kSum, false, dst, tag, count, 0, 0};
+  const size_t bytes = count * element_size(dtype);
+  if (topo_.host_of_rank[dst] != topo_.my_host) {
+    return all_ranks(c).post_send(data, bytes, dst, tag, c);
+  }
+  auto work = std::make_shared<FutureWork>(c.describe() + " on " + where());
+  p2p_executor(dst).post([this, work, c, data, bytes, dst, tag] {
+    std::exception_ptr error;
+    try {
+      shm_->send(data, bytes, topo_.local_rank_of(dst), tag, context(c));
+    } catch (...) {
+      error = std::current_exception();
+    }
+    work->finish(error);
+  });
+  return work;
+}
+
+WorkPtr CpuProcessGroup::recv(void* data, size_t count, DataType dtype, int src, int tag) {
+  validate_p2p(data, count, src, "recv", "src");
+  CallInfo c{OpKind::kRecv, dtype, ReduceOp::kSum, false, src, tag, count, 0, 0};
+  const size_t bytes = count * element_size(dtype);
+  if (topo_.host_of_rank[src] != topo_.my_host) {
+    return all_ranks(c).post_recv(data, bytes, src, tag, c);
+  }
+  auto work = std::make_shared<FutureWork>(c.describe() + " on " + where());
+  p2p_executor(size_ + src).post([this, work, c, data, bytes, src, tag] {
+    std::exception_ptr error;
+    try {
+      shm_->recv(data, bytes, topo_.local_rank_of(src), tag, context(c));
+    } catch (...) {
+      error = std::current_exception();
+    }
+    work->finish(error);
+  });
+  return work;
 }
 
 ShmContext CpuProcessGroup::context(const CallInfo& call) const {

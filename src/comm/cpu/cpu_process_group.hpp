@@ -11,10 +11,13 @@
 // even if the job is killed afterwards.
 
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "../async_process_group.hpp"
 #include "../host_topology.hpp"
+#include "../serial_executor.hpp"
 #include "shm_group.hpp"
 
 namespace ddp::detail {
@@ -28,6 +31,12 @@ class CpuProcessGroup : public AsyncProcessGroup {
 
   std::string backend_name() const override { return "cpu"; }
   const HostTopology& topology() const { return topo_; }
+
+  // Point to point bypasses the collective queue: sends to a peer run in order on a thread of
+  // their own, as do receives from a peer, so recv-before-send patterns (rings) progress.
+  // Across hosts they are posted to Gloo without waiting.
+  WorkPtr send(const void* data, size_t count, DataType dtype, int dst, int tag) override;
+  WorkPtr recv(void* data, size_t count, DataType dtype, int src, int tag) override;
 
  protected:
   void run_all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,
@@ -53,6 +62,7 @@ class CpuProcessGroup : public AsyncProcessGroup {
 
  private:
   ShmContext context(const CallInfo& call) const;
+  SerialExecutor& p2p_executor(int index);
   bool single_host() const { return topo_.num_hosts() == 1; }
   GlooComm& all_ranks(const CallInfo& call);
 
@@ -61,6 +71,10 @@ class CpuProcessGroup : public AsyncProcessGroup {
   std::unique_ptr<ShmGroup> shm_;        // null when this rank is alone on its host
   std::unique_ptr<GlooComm> leaders_;    // host leaders only, when there are several hosts
   std::unique_ptr<GlooComm> all_ranks_;  // every rank, when there are several hosts
+  std::mutex p2p_mutex_;
+  // Lazily created, per peer: [peer] sends, [size + peer] receives. Destroyed (drained)
+  // before the shared memory they use.
+  std::vector<std::unique_ptr<SerialExecutor>> p2p_;
 };
 
 }  // namespace ddp::detail
