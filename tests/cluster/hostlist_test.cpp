@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "ddp/util/error.hpp"
@@ -118,6 +119,37 @@ TEST(HostlistCompress, RoundTripsAndIsCompact) {
   for (const Hosts& h : {hosts, Hosts{"n09", "n10", "n8"}, Hosts{"x", "x1", "x01", "x2"},
                          Hosts{"r1n1", "r1n2", "r2n1"}, Hosts{"a", "a"}}) {
     EXPECT_EQ(expand_hostlist(compress_hostlist(h)), h) << compress_hostlist(h);
+  }
+}
+
+// Deterministic random inputs: compress/expand round-trips any host vector, and arbitrary
+// strings over the list alphabet either expand or throw UsageError (never crash or hang).
+TEST(HostlistRandom, RoundTripAndGarbage) {
+  std::mt19937 rng(20240607);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  const std::vector<std::string> prefixes{"n", "gpu", "rack1-node", "a.b", "x9y"};
+  for (int round = 0; round < 500; ++round) {
+    Hosts hosts;
+    int count = 1 + pick(12);
+    for (int i = 0; i < count; ++i) {
+      std::string number = std::to_string(pick(120));
+      if (pick(3) == 0) number.insert(0, static_cast<size_t>(pick(3)), '0');
+      hosts.push_back(prefixes[pick(static_cast<int>(prefixes.size()))] +
+                      (pick(8) == 0 ? "" : number));
+    }
+    std::string compact = compress_hostlist(hosts);
+    EXPECT_EQ(expand_hostlist(compact), hosts) << compact;
+  }
+  const std::string alphabet = "ab01-9[],: \t";
+  for (int round = 0; round < 5000; ++round) {
+    std::string list;
+    int len = pick(16);
+    for (int i = 0; i < len; ++i) list += alphabet[pick(static_cast<int>(alphabet.size()))];
+    try {
+      Hosts hosts = expand_hostlist(list);
+      EXPECT_FALSE(hosts.empty()) << list;
+    } catch (const UsageError&) {
+    }
   }
 }
 
