@@ -32,8 +32,17 @@ endif()
 message(STATUS "ddp: gloo=${DDP_HAVE_GLOO} mpi=${DDP_HAVE_MPI} torch=${DDP_WITH_TORCH}")
 
 # Gives a LibTorch-using target (test, example, bench) the torch layer's precompiled header.
+# The header is built for a static library (-fPIC); an executable would get -fPIE and GCC
+# rejects the header ("created and used with different settings of -fpie"), silently
+# recompiling torch.h. So the executable's own sources are compiled with -fPIC instead (still
+# linkable as PIE).
 function(ddp_torch_pch target)
   if(TARGET ddp_torch)
     target_precompile_headers(${target} REUSE_FROM ddp_torch)
+    get_target_property(type ${target} TYPE)
+    if(type STREQUAL "EXECUTABLE")
+      set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+      target_compile_options(${target} PRIVATE -fPIC)
+    endif()
   endif()
 endfunction()

@@ -1,0 +1,68 @@
+#pragma once
+// Models of the DDP tests: the tutorials' MNIST CNN and a model with optional branches.
+
+#include <torch/torch.h>
+
+namespace ddp::test {
+
+// conv 1->32 3x3, conv 32->64 3x3, max-pool 2, fc 9216->128, fc 128->10, log_softmax.
+struct CnnImpl : torch::nn::Module {
+  CnnImpl()
+      : conv1(register_module("conv1", torch::nn::Conv2d(1, 32, 3))),
+        conv2(register_module("conv2", torch::nn::Conv2d(32, 64, 3))),
+        fc1(register_module("fc1", torch::nn::Linear(9216, 128))),
+        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(conv1(x));
+    x = torch::relu(conv2(x));
+    x = torch::max_pool2d(x, 2).flatten(1);
+    x = torch::relu(fc1(x));
+    return torch::log_softmax(fc2(x), 1);
+  }
+  torch::nn::Conv2d conv1;
+  torch::nn::Conv2d conv2;
+  torch::nn::Linear fc1;
+  torch::nn::Linear fc2;
+};
+TORCH_MODULE(Cnn);
+
+// a is always used; b only where the caller says (rows selected by mask); never is never used.
+struct BranchyImpl : torch::nn::Module {
+  BranchyImpl()
+      : a(register_module("a", torch::nn::Linear(6, 3))),
+        b(register_module("b", torch::nn::Linear(6, 3))),
+        never(register_module("never", torch::nn::Linear(6, 3))) {}
+  // mask: per-row 0/1 weight of branch b; when use_b is false b is not in the graph at all.
+  torch::Tensor forward(torch::Tensor x, bool use_b, torch::Tensor mask) {
+    auto out = a(x);
+    if (use_b) out = out + b(x) * mask.unsqueeze(1);
+    return out;
+  }
+  torch::nn::Linear a;
+  torch::nn::Linear b;
+  torch::nn::Linear never;
+};
+TORCH_MODULE(Branchy);
+
+// Copies every parameter and buffer of `from` into `to` (same architecture).
+inline void copy_state(torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard no_grad;
+  auto src = from.named_parameters(true);
+  for (auto& item : to.named_parameters(true)) item.value().copy_(src[item.key()]);
+  auto bsrc = from.named_buffers(true);
+  for (auto& item : to.named_buffers(true)) item.value().copy_(bsrc[item.key()]);
+}
+
+// max over parameters of ||a - b|| / ||b||.
+inline double max_relative_error(torch::nn::Module& a, torch::nn::Module& b) {
+  double worst = 0;
+  auto pb = b.named_parameters(true);
+  for (auto& item : a.named_parameters(true)) {
+    const auto& ref = pb[item.key()];
+    double err = (item.value() - ref).norm().item<double>() / (ref.norm().item<double>() + 1e-30);
+    worst = std::max(worst, err);
+  }
+  return worst;
+}
+
+}  // namespace ddp::test

@@ -1,0 +1,118 @@
+// State dicts, buffer broadcast and the timeline.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "ddp/torch/ddp.hpp"
+#include "models.hpp"
+#include "rank_threads.hpp"
+
+namespace {
+
+using ddp::DistributedDataParallel;
+using ddp::DistributedDataParallelOptions;
+using ddp::test::run_ranks;
+
+torch::nn::Sequential make_bn_net() {
+  return torch::nn::Sequential(torch::nn::Linear(4, 4), torch::nn::BatchNorm1d(4),
+                               torch::nn::Linear(4, 2));
+}
+
+std::vector<std::string> keys_of(const ddp::StateDict& d) {
+  return d.keys();
+}
+
+TEST(DdpFeatures, StateDictHasTheModuleKeysAndSnapshotsInterchange) {
+  auto net = make_bn_net();
+  auto plain = make_bn_net();
+  run_ranks(1, [&](int, ddp::ProcessGroupPtr pg) {
+    DistributedDataParallel model(net, pg);
+    // Train a little so the state differs from plain's.
+    torch::optim::SGD opt(model.parameters(), 0.1);
+    model(torch::randn({8, 4})).sum().backward();
+    model.step(opt);
+
+    auto keys = keys_of(model.state_dict());
+    EXPECT_EQ(keys, keys_of(ddp::state_dict(*plain)));
+    std::set<std::string> key_set(keys.begin(), keys.end());
+    EXPECT_TRUE(key_set.count("1.running_mean")) << "buffers belong to the state dict";
+    for (const auto& k : keys) EXPECT_NE(k.rfind("module.", 0), 0u) << k;
+
+    // A snapshot of the wrapper's module loads into the bare module...
+    std::stringstream stream;
+    torch::serialize::OutputArchive out;
+    model.module()->save(out);
+    out.save_to(stream);
+    torch::serialize::InputArchive in;
+    in.load_from(stream);
+    plain->load(in);
+    for (const auto& item : model.state_dict()) {
+      EXPECT_TRUE(torch::equal(item.value(), ddp::state_dict(*plain)[item.key()])) << item.key();
+    }
+    // ...and a state dict of the bare module loads into the wrapper.
+    auto other = make_bn_net();
+    ddp::load_state_dict(*other, model.state_dict());
+    model.load_state_dict(ddp::state_dict(*other));
+    EXPECT_EQ(model.named_parameters().keys(), plain->named_parameters().keys());
+    EXPECT_EQ(model.named_buffers().keys(), plain->named_buffers().keys());
+  });
+}
+
+TEST(DdpFeatures, ConstructionBroadcastsRankZerosParametersAndBuffers) {
+  std::vector<torch::nn::Sequential> nets;
+  for (int r = 0; r < 3; ++r) {
+    nets.push_back(make_bn_net());
+    torch::NoGradGuard no_grad;
+    for (auto& b : nets.back()->buffers()) b.fill_(static_cast<double>(r + 1));
+  }
+  run_ranks(3, [&](int r, ddp::ProcessGroupPtr pg) { DistributedDataParallel model(nets[r], pg); });
+  auto reference = ddp::state_dict(*nets[0]);
+  for (int r = 1; r < 3; ++r) {
+    for (const auto& item : ddp::state_dict(*nets[r])) {
+      EXPECT_TRUE(torch::equal(item.value(), reference[item.key()]))
+          << "rank " << r << " " << item.key();
+    }
+  }
+  EXPECT_EQ(nets[2][1]->as<torch::nn::BatchNorm1d>()->running_mean[0].item<float>(), 1.0f);
+}
+
+TEST(DdpFeatures, TimelineHasForwardBackwardBucketsAndStep) {
+  auto dir =
+      std::filesystem::temp_directory_path() / ("ddp_timeline_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string pattern = (dir / "timeline_rank{rank}.json").string();
+  run_ranks(2, [&](int, ddp::ProcessGroupPtr pg) {
+    ddp::test::Cnn net;
+    DistributedDataParallel model(net, pg, DistributedDataParallelOptions().timeline_path(pattern));
+    torch::optim::Adam opt(model.parameters(), 1e-3);
+    for (int step = 0; step < 2; ++step) {
+      opt.zero_grad();
+      torch::nll_loss(model(torch::randn({2, 1, 28, 28})), torch::tensor({1, 2})).backward();
+      model.step(opt);
+    }
+  });  // written when the wrappers are destroyed
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream in(dir / ("timeline_rank" + std::to_string(r) + ".json"));
+    ASSERT_TRUE(in) << "rank " << r << " wrote no timeline";
+    auto doc = nlohmann::json::parse(in);
+    std::map<std::string, int> counts;
+    for (const auto& e : doc.at("traceEvents")) {
+      if (e.at("ph") == "X") {
+        counts[e.at("name").get<std::string>()]++;
+        EXPECT_GE(e.at("dur").get<int64_t>(), 0);
+        EXPECT_EQ(e.at("pid"), r);
+      }
+    }
+    EXPECT_EQ(counts["forward"], 2);
+    EXPECT_EQ(counts["backward"], 2);
+    EXPECT_EQ(counts["optimizer.step"], 2);
+    EXPECT_EQ(counts["allreduce bucket 0"], 2);
+    EXPECT_EQ(counts["allreduce bucket 1"], 2);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
