@@ -1,5 +1,7 @@
 // ddprun [flags] PROGRAM [ARGS...]: starts PROGRAM once per worker with torchrun's
-// environment, forwards output and signals, restarts the group on failure.
+// environment, forwards output and signals, restarts the group on failure; with --nnodes
+// and --rdzv-* it meets the other nodes first (docs/rendezvous.md).
+// ddprun doctor [--rdzv-endpoint HOST:PORT]: checks the cluster and network setup.
 //
 // Exit codes: 0 every worker succeeded; 1 a worker failed and restarts are exhausted (or the
 // launcher itself failed); 2 bad command line; 128+N stopped by signal N.
@@ -10,6 +12,7 @@
 
 #include "ddp/launcher/cli.hpp"
 #include "ddp/launcher/launch.hpp"
+#include "ddp/launcher/multi_node.hpp"
 #include "ddp/util/error.hpp"
 
 int main(int argc, char** argv) {
@@ -18,6 +21,7 @@ int main(int argc, char** argv) {
   EnvLookup env = process_env();
   try {
     ParsedCommandLine parsed = parse_command_line(args, env);
+    if (parsed.doctor) return run_doctor_command(*parsed.doctor);
     if (!parsed.options) {
       std::fputs(parsed.help.c_str(), stdout);
       return 0;

@@ -1,8 +1,20 @@
 #include "ddp/launcher/agent.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 #include "ddp/launcher/output.hpp"
+#include "ddp/launcher/process.hpp"
 #include "ddp/launcher/run_directory.hpp"
 #include "ddp/launcher/signals.hpp"
 #include "ddp/launcher/worker_group.hpp"
@@ -17,46 +29,63 @@ void notice(int fd, const std::string& text) {
   write_fully(fd, line.data(), line.size());
 }
 
-}  // namespace
+AttemptSpec make_spec(const AgentOptions& options, const WorldAssignment& world,
+                      const RunDirectory& run_dir, int restart_count) {
+  AttemptSpec spec;
+  spec.world = &world;
+  spec.run_dir = &run_dir;
+  spec.restart_count = restart_count;
+  spec.max_restarts = options.max_restarts;
+  spec.role = options.role;
+  spec.run_id = options.run_id;
+  spec.host = options.host;
+  spec.command = options.command;
+  spec.base_env = options.base_env;
+  spec.set_omp_threads = options.set_omp_threads;
+  spec.write_logs = run_dir.persistent();
+  spec.redirects = options.redirects;
+  spec.tee = options.tee;
+  spec.local_ranks_filter = options.local_ranks_filter;
+  spec.term_grace = options.term_grace;
+  spec.monitor_interval = options.monitor_interval;
+  spec.console_out = options.console_out;
+  spec.console_err = options.console_err;
+  spec.notice_fd = options.notice_fd;
+  return spec;
+}
 
-AgentResult run_agent(const AgentOptions& options) {
-  if (!options.rendezvous) throw Error("run_agent: no rendezvous function given");
-  if (options.command.empty()) throw Error("run_agent: no worker command given");
+AgentResult report_failure(const AgentOptions& options, const AttemptResult& attempt, int restart) {
+  FailureReport report;
+  report.role = options.role;
+  report.run_id = options.run_id;
+  report.restart_count = restart;
+  report.max_restarts = options.max_restarts;
+  report.root_cause = *attempt.root_cause;
+  report.others = attempt.others;
+  std::string text = format_failure_report(report);
+  write_fully(options.notice_fd, text.data(), text.size());
+  AgentResult result;
+  result.exit_code = 1;
+  result.restart_count = restart;
+  result.failure = std::move(report);
+  return result;
+}
 
+AgentResult run_single_node(const AgentOptions& options) {
   // Signals are queued from here on, so none is lost between attempts.
   SignalChannel signals;
   RunDirectory run_dir(options.log_dir, options.run_id);
 
   for (int restart = 0;; ++restart) {
     WorldAssignment world = options.rendezvous(restart);
-
-    AttemptSpec spec;
-    spec.world = &world;
-    spec.run_dir = &run_dir;
-    spec.restart_count = restart;
-    spec.max_restarts = options.max_restarts;
-    spec.role = options.role;
-    spec.run_id = options.run_id;
-    spec.host = options.host;
-    spec.command = options.command;
-    spec.base_env = options.base_env;
-    spec.set_omp_threads = options.set_omp_threads;
-    spec.write_logs = run_dir.persistent();
-    spec.redirects = options.redirects;
-    spec.tee = options.tee;
-    spec.local_ranks_filter = options.local_ranks_filter;
-    spec.term_grace = options.term_grace;
-    spec.monitor_interval = options.monitor_interval;
-    spec.console_out = options.console_out;
-    spec.console_err = options.console_err;
-    spec.notice_fd = options.notice_fd;
-
+    AttemptSpec spec = make_spec(options, world, run_dir, restart);
     AttemptResult attempt = run_attempt(spec, signals);
 
     AgentResult result;
     result.restart_count = restart;
     switch (attempt.outcome) {
       case AttemptOutcome::kSucceeded:
+      case AttemptOutcome::kStopped:  // no stop_fd here, so it cannot happen
         result.exit_code = 0;
         return result;
       case AttemptOutcome::kInterrupted:
@@ -74,19 +103,143 @@ AgentResult run_agent(const AgentOptions& options) {
                          describe_failure(*attempt.root_cause), restart + 1, options.max_restarts));
       continue;
     }
-    FailureReport report;
-    report.role = options.role;
-    report.run_id = options.run_id;
-    report.restart_count = restart;
-    report.max_restarts = options.max_restarts;
-    report.root_cause = *attempt.root_cause;
-    report.others = attempt.others;
-    std::string text = format_failure_report(report);
-    write_fully(options.notice_fd, text.data(), text.size());
-    result.exit_code = 1;
-    result.failure = std::move(report);
-    return result;
+    return report_failure(options, attempt, restart);
   }
+}
+
+// Runs membership.next_round() on a helper thread while this thread watches the signal
+// channel, so Ctrl-C during a long rendezvous wait is honoured at once. On a terminating
+// signal the process exits (the helper is blocked in the store and cannot be joined).
+MembershipRound join_round(Membership& membership, SignalChannel& signals, int notice_fd) {
+  struct Shared {
+    std::mutex mutex;
+    std::optional<MembershipRound> round;
+    std::exception_ptr error;
+  };
+  auto shared = std::make_shared<Shared>();
+  int raw[2];
+  if (::pipe2(raw, O_CLOEXEC) != 0) {
+    throw Error(fmt::format("cannot create a pipe for the rendezvous: {}", std::strerror(errno)));
+  }
+  UniqueFd done_read(raw[0]), done_write_fd(raw[1]);
+  int done_write = done_write_fd.get();
+  std::thread helper([&membership, shared, done_write] {
+    try {
+      MembershipRound r = membership.next_round();
+      std::lock_guard<std::mutex> lock(shared->mutex);
+      shared->round = std::move(r);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(shared->mutex);
+      shared->error = std::current_exception();
+    }
+    char byte = 1;
+    (void)!::write(done_write, &byte, 1);
+  });
+  for (;;) {
+    pollfd fds[2] = {{done_read.get(), POLLIN, 0}, {signals.fd(), POLLIN, 0}};
+    int n = ::poll(fds, 2, -1);
+    if (n < 0 && errno != EINTR) {
+      helper.detach();
+      throw Error(fmt::format("poll failed: {}", std::strerror(errno)));
+    }
+    if (fds[0].revents != 0) break;
+    if (fds[1].revents != 0) {
+      for (int sig : signals.drain()) {
+        if (!is_terminating_signal(sig)) continue;
+        notice(notice_fd, fmt::format("received {} while waiting for the rendezvous; exiting "
+                                      "with {}",
+                                      signal_name(sig), 128 + sig));
+        std::_Exit(128 + sig);
+      }
+    }
+  }
+  helper.join();
+  std::lock_guard<std::mutex> lock(shared->mutex);
+  if (shared->error) std::rethrow_exception(shared->error);
+  return std::move(*shared->round);
+}
+
+AgentResult run_multi_node(const AgentOptions& options) {
+  Membership& m = *options.membership;
+  SignalChannel signals;
+  RunDirectory run_dir(options.log_dir, options.run_id);
+
+  int charged = 0;  // restarts counted against max_restarts
+  std::optional<AttemptResult> failed;
+  int failed_nodes = 0;
+  for (;;) {
+    MembershipRound round = join_round(m, signals, options.notice_fd);
+    notice(options.notice_fd, round.summary);
+    if (failed) {
+      if (round.world.group_world_size < failed_nodes) {
+        notice(options.notice_fd,
+               fmt::format("the round has {} nodes instead of {}: a node was lost, so this "
+                           "restart does not count against --max-restarts",
+                           round.world.group_world_size, failed_nodes));
+      } else if (++charged > options.max_restarts) {
+        std::string why =
+            fmt::format("{} on {} after {} restart{}", describe_failure(*failed->root_cause),
+                        options.host, charged - 1, charged - 1 == 1 ? "" : "s");
+        m.shut_down(why);
+        return report_failure(options, *failed, round.generation);
+      } else {
+        notice(options.notice_fd, fmt::format("restarting the worker group (restart {} of {})",
+                                              charged, options.max_restarts));
+      }
+      failed.reset();
+    }
+
+    AttemptSpec spec = make_spec(options, round.world, run_dir, round.generation);
+    spec.stop_fd = m.start_watching();
+    AttemptResult attempt;
+    try {
+      attempt = run_attempt(spec, signals);
+    } catch (...) {
+      m.stop_watching();
+      throw;
+    }
+    std::optional<std::string> reason = m.stop_watching();
+
+    AgentResult result;
+    result.restart_count = charged;
+    switch (attempt.outcome) {
+      case AttemptOutcome::kSucceeded:
+        m.finished();
+        return result;
+      case AttemptOutcome::kInterrupted:
+        m.leave(fmt::format("the agent on {} was stopped by {}", options.host,
+                            signal_name(attempt.signal)));
+        notice(options.notice_fd, fmt::format("stopped all workers after {}; exiting with {}",
+                                              signal_name(attempt.signal), 128 + attempt.signal));
+        result.exit_code = 128 + attempt.signal;
+        result.signal = attempt.signal;
+        return result;
+      case AttemptOutcome::kStopped:
+        notice(options.notice_fd,
+               fmt::format("membership changed ({}); stopped the workers, joining the next round",
+                           reason.value_or("no reason given")));
+        continue;
+      case AttemptOutcome::kFailed: {
+        std::string why =
+            fmt::format("{} on {}", describe_failure(*attempt.root_cause), options.host);
+        notice(options.notice_fd, why + "; every node re-joins the rendezvous");
+        m.end_round(why);
+        failed = std::move(attempt);
+        failed_nodes = round.world.group_world_size;
+        continue;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+AgentResult run_agent(const AgentOptions& options) {
+  if (!options.rendezvous && options.membership == nullptr) {
+    throw Error("run_agent: no rendezvous function or membership given");
+  }
+  if (options.command.empty()) throw Error("run_agent: no worker command given");
+  return options.membership != nullptr ? run_multi_node(options) : run_single_node(options);
 }
 
 }  // namespace ddp::launcher

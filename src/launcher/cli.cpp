@@ -11,6 +11,7 @@
 #include <map>
 #include <random>
 
+#include "ddp/rendezvous/options.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp::launcher {
@@ -153,22 +154,15 @@ std::vector<int> parse_rank_list(const Sourced& s) {
   return ranks;
 }
 
-int parse_nnodes(const Sourced& s) {
-  std::string v = s.value;
-  std::string max_part = v;
-  auto colon = v.find(':');
-  if (colon != std::string::npos) {
-    parse_int({v.substr(0, colon), s.source}, 1, 1 << 20, "a node count like 1 or 1:1");
-    max_part = v.substr(colon + 1);
+rdzv::NodeRange parse_nnodes(const Sourced& s) {
+  try {
+    return rdzv::parse_nnodes(s.value);
+  } catch (const UsageError& e) {
+    // Name the source actually used (PET_NNODES or --nnodes).
+    std::string m = e.what();
+    if (s.source != "--nnodes" && m.rfind("--nnodes", 0) == 0) m = s.source + m.substr(8);
+    throw UsageError(m);
   }
-  int max_nodes = parse_int({max_part, s.source}, 1, 1 << 20, "a node count like 1 or 1:1");
-  if (max_nodes > 1) {
-    throw UsageError(fmt::format(
-        "{} {}: multi-node runs are not supported yet by ddprun; use --nnodes 1 (one node, "
-        "several workers with --nproc-per-node)",
-        s.source, v));
-  }
-  return 1;
 }
 
 }  // namespace
@@ -225,11 +219,12 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
     f.option = app.add_flag(names, f.cli_value, help + " [env " + env_name + "]");
   };
 
-  value_flag("nnodes", "--nnodes", "PET_NNODES", "Number of nodes; only 1 is supported yet");
+  value_flag("nnodes", "--nnodes", "PET_NNODES",
+             "Number of nodes: N, or MIN:MAX for an elastic job (c10d backend) (default 1)");
   value_flag("nproc", "--nproc-per-node,--nproc_per_node", "PET_NPROC_PER_NODE",
              "Workers on this node: N, auto, cpu or gpu (default 1)");
   value_flag("node_rank", "--node-rank,--node_rank", "PET_NODE_RANK",
-             "Rank of this node (default 0)");
+             "Rank of this node with the static backend (default 0; c10d assigns ranks)");
   value_flag("master_addr", "--master-addr,--master_addr", "PET_MASTER_ADDR",
              "Address of rank 0's TCPStore (default 127.0.0.1)");
   value_flag("master_port", "--master-port,--master_port", "PET_MASTER_PORT",
@@ -247,11 +242,16 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
              "Run id: TORCHELASTIC_RUN_ID and the log folder name (default 'none', random "
              "with --standalone)");
   value_flag("rdzv_backend", "--rdzv-backend,--rdzv_backend", "PET_RDZV_BACKEND",
-             "Not supported yet (multi-node)");
+             "Rendezvous backend: static (fixed --node-rank) or c10d (elastic) (default static)");
   value_flag("rdzv_endpoint", "--rdzv-endpoint,--rdzv_endpoint", "PET_RDZV_ENDPOINT",
-             "Not supported yet (multi-node)");
+             "HOST[:PORT] of the rendezvous store, served by the agent on HOST (default port "
+             "29400)");
   value_flag("rdzv_conf", "--rdzv-conf,--rdzv_conf", "PET_RDZV_CONF",
-             "Not supported yet (multi-node)");
+             "key=value,...: join_timeout, last_call_timeout, close_timeout, heartbeat, "
+             "connect_timeout (seconds), token_file");
+  value_flag("local_addr", "--local-addr,--local_addr", "PET_LOCAL_ADDR",
+             "Address of this node for the others (default: the source address of the route "
+             "to the endpoint)");
   value_flag("log_dir", "--log-dir,--log_dir", "PET_LOG_DIR",
              "Write DIR/<run id>/attempt_<n>/<rank>/{stdout,stderr}.log");
   value_flag("redirects", "-r,--redirects", "PET_REDIRECTS",
@@ -266,6 +266,21 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
             "Execute PROGRAM directly, even a .py file");
   bool_flag("module", "-m,--module", "PET_MODULE", "Run PROGRAM as a Python module (python -m)");
 
+  // `ddprun doctor [--rdzv-endpoint HOST:PORT]`: checks instead of a launch.
+  DoctorCommand doctor_command;
+  CLI::App* doctor = app.add_subcommand(
+      "doctor",
+      "Check what makes multi-node runs hang or fail: cluster variables, network interface "
+      "settings, GPUs, and (given an endpoint) name resolution, route, TCP connect, store "
+      "authentication and clock skew. Exit 1 when a check fails.");
+  doctor->add_option("--rdzv-endpoint,--rdzv_endpoint,--endpoint", doctor_command.endpoint,
+                     "HOST[:PORT] of the rendezvous or master store to check (default: "
+                     "MASTER_ADDR:MASTER_PORT when set)");
+  doctor->add_option("--timeout", doctor_command.timeout_s,
+                     "Seconds allowed for each network step (default 3)");
+  doctor->add_option("--token-file", doctor_command.token_file,
+                     "File holding the store token (default: DDP_STORE_TOKEN)");
+
   std::vector<std::string> argv_storage = {"ddprun"};
   argv_storage.insert(argv_storage.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -274,10 +289,19 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
     app.parse(static_cast<int>(argv.size()), argv.data());
   } catch (const CLI::CallForHelp&) {
     ParsedCommandLine result;
-    result.help = app.help();
+    result.help = doctor->parsed() ? doctor->help() : app.help();
     return result;
   } catch (const CLI::ParseError& e) {
     throw UsageError(fmt::format("{}; run 'ddprun --help' for the list of flags", e.what()));
+  }
+
+  if (doctor->parsed()) {
+    if (!(doctor_command.timeout_s > 0)) {
+      throw UsageError("ddprun doctor --timeout: expected a positive number of seconds");
+    }
+    ParsedCommandLine result;
+    result.doctor = doctor_command;
+    return result;
   }
 
   std::vector<std::string> rest = app.remaining();
@@ -310,15 +334,28 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
   o.program = rest.front();
   o.program_args.assign(rest.begin() + 1, rest.end());
 
-  for (const char* key : {"rdzv_backend", "rdzv_endpoint", "rdzv_conf"}) {
-    if (auto s = value_of(v[key], env)) {
-      // The static backend on one node is what ddprun does anyway.
-      if (std::string(key) == "rdzv_backend" && s->value == "static") continue;
+  if (auto s = value_of(v["rdzv_backend"], env)) {
+    try {
+      o.rdzv_backend = rdzv::to_string(rdzv::parse_backend(s->value));
+    } catch (const UsageError&) {
       throw UsageError(fmt::format(
-          "{} {}: rendezvous backends (multi-node) are not supported yet by ddprun; for one "
-          "node drop it (use --standalone or --master-addr/--master-port)",
+          "{} {}: unknown rendezvous backend; use c10d (elastic, node ranks in join order) or "
+          "static (fixed --node-rank)",
           s->source, s->value));
     }
+    o.given.rdzv_backend = true;
+  }
+  if (auto s = value_of(v["rdzv_endpoint"], env)) {
+    rdzv::parse_endpoint(s->value, rdzv::kDefaultRendezvousPort);  // validates
+    o.rdzv_endpoint = s->value;
+  }
+  if (auto s = value_of(v["rdzv_conf"], env)) {
+    rdzv::parse_rdzv_conf(s->value);  // validates
+    o.rdzv_conf = s->value;
+  }
+  if (auto s = value_of(v["local_addr"], env)) {
+    if (s->value.empty()) throw UsageError(fmt::format("{}: empty address", s->source));
+    o.local_addr = s->value;
   }
   if (auto s = value_of(v["start_method"], env)) {
     if (s->value != "spawn" && s->value != "fork" && s->value != "forkserver") {
@@ -326,22 +363,40 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
           fmt::format("{}: '{}' is not one of spawn, fork, forkserver", s->source, s->value));
     }
   }
-  if (auto s = value_of(v["nnodes"], env)) o.nnodes = parse_nnodes(*s);
-  if (auto s = value_of(v["nproc"], env))
+  if (auto s = value_of(v["nnodes"], env)) {
+    rdzv::NodeRange range = parse_nnodes(*s);
+    o.nnodes_min = range.min;
+    o.nnodes = range.max;
+    o.given.nnodes = true;
+    if (range.min != range.max && o.rdzv_backend != "c10d") {
+      throw UsageError(fmt::format(
+          "{} {}: an elastic node range needs --rdzv-backend c10d (and --rdzv-endpoint); the "
+          "static backend needs a fixed count",
+          s->source, s->value));
+    }
+  }
+  if (auto s = value_of(v["nproc"], env)) {
     o.nproc_per_node = resolve_nproc_per_node(s->value, s->source);
+    o.given.nproc_per_node = true;
+  }
   if (auto s = value_of(v["node_rank"], env)) {
+    o.given.node_rank = true;
     o.node_rank = parse_int(*s, 0, 1 << 20, "a node rank (0 or more)");
     if (o.node_rank >= o.nnodes) {
-      throw UsageError(fmt::format("{} {} is outside [0, {}) for --nnodes {}; use --node-rank 0",
-                                   s->source, o.node_rank, o.nnodes, o.nnodes));
+      throw UsageError(fmt::format(
+          "{} {} is outside [0, {}) for --nnodes {}; give each node a distinct --node-rank "
+          "from 0 to {}",
+          s->source, o.node_rank, o.nnodes, o.nnodes, o.nnodes - 1));
     }
   }
   if (auto s = value_of(v["master_addr"], env)) {
     if (s->value.empty()) throw UsageError(fmt::format("{}: empty address", s->source));
     o.master_addr = s->value;
+    o.given.master_addr = true;
   }
   if (auto s = value_of(v["master_port"], env)) {
     o.master_port = parse_int(*s, 1, 65535, "a TCP port (1-65535)");
+    o.given.master_port = true;
   }
   o.standalone = bool_of(b["standalone"], env);
   if (auto s = value_of(v["max_restarts"], env)) {
@@ -360,6 +415,7 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
           "{}: '{}' cannot name a log folder; use letters, digits, '-', '_'", s->source, s->value));
     }
     o.run_id = s->value;
+    o.given.run_id = true;
   } else if (o.standalone) {
     o.run_id = random_run_id();
   }

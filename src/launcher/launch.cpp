@@ -3,10 +3,14 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <memory>
+
 #include <algorithm>
 
+#include "ddp/cluster/environment.hpp"
 #include "ddp/launcher/agent.hpp"
 #include "ddp/launcher/command.hpp"
+#include "ddp/launcher/multi_node.hpp"
 #include "ddp/launcher/output.hpp"
 #include "ddp/launcher/worker_env.hpp"
 #include "ddp/launcher/world.hpp"
@@ -30,7 +34,15 @@ std::string host_name() {
 
 }  // namespace
 
-int launch(const LaunchOptions& o, const EnvLookup& env) {
+int launch(const LaunchOptions& options, const EnvLookup& env) {
+  LaunchOptions o = options;
+  if (!o.standalone) {
+    // Inside an allocation the scheduler's variables fill what the flags leave out.
+    for (const auto& line : apply_cluster_detection(o, cluster::current_environment())) {
+      std::string text = "ddprun: " + line + "\n";
+      write_fully(2, text.data(), text.size());
+    }
+  }
   AgentOptions a;
   a.command = worker_command(o, env);
   a.role = o.role;
@@ -60,6 +72,17 @@ int launch(const LaunchOptions& o, const EnvLookup& env) {
         "ddprun: --redirects without --log-dir: redirected output is kept only in a temporary "
         "directory removed at exit; add --log-dir DIR to keep it\n";
     write_fully(2, note.data(), note.size());
+  }
+
+  std::unique_ptr<Membership> membership;
+  if (is_multi_node(o)) {
+    // Signals are not blocked yet: the membership starts no thread before the agent's first
+    // next_round() (rendezvous_membership.hpp).
+    RendezvousMembershipOptions settings = rendezvous_settings(o, a.host);
+    settings.notice_fd = 2;
+    membership = make_rendezvous_membership(std::move(settings));
+    a.membership = membership.get();
+    return run_agent(a).exit_code;
   }
 
   StaticWorldOptions world;

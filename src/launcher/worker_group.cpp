@@ -113,6 +113,11 @@ class AttemptRunner {
     }
   }
 
+  bool all_succeeded() const {
+    return std::all_of(workers_.begin(), workers_.end(),
+                       [](const auto& w) { return w->exited && w->status.success(); });
+  }
+
   bool all_exited() const {
     return std::all_of(workers_.begin(), workers_.end(), [](const auto& w) { return w->exited; });
   }
@@ -136,6 +141,10 @@ class AttemptRunner {
       std::vector<std::pair<Worker*, int>> owners;
       fds.push_back({signals_.fd(), POLLIN, 0});
       owners.emplace_back(nullptr, 0);
+      // The stop request is polled until it fires once; it stays readable afterwards.
+      const bool watch_stop = spec_.stop_fd >= 0 && !stop_requested_;
+      fds.push_back({watch_stop ? spec_.stop_fd : -1, POLLIN, 0});
+      owners.emplace_back(nullptr, 0);
       for (auto& w : workers_) {
         for (int s = 0; s < 2; ++s) {
           if (w->fds[s].valid()) {
@@ -147,10 +156,14 @@ class AttemptRunner {
       int n = ::poll(fds.data(), fds.size(), poll_timeout_ms());
       if (n < 0 && errno != EINTR)
         throw Error(fmt::format("poll failed: {}", std::strerror(errno)));
-      for (size_t i = 1; i < fds.size(); ++i) {
+      for (size_t i = 2; i < fds.size(); ++i) {
         if (fds[i].revents != 0) read_stream(*owners[i].first, owners[i].second);
       }
       if (fds[0].revents != 0) handle_signals();
+      if (watch_stop && fds[1].revents != 0) {
+        stop_requested_ = true;
+        if (phase_ == Phase::kRunning) begin_stop(SIGTERM);
+      }
       reap();
       on_clock();
     }
@@ -359,6 +372,10 @@ class AttemptRunner {
       r.signal = interrupt_signal_;
       return r;
     }
+    if (root_cause_ == nullptr && stop_requested_ && !all_succeeded()) {
+      r.outcome = AttemptOutcome::kStopped;
+      return r;
+    }
     if (root_cause_ == nullptr) {
       r.outcome = AttemptOutcome::kSucceeded;
       return r;
@@ -383,6 +400,7 @@ class AttemptRunner {
   std::set<pid_t> termed_;
   Worker* root_cause_ = nullptr;
   int interrupt_signal_ = 0;
+  bool stop_requested_ = false;
 };
 
 }  // namespace

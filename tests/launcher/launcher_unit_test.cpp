@@ -121,7 +121,20 @@ TEST(Cli, NprocKeywords) {
 }
 
 TEST(Cli, ErrorsNameTheFlagAndTheFix) {
-  EXPECT_NE(usage_error({"--nnodes", "2", "p"}).find("not supported yet"), std::string::npos);
+  EXPECT_EQ(parse({"--nnodes", "2", "p"}).nnodes, 2);
+  EXPECT_NE(usage_error({"--nnodes", "2:4", "p"}).find("needs --rdzv-backend c10d"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--nnodes", "0", "p"}).find("--nnodes 0: expected N or MIN:MAX"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--rdzv-backend", "etcd", "p"}).find("unknown rendezvous backend"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--rdzv-conf", "join_timout=1", "p"}).find("unknown key 'join_timout'"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--rdzv-endpoint", "h:x", "p"}).find("port 'x' is not a number"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--nnodes", "2", "--node-rank", "2", "p"})
+                .find("give each node a distinct --node-rank from 0 to 1"),
+            std::string::npos);
   EXPECT_NO_THROW(parse({"--nnodes", "1:1", "p"}));
   EXPECT_NE(usage_error({"--node-rank", "1", "p"}).find("--node-rank 1 is outside [0, 1)"),
             std::string::npos);

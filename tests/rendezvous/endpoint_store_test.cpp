@@ -89,8 +89,8 @@ TEST(RdzvEndpoint, StrangerWithoutTheTokenCannotJoinOrReadKeys) {
 TEST(RdzvEndpoint, LocalHostDetection) {
   EXPECT_TRUE(is_local_host("127.0.0.1"));
   EXPECT_TRUE(is_local_host("localhost"));
-  // TEST-NET-1 (RFC 5737) is never assigned to a real interface; nothing is sent.
-  EXPECT_FALSE(is_local_host("192.0.2.1"));
+  // TEST-NET-2 (RFC 5737) is never assigned to a real interface; nothing is sent.
+  EXPECT_FALSE(is_local_host("198.51.100.77"));
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 #pragma once
 // The local agent: runs attempts of the worker group on this node and restarts the whole
 // group after a failure, up to max_restarts times, raising TORCHELASTIC_RESTART_COUNT.
-// Ranks come from `rendezvous`, called once per attempt (static assignment today; a
-// multi-node rendezvous can be plugged in later without touching the agent).
+// Single node: ranks come from `rendezvous`, called once per attempt. Multi-node: from
+// `membership` (membership.hpp), which also stops the workers when the set of nodes changes;
+// such restarts do not count against max_restarts.
 
 #include <chrono>
 #include <functional>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/launcher/membership.hpp"
 #include "ddp/launcher/root_cause.hpp"
 #include "ddp/launcher/std_streams.hpp"
 #include "ddp/launcher/world.hpp"
@@ -35,6 +37,8 @@ struct AgentOptions {
   int notice_fd = 2;
   // restart_count -> the world of that attempt.
   std::function<WorldAssignment(int restart_count)> rendezvous;
+  // Multi-node: used instead of `rendezvous` when set. Not owned.
+  Membership* membership = nullptr;
 };
 
 struct AgentResult {

@@ -22,9 +22,18 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 // The process environment.
 EnvLookup process_env();
 
+// `ddprun doctor [--rdzv-endpoint HOST:PORT] [--timeout S] [--token-file FILE]`.
+struct DoctorCommand {
+  std::optional<std::string> endpoint;
+  double timeout_s = 3.0;
+  std::optional<std::string> token_file;
+};
+
 struct ParsedCommandLine {
-  // Set unless --help was asked for.
+  // Set for a launch (unless --help was asked for).
   std::optional<LaunchOptions> options;
+  // Set for `ddprun doctor`.
+  std::optional<DoctorCommand> doctor;
   // The help text when --help was given.
   std::string help;
 };

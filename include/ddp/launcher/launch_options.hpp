@@ -16,10 +16,30 @@ struct LaunchOptions {
   static constexpr int kDefaultMasterPort = 29500;
   static constexpr const char* kDefaultRole = "default";
 
-  // World shape. Only one node is supported so far (nnodes == 1).
+  // World shape. nnodes is the maximum node count; nnodes_min the minimum (they differ only
+  // with --nnodes MIN:MAX, which needs the c10d backend).
   int nnodes = 1;
+  int nnodes_min = 1;
   int node_rank = 0;
   int nproc_per_node = 1;  // resolved from N|auto|cpu|gpu
+
+  // Multi-node rendezvous (docs/rendezvous.md). Used when nnodes > 1, an endpoint is given, or
+  // the backend is c10d.
+  std::string rdzv_backend = "static";       // "static" or "c10d"
+  std::optional<std::string> rdzv_endpoint;  // HOST[:PORT]
+  std::string rdzv_conf;                     // key=value,...
+  // This node's address as the others should use it (MASTER_ADDR when it is node 0).
+  std::optional<std::string> local_addr;
+  // Which values the user gave (flag or PET_ variable): cluster detection fills only the rest.
+  struct Given {
+    bool nnodes = false;
+    bool node_rank = false;
+    bool master_addr = false;
+    bool master_port = false;
+    bool run_id = false;
+    bool nproc_per_node = false;
+    bool rdzv_backend = false;
+  } given;
 
   // Where rank 0 of the workers hosts the TCPStore (PyTorch's env:// init).
   std::string master_addr = kDefaultMasterAddr;

@@ -9,6 +9,8 @@
 // - SIGINT/SIGTERM/SIGHUP/SIGQUIT arrive  -> forwarded to every worker group, then the same
 //   stop -> kInterrupted; a second such signal kills at once
 // - SIGUSR1/SIGUSR2 arrive                -> forwarded; monitoring goes on
+// - stop_fd turns readable (membership change in a multi-node run) -> the same stop ->
+//   kStopped, unless a worker had already failed (kFailed)
 
 #include <chrono>
 #include <optional>
@@ -47,10 +49,13 @@ struct AttemptSpec {
   int console_out = 1;
   int console_err = 2;
   int notice_fd = 2;  // where launcher notices go
+  // When >= 0 and readable: stop the workers (SIGTERM, then SIGKILL after term_grace) and
+  // return kStopped. The caller owns the fd; it is polled, never read.
+  int stop_fd = -1;
   size_t stderr_tail_lines = 40;
 };
 
-enum class AttemptOutcome { kSucceeded, kFailed, kInterrupted };
+enum class AttemptOutcome { kSucceeded, kFailed, kInterrupted, kStopped };
 
 struct AttemptResult {
   AttemptOutcome outcome = AttemptOutcome::kSucceeded;

@@ -1,0 +1,54 @@
+#pragma once
+// What the agent needs from a multi-node rendezvous, as an interface, so the agent loop does
+// not depend on the protocol (src/launcher/rendezvous_membership.cpp implements it with
+// ddp_rendezvous; tests may fake it).
+//
+// The agent's loop with a Membership (agent.cpp):
+//   round = next_round()          // blocks until the round forms (or throws with a diagnosis)
+//   fd = start_watching()          // readable once the round must end
+//   run the workers with stop_fd = fd
+//   stop_watching()
+//   success -> finished(); failure -> end_round(reason) and loop; stopped -> loop;
+//   interrupted -> leave(reason).
+// A round with fewer nodes than the one whose workers failed means a node was lost: that
+// restart is a membership change and does not count against --max-restarts (like torchrun).
+
+#include <optional>
+#include <string>
+
+#include "ddp/launcher/world.hpp"
+
+namespace ddp::launcher {
+
+struct MembershipRound {
+  WorldAssignment world;
+  // The round number, consistent on every node; the workers' TORCHELASTIC_RESTART_COUNT.
+  int generation = 0;
+  // One line for the log: "round 1: 2 nodes, 4 workers, master 10.78.0.1:41234".
+  std::string summary;
+};
+
+class Membership {
+ public:
+  virtual ~Membership() = default;
+
+  // Joins the next round. Throws ddp::TimeoutError (with the diagnosis) or ddp::Error when
+  // the run was shut down or the store is unreachable.
+  virtual MembershipRound next_round() = 0;
+  // Starts watching the current round; the fd turns readable when it must end. Valid until
+  // stop_watching().
+  virtual int start_watching() = 0;
+  // Stops watching; the reason the round ended, if it did.
+  virtual std::optional<std::string> stop_watching() = 0;
+  // This node's workers failed: every node leaves the round.
+  virtual void end_round(const std::string& reason) = 0;
+  // This node's workers succeeded. The node hosting the store waits here until every peer is
+  // done (or gone), so the store outlives its users.
+  virtual void finished() = 0;
+  // This node leaves for good (interrupted).
+  virtual void leave(const std::string& reason) = 0;
+  // This node gives up (restarts exhausted): the whole run ends on every node.
+  virtual void shut_down(const std::string& reason) = 0;
+};
+
+}  // namespace ddp::launcher

@@ -1,0 +1,163 @@
+#include "ddp/launcher/rendezvous_membership.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "ddp/launcher/output.hpp"
+#include "ddp/launcher/process.hpp"
+#include "ddp/rendezvous/endpoint_store.hpp"
+#include "ddp/rendezvous/membership_watcher.hpp"
+#include "ddp/rendezvous/rendezvous.hpp"
+#include "ddp/util/error.hpp"
+#include "ddp/util/socket.hpp"
+
+namespace ddp::launcher {
+
+namespace {
+
+class RendezvousMembership : public Membership {
+ public:
+  explicit RendezvousMembership(RendezvousMembershipOptions options)
+      : options_(std::move(options)) {}
+
+  ~RendezvousMembership() override { stop_watching(); }
+
+  MembershipRound next_round() override {
+    connect_once();
+    rdzv::RoundInfo r = rdzv_->next_round();
+    MembershipRound out;
+    out.generation = static_cast<int>(r.generation);
+    WorldAssignment& w = out.world;
+    w.group_rank = r.node_rank;
+    w.group_world_size = r.num_nodes;
+    w.local_world_size = r.local_world_size;
+    w.world_size = r.world_size;
+    w.role_world_size = r.world_size;
+    w.master_addr = r.master_addr;
+    w.master_port = r.master_port;
+    for (int local = 0; local < r.local_world_size; ++local) {
+      WorkerIdentity id;
+      id.local_rank = local;
+      id.global_rank = r.rank_offset + local;
+      id.role_rank = id.global_rank;
+      w.workers.push_back(id);
+    }
+    std::string hosts;
+    for (const auto& n : r.nodes) hosts += (hosts.empty() ? "" : ", ") + n.host;
+    out.summary = fmt::format(
+        "rendezvous round {} of run '{}': {} node{}{}, {} workers; this is node {} (ranks "
+        "{}-{}); master {}",
+        r.generation, options_.rdzv.run_id, r.num_nodes, r.num_nodes == 1 ? "" : "s",
+        hosts.empty() ? "" : " (" + hosts + ")", r.world_size, r.node_rank, r.rank_offset,
+        r.rank_offset + r.local_world_size - 1,
+        net::format_endpoint(r.master_addr, static_cast<uint16_t>(r.master_port)));
+    return out;
+  }
+
+  int start_watching() override {
+    stop_watching();
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+      throw Error(
+          fmt::format("cannot create a pipe for the membership watcher: {}", std::strerror(errno)));
+    }
+    wake_read_.reset(fds[0]);
+    wake_write_.reset(fds[1]);
+    int w = wake_write_.get();
+    watcher_ = std::make_unique<rdzv::MembershipWatcher>(
+        options_.rdzv, rdzv_->round(), store_->connect_another(), [w](const std::string&) {
+          char byte = 1;
+          (void)!::write(w, &byte, 1);
+        });
+    return wake_read_.get();
+  }
+
+  std::optional<std::string> stop_watching() override {
+    if (!watcher_) return std::nullopt;
+    watcher_->stop();
+    auto reason = watcher_->reason();
+    watcher_.reset();
+    wake_read_.reset();
+    wake_write_.reset();
+    return reason;
+  }
+
+  void end_round(const std::string& reason) override { rdzv_->request_new_round(reason); }
+
+  void finished() override {
+    best_effort("report this node as finished", [&] { rdzv_->mark_finished(); });
+    if (!store_->is_host()) return;
+    best_effort("wait for the other nodes", [&] {
+      if (!rdzv_->wait_for_peers_to_finish(options_.exit_barrier)) {
+        notice(fmt::format(
+            "other nodes were still running {:.0f} s after this node finished; closing the "
+            "rendezvous store anyway",
+            options_.exit_barrier.count() / 1000.0));
+      }
+    });
+  }
+
+  void leave(const std::string& reason) override {
+    if (rdzv_) best_effort("tell the other nodes", [&] { rdzv_->mark_left(reason); });
+  }
+
+  void shut_down(const std::string& reason) override {
+    best_effort("shut the run down", [&] { rdzv_->shutdown(reason); });
+  }
+
+ private:
+  void notice(const std::string& text) {
+    std::string line = "ddprun: " + text + "\n";
+    write_fully(options_.notice_fd, line.data(), line.size());
+  }
+
+  template <class F>
+  void best_effort(const char* what, F&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      notice(fmt::format("could not {} through the rendezvous store: {}", what, e.what()));
+    }
+  }
+
+  void connect_once() {
+    if (rdzv_) return;
+    rdzv::EndpointStoreOptions so;
+    so.endpoint = options_.rdzv.endpoint;
+    so.token = options_.token;
+    so.connect_timeout = options_.rdzv.conf.connect_timeout;
+    so.host = options_.serve_store;
+    try {
+      store_ = std::make_unique<rdzv::EndpointStore>(so);
+    } catch (const NetworkError& e) {
+      if (!options_.serve_store || std::string(e.what()).find("in use") == std::string::npos) {
+        throw;
+      }
+      notice(
+          fmt::format("the rendezvous port {} is already served on this machine (another "
+                      "agent of this job?); joining it as a client",
+                      options_.rdzv.endpoint.port));
+      so.host = false;
+      store_ = std::make_unique<rdzv::EndpointStore>(so);
+    }
+    rdzv_ = std::make_unique<rdzv::Rendezvous>(options_.rdzv, store_->store());
+  }
+
+  RendezvousMembershipOptions options_;
+  std::unique_ptr<rdzv::EndpointStore> store_;
+  std::unique_ptr<rdzv::Rendezvous> rdzv_;
+  std::unique_ptr<rdzv::MembershipWatcher> watcher_;
+  UniqueFd wake_read_, wake_write_;
+};
+
+}  // namespace
+
+std::unique_ptr<Membership> make_rendezvous_membership(RendezvousMembershipOptions options) {
+  return std::make_unique<RendezvousMembership>(std::move(options));
+}
+
+}  // namespace ddp::launcher
