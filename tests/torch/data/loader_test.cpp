@@ -143,3 +143,55 @@ TEST(PrefetchLoader, RejectsBadOptions) {
 }
 
 }  // namespace
+
+#include "ddp/torch/progress.hpp"
+
+namespace {
+
+std::string run_progress(bool terminal) {
+  std::FILE* f = std::tmpfile();
+  {
+    ddp::Progress p("epoch 1", 20, 64, ddp::ProgressOptions().out(f).terminal(terminal));
+    for (int i = 1; i <= 20; ++i) {
+      p.update(i, 0.5);
+      if (i == 10) p.print_line("a log line");
+    }
+  }
+  std::rewind(f);
+  std::string s;
+  for (int c; (c = std::fgetc(f)) != EOF;) s.push_back(static_cast<char>(c));
+  std::fclose(f);
+  return s;
+}
+
+TEST(Progress, PlainLinesWhenNotATerminal) {
+  const std::string s = run_progress(false);
+  EXPECT_EQ(s.find('\r'), std::string::npos) << s;
+  EXPECT_EQ(s.find("\033["), std::string::npos) << s;
+  // 10%, 20%, ... 90%, the log line and the final 100% line.
+  EXPECT_EQ(std::count(s.begin(), s.end(), '\n'), 11) << s;
+  EXPECT_NE(s.find("epoch 1 2/20  10%"), std::string::npos) << s;
+  EXPECT_NE(s.find("a log line\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("epoch 1 20/20 100%"), std::string::npos) << s;
+  EXPECT_NE(s.find("samples/s  ETA"), std::string::npos) << s;
+}
+
+TEST(Progress, RedrawnBarOnATerminal) {
+  const std::string s = run_progress(true);
+  EXPECT_NE(s.find("\r\033[Kepoch 1 [####################] 20/20 100%"), std::string::npos) << s;
+  EXPECT_NE(s.find("\r\033[Ka log line\n"), std::string::npos) << s;
+  EXPECT_EQ(s.back(), '\n');
+}
+
+TEST(Progress, DisabledPrintsNothing) {
+  std::FILE* f = std::tmpfile();
+  {
+    ddp::Progress p("x", 5, 1, ddp::ProgressOptions().out(f).enabled(false).terminal(false));
+    p.update(5);
+    p.print_line("hidden");
+  }
+  EXPECT_EQ(std::ftell(f), 0);
+  std::fclose(f);
+}
+
+}  // namespace
