@@ -13,6 +13,7 @@ namespace ddp::rdzv {
 
 namespace {
 using Clock = std::chrono::steady_clock;
+constexpr Millis kFirstWaitSlice{5};
 constexpr Millis kMaxWaitSlice{500};
 }  // namespace
 
@@ -105,7 +106,11 @@ void MembershipWatcher::check_peers() {
 void MembershipWatcher::run() {
   keys::Round k(options_.run_id, round_.generation);
   int64_t beat = 0;
-  const Millis slice = std::min(options_.conf.heartbeat, kMaxWaitSlice);
+  // Wait slices start short and double up to kMaxWaitSlice: stop() waits for the current
+  // slice, so a watcher stopped soon after it started (workers that exit at once) stops at
+  // once, and a long round costs only a few store calls per second.
+  Millis slice = std::min(options_.conf.heartbeat, kFirstWaitSlice);
+  const Millis max_slice = std::min(options_.conf.heartbeat, kMaxWaitSlice);
   auto next_beat = Clock::now();
   try {
     while (!stop_) {
@@ -128,6 +133,7 @@ void MembershipWatcher::run() {
         }
       }
       Millis wait = std::min(slice, remaining(next_beat));
+      slice = std::min(slice * 2, max_slice);
       if (wait_for_keys(*store_, {k.changed()}, wait)) {
         report(store_->get(k.changed()));
         return;

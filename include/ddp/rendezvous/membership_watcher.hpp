@@ -15,7 +15,8 @@
 //
 // The watcher needs its own Store connection (a blocking wait would otherwise hold the
 // agent's). on_change runs on the watcher thread, exactly once; it must not block for long
-// (e.g. write to a pipe the agent polls). Stopping takes at most one wait slice (<= 500 ms).
+// (e.g. write to a pipe the agent polls). Stopping takes at most one wait slice (5 ms at first,
+// doubling up to 500 ms).
 
 #include <atomic>
 #include <functional>
