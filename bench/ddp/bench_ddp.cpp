@@ -1,0 +1,233 @@
+// DDP benchmarks, one JSON object per line on stdout.
+//
+//   bench_ddp overhead [--steps N]        world-1 DDP step time over plain LibTorch (CNN, batch 64)
+//   bench_ddp train --world W [--steps N] Fashion-MNIST CNN, Adam 1e-3, batch 64 per rank,
+//                                         one intra-op thread per rank, W worker processes
+//
+// `train` re-executes this binary once per rank with torchrun's environment (RANK, WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT; the port found by binding port 0) and the workers meet through
+// init_process_group's env:// TcpStore. Rank 0 prints the result.
+#include <fmt/format.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "cnn_model.hpp"
+#include "ddp/comm/init.hpp"
+#include "ddp/store/hash_store.hpp"
+#include "ddp/torch/ddp.hpp"
+#include "ddp/torch/idx_dataset.hpp"
+#include "ddp/util/error.hpp"
+#include "ddp/util/socket.hpp"
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ddp::bench::Cnn;
+
+constexpr int kBatch = 64;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Loads Fashion-MNIST; on failure random data of the same shape, reported in the "data" field.
+ddp::TensorDataset load_data(std::string& source) {
+  try {
+    source = "fashion-mnist";
+    return ddp::load_mnist();
+  } catch (const ddp::Error& e) {
+    fmt::print(stderr, "bench_ddp: {}; using random data of the same shape\n", e.what());
+    source = "random";
+    return ddp::TensorDataset(torch::randn({60000, 1, 28, 28}),
+                              torch::randint(0, 10, {60000}, torch::kLong));
+  }
+}
+
+// Trains `steps` batches (after `warmup`) and returns the seconds the timed steps took.
+template <typename Step>
+double time_steps(int warmup, int steps, Step&& step) {
+  for (int i = 0; i < warmup; ++i) step(i);
+  auto begin = Clock::now();
+  for (int i = 0; i < steps; ++i) step(warmup + i);
+  return seconds_since(begin);
+}
+
+int run_overhead(int steps, int repeats) {
+  torch::set_num_threads(1);
+  torch::manual_seed(0);
+  auto x = torch::randn({kBatch, 1, 28, 28});
+  auto y = torch::randint(0, 10, {kBatch}, torch::kLong);
+  Cnn plain;
+  Cnn wrapped;
+  torch::optim::Adam plain_opt(plain->parameters(), 1e-3);
+
+  ddp::InitOptions opts;
+  opts.rank = 0;
+  opts.world_size = 1;
+  opts.store = std::make_shared<ddp::HashStore>();
+  auto pg = ddp::init_process_group(opts);
+  ddp::DistributedDataParallel model(wrapped, pg);
+  torch::optim::Adam ddp_opt(model.parameters(), 1e-3);
+
+  auto plain_step = [&](int) {
+    plain_opt.zero_grad();
+    torch::nll_loss(plain->forward(x), y).backward();
+    plain_opt.step();
+  };
+  auto ddp_step = [&](int) {
+    ddp_opt.zero_grad();
+    torch::nll_loss(model(x), y).backward();
+    model.step(ddp_opt);
+  };
+  // Interleaved blocks, so drift in machine load hits both alike; medians of the blocks.
+  std::vector<double> plain_ms, ddp_ms;
+  for (int r = 0; r < repeats; ++r) {
+    plain_ms.push_back(1e3 * time_steps(2, steps, plain_step) / steps);
+    ddp_ms.push_back(1e3 * time_steps(2, steps, ddp_step) / steps);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double p = median(plain_ms), d = median(ddp_ms);
+  nlohmann::json out = {
+      {"bench", "ddp_overhead"}, {"impl", "ddp"},     {"model", "cnn"},          {"world", 1},
+      {"batch", kBatch},         {"threads", 1},      {"plain_step_ms", p},      {"ddp_step_ms", d},
+      {"ratio", d / p},          {"blocks", repeats}, {"steps_per_block", steps}};
+  fmt::print("{}\n", out.dump());
+  return 0;
+}
+
+int run_worker(int steps, int warmup) {
+  torch::set_num_threads(1);
+  auto pg = ddp::init_process_group(ddp::InitOptions());
+  const int rank = pg->rank(), world = pg->size();
+  std::string source;
+  ddp::TensorDataset data = load_data(source);
+  // Rank r's shard: samples r, r + world, ... (DistributedSampler without shuffling).
+  auto index = torch::arange(rank, data.size(), world, torch::kLong);
+  auto images = data.data().index_select(0, index);
+  auto labels = data.target().index_select(0, index);
+  const int64_t batches = images.size(0) / kBatch;
+
+  torch::manual_seed(0);
+  Cnn net;
+  ddp::DistributedDataParallel model(net, pg);
+  torch::optim::Adam opt(model.parameters(), 1e-3);
+  double loss_sum = 0;
+  auto step = [&](int i) {
+    const int64_t b = i % batches;
+    opt.zero_grad();
+    auto loss = torch::nll_loss(model(images.narrow(0, b * kBatch, kBatch)),
+                                labels.narrow(0, b * kBatch, kBatch));
+    loss.backward();
+    model.step(opt);
+    loss_sum += loss.item<double>();
+  };
+  for (int i = 0; i < warmup; ++i) step(i);
+  pg->barrier()->wait(pg->timeout());
+  auto begin = Clock::now();
+  for (int i = 0; i < steps; ++i) step(warmup + i);
+  double elapsed = seconds_since(begin);
+  // The slowest rank defines the throughput.
+  pg->all_reduce(&elapsed, 1, ddp::DataType::kFloat64, ddp::ReduceOp::kMax)->wait(pg->timeout());
+  if (rank == 0) {
+    nlohmann::json out = {{"bench", "ddp_cnn"},
+                          {"impl", "ddp"},
+                          {"data", source},
+                          {"world", world},
+                          {"batch_per_rank", kBatch},
+                          {"threads_per_rank", 1},
+                          {"optimizer", "adam 1e-3"},
+                          {"steps", steps},
+                          {"seconds", elapsed},
+                          {"samples_per_s", world * kBatch * steps / elapsed},
+                          {"mean_loss", loss_sum / (steps + warmup)}};
+    fmt::print("{}\n", out.dump());
+  }
+  return 0;
+}
+
+int free_port() {
+  auto listener = ddp::net::listen_tcp("127.0.0.1", 0, 1);
+  return ddp::net::local_port(listener.fd());  // closed on return; the workers rebind it
+}
+
+int run_train(int world, int steps, int warmup) {
+  const int port = free_port();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e; ++e) {
+      std::string s(*e);
+      for (const char* k : {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=",
+                            "MASTER_ADDR=", "MASTER_PORT=", "OMP_NUM_THREADS="}) {
+        if (s.rfind(k, 0) == 0) s.clear();
+      }
+      if (!s.empty()) env_strings.push_back(s);
+    }
+    env_strings.push_back(fmt::format("RANK={}", r));
+    env_strings.push_back(fmt::format("LOCAL_RANK={}", r));
+    env_strings.push_back(fmt::format("WORLD_SIZE={}", world));
+    env_strings.push_back(fmt::format("LOCAL_WORLD_SIZE={}", world));
+    env_strings.push_back("MASTER_ADDR=127.0.0.1");
+    env_strings.push_back(fmt::format("MASTER_PORT={}", port));
+    env_strings.push_back("OMP_NUM_THREADS=1");
+    std::vector<char*> envp;
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> args = {"bench_ddp",           "worker",   "--steps",
+                                     std::to_string(steps), "--warmup", std::to_string(warmup)};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data()) != 0) {
+      throw ddp::UsageError("bench_ddp: posix_spawn of a worker failed");
+    }
+    pids.push_back(pid);
+  }
+  int failures = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failures;
+  }
+  if (failures) fmt::print(stderr, "bench_ddp: {} of {} workers failed\n", failures, world);
+  return failures ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("DDP benchmarks (JSON lines)");
+  app.require_subcommand(1);
+  int steps = 0, warmup = 5, world = 2, repeats = 5;
+  auto* overhead = app.add_subcommand("overhead", "world-1 DDP step time / plain LibTorch");
+  overhead->add_option("--steps", steps, "steps per timed block")->default_val(10);
+  overhead->add_option("--blocks", repeats, "interleaved blocks")->default_val(5);
+  auto* train = app.add_subcommand("train", "Fashion-MNIST CNN samples/s with W processes");
+  train->add_option("--world", world, "ranks (processes)")->default_val(2);
+  train->add_option("--steps", steps, "timed steps per rank")->default_val(60);
+  train->add_option("--warmup", warmup, "untimed steps first")->default_val(5);
+  auto* worker = app.add_subcommand("worker", "one rank of `train` (internal)");
+  worker->add_option("--steps", steps)->default_val(60);
+  worker->add_option("--warmup", warmup)->default_val(5);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*overhead) return run_overhead(steps, repeats);
+    if (*train) return run_train(world, steps, warmup);
+    return run_worker(steps, warmup);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_ddp: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,115 @@
+#!/usr/bin/python3
+"""PyTorch DDP reference for bench_ddp: the same CNN on Fashion-MNIST, Adam 1e-3, batch 64 per
+rank, one intra-op thread per rank, gloo, W processes. Prints one JSON line (rank 0).
+
+Usage: /usr/bin/python3 bench_ddp.py --world 2 [--steps 60] [--warmup 5]
+"""
+import argparse
+import gzip
+import json
+import os
+import socket
+import struct
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+BATCH = 64
+DATA_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+class Cnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3)
+        self.conv2 = nn.Conv2d(32, 64, 3)
+        self.fc1 = nn.Linear(9216, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.relu(self.conv2(x))
+        x = torch.flatten(F.max_pool2d(x, 2), 1)
+        x = F.relu(self.fc1(x))
+        return F.log_softmax(self.fc2(x), dim=1)
+
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    ndim = raw[3]
+    dims = struct.unpack(">" + "I" * ndim, raw[4:4 + 4 * ndim])
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def load_data():
+    try:
+        images = read_idx(os.path.join(DATA_DIR, "train-images-idx3-ubyte.gz"))
+        labels = read_idx(os.path.join(DATA_DIR, "train-labels-idx1-ubyte.gz"))
+        x = (torch.from_numpy(images.astype(np.float32) / 255.0) - 0.1307) / 0.3081
+        return x.unsqueeze(1), torch.from_numpy(labels.astype(np.int64)), "fashion-mnist"
+    except OSError:
+        return torch.randn(60000, 1, 28, 28), torch.randint(0, 10, (60000,)), "random"
+
+
+def worker(rank, world, port, steps, warmup):
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    images, labels, source = load_data()
+    images, labels = images[rank::world].contiguous(), labels[rank::world].contiguous()
+    batches = images.shape[0] // BATCH
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(Cnn())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_sum = 0.0
+
+    def step(i):
+        nonlocal loss_sum
+        b = i % batches
+        opt.zero_grad()
+        loss = F.nll_loss(model(images[b * BATCH:(b + 1) * BATCH]),
+                          labels[b * BATCH:(b + 1) * BATCH])
+        loss.backward()
+        opt.step()
+        loss_sum += loss.item()
+
+    for i in range(warmup):
+        step(i)
+    dist.barrier()
+    begin = time.perf_counter()
+    for i in range(steps):
+        step(warmup + i)
+    elapsed = torch.tensor([time.perf_counter() - begin], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        seconds = elapsed.item()
+        print(json.dumps({"bench": "ddp_cnn", "impl": "pytorch", "data": source,
+                          "world": world, "batch_per_rank": BATCH, "threads_per_rank": 1,
+                          "optimizer": "adam 1e-3", "steps": steps, "seconds": seconds,
+                          "samples_per_s": world * BATCH * steps / seconds,
+                          "mean_loss": loss_sum / (steps + warmup),
+                          "torch": torch.__version__}), flush=True)
+    dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=5)
+    args = parser.parse_args()
+    with socket.socket() as s:  # port chosen by binding port 0
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(worker, args=(args.world, port, args.steps, args.warmup), nprocs=args.world)
+
+
+if __name__ == "__main__":
+    main()
