@@ -1,0 +1,62 @@
+"""PyTorch's gloo all_reduce at the same sizes, as the yardstick for allreduce_bench.
+
+Run with /usr/bin/python3 (Debian's python3-torch). Spawns `world` processes itself and prints
+one JSON object per line from rank 0, in allreduce_bench's format (backend "torch-gloo").
+"""
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def iterations_for(nbytes):
+    return min(5000, max(10, (256 << 20) // max(nbytes, 1)))
+
+
+def worker(rank, world, port, sizes):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    for nbytes in sizes:
+        t = torch.ones(nbytes // 4, dtype=torch.float32)
+        iters = iterations_for(nbytes)
+        # PyTorch's gloo is slow at small sizes: cap its iterations so the run stays short.
+        iters = min(iters, 1000)
+        for _ in range(min(iters, 20)):
+            dist.all_reduce(t)
+        dist.barrier()
+        results = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(t)
+            results.append((time.perf_counter() - t0) / iters * 1e6)
+        us = statistics.median(results)
+        if rank == 0:
+            busbw = nbytes * 2.0 * (world - 1) / world / (us * 1e-6) / 1e9
+            print(json.dumps({"bench": "allreduce", "backend": "torch-gloo", "world": world,
+                              "bytes": nbytes, "iters": iters, "us": round(us, 2),
+                              "busbw_gbps": round(busbw, 3)}), flush=True)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    world = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    sizes = [int(s) for s in sys.argv[2].split(",")] if len(sys.argv) > 2 else \
+        [4096, 1 << 20, 16 << 20, 64 << 20]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(worker, args=(world, port, sizes), nprocs=world, join=True)
+
+
+if __name__ == "__main__":
+    main()
