@@ -6,12 +6,14 @@
 
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include "ddp/launcher/output.hpp"
 #include "ddp/launcher/process.hpp"
 #include "ddp/rendezvous/endpoint_store.hpp"
 #include "ddp/rendezvous/membership_watcher.hpp"
 #include "ddp/rendezvous/rendezvous.hpp"
+#include "ddp/store/tcp_store_server.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/socket.hpp"
 
@@ -28,7 +30,19 @@ class RendezvousMembership : public Membership {
 
   MembershipRound next_round() override {
     connect_once();
-    rdzv::RoundInfo r = rdzv_->next_round();
+    rdzv::RoundInfo r;
+    try {
+      r = rdzv_->next_round();
+    } catch (const rdzv::RendezvousTimeoutError&) {
+      linger();
+      throw;
+    } catch (const NetworkError& e) {
+      throw NetworkError(fmt::format(
+          "lost the rendezvous store at {} while joining (did the agent on the endpoint host "
+          "exit? see its output): {}",
+          net::format_endpoint(options_.rdzv.endpoint.host, options_.rdzv.endpoint.port),
+          e.what()));
+    }
     MembershipRound out;
     out.generation = static_cast<int>(r.generation);
     WorldAssignment& w = out.world;
@@ -113,6 +127,18 @@ class RendezvousMembership : public Membership {
   void notice(const std::string& text) {
     std::string line = "ddprun: " + text + "\n";
     write_fully(options_.notice_fd, line.data(), line.size());
+  }
+
+  // The store host's rendezvous failed: keep serving while other agents are still connected
+  // (up to a limit), so they reach their own diagnosis instead of "connection closed".
+  void linger() {
+    TcpStoreServer* server = store_->server();
+    if (server == nullptr) return;
+    auto limit = std::min(options_.rdzv.conf.join_timeout, rdzv::Millis(60000));
+    auto until = std::chrono::steady_clock::now() + limit;
+    while (server->num_connections() > 1 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
   }
 
   template <class F>

@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# Multi-node ddprun runs on one machine: every node is its own network namespace with a veth
+# to a bridge (in a hub namespace of its own, so the host's firewall never sees the traffic),
+# addresses 10.78.0.<i+1>/24. No packet leaves loopback and these namespaces.
+#
+# Usage: netns_test.sh SCENARIO DDPRUN WORKERS_DIR
+#   train    3 nodes (2+1+2 workers, c10d) train a PyTorch gloo job to the end
+#   elastic  --nnodes 2:3: SIGKILL one agent, the others go on with 4 workers; a node arriving
+#            later is admitted and the job finishes with 6 (membership changes do not use
+#            --max-restarts 0)
+#   diagnose --nnodes 3: one node's link is down, one uses another --rdzv-id; the agents name
+#            both in their diagnosis within join_timeout, the cut-off node fails at once
+#   static   --rdzv-backend static with --node-rank and a token file; a node with the wrong
+#            token is refused
+# Exit 77 (ctest: skipped) with the reason when not root or without iproute2. Always removes
+# its namespaces and temp dir; every wait is bounded.
+set -uo pipefail
+
+SCENARIO="${1:?usage: netns_test.sh SCENARIO DDPRUN WORKERS_DIR}"
+DDPRUN="${2:?}"
+WORKERS="${3:?}"
+PY=/usr/bin/python3
+
+skip() { echo "SKIP: $*"; exit 77; }
+[[ $(id -u) -eq 0 ]] || skip "network namespaces need root (run the suite as root)"
+command -v ip >/dev/null || skip "iproute2 (ip) is not installed"
+ip netns add "rdzvprobe$$" 2>/dev/null || skip "cannot create network namespaces here"
+ip netns del "rdzvprobe$$"
+
+TAG="$$"
+HUB="rdzv$TAG-hub"
+T=$(mktemp -d /tmp/rdzv-netns.XXXXXX)
+NAMESPACES=()
+AGENT_PIDS=()
+
+cleanup() {
+  for pid in "${AGENT_PIDS[@]}"; do kill -9 "$pid" 2>/dev/null; done
+  for pid in "${AGENT_PIDS[@]}"; do wait "$pid" 2>/dev/null; done
+  for ns in "${NAMESPACES[@]}"; do ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null; done
+  for ns in "${NAMESPACES[@]}"; do ip netns del "$ns" 2>/dev/null; done
+  rm -rf "$T"
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAIL: $*"
+  for f in "$T"/*.log; do [[ -e "$f" ]] && { echo "---- $(basename "$f")"; tail -n 60 "$f"; }; done
+  exit 1
+}
+
+ns_of() { echo "rdzv$TAG-$1"; }
+
+# setup_nodes N: namespaces 0..N-1, node i at 10.78.0.(i+1) on interface rdzv0.
+setup_nodes() {
+  ip netns add "$HUB" && NAMESPACES+=("$HUB") || fail "cannot create $HUB"
+  ip -n "$HUB" link set lo up
+  ip -n "$HUB" link add br0 type bridge
+  ip -n "$HUB" link set br0 up
+  for ((i = 0; i < $1; i++)); do
+    local ns
+    ns=$(ns_of "$i")
+    ip netns add "$ns" && NAMESPACES+=("$ns") || fail "cannot create $ns"
+    ip link add "rh$TAG-$i" netns "$HUB" type veth peer name rdzv0 netns "$ns" ||
+      fail "cannot create the veth pair of node $i"
+    ip -n "$HUB" link set "rh$TAG-$i" master br0 up
+    ip -n "$ns" link set lo up
+    ip -n "$ns" addr add "10.78.0.$((i + 1))/24" dev rdzv0
+    ip -n "$ns" link set rdzv0 up
+  done
+}
+
+# start_agent NODE LOG ARGS...: ddprun in node NODE's namespace; its pid in LAST_PID.
+start_agent() {
+  local node=$1 log=$2
+  shift 2
+  ip netns exec "$(ns_of "$node")" env GLOO_SOCKET_IFNAME=rdzv0 DDP_STORE_TOKEN= \
+    "$DDPRUN" "$@" >"$T/$log.log" 2>&1 &
+  LAST_PID=$!
+  AGENT_PIDS+=("$LAST_PID")
+}
+
+# wait_exit PID LIMIT_S: the exit code, or fail when still running after LIMIT_S.
+wait_exit() {
+  local pid=$1 limit=$2
+  for ((k = 0; k < limit * 10; k++)); do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      wait "$pid"
+      return $?
+    fi
+    sleep 0.1
+  done
+  fail "process $pid still running after $limit s"
+}
+
+# wait_grep LIMIT_S PATTERN FILE...: until every FILE contains PATTERN.
+wait_grep() {
+  local limit=$1 pattern=$2
+  shift 2
+  for ((k = 0; k < limit * 10; k++)); do
+    local all=1
+    for f in "$@"; do grep -q -- "$pattern" "$f" 2>/dev/null || all=0; done
+    ((all)) && return 0
+    sleep 0.1
+  done
+  fail "'$pattern' did not appear in $* within $limit s"
+}
+
+expect_in() {  # expect_in FILE TEXT
+  grep -qF -- "$2" "$1" || fail "$(basename "$1") lacks: $2"
+}
+
+C10D=(--rdzv-backend c10d --rdzv-endpoint 10.78.0.1:29400)
+TRAINER="$WORKERS/elastic_trainer.py"
+
+case "$SCENARIO" in
+train)
+  setup_nodes 3
+  conf="join_timeout=90,last_call_timeout=1,heartbeat=1"
+  for node in 0 1 2; do
+    nproc=$((node == 1 ? 1 : 2))
+    start_agent "$node" "node$node" --nnodes 3 --nproc-per-node "$nproc" "${C10D[@]}" \
+      --rdzv-id "train$TAG" --rdzv-conf "$conf" "$PY" "$TRAINER" "$T/snapshot" 20 --step-s 0.02
+    pids[node]=$LAST_PID
+  done
+  for node in 0 1 2; do
+    wait_exit "${pids[node]}" 150 || fail "node $node: ddprun exited with $?"
+  done
+  cat "$T"/node*.log >"$T/all.txt"
+  [[ $(grep -c '^done RANK=' "$T/all.txt") -eq 5 ]] || fail "expected 5 workers to finish"
+  for r in 0 1 2 3 4; do expect_in "$T/all.txt" "done RANK=$r WORLD_SIZE=5 step=20"; done
+  for g in 0 1 2; do expect_in "$T/all.txt" "GROUP_RANK=$g "; done
+  # Node 1 has one worker; the nodes with two hold two consecutive ranks each.
+  [[ $(grep -c '^worker RANK=' "$T/node1.log") -eq 1 ]] || fail "node 1 should run 1 worker"
+  echo "PASS: 3 nodes (2+1+2 workers) trained to the end with WORLD_SIZE=5"
+  ;;
+
+elastic)
+  setup_nodes 3
+  conf="join_timeout=90,last_call_timeout=2,heartbeat=1"
+  args=(--nnodes 2:3 --nproc-per-node 2 --max-restarts 0 "${C10D[@]}" --rdzv-id "elastic$TAG"
+    --rdzv-conf "$conf" "$PY" "$TRAINER" "$T/snapshot" 20 --step-s 0.1 --until-world 6
+    --until-restart 2)
+  for node in 0 1 2; do
+    start_agent "$node" "node$node" "${args[@]}"
+    pids[node]=$LAST_PID
+  done
+  wait_grep 120 "WORLD_SIZE=6 " "$T/node0.log" "$T/node1.log" "$T/node2.log"
+  wait_grep 60 '"step"' "$T/snapshot"
+  kill -9 "${pids[2]}"
+  wait "${pids[2]}" 2>/dev/null
+  echo "killed node 2's agent (SIGKILL)"
+  wait_grep 120 "WORLD_SIZE=4 " "$T/node0.log" "$T/node1.log"
+  echo "the survivors run with WORLD_SIZE=4; starting a node late"
+  start_agent 2 node2late "${args[@]}"
+  late=$LAST_PID
+  for p in "${pids[0]}" "${pids[1]}" "$late"; do
+    wait_exit "$p" 150 || fail "an agent exited with $?"
+  done
+  cat "$T/node0.log" "$T/node1.log" "$T/node2late.log" >"$T/all.txt"
+  [[ $(grep -c '^done RANK=[0-5] WORLD_SIZE=6 ' "$T/all.txt") -eq 6 ]] ||
+    fail "expected 6 workers to finish with WORLD_SIZE=6"
+  # Whichever survivor saw a worker fail first re-joined and was not charged a restart; the
+  # other was stopped by the membership change.
+  cat "$T/node0.log" "$T/node1.log" >"$T/survivors.txt"
+  expect_in "$T/survivors.txt" "a node was lost, so this restart does not count against --max-restarts"
+  expect_in "$T/survivors.txt" "1 node is waiting to join (round 1 has 2 of at most 3 nodes)"
+  grep -q "RESTART=[2-9] " "$T/node2late.log" || fail "the late node's workers ran in round < 2"
+  # Workers resumed from the snapshot instead of step 0 after the shrink.
+  grep "WORLD_SIZE=4 " "$T/node0.log" | grep -qv "start_step=0$" ||
+    fail "the shrunken round did not resume from the snapshot"
+  echo "PASS: survived a SIGKILLed agent with WORLD_SIZE=4, admitted a late node, finished with 6"
+  ;;
+
+diagnose)
+  setup_nodes 4
+  conf="join_timeout=6,connect_timeout=2,heartbeat=1"
+  ip -n "$(ns_of 2)" link set rdzv0 down  # node 2 is cut off
+  start_agent 0 node0 --nnodes 3 "${C10D[@]}" --rdzv-id "diag$TAG" --rdzv-conf "$conf" \
+    --no-python /bin/true
+  p0=$LAST_PID
+  wait_grep 10 "" "$T/node0.log"
+  start_agent 1 node1 --nnodes 3 "${C10D[@]}" --rdzv-id "diag$TAG" --rdzv-conf "$conf" \
+    --no-python /bin/true
+  p1=$LAST_PID
+  start_agent 2 node2 --nnodes 3 "${C10D[@]}" --rdzv-id "diag$TAG" --rdzv-conf "$conf" \
+    --no-python /bin/true
+  p2=$LAST_PID
+  start_agent 3 node3 --nnodes 3 "${C10D[@]}" --rdzv-id "other$TAG" --rdzv-conf "$conf" \
+    --no-python /bin/true
+  p3=$LAST_PID
+  wait_exit "$p2" 30 && fail "the cut-off node succeeded"
+  expect_in "$T/node2.log" "cannot reach the rendezvous endpoint 10.78.0.1:29400"
+  grep -Eq "unreachable|No route" "$T/node2.log" || fail "node 2 does not say why"
+  expect_in "$T/node2.log" "Retried for 2.0 s (connect_timeout)"
+  for p in "$p0" "$p1" "$p3"; do wait_exit "$p" 60 && fail "an agent succeeded"; done
+  for n in 0 1; do
+    f="$T/node$n.log"
+    expect_in "$f" "rendezvous timed out waiting for nodes to join: 2 of 3 nodes joined run 'diag$TAG' at endpoint 10.78.0.1:29400"
+    expect_in "$f" "(join_timeout 6.0 s)"
+    expect_in "$f" "  missing: node rank 2 (c10d assigns node ranks in join order)"
+    expect_in "$f" "agents at this endpoint used --rdzv-id other$TAG (from"
+    expect_in "$f" "1. a node was started with a different --rdzv-id (other$TAG instead of diag$TAG)"
+    expect_in "$f" "(10.78.0.1, 1 worker)"
+    expect_in "$f" "(10.78.0.2, 1 worker)"
+  done
+  expect_in "$T/node3.log" "1 of 3 nodes joined run 'other$TAG'"
+  expect_in "$T/node3.log" "agents at this endpoint used --rdzv-id diag$TAG"
+  echo "PASS: the diagnosis names the missing node rank, the other run id and the cut-off node"
+  ;;
+
+static)
+  setup_nodes 3
+  echo "s3cret-$TAG" >"$T/token"
+  echo "wrong-$TAG" >"$T/badtoken"
+  chmod 600 "$T/token" "$T/badtoken"
+  worker=(--no-python /bin/sh -c 'echo "env RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE GROUP_RANK=$GROUP_RANK MASTER=$MASTER_ADDR:$MASTER_PORT"')
+  common=(--rdzv-backend static --nnodes 2 --master-addr 10.78.0.1 --master-port 29500
+    --rdzv-id "static$TAG")
+  start_agent 0 node0 "${common[@]}" --node-rank 0 --nproc-per-node 2 \
+    --rdzv-conf "join_timeout=60,token_file=$T/token" "${worker[@]}"
+  p0=$LAST_PID
+  # A stranger with the wrong token is refused at once and cannot take node rank 1.
+  start_agent 2 stranger "${common[@]}" --node-rank 1 \
+    --rdzv-conf "join_timeout=60,connect_timeout=5,token_file=$T/badtoken" "${worker[@]}"
+  wait_exit "$LAST_PID" 30 && fail "the stranger was let in"
+  expect_in "$T/stranger.log" "refused this node"
+  expect_in "$T/stranger.log" "same token"
+  start_agent 1 node1 "${common[@]}" --node-rank 1 --nproc-per-node 1 \
+    --rdzv-conf "join_timeout=60,token_file=$T/token" "${worker[@]}"
+  p1=$LAST_PID
+  wait_exit "$p0" 60 || fail "node 0 exited with $?"
+  wait_exit "$p1" 60 || fail "node 1 exited with $?"
+  expect_in "$T/node0.log" "env RANK=0 LOCAL_RANK=0 WORLD_SIZE=3 GROUP_RANK=0 MASTER=10.78.0.1:29500"
+  expect_in "$T/node0.log" "env RANK=1 LOCAL_RANK=1 WORLD_SIZE=3 GROUP_RANK=0 MASTER=10.78.0.1:29500"
+  expect_in "$T/node1.log" "env RANK=2 LOCAL_RANK=0 WORLD_SIZE=3 GROUP_RANK=1 MASTER=10.78.0.1:29500"
+  echo "PASS: static backend with node ranks and a token; the stranger was refused"
+  ;;
+
+*)
+  echo "unknown scenario '$SCENARIO'"
+  exit 2
+  ;;
+esac
