@@ -1,6 +1,7 @@
 // DDP benchmarks, one JSON object per line on stdout.
 //
-//   bench_ddp overhead [--steps N]        world-1 DDP step time over plain LibTorch (CNN, batch 64)
+//   bench_ddp overhead [--steps N --blocks K] world-1 DDP step time / plain LibTorch (CNN, batch
+//                                         64, N*K alternating steps of each, medians)
 //   bench_ddp train --world W [--steps N] Fashion-MNIST CNN, Adam 1e-3, batch 64 per rank,
 //                                         one intra-op thread per rank, W worker processes
 //
@@ -87,21 +88,27 @@ int run_overhead(int steps, int repeats) {
     torch::nll_loss(model(x), y).backward();
     model.step(ddp_opt);
   };
-  // Interleaved blocks, so drift in machine load hits both alike; medians of the blocks.
+  // Single steps alternate between the two, so load from other processes hits both alike;
+  // medians of the per-step times resist outliers.
+  for (int i = 0; i < 3; ++i) {
+    plain_step(i);
+    ddp_step(i);
+  }
   std::vector<double> plain_ms, ddp_ms;
-  for (int r = 0; r < repeats; ++r) {
-    plain_ms.push_back(1e3 * time_steps(2, steps, plain_step) / steps);
-    ddp_ms.push_back(1e3 * time_steps(2, steps, ddp_step) / steps);
+  for (int i = 0; i < steps * repeats; ++i) {
+    plain_ms.push_back(1e3 * time_steps(0, 1, plain_step));
+    ddp_ms.push_back(1e3 * time_steps(0, 1, ddp_step));
   }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
   const double p = median(plain_ms), d = median(ddp_ms);
-  nlohmann::json out = {
-      {"bench", "ddp_overhead"}, {"impl", "ddp"},     {"model", "cnn"},          {"world", 1},
-      {"batch", kBatch},         {"threads", 1},      {"plain_step_ms", p},      {"ddp_step_ms", d},
-      {"ratio", d / p},          {"blocks", repeats}, {"steps_per_block", steps}};
+  nlohmann::json out = {{"bench", "ddp_overhead"}, {"impl", "ddp"},
+                        {"model", "cnn"},          {"world", 1},
+                        {"batch", kBatch},         {"threads", 1},
+                        {"plain_step_ms", p},      {"ddp_step_ms", d},
+                        {"ratio", d / p},          {"steps", steps * repeats}};
   fmt::print("{}\n", out.dump());
   return 0;
 }
@@ -210,22 +217,23 @@ int run_train(int world, int steps, int warmup) {
 int main(int argc, char** argv) {
   CLI::App app("DDP benchmarks (JSON lines)");
   app.require_subcommand(1);
-  int steps = 0, warmup = 5, world = 2, repeats = 5;
+  // One variable per subcommand: CLI11 writes default_val() into the variable at once.
+  int overhead_steps = 10, blocks = 5, train_steps = 60, warmup = 5, world = 2;
   auto* overhead = app.add_subcommand("overhead", "world-1 DDP step time / plain LibTorch");
-  overhead->add_option("--steps", steps, "steps per timed block")->default_val(10);
-  overhead->add_option("--blocks", repeats, "interleaved blocks")->default_val(5);
+  overhead->add_option("--steps", overhead_steps, "steps per timed block")->default_val(10);
+  overhead->add_option("--blocks", blocks, "interleaved blocks")->default_val(5);
   auto* train = app.add_subcommand("train", "Fashion-MNIST CNN samples/s with W processes");
   train->add_option("--world", world, "ranks (processes)")->default_val(2);
-  train->add_option("--steps", steps, "timed steps per rank")->default_val(60);
+  train->add_option("--steps", train_steps, "timed steps per rank")->default_val(60);
   train->add_option("--warmup", warmup, "untimed steps first")->default_val(5);
   auto* worker = app.add_subcommand("worker", "one rank of `train` (internal)");
-  worker->add_option("--steps", steps)->default_val(60);
+  worker->add_option("--steps", train_steps)->default_val(60);
   worker->add_option("--warmup", warmup)->default_val(5);
   CLI11_PARSE(app, argc, argv);
   try {
-    if (*overhead) return run_overhead(steps, repeats);
-    if (*train) return run_train(world, steps, warmup);
-    return run_worker(steps, warmup);
+    if (*overhead) return run_overhead(overhead_steps, blocks);
+    if (*train) return run_train(world, train_steps, warmup);
+    return run_worker(train_steps, warmup);
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_ddp: {}\n", e.what());
     return 1;
