@@ -79,7 +79,8 @@ class SnapshotManager {
   // Throws UsageError for keep < 1 or an empty path.
   explicit SnapshotManager(SnapshotOptions options);
 
-  // Writes the snapshot (call on rank 0 only) and returns the epoch file's path.
+  // Writes the snapshot (call on rank 0 only) and returns the epoch file's path. Temporary
+  // files that a killed writer left beside the snapshots are removed first.
   std::string save(const Snapshot& snapshot);
 
   // The newest snapshot that reads and verifies, trying epoch files newest first and the
@@ -95,6 +96,8 @@ class SnapshotManager {
   const std::string& path() const { return options_.path_; }
 
  private:
+  void remove_stale_temporaries() const;
+
   SnapshotOptions options_;
   std::string dir_;
   std::string stem_;  // file name without extension

@@ -38,6 +38,29 @@ SnapshotManager::SnapshotManager(SnapshotOptions options) : options_(std::move(o
   ext_ = (dot == std::string::npos || dot == 0) ? "" : base.substr(dot);
 }
 
+void SnapshotManager::remove_stale_temporaries() const {
+  // Left by a writer killed mid-write (another process: our own pid's names are reused).
+  DIR* d = ::opendir(dir_.c_str());
+  if (!d) return;
+  const std::string prefix = "." + stem_;
+  const std::string mine = "-" + std::to_string(::getpid());
+  std::vector<std::string> stale;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    if (name.find(".tmp-") == std::string::npos && name.find(".link-") == std::string::npos) {
+      continue;
+    }
+    if (name.size() >= mine.size() &&
+        name.compare(name.size() - mine.size(), mine.size(), mine) == 0) {
+      continue;
+    }
+    stale.push_back(dir_ + "/" + name);
+  }
+  ::closedir(d);
+  for (const auto& path : stale) ::unlink(path.c_str());
+}
+
 std::string SnapshotManager::epoch_file(int64_t epochs_run) const {
   return fmt::format("{}/{}{}{:06d}{}", dir_, stem_, kEpochTag, epochs_run, ext_);
 }
@@ -67,6 +90,7 @@ std::vector<std::pair<int64_t, std::string>> SnapshotManager::epoch_files() cons
 }
 
 std::string SnapshotManager::save(const Snapshot& snapshot) {
+  remove_stale_temporaries();
   const std::vector<char> bytes = encode_snapshot(snapshot);
   const std::string file = epoch_file(snapshot.epochs_run);
   write_file_atomically(file, bytes);

@@ -1,0 +1,183 @@
+// The tutorial's Fashion-MNIST training (cnn_multigpu.py) in C++: the CNN wrapped in DDP,
+// Adam, NLLLoss, a DistributedSampler per rank and drop_last batches; rank 0 logs the loss
+// every 100 batches, shows progress, and ends with the training time, the throughput over all
+// ranks and the test accuracy:
+//
+//   ddprun --standalone --nproc-per-node 2 build/examples/mnist/mnist --epochs 1
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <iostream>
+
+#include "cnn.hpp"
+#include "ddp/comm/init.hpp"
+#include "ddp/torch/ddp.hpp"
+#include "ddp/torch/distributed_sampler.hpp"
+#include "ddp/torch/idx_dataset.hpp"
+#include "ddp/torch/prefetch_loader.hpp"
+#include "ddp/torch/progress.hpp"
+#include "ddp/torch/snapshot.hpp"
+#include "ddp/util/error.hpp"
+
+namespace {
+
+struct Args {
+  int64_t epochs = 1;
+  int64_t batch_size = 32;
+  double lr = 1e-3;
+  std::string device = "cpu";
+  int64_t max_steps = -1;
+  std::string snapshot;
+  std::string data_dir = ddp::MnistOptions::kDirectory;
+  std::string backend = "cpu";
+  uint64_t seed = 0;
+};
+
+// Correct predictions and count over this rank's share of the test set (rank::world, no
+// padding, so the sum over ranks covers each test image exactly once).
+std::pair<int64_t, int64_t> evaluate(Cnn& model, const ddp::TensorDataset& test, int rank,
+                                     int world, const torch::Device& device) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  std::vector<int64_t> mine;
+  for (int64_t i = rank; i < test.size(); i += world) mine.push_back(i);
+  ddp::PrefetchLoader loader(test, mine, ddp::PrefetchLoaderOptions().batch_size(1000));
+  int64_t correct = 0;
+  while (auto batch = loader.next()) {
+    auto pred = model->forward(batch->data.to(device)).argmax(1);
+    correct += pred.eq(batch->target.to(device)).sum().item<int64_t>();
+  }
+  model->train();
+  return {correct, static_cast<int64_t>(mine.size())};
+}
+
+int run(const Args& args) {
+  ddp::InitOptions init;
+  init.backend = args.backend;
+  auto pg = ddp::init_process_group(init);
+  const int rank = pg->rank(), world = pg->size();
+
+  torch::Device device(args.device);
+  if (device.is_cuda() && !torch::cuda::is_available()) {
+    throw ddp::UsageError("--device " + args.device +
+                          ": this LibTorch has no usable CUDA device; use --device cpu");
+  }
+
+  auto train = ddp::load_mnist(ddp::MnistOptions().directory(args.data_dir));
+  auto test =
+      ddp::load_mnist(ddp::MnistOptions().directory(args.data_dir).split(ddp::MnistSplit::kTest));
+
+  torch::manual_seed(args.seed);
+  Cnn model;
+  model->to(device);
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(args.lr));
+  int64_t first_epoch = 1;
+  std::optional<ddp::SnapshotManager> snapshots;
+  if (!args.snapshot.empty()) {
+    snapshots.emplace(ddp::SnapshotOptions(args.snapshot));
+    if (auto resume = snapshots->load_newest_valid()) {
+      if (rank == 0) {
+        for (const auto& why : resume->skipped) std::cout << "Skipping snapshot " << why << "\n";
+        std::cout << "Resuming from " << resume->path << " at epoch "
+                  << resume->snapshot.epochs_run + 1 << "\n";
+      }
+      ddp::restore_snapshot(resume->snapshot, *model, &optimizer);
+      first_epoch = resume->snapshot.epochs_run + 1;
+    }
+  }
+  ddp::DistributedDataParallel ddp_model(model, pg);
+
+  ddp::DistributedSampler sampler(train.size(),
+                                  ddp::DistributedSamplerOptions(world, rank).seed(args.seed));
+  if (rank == 0) std::cout << "Entering training loop...\n" << std::flush;
+  int64_t steps_total = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t epoch = first_epoch; epoch <= args.epochs; ++epoch) {
+    sampler.set_epoch(epoch);
+    ddp::PrefetchLoader loader(
+        [&](const std::vector<int64_t>& idx) {
+          auto b = train.get_batch(idx);
+          return ddp::Batch{b.data.to(device), b.target.to(device)};
+        },
+        sampler.indices(),
+        ddp::PrefetchLoaderOptions().batch_size(args.batch_size).drop_last(true));
+    const int64_t steps =
+        args.max_steps >= 0 ? std::min(args.max_steps, loader.num_batches()) : loader.num_batches();
+    ddp::Progress progress(fmt::format("epoch {}", epoch), steps, args.batch_size * world,
+                           ddp::ProgressOptions().enabled(rank == 0));
+    for (int64_t batch_idx = 0; batch_idx < steps; ++batch_idx) {
+      auto batch = loader.next();
+      auto loss = torch::nll_loss(ddp_model(batch->data), batch->target);
+      optimizer.zero_grad();
+      loss.backward();
+      ddp_model.step(optimizer);
+      ++steps_total;
+      if (batch_idx % 100 == 0 && rank == 0) {
+        const double l = loss.item<double>();
+        progress.print_line(fmt::format("Train Epoch: {} [{}/{} ({:.0f}%)]\tLoss: {:.6f}", epoch,
+                                        batch_idx * args.batch_size, train.size(),
+                                        100.0 * batch_idx / loader.num_batches(), l));
+        progress.update(batch_idx + 1, l);
+      } else {
+        progress.update(batch_idx + 1);
+      }
+    }
+    progress.finish();
+    pg->barrier()->wait(pg->timeout());
+    if (snapshots && rank == 0) {
+      snapshots->save(ddp::capture_snapshot(*model, &optimizer, epoch, epoch));
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (rank == 0) std::cout << "Exiting training loop...\n" << std::flush;
+
+  auto [correct, count] = evaluate(model, test, rank, world, device);
+  int64_t totals[2] = {correct, count};
+  pg->all_reduce(totals, 2, ddp::DataType::kInt64, ddp::ReduceOp::kSum)->wait(pg->timeout());
+  if (rank == 0) {
+    const double samples = static_cast<double>(steps_total * args.batch_size * world);
+    std::cout << fmt::format(
+                     "Training time = {:.2f} s | {:.1f} samples/s over {} ranks | test accuracy "
+                     "{:.2f}% ({}/{})",
+                     seconds, seconds > 0 ? samples / seconds : 0.0, world,
+                     100.0 * totals[0] / std::max<int64_t>(totals[1], 1), totals[0], totals[1])
+              << "\n"
+              << std::flush;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Fashion-MNIST CNN with DistributedDataParallel (the tutorial's workload)"};
+  Args args;
+  app.add_option("--epochs", args.epochs, "Epochs to train (default: 1)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--batch-size,--batch_size", args.batch_size, "Batch size per rank (default: 32)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lr", args.lr, "Adam learning rate (default: 0.001)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--device", args.device, "cpu, cuda or cuda:N (default: cpu)");
+  app.add_option("--max-steps", args.max_steps,
+                 "Stop each epoch after this many steps (default: the whole epoch)");
+  app.add_option("--snapshot", args.snapshot,
+                 "Save a snapshot here after every epoch and resume from it (default: none)");
+  app.add_option("--data-dir", args.data_dir,
+                 "Directory with the IDX files (default: " + args.data_dir + ")");
+  app.add_option("--backend", args.backend, "Process-group backend (cpu, gloo, mpi)");
+  app.add_option("--seed", args.seed, "Seed of the model and the sampler (default: 0)");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(args);
+  } catch (const ddp::Error& e) {
+    std::cerr << "mnist: " << e.what() << "\n";
+    return 1;
+  } catch (const c10::Error& e) {
+    std::cerr << "mnist: " << e.what_without_backtrace() << "\n";
+    return 1;
+  }
+}
