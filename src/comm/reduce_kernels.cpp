@@ -116,8 +116,8 @@ inline A apply(ReduceOp op, A a, A b) {
 
 // The op is a template parameter so the inner loops vectorise.
 template <typename Tr, typename F>
-void reduce_blocks(F f, typename Tr::Storage* dst, const void* const* srcs, size_t nsrc,
-                   size_t count, int avg_divisor) {
+void reduce_blocks(F f, typename Tr::Storage* dst, typename Tr::Storage* dst2,
+                   const void* const* srcs, size_t nsrc, size_t count, int avg_divisor) {
   using S = typename Tr::Storage;
   using A = typename Tr::Acc;
   constexpr size_t kBlock = 1024;
@@ -136,25 +136,29 @@ void reduce_blocks(F f, typename Tr::Storage* dst, const void* const* srcs, size
     }
     S* out = dst + base;
     for (size_t i = 0; i < n; ++i) out[i] = Tr::store(acc[i]);
+    if (dst2 != nullptr) std::memcpy(dst2 + base, out, n * sizeof(S));
   }
 }
 
 template <typename Tr>
-void reduce_typed(ReduceOp op, void* dst, const void* const* srcs, size_t nsrc, size_t count,
-                  int avg_divisor) {
+void reduce_typed(ReduceOp op, void* dst, void* dst2, const void* const* srcs, size_t nsrc,
+                  size_t count, int avg_divisor) {
   using A = typename Tr::Acc;
   auto* d = static_cast<typename Tr::Storage*>(dst);
+  auto* d2 = static_cast<typename Tr::Storage*>(dst2);
   const int div = op == ReduceOp::kAvg ? avg_divisor : 0;
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
-      return reduce_blocks<Tr>([](A a, A b) { return a + b; }, d, srcs, nsrc, count, div);
+      return reduce_blocks<Tr>([](A a, A b) { return a + b; }, d, d2, srcs, nsrc, count, div);
     case ReduceOp::kProduct:
-      return reduce_blocks<Tr>([](A a, A b) { return a * b; }, d, srcs, nsrc, count, div);
+      return reduce_blocks<Tr>([](A a, A b) { return a * b; }, d, d2, srcs, nsrc, count, div);
     case ReduceOp::kMin:
-      return reduce_blocks<Tr>([](A a, A b) { return b < a ? b : a; }, d, srcs, nsrc, count, div);
+      return reduce_blocks<Tr>([](A a, A b) { return b < a ? b : a; }, d, d2, srcs, nsrc, count,
+                               div);
     case ReduceOp::kMax:
-      return reduce_blocks<Tr>([](A a, A b) { return b > a ? b : a; }, d, srcs, nsrc, count, div);
+      return reduce_blocks<Tr>([](A a, A b) { return b > a ? b : a; }, d, d2, srcs, nsrc, count,
+                               div);
   }
 }
 
@@ -183,10 +187,11 @@ void dispatch(DataType dtype, Fn&& fn) {
 }  // namespace
 
 void reduce_buffers(DataType dtype, ReduceOp op, void* dst, const void* const* srcs, size_t nsrc,
-                    size_t count, int avg_divisor) {
+                    size_t count, int avg_divisor, void* dst2) {
   if (nsrc == 0) throw UsageError("reduce_buffers needs at least one source");
-  dispatch(dtype,
-           [&](auto tr) { reduce_typed<decltype(tr)>(op, dst, srcs, nsrc, count, avg_divisor); });
+  dispatch(dtype, [&](auto tr) {
+    reduce_typed<decltype(tr)>(op, dst, dst2, srcs, nsrc, count, avg_divisor);
+  });
 }
 
 void accumulate(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count) {

@@ -19,8 +19,10 @@ uint16_t float_to_bfloat16(float f);
 // dst[i] = op(srcs[0][i], ..., srcs[nsrc-1][i]) for i < count, nsrc >= 1. For kAvg the sum is
 // divided by `avg_divisor` (integers: truncating). dst may alias any source exactly (same
 // address), never partially.
+// `dst2`, when not null, receives a second copy of the result (saves a pass over memory when
+// the result is needed in two places); it must not overlap any source.
 void reduce_buffers(DataType dtype, ReduceOp op, void* dst, const void* const* srcs, size_t nsrc,
-                    size_t count, int avg_divisor);
+                    size_t count, int avg_divisor, void* dst2 = nullptr);
 
 // dst[i] = op(dst[i], src[i]); kAvg accumulates as a sum (finish with divide_in_place).
 void accumulate(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count);

@@ -6,7 +6,10 @@
 //   dtype and counts. With DDP_DEBUG_COLLECTIVES=1 a mismatch raises CollectiveError naming
 //   both calls and the ranks instead of hanging.
 // - Operations are asynchronous: they return a Work; buffers must stay alive and untouched
-//   until wait() returns. Operations issued by one thread complete in issue order.
+//   until wait() returns. Collectives issued by one thread complete in issue order.
+//   send/recv progress independently of collectives (a recv may be posted before the
+//   matching send, as in a ring); messages between two ranks with one tag stay in order.
+// - Destroying a group waits for its queued operations (each bounded by timeout()).
 // - Buffers are raw (pointer, count, dtype). `count` is in elements. Zero counts are allowed.
 // - An optional operation a backend lacks throws NotSupportedError("backend X does not
 //   support Y").

@@ -176,8 +176,7 @@ void ShmGroup::all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,
     const size_t s = start(me_), len = start(me_ + 1) - s;
     char* my_part = d + (off + s) * es;
     for (int j = 0; j < n_; ++j) srcs[j] = j == me_ ? my_part : slot(set, j) + s * es;
-    reduce_buffers(dtype, op, my_part, srcs.data(), n_, len, n_);
-    std::memcpy(mine + s * es, my_part, len * es);
+    reduce_buffers(dtype, op, my_part, srcs.data(), n_, len, n_, mine + s * es);
     arrive();
     wait_all(ctx);
     for (int j = 0; j < n_; ++j) {
