@@ -61,7 +61,7 @@ double time_steps(int warmup, int steps, Step&& step) {
   return seconds_since(begin);
 }
 
-int run_overhead(int steps, int repeats) {
+int run_overhead(int steps, int repeats, const std::string& timeline) {
   torch::set_num_threads(1);
   torch::manual_seed(0);
   auto x = torch::randn({kBatch, 1, 28, 28});
@@ -75,7 +75,8 @@ int run_overhead(int steps, int repeats) {
   opts.world_size = 1;
   opts.store = std::make_shared<ddp::HashStore>();
   auto pg = ddp::init_process_group(opts);
-  ddp::DistributedDataParallel model(wrapped, pg);
+  ddp::DistributedDataParallel model(wrapped, pg,
+                                     ddp::DistributedDataParallelOptions().timeline_path(timeline));
   torch::optim::Adam ddp_opt(model.parameters(), 1e-3);
 
   auto plain_step = [&](int) {
@@ -113,7 +114,7 @@ int run_overhead(int steps, int repeats) {
   return 0;
 }
 
-int run_worker(int steps, int warmup) {
+int run_worker(int steps, int warmup, const std::string& timeline) {
   torch::set_num_threads(1);
   auto pg = ddp::init_process_group(ddp::InitOptions());
   const int rank = pg->rank(), world = pg->size();
@@ -127,7 +128,8 @@ int run_worker(int steps, int warmup) {
 
   torch::manual_seed(0);
   Cnn net;
-  ddp::DistributedDataParallel model(net, pg);
+  ddp::DistributedDataParallel model(net, pg,
+                                     ddp::DistributedDataParallelOptions().timeline_path(timeline));
   torch::optim::Adam opt(model.parameters(), 1e-3);
   double loss_sum = 0;
   auto step = [&](int i) {
@@ -168,7 +170,7 @@ int free_port() {
   return ddp::net::local_port(listener.fd());  // closed on return; the workers rebind it
 }
 
-int run_train(int world, int steps, int warmup) {
+int run_train(int world, int steps, int warmup, const std::string& timeline) {
   const int port = free_port();
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
@@ -192,7 +194,8 @@ int run_train(int world, int steps, int warmup) {
     for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);
     std::vector<std::string> args = {"bench_ddp",           "worker",   "--steps",
-                                     std::to_string(steps), "--warmup", std::to_string(warmup)};
+                                     std::to_string(steps), "--warmup", std::to_string(warmup),
+                                     "--timeline",          timeline};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -218,22 +221,26 @@ int main(int argc, char** argv) {
   CLI::App app("DDP benchmarks (JSON lines)");
   app.require_subcommand(1);
   // One variable per subcommand: CLI11 writes default_val() into the variable at once.
+  std::string timeline;  // DDP timeline_path, "{rank}" replaced; empty: none
   int overhead_steps = 10, blocks = 5, train_steps = 60, warmup = 5, world = 2;
   auto* overhead = app.add_subcommand("overhead", "world-1 DDP step time / plain LibTorch");
   overhead->add_option("--steps", overhead_steps, "steps per timed block")->default_val(10);
   overhead->add_option("--blocks", blocks, "interleaved blocks")->default_val(5);
+  overhead->add_option("--timeline", timeline, "write the DDP timeline here");
   auto* train = app.add_subcommand("train", "Fashion-MNIST CNN samples/s with W processes");
   train->add_option("--world", world, "ranks (processes)")->default_val(2);
   train->add_option("--steps", train_steps, "timed steps per rank")->default_val(60);
   train->add_option("--warmup", warmup, "untimed steps first")->default_val(5);
+  train->add_option("--timeline", timeline, "per-rank DDP timeline, e.g. tl_rank{rank}.json");
   auto* worker = app.add_subcommand("worker", "one rank of `train` (internal)");
   worker->add_option("--steps", train_steps)->default_val(60);
   worker->add_option("--warmup", warmup)->default_val(5);
+  worker->add_option("--timeline", timeline);
   CLI11_PARSE(app, argc, argv);
   try {
-    if (*overhead) return run_overhead(overhead_steps, blocks);
-    if (*train) return run_train(world, train_steps, warmup);
-    return run_worker(train_steps, warmup);
+    if (*overhead) return run_overhead(overhead_steps, blocks, timeline);
+    if (*train) return run_train(world, train_steps, warmup, timeline);
+    return run_worker(train_steps, warmup, timeline);
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_ddp: {}\n", e.what());
     return 1;

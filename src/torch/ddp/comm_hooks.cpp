@@ -27,10 +27,18 @@ class WireReduction : public BucketReduction {
   WorkPtr work_;
 };
 
+// With one rank the average is the bucket itself: nothing to send (saves the backend's copies).
+class DoneReduction : public BucketReduction {
+ public:
+  bool is_completed() override { return true; }
+  void finish(std::chrono::milliseconds) override {}
+};
+
 class AllReduceHook : public CommHook {
  public:
   std::string name() const override { return "allreduce"; }
   std::unique_ptr<BucketReduction> launch(ProcessGroup& pg, const torch::Tensor& bucket) override {
+    if (pg.size() == 1) return std::make_unique<DoneReduction>();
     torch::Tensor wire = needs_host_staging(bucket, pg) ? bucket.cpu() : bucket;
     WorkPtr work = all_reduce(pg, wire, ReduceOp::kAvg);
     return std::make_unique<WireReduction>(bucket, wire, std::move(work));
@@ -42,6 +50,7 @@ class CompressHook : public CommHook {
   CompressHook(c10::ScalarType type, std::string name) : type_(type), name_(std::move(name)) {}
   std::string name() const override { return name_; }
   std::unique_ptr<BucketReduction> launch(ProcessGroup& pg, const torch::Tensor& bucket) override {
+    if (pg.size() == 1) return std::make_unique<DoneReduction>();
     // Dividing before the cast keeps the float16 sum of size() ranks inside its range.
     torch::Tensor wire = bucket.div(pg.size()).to(type_);
     if (needs_host_staging(wire, pg)) wire = wire.cpu();

@@ -140,6 +140,12 @@ bool Reducer::sync() const {
 
 void Reducer::mark_unused_from_outputs(const std::vector<torch::Tensor>& outputs) {
   if (!config_.find_unused_parameters) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    known_unused_.clear();
+    // Under no_sync nothing is reduced; the synchronized backward finds its own unused ones.
+    if (!sync_) return;
+  }
   std::unordered_set<const torch::autograd::Node*> seen;
   std::vector<torch::autograd::Node*> stack;
   for (const auto& out : outputs) {
