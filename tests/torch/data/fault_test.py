@@ -18,9 +18,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
-EPOCHS = 12
+EPOCHS = 8
 DIGEST = re.compile(r"Training finished \| epochs \d+ \| parameters ([0-9a-f]+)")
 PREFIX = b"ddp-snapshot sha256="
 
@@ -63,13 +64,40 @@ def start(args, workdir, env=None):
                             env=dict(os.environ, **(env or {})))
 
 
+class Output:
+    """Collects a process's output lines on a thread, so the test can wait for a line."""
+
+    def __init__(self, proc):
+        self.lines = []
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self.thread.start()
+
+    def _read(self, proc):
+        for line in proc.stdout:
+            with self.cond:
+                self.lines.append(line)
+                self.cond.notify_all()
+
+    def wait_for(self, text, timeout=60):
+        with self.cond:
+            return self.cond.wait_for(lambda: any(text in l for l in self.lines), timeout)
+
+    def text(self):
+        self.thread.join()
+        return "".join(self.lines)
+
+
 def finish(proc, what, timeout=120):
+    output = getattr(proc, "output", None) or Output(proc)
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        out, _ = proc.communicate()
-        raise AssertionError(f"{what}: ddprun did not finish within {timeout} s\n{out}")
+        proc.wait()
+        raise AssertionError(f"{what}: ddprun did not finish within {timeout} s\n"
+                             f"{output.text()}")
+    out = output.text()
     if proc.returncode != 0:
         raise AssertionError(f"{what}: ddprun exited {proc.returncode}\n{out}")
     digests = DIGEST.findall(out)
@@ -111,7 +139,12 @@ def main():
             workdir = os.path.join(root, f"kill{i}")
             os.makedirs(workdir)
             proc = start(args, workdir)
-            time.sleep(rng.uniform(0.0, duration * 0.9))
+            proc.output = Output(proc)
+            # A random moment of training: after rank 0 announced a random epoch, plus up to
+            # one epoch's time (a few runs die before any snapshot, most after some).
+            epoch = rng.randrange(0, EPOCHS)
+            proc.output.wait_for(f"[RANK0] Epoch {epoch} |")
+            time.sleep(rng.uniform(0.0, 0.05))
             workers = children(proc.pid)
             victim = rng.choice(workers) if workers else None
             if victim:
@@ -122,7 +155,8 @@ def main():
                                      f"uninterrupted run's {reference}\n{out}")
             check_snapshots(workdir, f"kill {i}")
             resumed += "Resuming training from snapshot" in out
-            print(f"kill {i}: {'killed ' + str(victim) if victim else 'no worker yet'}; "
+            print(f"kill {i} (in epoch {epoch}): "
+                  f"{'killed ' + str(victim) if victim else 'no worker yet'}; "
                   f"{'resumed' if 'Resuming' in out else 'restarted from scratch'}; "
                   f"parameters equal", flush=True)
             shutil.rmtree(workdir)
@@ -132,7 +166,7 @@ def main():
         for n in range(3):
             workdir = os.path.join(root, f"write{n}")
             os.makedirs(workdir)
-            proc = start(args, workdir, {"DDP_SNAPSHOT_TEST_DELAY_MS": "300"})
+            proc = start(args, workdir, {"DDP_SNAPSHOT_TEST_DELAY_MS": "200"})
             killed = None
             deadline = time.monotonic() + 60
             seen = 0
