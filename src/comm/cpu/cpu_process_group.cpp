@@ -70,7 +70,23 @@ CpuProcessGroup::CpuProcessGroup(GroupConfig config, std::string host_id)
     }
     // The last rank to map the segment removes its name.
     const std::string mapped_key = fmt::format("{}shm_mapped/{}", config_.prefix, topo_.my_host);
-    if (store.add(mapped_key, 1) == static_cast<int64_t>(local.size())) seg.unlink();
+    const std::string all_mapped_key =
+        fmt::format("{}shm_all_mapped/{}", config_.prefix, topo_.my_host);
+    if (store.add(mapped_key, 1) == static_cast<int64_t>(local.size())) {
+      seg.unlink();
+      store.set(all_mapped_key, "1");
+    }
+    // Nobody may leave init (and possibly destroy the group, unlinking the name as the
+    // creator) before every rank of the host has mapped the segment.
+    try {
+      store.wait({all_mapped_key}, timeout_);
+    } catch (const TimeoutError&) {
+      throw TimeoutError(fmt::format(
+          "{}: only {} of {} ranks on this host mapped the shared memory segment {} within {} "
+          "ms",
+          where(), store.add(mapped_key, 0), local.size(), seg.name(), timeout_.count()));
+    }
+    seg.release_name();
     shm_ = std::make_unique<ShmGroup>(std::move(seg), layout, topo_.local_rank, local, spin_for());
   }
   if (topo_.num_hosts() > 1) {

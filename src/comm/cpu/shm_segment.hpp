@@ -27,6 +27,8 @@ class ShmSegment {
 
   // Removes the name from /dev/shm; ignores a name that is already gone.
   void unlink();
+  // The name is known to be gone (another rank unlinked it): do not unlink on destruction.
+  void release_name() { owner_ = false; }
 
  private:
   std::string name_;

@@ -138,7 +138,7 @@ GlooComm::GlooComm(std::shared_ptr<Store> store, const std::string& prefix, int 
   auto device = make_device();
   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
   ctx->setTimeout(timeout);
-  StoreAdapter adapter(std::move(store), prefix, timeout);
+  StoreAdapter adapter(store, prefix, timeout);
   try {
     ctx->connectFullMesh(adapter, device);
   } catch (const ddp::Error&) {
@@ -150,6 +150,13 @@ GlooComm::GlooComm(std::shared_ptr<Store> store, const std::string& prefix, int 
                     where_, size - 1, timeout.count(), device->str(), e.what()));
   }
   context_ = std::move(ctx);
+  // Store barrier: a rank that finished connecting must not tear its context down (closing
+  // its sockets) while a peer is still inside connectFullMesh reading from them.
+  Store& st = *store;
+  st.set(fmt::format("{}connected/{}", prefix, rank), "1");
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(fmt::format("{}connected/{}", prefix, r));
+  st.wait(keys, timeout);
 }
 
 GlooComm::~GlooComm() = default;
