@@ -76,10 +76,10 @@ void AsyncProcessGroup::check_rank(int peer, const char* what) const {
 }
 
 WorkPtr AsyncProcessGroup::submit(CallInfo call, std::function<void(const CallInfo&)> fn) {
-  if (!call.is_p2p()) call.seq = ++next_seq_;
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!call.is_p2p()) call.seq = ++next_seq_;  // under the lock: issue order = sequence order
   auto work = std::make_shared<FutureWork>(call.describe() + " on " + where());
   Job job{call, std::move(fn), work};
-  std::unique_lock<std::mutex> lock(mutex_);
   if (stop_) throw UsageError("process group used after it was shut down: " + where());
   if (!running_ && queue_.empty() && call.bytes <= config_.inline_bytes) {
     running_ = true;
