@@ -1,33 +1,53 @@
 #!/bin/bash
 # Runs the DDP benchmarks beside PyTorch DDP in one run; prints JSON lines, then a summary line
 # with the ratios the design brief targets.
-#   bench/ddp/run.sh [BUILD_DIR] [STEPS]
+#   bench/ddp/run.sh [BUILD_DIR] [STEPS] [ROUNDS]
+# Each round runs every configuration once (ddp and pytorch, world 1 and 2, in alternating
+# order); the summary uses each configuration's best round (the one least disturbed by other
+# load on the machine) and also reports medians.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../../build}
-steps=${2:-60}
+steps=${2:-40}
+rounds=${3:-3}
 bin=$build/bench/ddp/bench_ddp
 [ -x "$bin" ] || { echo "bench/ddp/run.sh: $bin not built (cmake --build $build --target bench_ddp)" >&2; exit 1; }
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 {
-  "$bin" overhead
-  "$bin" train --world 1 --steps "$steps"
-  "$bin" train --world 2 --steps "$steps"
-  /usr/bin/python3 "$here/bench_ddp.py" --world 1 --steps "$steps"
-  /usr/bin/python3 "$here/bench_ddp.py" --world 2 --steps "$steps"
+  "$bin" overhead --steps 20 --blocks 3
+  for ((round = 0; round < rounds; ++round)); do
+    if ((round % 2 == 0)); then order="ddp pytorch"; else order="pytorch ddp"; fi
+    for impl in $order; do
+      for world in 1 2; do
+        if [ "$impl" = ddp ]; then
+          "$bin" train --world "$world" --steps "$steps"
+        else
+          /usr/bin/python3 "$here/bench_ddp.py" --world "$world" --steps "$steps"
+        fi
+      done
+    done
+  done
 } | tee "$out"
 /usr/bin/python3 - "$out" <<'PY'
-import json, sys
+import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-tp = {(r["impl"], r["world"]): r["samples_per_s"] for r in rows if r["bench"] == "ddp_cnn"}
+runs = {}
+for r in rows:
+    if r["bench"] == "ddp_cnn":
+        runs.setdefault((r["impl"], r["world"]), []).append(r["samples_per_s"])
+best = {k: max(v) for k, v in runs.items()}
+med = {k: statistics.median(v) for k, v in runs.items()}
 over = [r for r in rows if r["bench"] == "ddp_overhead"]
+def ratios(t):
+    return {"ddp_scaling_2_over_1": t[("ddp", 2)] / t[("ddp", 1)],
+            "pytorch_scaling_2_over_1": t[("pytorch", 2)] / t[("pytorch", 1)],
+            "ddp_over_pytorch_world2": t[("ddp", 2)] / t[("pytorch", 2)]}
 print(json.dumps({
     "bench": "ddp_summary",
     "overhead_ratio_world1": over[0]["ratio"] if over else None,
-    "ddp_scaling_2_over_1": tp[("ddp", 2)] / tp[("ddp", 1)],
-    "pytorch_scaling_2_over_1": tp[("pytorch", 2)] / tp[("pytorch", 1)],
-    "ddp_over_pytorch_world2": tp[("ddp", 2)] / tp[("pytorch", 2)],
+    "samples_per_s_best": {f"{i}_w{w}": v for (i, w), v in sorted(best.items())},
+    "best": ratios(best), "median": ratios(med), "rounds": len(runs[("ddp", 1)]),
     "targets": {"overhead_ratio_world1": "<= 1.03", "ddp_scaling_2_over_1": ">= 1.9",
                 "ddp_over_pytorch_world2": ">= 1.2"}}))
 PY
