@@ -231,6 +231,22 @@ TEST_P(Collectives, BarrierAndManyInFlight) {
   });
 }
 
+class LargestAllReduce : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LargestAllReduce, SixtyFourMegabytesWorldTwo) {
+  const size_t count = (size_t{64} << 20) / sizeof(float);
+  run_ranks(2, thread_options(GetParam()), [&](ProcessGroup& pg) {
+    std::vector<float> buf(count);
+    for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>((i % 1000) + pg.rank());
+    wait(pg.all_reduce(buf.data(), count, DataType::kFloat32, ReduceOp::kSum));
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(buf[i], static_cast<float>(2 * (i % 1000) + 1)) << "index " << i;
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Comm, LargestAllReduce, ::testing::Values("cpu", "gloo"));
+
 std::vector<Param> params() {
   std::vector<Param> out;
   for (const char* b : {"cpu", "gloo"}) {
