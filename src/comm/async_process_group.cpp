@@ -296,28 +296,6 @@ void AsyncProcessGroup::validate_p2p(const void* data, size_t count, int peer, c
   check_buffer(data, count, "data", op);
 }
 
-WorkPtr AsyncProcessGroup::send(const void* data, size_t count, DataType dtype, int dst, int tag) {
-  check_rank(dst, "send: dst");
-  if (dst == rank_) throw UsageError(fmt::format("send: dst {} is this rank itself", dst));
-  check_buffer(data, count, "data", "send");
-  CallInfo c{
-      OpKind::kSend, dtype, ReduceOp::kSum, false, dst, tag, count, 0, count * element_size(dtype)};
-  return submit(c, [=](const CallInfo& call) {
-    run_send(data, count * element_size(dtype), dst, tag, call);
-  });
-}
-
-WorkPtr AsyncProcessGroup::recv(void* data, size_t count, DataType dtype, int src, int tag) {
-  check_rank(src, "recv: src");
-  if (src == rank_) throw UsageError(fmt::format("recv: src {} is this rank itself", src));
-  check_buffer(data, count, "data", "recv");
-  CallInfo c{
-      OpKind::kRecv, dtype, ReduceOp::kSum, false, src, tag, count, 0, count * element_size(dtype)};
-  return submit(c, [=](const CallInfo& call) {
-    run_recv(data, count * element_size(dtype), src, tag, call);
-  });
-}
-
 void AsyncProcessGroup::run_all_gather(const void* in, void* out, size_t count, DataType dtype,
                                        const CallInfo& call) {
   run_all_gather_v(in, out, std::vector<size_t>(size_, count), dtype, call);

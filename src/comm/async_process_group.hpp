@@ -58,8 +58,8 @@ class AsyncProcessGroup : public ProcessGroup {
                          ReduceOp op) override;
   WorkPtr all_to_all(const void* in, void* out, size_t count, DataType dtype) override;
   WorkPtr barrier() override;
-  WorkPtr send(const void* data, size_t count, DataType dtype, int dst, int tag) override;
-  WorkPtr recv(void* data, size_t count, DataType dtype, int src, int tag) override;
+  // send/recv stay abstract: each backend posts them outside the collective queue, so a recv
+  // can wait for its send without blocking the collectives behind it.
 
   // Creates the sub-group of `ranks` (ranks of this group). Every rank of this group must call
   // it, in the same order relative to other new_group calls; non-members get nullptr.
@@ -88,8 +88,6 @@ class AsyncProcessGroup : public ProcessGroup {
   virtual void run_all_to_all(const void* in, void* out, size_t count, DataType dtype,
                               const CallInfo& call) = 0;
   virtual void run_barrier(const CallInfo& call) = 0;
-  virtual void run_send(const void* data, size_t bytes, int dst, int tag, const CallInfo& call) = 0;
-  virtual void run_recv(void* data, size_t bytes, int src, int tag, const CallInfo& call) = 0;
 
   // Builds a group of the same backend for a sub-group configuration.
   virtual ProcessGroupPtr make_same_backend(GroupConfig config) = 0;

@@ -71,9 +71,6 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   if (!options.rank || !options.world_size) world = detect_world_info();
   const int rank = options.rank.value_or(world.rank);
   const int size = options.world_size.value_or(world.world_size);
-  if (!options.rank && !options.world_size && world.source == "default" && !options.store) {
-    // Nothing set at all: a single-process job (like torch with world_size=1).
-  }
   if (size < 1 || rank < 0 || rank >= size) {
     throw UsageError(
         fmt::format("rank {} is out of range for world size {}; rank must be in "

@@ -211,8 +211,8 @@ void CpuProcessGroup::run_reduce(void* data, size_t count, DataType dtype, Reduc
     if (shm_) shm_->all_reduce(data, count, dtype, op, context(call));
     return;
   }
+  (void)root;  // the result is computed on every rank anyway
   run_all_reduce(data, count, dtype, op, call);
-  (void)root;
 }
 
 void CpuProcessGroup::run_all_gather_v(const void* in, void* out, const std::vector<size_t>& counts,
@@ -260,21 +260,6 @@ void CpuProcessGroup::run_barrier(const CallInfo& call) {
   if (shm_) shm_->barrier(ctx);
   if (leaders_) leaders_->barrier(call);
   if (shm_ && !single_host()) shm_->barrier(ctx);
-}
-
-void CpuProcessGroup::run_send(const void* data, size_t bytes, int dst, int tag,
-                               const CallInfo& call) {
-  if (topo_.host_of_rank[dst] != topo_.my_host) {
-    return all_ranks(call).send(data, bytes, dst, tag, call);
-  }
-  shm_->send(data, bytes, topo_.local_rank_of(dst), tag, context(call));
-}
-
-void CpuProcessGroup::run_recv(void* data, size_t bytes, int src, int tag, const CallInfo& call) {
-  if (topo_.host_of_rank[src] != topo_.my_host) {
-    return all_ranks(call).recv(data, bytes, src, tag, call);
-  }
-  shm_->recv(data, bytes, topo_.local_rank_of(src), tag, context(call));
 }
 
 ProcessGroupPtr CpuProcessGroup::make_same_backend(GroupConfig config) {

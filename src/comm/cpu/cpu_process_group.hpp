@@ -56,8 +56,6 @@ class CpuProcessGroup : public AsyncProcessGroup {
   void run_all_to_all(const void* in, void* out, size_t count, DataType dtype,
                       const CallInfo& call) override;
   void run_barrier(const CallInfo& call) override;
-  void run_send(const void* data, size_t bytes, int dst, int tag, const CallInfo& call) override;
-  void run_recv(void* data, size_t bytes, int src, int tag, const CallInfo& call) override;
   ProcessGroupPtr make_same_backend(GroupConfig config) override;
 
  private:

@@ -363,33 +363,6 @@ uint64_t p2p_slot(int tag) {
 }
 }  // namespace
 
-void GlooComm::send(const void* data, size_t bytes, int dst, int tag, const CallInfo& call) {
-  guarded(call, [&] {
-    // Gloo refuses null buffers; a zero-byte message still needs an address.
-    char dummy = 0;
-    void* p = bytes > 0 ? const_cast<void*>(data) : &dummy;
-    auto buf = context_->createUnboundBuffer(p, bytes);
-    buf->send(dst, p2p_slot(tag));
-    if (!buf->waitSend(timeout_)) {
-      throw TimeoutError(fmt::format("{} on {}: rank {} did not take the message within {} ms",
-                                     call.describe(), where_, group_ranks_[dst], timeout_.count()));
-    }
-  });
-}
-
-void GlooComm::recv(void* data, size_t bytes, int src, int tag, const CallInfo& call) {
-  guarded(call, [&] {
-    char dummy = 0;
-    void* p = bytes > 0 ? data : &dummy;
-    auto buf = context_->createUnboundBuffer(p, bytes);
-    buf->recv(src, p2p_slot(tag));
-    if (!buf->waitRecv(timeout_)) {
-      throw TimeoutError(fmt::format("{} on {}: no matching send from rank {} within {} ms",
-                                     call.describe(), where_, group_ranks_[src], timeout_.count()));
-    }
-  });
-}
-
 namespace {
 
 // A posted Gloo transfer. Gloo cannot poll an unbound buffer without blocking, so

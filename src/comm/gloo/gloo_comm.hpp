@@ -54,9 +54,6 @@ class GlooComm {
                       const CallInfo& call);
   void all_to_all(const void* in, void* out, size_t block_bytes, const CallInfo& call);
   void barrier(const CallInfo& call);
-  void send(const void* data, size_t bytes, int dst, int tag, const CallInfo& call);
-  void recv(void* data, size_t bytes, int src, int tag, const CallInfo& call);
-
   // Non-blocking point to point: posts the transfer and returns a Work whose wait() completes
   // it. Posting never waits for the peer, so sends and recvs may be issued in any order.
   std::shared_ptr<Work> post_send(const void* data, size_t bytes, int dst, int tag,

@@ -53,12 +53,6 @@ class GlooProcessGroup : public AsyncProcessGroup {
     comm_->all_to_all(in, out, count * element_size(dtype), call);
   }
   void run_barrier(const CallInfo& call) override { comm_->barrier(call); }
-  void run_send(const void* data, size_t bytes, int dst, int tag, const CallInfo& call) override {
-    comm_->send(data, bytes, dst, tag, call);
-  }
-  void run_recv(void* data, size_t bytes, int src, int tag, const CallInfo& call) override {
-    comm_->recv(data, bytes, src, tag, call);
-  }
   ProcessGroupPtr make_same_backend(GroupConfig config) override {
     return std::make_shared<GlooProcessGroup>(std::move(config));
   }
