@@ -195,6 +195,26 @@ TEST(CpuBackend, TimeoutNamesRanksThatNeverArrived) {
   }
 }
 
+TEST(GlooBackend, TimeoutNamesRanksThatNeverArrived) {
+  auto errors =
+      run_ranks_collect_errors(3, thread_options("gloo", milliseconds(1000)), [](ProcessGroup& pg) {
+        std::vector<float> x(100000, 1.0f);
+        if (pg.rank() != 2) {
+          pg.all_reduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum)
+              ->wait(std::chrono::seconds(30));
+        } else {
+          // Stay alive (closing the sockets would be a different error) but never join.
+          std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+        }
+      });
+  for (int r : {0, 1}) {
+    EXPECT_NE(errors[r].find("all_reduce(float32, count=100000, sum) #1"), std::string::npos)
+        << errors[r];
+    EXPECT_NE(errors[r].find("ranks [2] never reached it (2 of 3 did)"), std::string::npos)
+        << errors[r];
+  }
+}
+
 TEST(CpuBackend, GroupIsUnusableAfterATimeout) {
   auto errors =
       run_ranks_collect_errors(2, thread_options("cpu", milliseconds(300)), [](ProcessGroup& pg) {

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
@@ -21,6 +22,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 #include "../reduce_kernels.hpp"
 #include "ddp/util/env.hpp"
@@ -130,7 +132,9 @@ std::function<void(void*, const void*, const void*, size_t)> reducer(DataType dt
 GlooComm::GlooComm(std::shared_ptr<Store> store, const std::string& prefix, int rank, int size,
                    std::chrono::milliseconds timeout, std::vector<int> group_ranks,
                    std::string where)
-    : rank_(rank),
+    : store_(store),
+      prefix_(prefix),
+      rank_(rank),
       size_(size),
       timeout_(timeout),
       group_ranks_(std::move(group_ranks)),
@@ -161,6 +165,30 @@ GlooComm::GlooComm(std::shared_ptr<Store> store, const std::string& prefix, int 
 
 GlooComm::~GlooComm() = default;
 
+std::vector<int> GlooComm::missing_ranks(const CallInfo& call) {
+  // Every rank that times out in this collective reports it; ranks still absent after a grace
+  // period (a few seconds covers ranks that entered the collective a little later) never
+  // reached it. Only runs after a timeout, so normal operation pays nothing.
+  std::vector<int> missing;
+  try {
+    const std::string base = fmt::format("{}reached/{}/", prefix_, call.seq);
+    store_->set(base + std::to_string(rank_), "1");
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(5));
+    for (;;) {
+      missing.clear();
+      for (int r = 0; r < size_; ++r) {
+        if (!store_->check({base + std::to_string(r)})) missing.push_back(group_ranks_[r]);
+      }
+      if (missing.empty() || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } catch (const std::exception&) {
+    missing.clear();  // the store is unreachable too: report the timeout without names
+  }
+  return missing;
+}
+
 template <typename Fn>
 void GlooComm::guarded(const CallInfo& call, Fn&& fn) {
   try {
@@ -170,10 +198,15 @@ void GlooComm::guarded(const CallInfo& call, Fn&& fn) {
   } catch (const gloo::IoException& e) {
     const std::string what = e.what();
     if (what.find("imed out") != std::string::npos) {
-      throw TimeoutError(
-          fmt::format("{} on {} timed out after {} ms in gloo: a peer did not "
-                      "reach this collective or died ({})",
-                      call.describe(), where_, timeout_.count(), what));
+      const std::vector<int> missing = missing_ranks(call);
+      const std::string who = missing.empty()
+                                  ? std::string(
+                                        "every rank reported reaching it, so a peer is stuck "
+                                        "inside it or its connection broke")
+                                  : fmt::format("ranks {} never reached it ({} of {} did)", missing,
+                                                size_ - missing.size(), size_);
+      throw TimeoutError(fmt::format("{} on {} timed out after {} ms in gloo: {} ({})",
+                                     call.describe(), where_, timeout_.count(), who, what));
     }
     throw NetworkError(fmt::format("{} on {} failed in gloo: {}; a peer process probably died",
                                    call.describe(), where_, what));

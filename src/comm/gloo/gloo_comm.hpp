@@ -64,7 +64,11 @@ class GlooComm {
   template <typename Fn>
   void guarded(const CallInfo& call, Fn&& fn);
   uint32_t next_tag() { return tag_++; }
+  // After a timeout: the ranks (of the enclosing group) that never reached `call`.
+  std::vector<int> missing_ranks(const CallInfo& call);
 
+  std::shared_ptr<Store> store_;
+  std::string prefix_;
   int rank_;
   int size_;
   std::chrono::milliseconds timeout_;
