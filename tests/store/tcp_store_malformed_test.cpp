@@ -4,6 +4,8 @@
 
 #include <sys/socket.h>
 
+#include <thread>
+
 #include "ddp/util/error.hpp"
 #include "store_test_util.hpp"
 
@@ -126,6 +128,58 @@ TEST_F(MalformedTest, SilentHalfFrameDoesNotStallOthers) {
   raw_send(sock, encode(Op::kSet, {"k", "v"}, 2).substr(10));
   EXPECT_EQ(raw_read_frame(sock).op, Op::kOk);
   EXPECT_EQ(good_->get("k"), "v");
+}
+
+}  // namespace
+}  // namespace ddp::test
+
+namespace ddp::test {
+namespace {
+
+TEST(ServerLimitsTest, ValueOverTheFrameLimitIsAProtocolErrorAndTheClientRecovers) {
+  TcpStoreServerOptions options;
+  options.host = "127.0.0.1";
+  options.port = 0;
+  options.token = "";
+  options.max_frame_bytes = 1024;
+  TcpStoreServer server(options);
+  server.start();
+  TcpStore client(client_options(server.port()));
+  try {
+    client.set("big", std::string(4096, 'x'));
+    FAIL() << "the server accepted a frame over its limit";
+  } catch (const ProtocolError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("exceeds the limit of 1024 bytes"), std::string::npos) << what;
+    EXPECT_NE(what.find("127.0.0.1:" + std::to_string(server.port())), std::string::npos) << what;
+  }
+  // The server closed that connection; the next call reconnects.
+  client.set("small", "ok");
+  EXPECT_EQ(client.get("small"), "ok");
+  EXPECT_FALSE(client.check({"big"}));
+}
+
+TEST(ServerLimitsTest, ConnectionThatNeverSaysHelloIsClosedAfterTheHandshakeTimeout) {
+  TcpStoreServerOptions options;
+  options.host = "127.0.0.1";
+  options.port = 0;
+  options.token = "";
+  options.handshake_timeout = 100ms;
+  TcpStoreServer server(options);
+  server.start();
+  auto idle = raw_connect(server.port());
+  auto frame = raw_read_frame(idle);  // blocks until the server gives up on it
+  EXPECT_EQ(frame.op, Op::kError);
+  EXPECT_NE(frame.fields.at(1).find("handshake not completed within 100 ms"), std::string::npos)
+      << frame.fields.at(1);
+  char byte;
+  EXPECT_THROW(net::read_exact(idle.fd(), &byte, 1, net::Clock::now() + 10s, "server"),
+               NetworkError);
+  // Clients that do say hello are not affected by the timeout once ready.
+  TcpStore client(client_options(server.port()));
+  std::this_thread::sleep_for(200ms);
+  client.set("k", "v");
+  EXPECT_EQ(client.get("k"), "v");
 }
 
 }  // namespace
