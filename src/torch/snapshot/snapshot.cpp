@@ -88,14 +88,26 @@ void restore_snapshot(const Snapshot& snapshot, torch::nn::Module& module,
   if (optimizer && snapshot.optimizer_state.defined()) {
     const auto& bytes = snapshot.optimizer_state;
     std::istringstream in(std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel()));
-    torch::serialize::InputArchive archive;
-    archive.load_from(in);
-    optimizer->load(archive);
+    try {
+      torch::serialize::InputArchive archive;
+      archive.load_from(in);
+      optimizer->load(archive);
+    } catch (const c10::Error& e) {
+      throw UsageError(
+          fmt::format("snapshot's OPTIMIZER_STATE does not fit this optimizer (saved "
+                      "from a different optimizer type or parameter list?): {}",
+                      e.what_without_backtrace()));
+    }
   }
   if (snapshot.rng_state.defined()) {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(snapshot.rng_state);
+    try {
+      gen.set_state(snapshot.rng_state);
+    } catch (const c10::Error& e) {
+      throw UsageError(fmt::format("snapshot's RNG_STATE is not a CPU generator state: {}",
+                                   e.what_without_backtrace()));
+    }
   }
 }
 

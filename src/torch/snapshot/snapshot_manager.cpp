@@ -1,3 +1,4 @@
+#include <c10/util/Exception.h>
 #include <dirent.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -139,6 +140,9 @@ std::optional<ResumePoint> SnapshotManager::load_newest_valid(
       return ResumePoint{decode_snapshot(bytes, path), path, detail, {}};
     } catch (const Error& e) {
       skipped.push_back(path + ": " + e.what());
+      return std::nullopt;
+    } catch (const c10::Error& e) {  // LibTorch rejecting a decoded value
+      skipped.push_back(path + ": " + e.what_without_backtrace());
       return std::nullopt;
     }
   };

@@ -346,3 +346,27 @@ torch.save({"a": [torch.arange(6).reshape(2, 3), {"b": (1.5, "x")}], "c": 3}, sy
 }
 
 }  // namespace
+
+namespace {
+
+TEST(SnapshotRestore, ForeignOptimizerStateIsAUsageError) {
+  torch::nn::Linear lin(3, 1);
+  torch::optim::Adam adam(lin->parameters(), torch::optim::AdamOptions(1e-3));
+  adam.zero_grad();
+  lin->forward(torch::ones({2, 3})).sum().backward();
+  adam.step();
+  auto snap = ddp::capture_snapshot(*lin, &adam, 1, 1);
+  torch::optim::SGD sgd(lin->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  try {
+    ddp::restore_snapshot(snap, *lin, &sgd);
+    FAIL() << "an Adam state must not load into SGD silently";
+  } catch (const ddp::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("OPTIMIZER_STATE does not fit"), std::string::npos)
+        << e.what();
+  }
+  snap.optimizer_state = torch::Tensor();
+  snap.rng_state = torch::zeros({3}, torch::kUInt8);
+  EXPECT_THROW(ddp::restore_snapshot(snap, *lin, nullptr), ddp::UsageError);
+}
+
+}  // namespace
