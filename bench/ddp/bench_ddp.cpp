@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <nlohmann/json.hpp>
 
 #include "cnn_model.hpp"
@@ -34,6 +35,13 @@ using Clock = std::chrono::steady_clock;
 using ddp::bench::Cnn;
 
 constexpr int kBatch = 64;
+
+// CPU seconds used by this process (all its threads: compute and communication).
+double process_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -144,8 +152,13 @@ int run_worker(int steps, int warmup, const std::string& timeline) {
   for (int i = 0; i < warmup; ++i) step(i);
   pg->barrier()->wait(pg->timeout());
   auto begin = Clock::now();
+  const double cpu_begin = process_cpu_seconds();
   for (int i = 0; i < steps; ++i) step(warmup + i);
   double elapsed = seconds_since(begin);
+  // CPU per step tells compute cost apart from waiting for a core on a shared machine.
+  double cpu_ms_per_step = 1e3 * (process_cpu_seconds() - cpu_begin) / steps;
+  pg->all_reduce(&cpu_ms_per_step, 1, ddp::DataType::kFloat64, ddp::ReduceOp::kMax)
+      ->wait(pg->timeout());
   // The slowest rank defines the throughput.
   pg->all_reduce(&elapsed, 1, ddp::DataType::kFloat64, ddp::ReduceOp::kMax)->wait(pg->timeout());
   if (rank == 0) {
@@ -158,6 +171,7 @@ int run_worker(int steps, int warmup, const std::string& timeline) {
                           {"optimizer", "adam 1e-3"},
                           {"steps", steps},
                           {"seconds", elapsed},
+                          {"cpu_ms_per_step_max_rank", cpu_ms_per_step},
                           {"samples_per_s", world * kBatch * steps / elapsed},
                           {"mean_loss", loss_sum / (steps + warmup)}};
     fmt::print("{}\n", out.dump());

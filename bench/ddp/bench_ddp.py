@@ -84,15 +84,19 @@ def worker(rank, world, port, steps, warmup):
         step(i)
     dist.barrier()
     begin = time.perf_counter()
+    cpu_begin = time.process_time()  # all threads of this process, like the C++ bench
     for i in range(steps):
         step(warmup + i)
     elapsed = torch.tensor([time.perf_counter() - begin], dtype=torch.float64)
+    cpu_ms = torch.tensor([1e3 * (time.process_time() - cpu_begin) / steps], dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    dist.all_reduce(cpu_ms, op=dist.ReduceOp.MAX)
     if rank == 0:
         seconds = elapsed.item()
         print(json.dumps({"bench": "ddp_cnn", "impl": "pytorch", "data": source,
                           "world": world, "batch_per_rank": BATCH, "threads_per_rank": 1,
                           "optimizer": "adam 1e-3", "steps": steps, "seconds": seconds,
+                          "cpu_ms_per_step_max_rank": cpu_ms.item(),
                           "samples_per_s": world * BATCH * steps / seconds,
                           "mean_loss": loss_sum / (steps + warmup),
                           "torch": torch.__version__}), flush=True)

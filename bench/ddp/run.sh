@@ -36,6 +36,11 @@ runs = {}
 for r in rows:
     if r["bench"] == "ddp_cnn":
         runs.setdefault((r["impl"], r["world"]), []).append(r["samples_per_s"])
+cpu = {}
+for r in rows:
+    if r["bench"] == "ddp_cnn" and "cpu_ms_per_step_max_rank" in r:
+        cpu.setdefault((r["impl"], r["world"]), []).append(r["cpu_ms_per_step_max_rank"])
+cpu = {k: statistics.median(v) for k, v in cpu.items()}
 best = {k: max(v) for k, v in runs.items()}
 med = {k: statistics.median(v) for k, v in runs.items()}
 over = [r for r in rows if r["bench"] == "ddp_overhead"]
@@ -48,6 +53,13 @@ print(json.dumps({
     "overhead_ratio_world1": over[0]["ratio"] if over else None,
     "samples_per_s_best": {f"{i}_w{w}": v for (i, w), v in sorted(best.items())},
     "best": ratios(best), "median": ratios(med), "rounds": len(runs[("ddp", 1)]),
+    # CPU time per step (slowest rank, median over rounds): what throughput would be if every
+    # rank had a core to itself. A projection, not a measured throughput.
+    "cpu_ms_per_step": {f"{i}_w{w}": v for (i, w), v in sorted(cpu.items())},
+    "cpu_projected": {
+        "ddp_scaling_2_over_1": 2 * cpu[("ddp", 1)] / cpu[("ddp", 2)],
+        "pytorch_scaling_2_over_1": 2 * cpu[("pytorch", 1)] / cpu[("pytorch", 2)],
+        "ddp_over_pytorch_world2": cpu[("pytorch", 2)] / cpu[("ddp", 2)]},
     "targets": {"overhead_ratio_world1": "<= 1.03", "ddp_scaling_2_over_1": ">= 1.9",
                 "ddp_over_pytorch_world2": ">= 1.2"}}))
 PY
