@@ -401,7 +401,7 @@ NodePtr Parser::persistent_load(const NodePtr& pid) {
     return node;
   }
   const std::vector<uint8_t> bytes = storages_(key);
-  const size_t elem = torch::elementSize(dtype);
+  const size_t elem = c10::elementSize(dtype);
   if (numel < 0 || bytes.size() / elem < static_cast<uint64_t>(numel)) {
     throw fail(fmt::format("storage data/{} holds {} bytes, fewer than {} elements of {} bytes",
                            key, bytes.size(), numel, elem));
