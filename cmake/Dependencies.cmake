@@ -5,6 +5,7 @@ find_package(spdlog REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(OpenSSL REQUIRED)
+find_package(ZLIB REQUIRED)
 
 find_package(Gloo QUIET)
 set(DDP_HAVE_GLOO ${Gloo_FOUND})

@@ -8,7 +8,7 @@ profile="${1:-main}"
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libgloo-dev libopenmpi-dev openmpi-bin
-  libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libssl-dev
+  libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libssl-dev zlib1g-dev
   dataset-fashion-mnist python3-torch
   libgtest-dev libgmock-dev libbenchmark-dev
 )
