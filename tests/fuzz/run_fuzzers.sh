@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang in their own build dir and runs each for a short,
+# bounded time: a regression check that the parsers of network and disk bytes still survive
+# random input. Long campaigns: run the binaries by hand with -max_total_time.
+# Usage: run_fuzzers.sh SOURCE_DIR BUILD_DIR SECONDS_PER_TARGET
+set -euo pipefail
+src="$1"
+build="$2"
+seconds="$3"
+
+if ! command -v clang++-14 >/dev/null; then
+  echo "SKIP: clang++-14 is not installed (scripts/install-deps.sh test installs it)"
+  exit 77
+fi
+
+CC=clang-14 CXX=clang++-14 cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DDDP_BUILD_FUZZERS=ON -DDDP_BUILD_TESTS=OFF -DDDP_BUILD_BENCH=OFF -DDDP_WITH_TORCH=OFF \
+  >/dev/null
+cmake --build "$build" --target store_frame_fuzz idx_fuzz
+
+corpus="$build/corpus"
+mkdir -p "$corpus/idx" "$corpus/store"
+# Seeds: a valid IDX header with data, and the head of a real label file when present.
+printf '\x00\x00\x08\x01\x00\x00\x00\x03abc' >"$corpus/idx/small"
+labels=/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz
+if [[ -r $labels ]]; then zcat "$labels" | head -c 200 >"$corpus/idx/labels" || true; fi
+
+for target in store_frame_fuzz idx_fuzz; do
+  dir="$corpus/store"
+  [[ $target == idx_fuzz ]] && dir="$corpus/idx"
+  echo "== $target for ${seconds}s"
+  "$build/fuzz/$target" -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 "$dir" \
+    2>&1 | tail -n 5
+done
