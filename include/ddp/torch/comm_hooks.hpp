@@ -6,7 +6,10 @@
 // Contract of a hook: launch() starts the reduction of `bucket` (a contiguous 1-D tensor
 // holding this rank's gradients) and returns at once; the bucket must stay alive and untouched
 // until finish() returns, after which it holds the average over all ranks of the group.
-// Every rank must use the same hook.
+// `pg` outlives the reduction. Every rank must use the same hook. With the nccl backend, issue
+// through the tensor_adapter wrappers and wait with wait_on_current_stream (stream_order.hpp),
+// so the collective runs after the kernels that filled the bucket and finish()'s caller sees
+// the result on LibTorch's current stream.
 
 #include <torch/torch.h>
 

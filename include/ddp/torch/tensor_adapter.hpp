@@ -41,7 +41,9 @@ TensorBuffer tensor_buffer(const torch::Tensor& tensor, const std::string& what 
 bool needs_host_staging(const torch::Tensor& tensor, const ProcessGroup& pg);
 
 // Convenience wrappers: in-place collectives on one tensor (asynchronous, like the
-// ProcessGroup calls; keep the tensor alive until wait() returns).
+// ProcessGroup calls; keep the tensor alive until wait() returns). With the nccl backend they
+// order the collective after LibTorch's current CUDA stream (stream_order.hpp); wait with
+// wait_on_current_stream so that stream also waits for the result.
 WorkPtr all_reduce(ProcessGroup& pg, const torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
 WorkPtr broadcast(ProcessGroup& pg, const torch::Tensor& tensor, int root);
 

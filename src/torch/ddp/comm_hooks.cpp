@@ -1,27 +1,32 @@
 #include "ddp/torch/comm_hooks.hpp"
 
+#include "ddp/torch/stream_order.hpp"
 #include "ddp/torch/tensor_adapter.hpp"
 
 namespace ddp {
 namespace {
 
 // Reduces `wire` (a tensor of the hook's choice) and, at finish, writes it back into the
-// bucket with `copy_back`. When the bucket lives on a device the backend cannot address,
-// `wire` is a host copy (see needs_host_staging).
+// bucket. When the bucket lives on a device the backend cannot address, `wire` is a host copy
+// (see needs_host_staging). With nccl, the wait makes LibTorch's current CUDA stream wait for
+// the collective, so the copy back (and everything after it) runs after it; the host does not
+// block. A temporary `wire` may then be freed at once: the caching allocator reuses its
+// memory only on the stream it was allocated on, which now waits for the collective.
 class WireReduction : public BucketReduction {
  public:
-  WireReduction(torch::Tensor bucket, torch::Tensor wire, WorkPtr work)
-      : bucket_(std::move(bucket)), wire_(std::move(wire)), work_(std::move(work)) {}
+  WireReduction(ProcessGroup& pg, torch::Tensor bucket, torch::Tensor wire, WorkPtr work)
+      : pg_(pg), bucket_(std::move(bucket)), wire_(std::move(wire)), work_(std::move(work)) {}
 
   bool is_completed() override { return work_->is_completed(); }
 
   void finish(std::chrono::milliseconds timeout) override {
-    work_->wait(timeout);
+    wait_on_current_stream(pg_, *work_, timeout);
     // The wire tensor already holds the average; copy_ casts and moves across devices.
     if (!wire_.is_same(bucket_)) bucket_.copy_(wire_);
   }
 
  private:
+  ProcessGroup& pg_;  // outlives the reduction (the Reducer holds it)
   torch::Tensor bucket_;
   torch::Tensor wire_;
   WorkPtr work_;
@@ -41,7 +46,7 @@ class AllReduceHook : public CommHook {
     if (pg.size() == 1) return std::make_unique<DoneReduction>();
     torch::Tensor wire = needs_host_staging(bucket, pg) ? bucket.cpu() : bucket;
     WorkPtr work = all_reduce(pg, wire, ReduceOp::kAvg);
-    return std::make_unique<WireReduction>(bucket, wire, std::move(work));
+    return std::make_unique<WireReduction>(pg, bucket, wire, std::move(work));
   }
 };
 
@@ -55,7 +60,7 @@ class CompressHook : public CommHook {
     torch::Tensor wire = bucket.div(pg.size()).to(type_);
     if (needs_host_staging(wire, pg)) wire = wire.cpu();
     WorkPtr work = all_reduce(pg, wire, ReduceOp::kSum);
-    return std::make_unique<WireReduction>(bucket, wire, std::move(work));
+    return std::make_unique<WireReduction>(pg, bucket, wire, std::move(work));
   }
 
  private:

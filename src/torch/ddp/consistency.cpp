@@ -4,6 +4,7 @@
 
 #include <sstream>
 
+#include "ddp/torch/stream_order.hpp"
 #include "ddp/torch/tensor_adapter.hpp"
 #include "ddp/util/error.hpp"
 
@@ -32,6 +33,36 @@ std::vector<std::string> split_lines(const std::string& s) {
   return out;
 }
 
+// The small host-side collectives of the check go through tensors on the group's device: the
+// nccl backend takes device memory only. For host backends the copies are no-ops.
+std::vector<int64_t> all_gather_int64(ProcessGroup& pg, int64_t mine,
+                                      std::chrono::milliseconds timeout) {
+  const torch::Device device = comm_device(pg);
+  auto in = torch::full({1}, mine, torch::kInt64).to(device);
+  auto out = torch::empty({pg.size()}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  use_current_stream(pg);
+  auto work = pg.all_gather(in.data_ptr(), out.data_ptr(), 1, DataType::kInt64);
+  wait_on_current_stream(pg, *work, timeout);
+  out = out.cpu();
+  return std::vector<int64_t>(out.data_ptr<int64_t>(), out.data_ptr<int64_t>() + pg.size());
+}
+
+std::string all_gather_bytes(ProcessGroup& pg, std::string mine, const std::vector<size_t>& counts,
+                             std::chrono::milliseconds timeout) {
+  const torch::Device device = comm_device(pg);
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  auto in =
+      torch::from_blob(mine.data(), {static_cast<int64_t>(mine.size())}, torch::kUInt8).to(device);
+  auto out = torch::empty({static_cast<int64_t>(total)},
+                          torch::TensorOptions().dtype(torch::kUInt8).device(device));
+  use_current_stream(pg);
+  auto work = pg.all_gather_v(in.data_ptr(), out.data_ptr(), counts, DataType::kUInt8);
+  wait_on_current_stream(pg, *work, timeout);
+  out = out.cpu();
+  return std::string(static_cast<const char*>(out.data_ptr()), total);
+}
+
 }  // namespace
 
 void verify_same_tensors(ProcessGroup& pg, const std::vector<NamedTensor>& tensors,
@@ -39,22 +70,17 @@ void verify_same_tensors(ProcessGroup& pg, const std::vector<NamedTensor>& tenso
   std::string mine;
   for (const auto& t : tensors) mine += describe(t) + "\n";
   const int world = pg.size();
-  std::vector<int64_t> hashes(world);
-  const int64_t my_hash = static_cast<int64_t>(fnv1a(mine));
-  pg.all_gather(&my_hash, hashes.data(), 1, DataType::kInt64)->wait(timeout);
+  const std::vector<int64_t> hashes =
+      all_gather_int64(pg, static_cast<int64_t>(fnv1a(mine)), timeout);
   if (std::all_of(hashes.begin(), hashes.end(), [&](int64_t h) { return h == hashes[0]; })) {
     return;
   }
 
   // Mismatch: gather every rank's description to name the first difference.
-  std::vector<int64_t> lengths(world);
-  const int64_t my_length = static_cast<int64_t>(mine.size());
-  pg.all_gather(&my_length, lengths.data(), 1, DataType::kInt64)->wait(timeout);
+  const std::vector<int64_t> lengths =
+      all_gather_int64(pg, static_cast<int64_t>(mine.size()), timeout);
   std::vector<size_t> counts(lengths.begin(), lengths.end());
-  size_t total = 0;
-  for (size_t c : counts) total += c;
-  std::string all(total, '\0');
-  pg.all_gather_v(mine.data(), all.data(), counts, DataType::kUInt8)->wait(timeout);
+  const std::string all = all_gather_bytes(pg, mine, counts, timeout);
 
   std::vector<std::vector<std::string>> per_rank;
   size_t offset = 0;
@@ -115,7 +141,7 @@ void broadcast_tensors(ProcessGroup& pg, const std::vector<torch::Tensor>& tenso
     pending.push_back(std::move(p));
   }
   for (auto& p : pending) {
-    p.work->wait(timeout);
+    wait_on_current_stream(pg, *p.work, timeout);
     if (!p.wire.is_same(p.target)) p.target.copy_(p.wire);
   }
 }

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddp/torch/ddp_consistency.hpp"
+#include "ddp/torch/stream_order.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {
@@ -81,6 +82,8 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
     all.push_back(item.value());
     buffers_.push_back(item.value());
   }
+  // With nccl every tensor must already be on the rank's GPU (no silent host round trips).
+  for (const auto& t : described) check_tensor_device(*pg_, t.tensor, t.name);
   verify_same_tensors(*pg_, described, "parameters and buffers", timeout_);
   if (pg_->size() > 1) broadcast_tensors(*pg_, all, /*root=*/0, timeout_);
 

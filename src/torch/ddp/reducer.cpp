@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "ddp/torch/ddp_bucketing.hpp"
+#include "ddp/torch/stream_order.hpp"
 #include "ddp/torch/tensor_adapter.hpp"
 #include "ddp/util/error.hpp"
 
@@ -261,7 +262,8 @@ void Reducer::finalize_locked() {
   torch::Tensor global_used;
   WorkPtr used_work;
   if (config_.find_unused_parameters) {
-    global_used = torch::tensor(locally_used_, torch::kInt32);
+    // On the group's device (the GPU for nccl); read back on the host after the wait.
+    global_used = torch::tensor(locally_used_, torch::kInt32).to(comm_device(*pg_));
     used_work = all_reduce(*pg_, global_used, ReduceOp::kSum);
   }
   try {
@@ -274,7 +276,10 @@ void Reducer::finalize_locked() {
                                    bucket.launched_at, Timeline::Clock::now());
       }
     }
-    if (used_work) used_work->wait(config_.timeout);
+    if (used_work) {
+      wait_on_current_stream(*pg_, *used_work, config_.timeout);
+      global_used = global_used.cpu();
+    }
   } catch (...) {
     abandon_iteration_locked();
     throw;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "ddp/torch/stream_order.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {
@@ -78,11 +79,13 @@ bool needs_host_staging(const torch::Tensor& tensor, const ProcessGroup& pg) {
 
 WorkPtr all_reduce(ProcessGroup& pg, const torch::Tensor& tensor, ReduceOp op) {
   TensorBuffer b = tensor_buffer(tensor);
+  use_current_stream(pg);
   return pg.all_reduce(b.data, b.count, b.dtype, op);
 }
 
 WorkPtr broadcast(ProcessGroup& pg, const torch::Tensor& tensor, int root) {
   TensorBuffer b = tensor_buffer(tensor);
+  use_current_stream(pg);
   return pg.broadcast(b.data, b.count, b.dtype, root);
 }
 

@@ -1,0 +1,278 @@
+// DDP on CUDA: DDP-wrapped training on the GPU ends with the parameters of plain training on the
+// whole batch (max relative error over parameters below kTolerance), over the nccl backend at
+// world size 1 (buckets really all-reduced through NCCL by a hook that never skips) and 2 (with
+// 2 GPUs), on a side stream, and over the cpu backend with CUDA tensors (host staging).
+// Without a usable GPU every test here skips with the reason.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <thread>
+
+#include "ddp/comm/init.hpp"
+#include "ddp/store/hash_store.hpp"
+#include "ddp/torch/ddp.hpp"
+#include "ddp/torch/stream_order.hpp"
+#include "ddp/torch/tensor_adapter.hpp"
+#include "ddp/util/error.hpp"
+#include "models.hpp"
+#include "rank_threads.hpp"
+
+#if defined(DDP_WITH_CUDA_TORCH)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace {
+
+using ddp::DistributedDataParallel;
+using ddp::DistributedDataParallelOptions;
+using ddp::test::Cnn;
+
+// float32 reductions on the GPU (cuDNN/cuBLAS algorithms, NCCL's summation order) differ from
+// the reference in the last bits, which Adam's normalisation amplifies a little.
+constexpr double kTolerance = 1e-4;
+constexpr auto kTimeout = std::chrono::seconds(120);
+
+// Why the GPU tests cannot run here, or "" when they can.
+std::string gpu_skip_reason(int gpus_needed) {
+  if (!ddp::built_with_cuda_torch()) return "this build's LibTorch is CPU-only (no CUDA)";
+  if (!torch::cuda::is_available()) return "no usable CUDA device";
+  const int count = static_cast<int>(torch::cuda::device_count());
+  if (count < gpus_needed) {
+    return "needs " + std::to_string(gpus_needed) + " GPUs, this machine has " +
+           std::to_string(count);
+  }
+  return "";
+}
+
+bool have_nccl() {
+  const auto backends = ddp::available_backends();
+  return std::find(backends.begin(), backends.end(), "nccl") != backends.end();
+}
+
+#define SKIP_WITHOUT_GPUS(n)                    \
+  do {                                          \
+    const std::string why = gpu_skip_reason(n); \
+    if (!why.empty()) GTEST_SKIP() << why;      \
+  } while (0)
+
+#define SKIP_WITHOUT_NCCL()                                                             \
+  do {                                                                                  \
+    if (!have_nccl()) GTEST_SKIP() << "built without the nccl backend (DDP_WITH_NCCL)"; \
+  } while (0)
+
+// Averages the bucket through the backend even with one rank (the default hooks skip
+// communication at world 1), so world-1 tests exercise NCCL and the stream ordering.
+class AlwaysAllReduceHook : public ddp::CommHook {
+ public:
+  std::string name() const override { return "always_allreduce"; }
+  std::unique_ptr<ddp::BucketReduction> launch(ddp::ProcessGroup& pg,
+                                               const torch::Tensor& bucket) override {
+    struct Reduction : ddp::BucketReduction {
+      ddp::ProcessGroup* pg;
+      ddp::WorkPtr work;
+      bool is_completed() override { return work->is_completed(); }
+      void finish(std::chrono::milliseconds timeout) override {
+        ddp::wait_on_current_stream(*pg, *work, timeout);
+      }
+    };
+    auto r = std::make_unique<Reduction>();
+    r->pg = &pg;
+    r->work = ddp::all_reduce(pg, bucket, ddp::ReduceOp::kAvg);
+    return r;
+  }
+};
+
+// Runs `world` ranks as threads, rank r with its own nccl group on cuda:r.
+void run_nccl_ranks(int world, const std::function<void(int, ddp::ProcessGroupPtr)>& fn) {
+  auto store = std::make_shared<ddp::HashStore>();
+  store->set_timeout(kTimeout);
+  std::vector<std::exception_ptr> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ddp::InitOptions opts;
+        opts.backend = "nccl";
+        opts.rank = r;
+        opts.world_size = world;
+        opts.store = store;
+        opts.device = r;
+        opts.timeout = kTimeout;
+        fn(r, ddp::init_process_group(opts));
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+struct Data {
+  std::vector<torch::Tensor> xs, ys;  // per step, the whole batch (world * B) on the CPU
+};
+
+Data make_data(int steps, int rows) {
+  torch::manual_seed(0);
+  Data d;
+  for (int s = 0; s < steps; ++s) {
+    d.xs.push_back(torch::randn({rows, 1, 28, 28}));
+    d.ys.push_back(torch::randint(0, 10, {rows}, torch::kLong));
+  }
+  return d;
+}
+
+// Plain training of `model` on the whole batches, on `device`.
+void train_reference(Cnn& model, const Data& d, const torch::Device& device) {
+  model->to(device);
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
+  for (size_t s = 0; s < d.xs.size(); ++s) {
+    opt.zero_grad();
+    torch::nll_loss(model->forward(d.xs[s].to(device)), d.ys[s].to(device)).backward();
+    opt.step();
+  }
+}
+
+// One rank of DDP training: its share (B rows) of every batch.
+void train_rank(DistributedDataParallel<ddp::test::CnnImpl>& model, const Data& d, int rank, int B,
+                const torch::Device& device) {
+  torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(1e-3));
+  for (size_t s = 0; s < d.xs.size(); ++s) {
+    opt.zero_grad();
+    auto x = d.xs[s].narrow(0, rank * B, B).to(device);
+    auto y = d.ys[s].narrow(0, rank * B, B).to(device);
+    torch::nll_loss(model(x), y).backward();
+    model.step(opt);
+  }
+}
+
+double error_against(Cnn& model, Cnn& ref) {
+  Cnn a, b;
+  ddp::test::copy_state(*model, *a);  // copy_ moves CUDA tensors to the CPU
+  ddp::test::copy_state(*ref, *b);
+  return ddp::test::max_relative_error(*a, *b);
+}
+
+// World 1 over nccl with every bucket all-reduced: as plain training (also with
+// find_unused_parameters, whose used-parameter flags then travel through NCCL too).
+void world1_matches(const DistributedDataParallelOptions& options) {
+  const torch::Device cuda(torch::kCUDA, 0);
+  const Data d = make_data(3, 4);
+  torch::manual_seed(7);
+  Cnn ref, net;
+  ddp::test::copy_state(*ref, *net);
+  train_reference(ref, d, cuda);
+  net->to(cuda);
+  run_nccl_ranks(1, [&](int rank, ddp::ProcessGroupPtr pg) {
+    DistributedDataParallel model(net, pg, options);
+    train_rank(model, d, rank, 4, cuda);
+  });
+  EXPECT_LT(error_against(net, ref), kTolerance);
+}
+
+TEST(CudaDdp, NcclWorld1MatchesPlainTraining) {
+  SKIP_WITHOUT_GPUS(1);
+  SKIP_WITHOUT_NCCL();
+  world1_matches(DistributedDataParallelOptions()
+                     .comm_hook(std::make_shared<AlwaysAllReduceHook>())
+                     .bucket_cap_mb(1));
+}
+
+TEST(CudaDdp, NcclWorld1FindUnusedParameters) {
+  SKIP_WITHOUT_GPUS(1);
+  SKIP_WITHOUT_NCCL();
+  world1_matches(DistributedDataParallelOptions()
+                     .comm_hook(std::make_shared<AlwaysAllReduceHook>())
+                     .find_unused_parameters(true));
+}
+
+TEST(CudaDdp, NcclWorld1GradientAsBucketViewDefaultHook) {
+  SKIP_WITHOUT_GPUS(1);
+  SKIP_WITHOUT_NCCL();
+  world1_matches(DistributedDataParallelOptions().gradient_as_bucket_view(true));
+}
+
+#if defined(DDP_WITH_CUDA_TORCH)
+// Forward, backward and the optimizer on a side stream: the collectives must order with that
+// stream (not the default one), or the all-reduce would read buckets before the copies.
+TEST(CudaDdp, NcclWorld1OnASideStream) {
+  SKIP_WITHOUT_GPUS(1);
+  SKIP_WITHOUT_NCCL();
+  const torch::Device cuda(torch::kCUDA, 0);
+  const Data d = make_data(3, 4);
+  torch::manual_seed(7);
+  Cnn ref, net;
+  ddp::test::copy_state(*ref, *net);
+  train_reference(ref, d, cuda);
+  net->to(cuda);
+  run_nccl_ranks(1, [&](int rank, ddp::ProcessGroupPtr pg) {
+    c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool(false, 0));
+    DistributedDataParallel model(
+        net, pg,
+        DistributedDataParallelOptions().comm_hook(std::make_shared<AlwaysAllReduceHook>()));
+    train_rank(model, d, rank, 4, cuda);
+    c10::cuda::getCurrentCUDAStream(0).synchronize();
+  });
+  EXPECT_LT(error_against(net, ref), kTolerance);
+}
+#endif
+
+TEST(CudaDdp, NcclWorld2MatchesOneProcessWithTheWholeBatch) {
+  SKIP_WITHOUT_GPUS(2);
+  SKIP_WITHOUT_NCCL();
+  const int world = 2, B = 3;
+  const Data d = make_data(3, world * B);
+  torch::manual_seed(7);
+  Cnn ref;
+  std::vector<Cnn> nets(world);  // different initial states: DDP broadcasts rank 0's
+  ddp::test::copy_state(*nets[0], *ref);
+  train_reference(ref, d, torch::Device(torch::kCUDA, 0));
+  run_nccl_ranks(world, [&](int rank, ddp::ProcessGroupPtr pg) {
+    const torch::Device cuda(torch::kCUDA, static_cast<c10::DeviceIndex>(rank));
+    nets[rank]->to(cuda);
+    DistributedDataParallel model(nets[rank], pg,
+                                  DistributedDataParallelOptions().bucket_cap_mb(1));
+    train_rank(model, d, rank, B, cuda);
+  });
+  for (int r = 0; r < world; ++r) EXPECT_LT(error_against(nets[r], ref), kTolerance) << r;
+}
+
+// CUDA tensors over a host backend go through host copies (needs_host_staging).
+TEST(CudaDdp, CpuBackendWithCudaTensorsWorld2) {
+  SKIP_WITHOUT_GPUS(1);
+  const int world = 2, B = 3;
+  const torch::Device cuda(torch::kCUDA, 0);
+  const Data d = make_data(3, world * B);
+  torch::manual_seed(7);
+  Cnn ref;
+  std::vector<Cnn> nets(world);
+  ddp::test::copy_state(*nets[0], *ref);
+  train_reference(ref, d, cuda);
+  for (auto& n : nets) n->to(cuda);
+  ddp::test::run_ranks(world, [&](int rank, ddp::ProcessGroupPtr pg) {
+    DistributedDataParallel model(nets[rank], pg);
+    train_rank(model, d, rank, B, cuda);
+  });
+  for (int r = 0; r < world; ++r) EXPECT_LT(error_against(nets[r], ref), kTolerance) << r;
+}
+
+TEST(CudaDdp, NcclRejectsAModelOnTheCpu) {
+  SKIP_WITHOUT_GPUS(1);
+  SKIP_WITHOUT_NCCL();
+  run_nccl_ranks(1, [&](int, ddp::ProcessGroupPtr pg) {
+    Cnn net;  // left on the CPU
+    try {
+      DistributedDataParallel model(net, pg);
+      ADD_FAILURE() << "a CPU model was accepted by the nccl backend";
+    } catch (const ddp::UsageError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("parameter conv1.weight is on cpu"), std::string::npos) << message;
+      EXPECT_NE(message.find("cuda:0"), std::string::npos) << message;
+    }
+  });
+}
+
+}  // namespace
