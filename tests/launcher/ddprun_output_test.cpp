@@ -49,10 +49,11 @@ TEST_F(DdprunOutput, LocalRanksFilterLimitsTheConsole) {
   RunResult r = run({"--nproc-per-node", "3", "-t", "3", "--local-ranks-filter", "0,2", worker(),
                      "print", "hello", "eprint", "oops"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(lines_with(r.out, "hello"),
+  // Workers run concurrently, so their lines arrive in any order: compare sorted.
+  EXPECT_EQ(sorted(lines_with(r.out, "hello")),
             (std::vector<std::string>{"[default0]:hello", "[default2]:hello"}))
       << r.out;
-  EXPECT_EQ(lines_with(r.err, "oops"),
+  EXPECT_EQ(sorted(lines_with(r.err, "oops")),
             (std::vector<std::string>{"[default0]:oops", "[default2]:oops"}))
       << r.err;
 }

@@ -8,6 +8,7 @@
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include <chrono>
 #include <cstring>
@@ -73,6 +74,11 @@ std::string read_file(const std::string& path) {
 
 bool file_exists(const std::string& path) {
   return ::access(path.c_str(), F_OK) == 0;
+}
+
+std::vector<std::string> sorted(std::vector<std::string> lines) {
+  std::sort(lines.begin(), lines.end());
+  return lines;
 }
 
 std::vector<std::string> lines_with(const std::string& text, const std::string& needle) {

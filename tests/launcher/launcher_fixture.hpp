@@ -64,4 +64,7 @@ bool file_exists(const std::string& path);
 // Lines of text that contain needle.
 std::vector<std::string> lines_with(const std::string& text, const std::string& needle);
 
+// The lines in ascending order (for output of concurrent workers, which interleave freely).
+std::vector<std::string> sorted(std::vector<std::string> lines);
+
 }  // namespace ddp::launcher::testing
