@@ -1,10 +1,13 @@
 #!/bin/bash
-# Runs the DDP benchmarks beside PyTorch DDP in one run; prints JSON lines, then a summary line
-# with the ratios the design brief targets.
+# Runs the DDP benchmarks beside PyTorch DDP in one run; prints JSON lines, then one final
+# `ddp_summary` line with the medians and the ratios against the design brief's targets.
 #   bench/ddp/run.sh [BUILD_DIR] [STEPS] [ROUNDS]
-# Each round runs every configuration once (ddp and pytorch, world 1 and 2, in alternating
-# order); the summary uses each configuration's best round (the one least disturbed by other
-# load on the machine) and also reports medians.
+# Each round runs the world-1 overhead bench and every training configuration once (ddp and
+# pytorch, world 1 and 2, in alternating order). Every measurement is followed by a
+# `ddp_load` line with the 1-minute load average before and after it: on a shared machine a
+# figure taken at a load above the core count measures the other jobs, not the code.
+# The summary's headline figures are the medians over rounds; `best` (each configuration's
+# fastest round, the one least disturbed by other load) is reported beside them.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../../build}
@@ -14,45 +17,69 @@ bin=$build/bench/ddp/bench_ddp
 [ -x "$bin" ] || { echo "bench/ddp/run.sh: $bin not built (cmake --build $build --target bench_ddp)" >&2; exit 1; }
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
+
+load1() { cut -d' ' -f1 /proc/loadavg; }
+# measure NAME WORLD CMD...: runs CMD, then prints the load line for it.
+measure() {
+  local name=$1 world=$2 before
+  shift 2
+  before=$(load1)
+  "$@"
+  printf '{"bench":"ddp_load","impl":"%s","world":%s,"load1_before":%s,"load1_after":%s}\n' \
+    "$name" "$world" "$before" "$(load1)"
+}
+
 {
-  "$bin" overhead --steps 20 --blocks 3
   for ((round = 0; round < rounds; ++round)); do
+    measure overhead 1 "$bin" overhead --steps 20 --blocks 3
     if ((round % 2 == 0)); then order="ddp pytorch"; else order="pytorch ddp"; fi
     for impl in $order; do
       for world in 1 2; do
         if [ "$impl" = ddp ]; then
-          "$bin" train --world "$world" --steps "$steps"
+          measure ddp "$world" "$bin" train --world "$world" --steps "$steps"
         else
-          /usr/bin/python3 "$here/bench_ddp.py" --world "$world" --steps "$steps"
+          measure pytorch "$world" /usr/bin/python3 "$here/bench_ddp.py" --world "$world" --steps "$steps"
         fi
       done
     done
   done
 } | tee "$out"
-/usr/bin/python3 - "$out" <<'PY'
+/usr/bin/python3 - "$out" "$(nproc)" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-runs = {}
-for r in rows:
-    if r["bench"] == "ddp_cnn":
-        runs.setdefault((r["impl"], r["world"]), []).append(r["samples_per_s"])
-cpu = {}
-for r in rows:
-    if r["bench"] == "ddp_cnn" and "cpu_ms_per_step_max_rank" in r:
-        cpu.setdefault((r["impl"], r["world"]), []).append(r["cpu_ms_per_step_max_rank"])
-cpu = {k: statistics.median(v) for k, v in cpu.items()}
+cores = int(sys.argv[2])
+def collect(field):
+    out = {}
+    for r in rows:
+        if r["bench"] == "ddp_cnn" and field in r:
+            out.setdefault((r["impl"], r["world"]), []).append(r[field])
+    return out
+runs = collect("samples_per_s")
+cpu = {k: statistics.median(v) for k, v in collect("cpu_ms_per_step_max_rank").items()}
 best = {k: max(v) for k, v in runs.items()}
 med = {k: statistics.median(v) for k, v in runs.items()}
-over = [r for r in rows if r["bench"] == "ddp_overhead"]
+over = [r["ratio"] for r in rows if r["bench"] == "ddp_overhead"]
+loads = [x for r in rows if r["bench"] == "ddp_load" for x in (r["load1_before"], r["load1_after"])]
 def ratios(t):
     return {"ddp_scaling_2_over_1": t[("ddp", 2)] / t[("ddp", 1)],
             "pytorch_scaling_2_over_1": t[("pytorch", 2)] / t[("pytorch", 1)],
             "ddp_over_pytorch_world2": t[("ddp", 2)] / t[("pytorch", 2)]}
+m = ratios(med)
+overhead = statistics.median(over) if over else None
 print(json.dumps({
     "bench": "ddp_summary",
-    "overhead_ratio_world1": over[0]["ratio"] if over else None,
+    "rounds": len(runs[("ddp", 1)]),
+    "samples_per_s_median": {f"{i}_w{w}": v for (i, w), v in sorted(med.items())},
     "samples_per_s_best": {f"{i}_w{w}": v for (i, w), v in sorted(best.items())},
-    "best": ratios(best), "median": ratios(med), "rounds": len(runs[("ddp", 1)]),
+    "overhead_ratio_world1_median": overhead,
+    "median": m,
+    "best": ratios(best),
+    "targets": {"overhead_ratio_world1": "<= 1.03", "ddp_scaling_2_over_1": ">= 1.9",
+                "ddp_over_pytorch_world2": ">= 1.2"},
+    "met_by_median": {
+        "overhead_ratio_world1": overhead is not None and overhead <= 1.03,
+        "ddp_scaling_2_over_1": m["ddp_scaling_2_over_1"] >= 1.9,
+        "ddp_over_pytorch_world2": m["ddp_over_pytorch_world2"] >= 1.2},
     # CPU time per step (slowest rank, median over rounds): what throughput would be if every
     # rank had a core to itself. A projection, not a measured throughput.
     "cpu_ms_per_step": {f"{i}_w{w}": v for (i, w), v in sorted(cpu.items())},
@@ -60,6 +87,7 @@ print(json.dumps({
         "ddp_scaling_2_over_1": 2 * cpu[("ddp", 1)] / cpu[("ddp", 2)],
         "pytorch_scaling_2_over_1": 2 * cpu[("pytorch", 1)] / cpu[("pytorch", 2)],
         "ddp_over_pytorch_world2": cpu[("pytorch", 2)] / cpu[("ddp", 2)]},
-    "targets": {"overhead_ratio_world1": "<= 1.03", "ddp_scaling_2_over_1": ">= 1.9",
-                "ddp_over_pytorch_world2": ">= 1.2"}}))
+    "load1": {"min": min(loads), "max": max(loads), "cores": cores,
+              "quiet": max(loads) < cores + 0.5},
+}))
 PY
