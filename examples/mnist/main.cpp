@@ -16,9 +16,12 @@
 #include "ddp/torch/ddp.hpp"
 #include "ddp/torch/distributed_sampler.hpp"
 #include "ddp/torch/idx_dataset.hpp"
+#include "ddp/torch/local_device.hpp"
 #include "ddp/torch/prefetch_loader.hpp"
 #include "ddp/torch/progress.hpp"
 #include "ddp/torch/snapshot.hpp"
+#include "ddp/torch/stream_order.hpp"
+#include "ddp/torch/tensor_adapter.hpp"
 #include "ddp/util/error.hpp"
 
 namespace {
@@ -27,11 +30,11 @@ struct Args {
   int64_t epochs = 1;
   int64_t batch_size = 32;
   double lr = 1e-3;
-  std::string device = "cpu";
+  std::string device = "auto";
   int64_t max_steps = -1;
   std::string snapshot;
   std::string data_dir = ddp::MnistOptions::kDirectory;
-  std::string backend = "cpu";
+  std::string backend = "auto";
   uint64_t seed = 0;
 };
 
@@ -54,16 +57,13 @@ std::pair<int64_t, int64_t> evaluate(Cnn& model, const ddp::TensorDataset& test,
 }
 
 int run(const Args& args) {
+  // One GPU per process: cuda means cuda:LOCAL_RANK, with the nccl backend unless told.
+  const torch::Device device = ddp::local_device(args.device);
   ddp::InitOptions init;
-  init.backend = args.backend;
+  init.backend = args.backend == "auto" ? ddp::default_backend(device) : args.backend;
+  if (device.is_cuda()) init.device = device.index();
   auto pg = ddp::init_process_group(init);
   const int rank = pg->rank(), world = pg->size();
-
-  torch::Device device(args.device);
-  if (device.is_cuda() && !torch::cuda::is_available()) {
-    throw ddp::UsageError("--device " + args.device +
-                          ": this LibTorch has no usable CUDA device; use --device cpu");
-  }
 
   auto train = ddp::load_mnist(ddp::MnistOptions().directory(args.data_dir));
   auto test =
@@ -135,15 +135,19 @@ int run(const Args& args) {
   if (rank == 0) std::cout << "Exiting training loop...\n" << std::flush;
 
   auto [correct, count] = evaluate(model, test, rank, world, device);
-  int64_t totals[2] = {correct, count};
-  pg->all_reduce(totals, 2, ddp::DataType::kInt64, ddp::ReduceOp::kSum)->wait(pg->timeout());
+  // On the group's device: the nccl backend takes device memory only.
+  auto totals = torch::tensor({correct, count}, torch::kInt64).to(ddp::comm_device(*pg));
+  ddp::wait_on_current_stream(*pg, *ddp::all_reduce(*pg, totals), pg->timeout());
+  totals = totals.cpu();
   if (rank == 0) {
     const double samples = static_cast<double>(steps_total * args.batch_size * world);
     std::cout << fmt::format(
                      "Training time = {:.2f} s | {:.1f} samples/s over {} ranks | test accuracy "
                      "{:.2f}% ({}/{})",
                      seconds, seconds > 0 ? samples / seconds : 0.0, world,
-                     100.0 * totals[0] / std::max<int64_t>(totals[1], 1), totals[0], totals[1])
+                     100.0 * totals[0].item<int64_t>() /
+                         std::max<int64_t>(totals[1].item<int64_t>(), 1),
+                     totals[0].item<int64_t>(), totals[1].item<int64_t>())
               << "\n"
               << std::flush;
   }
@@ -161,14 +165,18 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--lr", args.lr, "Adam learning rate (default: 0.001)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--device", args.device, "cpu, cuda or cuda:N (default: cpu)");
+  app.add_option("--device", args.device,
+                 "cpu, cuda (cuda:LOCAL_RANK), cuda:N, or auto: cuda when a GPU is usable "
+                 "(default: auto)");
   app.add_option("--max-steps", args.max_steps,
                  "Stop each epoch after this many steps (default: the whole epoch)");
   app.add_option("--snapshot", args.snapshot,
                  "Save a snapshot here after every epoch and resume from it (default: none)");
   app.add_option("--data-dir", args.data_dir,
                  "Directory with the IDX files (default: " + args.data_dir + ")");
-  app.add_option("--backend", args.backend, "Process-group backend (cpu, gloo, mpi)");
+  app.add_option("--backend", args.backend,
+                 "Process-group backend: cpu, gloo, mpi, nccl, or auto: nccl on CUDA, cpu "
+                 "otherwise (default: auto)");
   app.add_option("--seed", args.seed, "Seed of the model and the sampler (default: 0)");
   CLI11_PARSE(app, argc, argv);
   try {

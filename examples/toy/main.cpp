@@ -20,6 +20,7 @@
 #include "ddp/comm/init.hpp"
 #include "ddp/torch/ddp.hpp"
 #include "ddp/torch/distributed_sampler.hpp"
+#include "ddp/torch/local_device.hpp"
 #include "ddp/torch/prefetch_loader.hpp"
 #include "ddp/torch/snapshot.hpp"
 #include "ddp/torch/snapshot_file.hpp"
@@ -35,14 +36,15 @@ struct Args {
   std::string snapshot = "snapshot.pt";
   int keep = ddp::SnapshotOptions::kKeep;
   uint64_t seed = 0;
-  std::string backend = "cpu";
+  std::string backend = "auto";
+  std::string device = "auto";
 };
 
 // A short digest of the final parameters, so runs can be compared from their logs.
 std::string parameter_digest(const torch::nn::Module& m) {
   std::string bytes;
   for (const auto& p : m.named_parameters()) {
-    auto t = p.value().detach().contiguous();
+    auto t = p.value().detach().cpu().contiguous();
     bytes += p.key();
     bytes.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
   }
@@ -50,14 +52,18 @@ std::string parameter_digest(const torch::nn::Module& m) {
 }
 
 int run(const Args& args) {
+  // One GPU per process: cuda means cuda:LOCAL_RANK, with the nccl backend unless told.
+  const torch::Device device = ddp::local_device(args.device);
   ddp::InitOptions init;
-  init.backend = args.backend;
+  init.backend = args.backend == "auto" ? ddp::default_backend(device) : args.backend;
+  if (device.is_cuda()) init.device = device.index();
   auto pg = ddp::init_process_group(init);
   const int rank = pg->rank();
 
   auto dataset = ddp::make_synthetic_dataset(ddp::SyntheticOptions().size(2048).seed(args.seed));
   torch::manual_seed(args.seed);
   torch::nn::Linear model(20, 1);
+  model->to(device);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(1e-3));
 
   ddp::SnapshotManager snapshots(ddp::SnapshotOptions(args.snapshot).keep(args.keep));
@@ -85,7 +91,7 @@ int run(const Args& args) {
               << std::flush;
     while (auto batch = loader.next()) {
       optimizer.zero_grad();
-      auto loss = torch::mse_loss(ddp_model(batch->data), batch->target);
+      auto loss = torch::mse_loss(ddp_model(batch->data.to(device)), batch->target.to(device));
       loss.backward();
       ddp_model.step(optimizer);
     }
@@ -121,7 +127,12 @@ int main(int argc, char** argv) {
   app.add_option("--snapshot", args.snapshot, "Snapshot path (default: snapshot.pt)");
   app.add_option("--keep", args.keep, "Snapshots to keep (default: 3)")->check(CLI::PositiveNumber);
   app.add_option("--seed", args.seed, "Seed of the data, the model and the sampler");
-  app.add_option("--backend", args.backend, "Process-group backend (cpu, gloo, mpi)");
+  app.add_option("--backend", args.backend,
+                 "Process-group backend: cpu, gloo, mpi, nccl, or auto: nccl on CUDA, cpu "
+                 "otherwise (default: auto)");
+  app.add_option("--device", args.device,
+                 "cpu, cuda (cuda:LOCAL_RANK), cuda:N, or auto: cuda when a GPU is usable "
+                 "(default: auto)");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(args);

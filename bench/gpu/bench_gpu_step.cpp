@@ -1,0 +1,158 @@
+// Training step time of ddp's DistributedDataParallel (or of plain LibTorch training) on the
+// rank's device, one JSON line from rank 0. torch_step.py is the same benchmark in PyTorch;
+// bench/gpu/verify.sh runs both in one run.
+//
+//   ddprun --standalone --nproc-per-node 1 bench_gpu_step --model resnet18 --mode ddp
+//
+// Each rank trains on one fixed random batch kept on its device (no data loading in the
+// timing), SGD lr 0.01 momentum 0.9. After `warmup` steps, `blocks` blocks of `steps` steps are
+// timed (device synchronised at both ends of a block); the result is the median block's time
+// per step.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "ddp/comm/init.hpp"
+#include "ddp/torch/ddp.hpp"
+#include "ddp/torch/local_device.hpp"
+#include "ddp/util/error.hpp"
+#include "models.hpp"
+
+namespace {
+
+struct Args {
+  std::string model = "resnet18";
+  std::string mode = "ddp";
+  std::string device = "auto";
+  int64_t batch = 0;  // 0: 64 for cnn, 32 for resnet18
+  int warmup = 10;
+  int steps = 20;
+  int blocks = 5;
+};
+
+void sync(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+// Times `blocks` blocks of `steps` calls of `step` after `warmup` calls; ms per step per block.
+template <typename Step>
+std::vector<double> time_blocks(const Args& args, const torch::Device& device, Step&& step) {
+  for (int i = 0; i < args.warmup; ++i) step();
+  std::vector<double> ms;
+  for (int b = 0; b < args.blocks; ++b) {
+    sync(device);
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < args.steps; ++i) step();
+    sync(device);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                     .count() /
+                 args.steps);
+  }
+  return ms;
+}
+
+template <typename Net>
+std::vector<double> run_model(const Args& args, Net net, const torch::Device& device,
+                              const torch::Tensor& x, const torch::Tensor& y,
+                              ddp::ProcessGroupPtr pg, int64_t& parameters) {
+  net->to(device);
+  parameters = 0;
+  for (const auto& p : net->parameters()) parameters += p.numel();
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  if (!pg) {
+    return time_blocks(args, device, [&] {
+      opt.zero_grad();
+      torch::nll_loss(net->forward(x), y).backward();
+      opt.step();
+    });
+  }
+  ddp::DistributedDataParallel model(net, pg);
+  return time_blocks(args, device, [&] {
+    opt.zero_grad();
+    torch::nll_loss(model(x), y).backward();
+    model.step(opt);
+  });
+}
+
+int run(const Args& args) {
+  if (args.model != "cnn" && args.model != "resnet18") {
+    throw ddp::UsageError("--model " + args.model + ": use cnn or resnet18");
+  }
+  if (args.mode != "ddp" && args.mode != "plain") {
+    throw ddp::UsageError("--mode " + args.mode + ": use ddp or plain");
+  }
+  const torch::Device device = ddp::local_device(args.device);
+  ddp::ProcessGroupPtr pg;
+  int rank = 0, world = 1;
+  std::string backend = "none";
+  if (args.mode == "ddp") {
+    ddp::InitOptions init;
+    init.backend = ddp::default_backend(device);
+    if (device.is_cuda()) init.device = device.index();
+    pg = ddp::init_process_group(init);
+    rank = pg->rank();
+    world = pg->size();
+    backend = pg->backend_name();
+  }
+  const bool cnn = args.model == "cnn";
+  const int64_t batch = args.batch > 0 ? args.batch : (cnn ? 64 : 32);
+  torch::manual_seed(rank);
+  auto options = torch::TensorOptions().device(device);
+  auto x =
+      cnn ? torch::randn({batch, 1, 28, 28}, options) : torch::randn({batch, 3, 224, 224}, options);
+  auto y = torch::randint(0, cnn ? 10 : 1000, {batch}, options.dtype(torch::kLong));
+  torch::manual_seed(0);
+  int64_t parameters = 0;
+  const std::vector<double> ms =
+      cnn ? run_model(args, ddp::bench::Cnn(), device, x, y, pg, parameters)
+          : run_model(args, ddp::bench::ResNet18(), device, x, y, pg, parameters);
+  if (pg) pg->barrier()->wait(pg->timeout());
+  if (rank == 0) {
+    std::vector<double> sorted = ms;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted[sorted.size() / 2];
+    nlohmann::json out = {{"bench", "gpu_step"},
+                          {"impl", args.mode == "ddp" ? "ddp" : "libtorch"},
+                          {"mode", args.mode},
+                          {"model", args.model},
+                          {"parameters", parameters},
+                          {"world", world},
+                          {"batch", batch},
+                          {"device", device.str()},
+                          {"backend", backend},
+                          {"ms_per_step", median},
+                          {"ms_per_step_blocks", ms},
+                          {"samples_per_s", 1000.0 * static_cast<double>(batch * world) / median}};
+    std::cout << out.dump() << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"training step time of ddp DDP or plain LibTorch (GPU benchmark)"};
+  Args args;
+  app.add_option("--model", args.model, "cnn or resnet18 (default: resnet18)");
+  app.add_option("--mode", args.mode, "ddp (DistributedDataParallel) or plain (default: ddp)");
+  app.add_option("--device", args.device, "cpu, cuda, cuda:N or auto (default: auto)");
+  app.add_option("--batch", args.batch, "batch per rank (default: 64 cnn, 32 resnet18)");
+  app.add_option("--warmup", args.warmup, "untimed steps (default: 10)");
+  app.add_option("--steps", args.steps, "steps per timed block (default: 20)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--blocks", args.blocks, "timed blocks (default: 5)")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(args);
+  } catch (const ddp::Error& e) {
+    std::cerr << "bench_gpu_step: " << e.what() << "\n";
+    return 1;
+  } catch (const c10::Error& e) {
+    std::cerr << "bench_gpu_step: " << e.what_without_backtrace() << "\n";
+    return 1;
+  }
+}
