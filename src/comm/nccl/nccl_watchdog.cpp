@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "ddp/util/error.hpp"
+#include "ddp/util/logging.hpp"
 
 namespace ddp::nccl_detail {
 namespace {
@@ -59,6 +60,9 @@ void NcclWatchdog::run() {
     lock.unlock();
     const std::string reason = check();
     if (!reason.empty()) {
+      // Also logged: in the default non-blocking mode a failure surfaces only at the next
+      // operation on the group, and an application that issues none would never see it.
+      ddp::log::get("ddp.nccl")->error("{}", reason);
       abort_(reason);
       fail_all(reason);
     }
@@ -67,17 +71,27 @@ void NcclWatchdog::run() {
 }
 
 std::string NcclWatchdog::check() {
-  const ncclResult_t async = communicator_.async_error();
-  if (async != ncclSuccess && async != ncclInProgress) {
-    return fmt::format(
-        "nccl backend: rank {} of {}: NCCL reported an asynchronous error: {}; the communicator "
-        "was aborted (a peer may have died or the network failed; NCCL_DEBUG=INFO tells more)",
-        rank_, size_, ncclGetErrorString(async));
-  }
   std::deque<CollectiveStatePtr> snapshot;
   {
     std::lock_guard<std::mutex> guard(mutex_);
     snapshot = pending_;
+  }
+  const ncclResult_t async = communicator_.async_error();
+  if (async != ncclSuccess && async != ncclInProgress) {
+    // Names the oldest collective not yet seen complete: the one the error most likely hit.
+    std::string pending = "no collective was pending";
+    for (auto& state : snapshot) {
+      if (!state->query()) {
+        pending = fmt::format("oldest pending collective: {} (sequence {})", state->description,
+                              state->sequence);
+        break;
+      }
+    }
+    return fmt::format(
+        "nccl backend: rank {} of {}: NCCL reported an asynchronous error: {} ({}); the "
+        "communicator was aborted (a peer may have died or the network failed; NCCL_DEBUG=INFO "
+        "tells more)",
+        rank_, size_, ncclGetErrorString(async), pending);
   }
   const auto now = Clock::now();
   size_t finished = 0;

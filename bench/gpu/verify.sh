@@ -1,0 +1,273 @@
+#!/usr/bin/env bash
+# GPU verification of ddp in one run, on a machine with an NVIDIA GPU, a PyTorch 2.x wheel with
+# CUDA (its LibTorch is what ddp builds against), NCCL, nvcc, and no internet. See README.md.
+#
+#   bench/gpu/verify.sh [OUT_DIR]          (default: $OUT, else ./gpu-verify-<date>)
+#
+# Environment: PYTHON (the python3 with torch; default python3), BUILD_DIR (default
+# <repo>/build-cuda), JOBS (default nproc), CUDA_HOME (default /usr/local/cuda), NCCL_ROOT
+# (default: pip's nvidia-nccl package beside torch, else next to CUDA), ROUNDS (step-time
+# rounds, default 2), CPU_WORLDS (default "2 4 8"), CPU_STEPS (CNN steps per CPU run, default
+# 30), FASHION_MNIST_DIR (default /usr/share/datasets/fashion-mnist).
+#
+# Steps (each one JSON status line in results.jsonl, "status": ok | failed | skipped + reason):
+#   env        GPU, driver, torch/CUDA/NCCL versions, ABI of the wheel
+#   configure  cmake against the wheel's LibTorch (torch_cuda=ON and the nccl backend expected)
+#   build      the targets below, each on its own (a failure names the target)
+#   tests      comm_nccl_test (collectives at world 1, and 2/4 with that many GPUs),
+#              test_ddp_cuda (DDP equivalence on CUDA), the whole ddp suite (ctest -L ddp)
+#   example    mnist --device cuda under ddprun (1 rank; accuracy line)
+#   step       step time, CNN and ResNet-18, world 1 (and all GPUs when more than one):
+#              ddp DDP, plain LibTorch, PyTorch DDP (torchrun, nccl), plain PyTorch; ROUNDS
+#              rounds in alternating order; summary with ddp/pytorch ratios
+#   cpu        CPU all-reduce (ddp cpu and gloo vs PyTorch gloo) and the Fashion-MNIST CNN
+#              (ddp DDP vs PyTorch DDP on gloo) at world sizes CPU_WORLDS
+# Results: OUT_DIR/results.jsonl (every JSON line), OUT_DIR/logs/*.log. Exit status 1 when a
+# build, test or example step failed, else 0 (skipped steps do not fail the run).
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT_DIR=${1:-${OUT:-$PWD/gpu-verify-$(date +%Y%m%d-%H%M%S)}}
+PYTHON=${PYTHON:-python3}
+BUILD=${BUILD_DIR:-$ROOT/build-cuda}
+JOBS=${JOBS:-$(nproc)}
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+ROUNDS=${ROUNDS:-2}
+CPU_WORLDS=${CPU_WORLDS:-"2 4 8"}
+CPU_STEPS=${CPU_STEPS:-30}
+MNIST_DIR=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
+mkdir -p "$OUT_DIR/logs"
+RESULTS=$OUT_DIR/results.jsonl
+LOGS=$OUT_DIR/logs
+: >"$RESULTS"
+FAILED=0
+
+# record STEP STATUS [key=value ...]: one JSON status line (values that parse as JSON stay JSON).
+record() {
+  "$PYTHON" - "$@" <<'PY' | tee -a "$RESULTS" || true
+import json, sys
+step, status, *kv = sys.argv[1:]
+out = {"bench": "gpu_verify", "step": step, "status": status}
+for item in kv:
+    k, _, v = item.partition("=")
+    try:
+        out[k] = json.loads(v)
+    except ValueError:
+        out[k] = v
+print(json.dumps(out), flush=True)
+PY
+  [ "$2" = failed ] && FAILED=1
+  return 0
+}
+
+# JSON lines of a command's output (torchrun's "[default0]:" prefixes removed) into results.
+keep_json() { sed -u 's/^\[default[0-9]*\]://' | grep --line-buffered '^{' | tee -a "$RESULTS"; }
+
+have() { command -v "$1" >/dev/null 2>&1; }
+free_port() { "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# ---------------------------------------------------------------- env
+pyinfo=$("$PYTHON" - <<'PY' 2>"$LOGS/env.log"
+import json, os, torch
+info = {"torch": torch.__version__, "cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+        "cmake_prefix_path": torch.utils.cmake_prefix_path}
+try:
+    info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+except Exception as e:  # CPU wheel
+    info["nccl"] = None
+if info["gpus"]:
+    info["gpu_names"] = [torch.cuda.get_device_name(i) for i in range(info["gpus"])]
+nccl_root = None
+try:
+    import nvidia.nccl
+    cand = list(nvidia.nccl.__path__)[0]
+    if os.path.exists(os.path.join(cand, "include", "nccl.h")):
+        nccl_root = cand
+except Exception:
+    pass
+info["pip_nccl_root"] = nccl_root
+print(json.dumps(info))
+PY
+)
+if [ -z "$pyinfo" ]; then
+  record env failed reason="$PYTHON cannot import torch (see logs/env.log); set PYTHON to the python3 of the PyTorch installation"
+  exit 1
+fi
+pyget() { "$PYTHON" -c "import json,sys; v=json.loads(sys.argv[1]).get('$1'); print('' if v is None else v)" "$pyinfo"; }
+TORCH_PREFIX=$(pyget cmake_prefix_path)
+GPUS=$(pyget gpus)
+ABI=$(pyget cxx11_abi)
+NCCL_ROOT=${NCCL_ROOT:-$(pyget pip_nccl_root)}
+nvcc_version=$("$CUDA_HOME/bin/nvcc" --version 2>/dev/null | grep -o 'release [0-9.]*' | head -1)
+smi=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -8 | paste -sd ';')
+record env ok python="$PYTHON" torch_info="$pyinfo" nvcc="${nvcc_version:-none}" nvidia_smi="${smi:-none}" \
+  cuda_home="$CUDA_HOME" nccl_root="${NCCL_ROOT:-}" cores="$(nproc)"
+
+# ---------------------------------------------------------------- configure
+generator=()
+have ninja && generator=(-G Ninja)
+cmake_args=(-S "$ROOT" -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release
+            -DCUDAToolkit_ROOT="$CUDA_HOME")
+[ -n "$NCCL_ROOT" ] && cmake_args+=(-DNCCL_ROOT="$NCCL_ROOT")
+if [ "$ABI" = True ]; then
+  cmake_args+=(-DCMAKE_PREFIX_PATH="$TORCH_PREFIX")
+  torch_note="LibTorch of the wheel"
+else
+  # An old-ABI wheel cannot be linked with ddp (docs/gpu.md): build the layers below torch.
+  cmake_args+=(-DDDP_WITH_TORCH=OFF)
+  torch_note="wheel uses the pre-C++11 ABI: torch layer off"
+  record configure skipped reason="torch._C._GLIBCXX_USE_CXX11_ABI is False: ddp refuses old-ABI LibTorch; building without the torch layer (CPU all-reduce only)"
+fi
+if cmake "${cmake_args[@]}" >"$LOGS/configure.log" 2>&1; then
+  summary=$(grep -E 'ddp: (gloo|nccl)' "$LOGS/configure.log" | paste -sd ';')
+  record configure ok torch="$torch_note" summary="$summary"
+  grep -q 'torch_cuda=ON' "$LOGS/configure.log" ||
+    record configure failed reason="LibTorch was found without CUDA (torch_cuda=OFF): is $TORCH_PREFIX a CUDA wheel?"
+  grep -q 'nccl backend on' "$LOGS/configure.log" ||
+    record configure failed reason="the nccl backend is off: set CUDA_HOME / NCCL_ROOT (logs/configure.log)"
+else
+  record configure failed log=logs/configure.log \
+    reason="cmake failed; the Debian packages ddp needs are listed in bench/gpu/README.md" \
+    tail="$(tail -5 "$LOGS/configure.log" | tr '\n' ' ')"
+  exit 1
+fi
+
+# ---------------------------------------------------------------- build
+targets=(comm_nccl_test test_ddp_cuda test_ddp_units test_ddp_multirank test_ddp_processes
+         bench_gpu_step bench_ddp allreduce_bench ddprun mnist)
+built=()
+for t in "${targets[@]}"; do
+  if ! cmake --build "$BUILD" --target help 2>/dev/null | grep -qE "(^| |\.\.\. )$t(:| |$)"; then
+    record build skipped target="$t" reason="not configured (dependency missing, see logs/configure.log)"
+    continue
+  fi
+  start=$(date +%s)
+  if cmake --build "$BUILD" --target "$t" -j "$JOBS" >"$LOGS/build-$t.log" 2>&1; then
+    record build ok target="$t" seconds=$(($(date +%s) - start))
+    built+=("$t")
+  else
+    record build failed target="$t" log="logs/build-$t.log" \
+      tail="$(grep -m3 -E 'error|undefined reference' "$LOGS/build-$t.log" | tr '\n' ' ')"
+  fi
+done
+is_built() { local t; for t in "${built[@]}"; do [ "$t" = "$1" ] && return 0; done; return 1; }
+bin() { find "$BUILD" -name "$1" -type f -perm -u+x | head -1; }
+
+# ---------------------------------------------------------------- tests
+gtest() {  # name binary
+  local name=$1 exe; exe=$(bin "$2")
+  if ! is_built "$2"; then record tests skipped test="$name" reason="$2 not built"; return; fi
+  "$exe" --gtest_output="json:$OUT_DIR/$name.json" >"$LOGS/$name.log" 2>&1
+  local rc=$?
+  local counts; counts=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\]' "$LOGS/$name.log" | grep -E 'tests?[,.]' | tr '\n' ' ')
+  if [ $rc -eq 0 ]; then record tests ok test="$name" summary="$counts"
+  else record tests failed test="$name" log="logs/$name.log" summary="$counts"; fi
+}
+gtest comm_nccl comm_nccl_test
+gtest ddp_cuda test_ddp_cuda
+if is_built test_ddp_units && is_built test_ddp_multirank; then
+  if ctest --test-dir "$BUILD" -L ddp -j "$JOBS" --timeout 600 --output-on-failure >"$LOGS/ctest-ddp.log" 2>&1; then
+    record tests ok test="ctest -L ddp" summary="$(grep -E 'tests passed' "$LOGS/ctest-ddp.log")"
+  else
+    record tests failed test="ctest -L ddp" log=logs/ctest-ddp.log summary="$(grep -E 'tests passed' "$LOGS/ctest-ddp.log")"
+  fi
+fi
+
+# ---------------------------------------------------------------- example
+if is_built mnist && is_built ddprun && [ "$GPUS" -ge 1 ] && [ -d "$MNIST_DIR" ]; then
+  (cd "$OUT_DIR" && "$(bin ddprun)" --standalone --nproc-per-node 1 "$(bin mnist)" --device cuda \
+     --epochs 1 --max-steps 300 --data-dir "$MNIST_DIR") >"$LOGS/mnist.log" 2>&1
+  line=$(grep -a 'test accuracy' "$LOGS/mnist.log" | tail -1)
+  if [ -n "$line" ]; then record example ok example="mnist --device cuda" result="$line"
+  else record example failed example="mnist --device cuda" log=logs/mnist.log; fi
+else
+  record example skipped example="mnist --device cuda" reason="needs mnist, ddprun, a GPU and Fashion-MNIST at $MNIST_DIR (FASHION_MNIST_DIR)"
+fi
+
+# ---------------------------------------------------------------- step time (GPU)
+step_ddp() {  # model mode world
+  "$(bin ddprun)" --standalone --nproc-per-node "$3" "$(bin bench_gpu_step)" --model "$1" \
+    --mode "$2" --device cuda 2>>"$LOGS/step.log" | keep_json
+}
+step_torch() {  # model mode world
+  if [ "$2" = plain ]; then
+    "$PYTHON" "$ROOT/bench/gpu/torch_step.py" --model "$1" --mode plain --device cuda 2>>"$LOGS/step.log" | keep_json
+  else
+    "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$3" \
+      "$ROOT/bench/gpu/torch_step.py" --model "$1" --mode ddp --device cuda 2>>"$LOGS/step.log" | keep_json
+  fi
+}
+if is_built bench_gpu_step && is_built ddprun && [ "$GPUS" -ge 1 ]; then
+  worlds=1
+  [ "$GPUS" -gt 1 ] && worlds="1 $((GPUS > 8 ? 8 : GPUS))"
+  for ((round = 0; round < ROUNDS; ++round)); do
+    for model in cnn resnet18; do
+      for world in $worlds; do
+        if ((round % 2 == 0)); then order="ddp torch"; else order="torch ddp"; fi
+        for impl in $order; do
+          step_$impl "$model" ddp "$world"
+          [ "$world" = 1 ] && step_$impl "$model" plain 1
+        done
+      done
+    done
+  done
+  "$PYTHON" - "$RESULTS" <<'PY' | tee -a "$RESULTS"
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+runs = {}
+for r in rows:
+    if r.get("bench") == "gpu_step" and r.get("device", "").startswith("cuda"):
+        runs.setdefault((r["model"], r["impl"], r["world"]), []).append(r["ms_per_step"])
+best = {k: min(v) for k, v in runs.items()}
+out = {"bench": "gpu_step_summary", "ms_per_step_best": {f"{m}/{i}/w{w}": v for (m, i, w), v in sorted(best.items())}}
+for (m, i, w), v in best.items():
+    if i == "ddp" and (m, "pytorch", w) in best:
+        out[f"{m}_w{w}_ddp_over_pytorch_time"] = v / best[(m, "pytorch", w)]
+    if i == "ddp" and w == 1 and (m, "libtorch", 1) in best:
+        out[f"{m}_ddp_overhead_over_plain_libtorch"] = v / best[(m, "libtorch", 1)]
+    if i == "pytorch" and w == 1 and (m, "pytorch-plain", 1) in best:
+        out[f"{m}_pytorch_ddp_overhead_over_plain"] = v / best[(m, "pytorch-plain", 1)]
+out["note"] = "times: lower is better; ddp_over_pytorch_time < 1 means ddp is faster"
+print(json.dumps(out))
+PY
+  grep -q '"bench": *"gpu_step"' "$RESULTS" && record step ok rounds="$ROUNDS" log=logs/step.log ||
+    record step failed log=logs/step.log
+else
+  record step skipped reason="needs bench_gpu_step, ddprun and a GPU"
+fi
+
+# ---------------------------------------------------------------- CPU benchmarks
+ar_ddp() {  # backend world
+  local port; port=$(free_port)
+  local pids=() r
+  for ((r = 0; r < $2; r++)); do
+    RANK=$r WORLD_SIZE=$2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=$2 MASTER_ADDR=127.0.0.1 \
+      MASTER_PORT=$port OMP_NUM_THREADS=1 "$(bin allreduce_bench)" "$1" &
+    pids+=($!)
+  done
+  for r in "${pids[@]}"; do wait "$r"; done
+}
+for world in $CPU_WORLDS; do
+  if is_built allreduce_bench; then
+    ar_ddp cpu "$world" 2>>"$LOGS/cpu.log" | keep_json
+    ar_ddp gloo "$world" 2>>"$LOGS/cpu.log" | keep_json
+    "$PYTHON" "$ROOT/bench/allreduce/torch_allreduce.py" "$world" 4096,1048576,16777216,67108864 \
+      2>>"$LOGS/cpu.log" | keep_json
+    record cpu ok bench=allreduce world="$world"
+  else
+    record cpu skipped bench=allreduce world="$world" reason="allreduce_bench not built"
+  fi
+  if is_built bench_ddp; then
+    "$(bin bench_ddp)" train --world "$world" --steps "$CPU_STEPS" 2>>"$LOGS/cpu.log" | keep_json
+    "$PYTHON" "$ROOT/bench/ddp/bench_ddp.py" --world "$world" --steps "$CPU_STEPS" 2>>"$LOGS/cpu.log" | keep_json
+    record cpu ok bench=ddp_cnn world="$world"
+  else
+    record cpu skipped bench=ddp_cnn world="$world" reason="bench_ddp not built"
+  fi
+done
+
+record done "$([ $FAILED = 0 ] && echo ok || echo failed)" results="$RESULTS"
+exit $FAILED
