@@ -4,6 +4,11 @@
 //                                         64, N*K alternating steps of each, medians)
 //   bench_ddp train --world W [--steps N] Fashion-MNIST CNN, Adam 1e-3, batch 64 per rank,
 //                                         one intra-op thread per rank, W worker processes
+//     --independent                       the same W processes without DDP (no gradient
+//                                         averaging): the machine's ceiling for W ranks, since
+//                                         W busy cores already slow each other (shared memory
+//                                         bandwidth) before any communication
+//     --gradient-as-bucket-view           DDP option of that name (default off, as PyTorch)
 //
 // `train` re-executes this binary once per rank with torchrun's environment (RANK, WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT; the port found by binding port 0) and the workers meet through
@@ -18,6 +23,7 @@
 #include <chrono>
 #include <ctime>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cnn_model.hpp"
 #include "ddp/comm/init.hpp"
@@ -122,7 +128,16 @@ int run_overhead(int steps, int repeats, const std::string& timeline) {
   return 0;
 }
 
-int run_worker(int steps, int warmup, const std::string& timeline) {
+struct WorkerOptions {
+  int steps = 60;
+  int warmup = 5;
+  std::string timeline;
+  bool independent = false;  // no DDP wrapper: every process trains alone (ceiling)
+  bool bucket_view = false;  // gradient_as_bucket_view
+};
+
+int run_worker(const WorkerOptions& o) {
+  const int steps = o.steps, warmup = o.warmup;
   torch::set_num_threads(1);
   auto pg = ddp::init_process_group(ddp::InitOptions());
   const int rank = pg->rank(), world = pg->size();
@@ -136,17 +151,27 @@ int run_worker(int steps, int warmup, const std::string& timeline) {
 
   torch::manual_seed(0);
   Cnn net;
-  ddp::DistributedDataParallel model(net, pg,
-                                     ddp::DistributedDataParallelOptions().timeline_path(timeline));
-  torch::optim::Adam opt(model.parameters(), 1e-3);
+  std::optional<ddp::DistributedDataParallel<ddp::bench::CnnImpl>> model;
+  if (!o.independent) {
+    model.emplace(net, pg,
+                  ddp::DistributedDataParallelOptions()
+                      .timeline_path(o.timeline)
+                      .gradient_as_bucket_view(o.bucket_view));
+  }
+  torch::optim::Adam opt(net->parameters(), 1e-3);
   double loss_sum = 0;
   auto step = [&](int i) {
     const int64_t b = i % batches;
     opt.zero_grad();
-    auto loss = torch::nll_loss(model(images.narrow(0, b * kBatch, kBatch)),
+    auto x = images.narrow(0, b * kBatch, kBatch);
+    auto loss = torch::nll_loss(model ? (*model)(x) : net->forward(x),
                                 labels.narrow(0, b * kBatch, kBatch));
     loss.backward();
-    model.step(opt);
+    if (model) {
+      model->step(opt);
+    } else {
+      opt.step();
+    }
     loss_sum += loss.item<double>();
   };
   for (int i = 0; i < warmup; ++i) step(i);
@@ -163,7 +188,8 @@ int run_worker(int steps, int warmup, const std::string& timeline) {
   pg->all_reduce(&elapsed, 1, ddp::DataType::kFloat64, ddp::ReduceOp::kMax)->wait(pg->timeout());
   if (rank == 0) {
     nlohmann::json out = {{"bench", "ddp_cnn"},
-                          {"impl", "ddp"},
+                          {"impl", o.independent ? "independent" : "ddp"},
+                          {"gradient_as_bucket_view", o.bucket_view},
                           {"data", source},
                           {"world", world},
                           {"batch_per_rank", kBatch},
@@ -184,7 +210,7 @@ int free_port() {
   return ddp::net::local_port(listener.fd());  // closed on return; the workers rebind it
 }
 
-int run_train(int world, int steps, int warmup, const std::string& timeline) {
+int run_train(int world, const WorkerOptions& o) {
   const int port = free_port();
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
@@ -207,9 +233,12 @@ int run_train(int world, int steps, int warmup, const std::string& timeline) {
     std::vector<char*> envp;
     for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);
-    std::vector<std::string> args = {"bench_ddp",           "worker",   "--steps",
-                                     std::to_string(steps), "--warmup", std::to_string(warmup),
-                                     "--timeline",          timeline};
+    std::vector<std::string> args = {"bench_ddp",  "worker",
+                                     "--steps",    std::to_string(o.steps),
+                                     "--warmup",   std::to_string(o.warmup),
+                                     "--timeline", o.timeline};
+    if (o.independent) args.push_back("--independent");
+    if (o.bucket_view) args.push_back("--gradient-as-bucket-view");
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -236,25 +265,32 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   // One variable per subcommand: CLI11 writes default_val() into the variable at once.
   std::string timeline;  // DDP timeline_path, "{rank}" replaced; empty: none
-  int overhead_steps = 10, blocks = 5, train_steps = 60, warmup = 5, world = 2;
+  int overhead_steps = 10, blocks = 5, world = 2;
+  WorkerOptions w;
   auto* overhead = app.add_subcommand("overhead", "world-1 DDP step time / plain LibTorch");
   overhead->add_option("--steps", overhead_steps, "steps per timed block")->default_val(10);
   overhead->add_option("--blocks", blocks, "interleaved blocks")->default_val(5);
   overhead->add_option("--timeline", timeline, "write the DDP timeline here");
   auto* train = app.add_subcommand("train", "Fashion-MNIST CNN samples/s with W processes");
   train->add_option("--world", world, "ranks (processes)")->default_val(2);
-  train->add_option("--steps", train_steps, "timed steps per rank")->default_val(60);
-  train->add_option("--warmup", warmup, "untimed steps first")->default_val(5);
-  train->add_option("--timeline", timeline, "per-rank DDP timeline, e.g. tl_rank{rank}.json");
+  train->add_option("--steps", w.steps, "timed steps per rank")->default_val(60);
+  train->add_option("--warmup", w.warmup, "untimed steps first")->default_val(5);
+  train->add_option("--timeline", w.timeline, "per-rank DDP timeline, e.g. tl_rank{rank}.json");
+  train->add_flag("--independent", w.independent,
+                  "no DDP: W processes train alone (this machine's ceiling for W ranks)");
+  train->add_flag("--gradient-as-bucket-view", w.bucket_view,
+                  "DDP's gradient_as_bucket_view (no gradient copies)");
   auto* worker = app.add_subcommand("worker", "one rank of `train` (internal)");
-  worker->add_option("--steps", train_steps)->default_val(60);
-  worker->add_option("--warmup", warmup)->default_val(5);
-  worker->add_option("--timeline", timeline);
+  worker->add_option("--steps", w.steps)->default_val(60);
+  worker->add_option("--warmup", w.warmup)->default_val(5);
+  worker->add_option("--timeline", w.timeline);
+  worker->add_flag("--independent", w.independent);
+  worker->add_flag("--gradient-as-bucket-view", w.bucket_view);
   CLI11_PARSE(app, argc, argv);
   try {
     if (*overhead) return run_overhead(overhead_steps, blocks, timeline);
-    if (*train) return run_train(world, train_steps, warmup, timeline);
-    return run_worker(train_steps, warmup, timeline);
+    if (*train) return run_train(world, w);
+    return run_worker(w);
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_ddp: {}\n", e.what());
     return 1;
