@@ -3,7 +3,10 @@
 # `ddp_summary` line with the medians and the ratios against the design brief's targets.
 #   bench/ddp/run.sh [BUILD_DIR] [STEPS] [ROUNDS]
 # Each round runs the world-1 overhead bench and every training configuration once (ddp and
-# pytorch, world 1 and 2, in alternating order). Every measurement is followed by a
+# pytorch, world 1 and 2, in alternating order), plus `independent` at world 2: two processes
+# training the same CNN without any communication. On a 2-core machine that is the ceiling
+# for 2 ranks (busy cores slow each other through the shared L3 cache and memory bandwidth),
+# so `ddp_w2_over_ceiling` tells the cost of DDP itself apart from the machine's. Every measurement is followed by a
 # `ddp_load` line with the 1-minute load average before and after it: on a shared machine a
 # figure taken at a load above the core count measures the other jobs, not the code.
 # The summary's headline figures are the medians over rounds; `best` (each configuration's
@@ -33,6 +36,7 @@ measure() {
   for ((round = 0; round < rounds; ++round)); do
     measure overhead 1 "$bin" overhead --steps 20 --blocks 3
     if ((round % 2 == 0)); then order="ddp pytorch"; else order="pytorch ddp"; fi
+    measure independent 2 "$bin" train --world 2 --independent --steps "$steps"
     for impl in $order; do
       for world in 1 2; do
         if [ "$impl" = ddp ]; then
@@ -63,7 +67,11 @@ loads = [x for r in rows if r["bench"] == "ddp_load" for x in (r["load1_before"]
 def ratios(t):
     return {"ddp_scaling_2_over_1": t[("ddp", 2)] / t[("ddp", 1)],
             "pytorch_scaling_2_over_1": t[("pytorch", 2)] / t[("pytorch", 1)],
-            "ddp_over_pytorch_world2": t[("ddp", 2)] / t[("pytorch", 2)]}
+            "ddp_over_pytorch_world2": t[("ddp", 2)] / t[("pytorch", 2)],
+            # The machine's ceiling: 2 processes without communication over 1 rank.
+            "ceiling_scaling_2_over_1": t[("independent", 2)] / t[("ddp", 1)],
+            "ddp_w2_over_ceiling": t[("ddp", 2)] / t[("independent", 2)],
+            "pytorch_w2_over_ceiling": t[("pytorch", 2)] / t[("independent", 2)]}
 m = ratios(med)
 overhead = statistics.median(over) if over else None
 print(json.dumps({
@@ -84,6 +92,7 @@ print(json.dumps({
     # rank had a core to itself. A projection, not a measured throughput.
     "cpu_ms_per_step": {f"{i}_w{w}": v for (i, w), v in sorted(cpu.items())},
     "cpu_projected": {
+        "ceiling_scaling_2_over_1": 2 * cpu[("ddp", 1)] / cpu[("independent", 2)],
         "ddp_scaling_2_over_1": 2 * cpu[("ddp", 1)] / cpu[("ddp", 2)],
         "pytorch_scaling_2_over_1": 2 * cpu[("pytorch", 1)] / cpu[("pytorch", 2)],
         "ddp_over_pytorch_world2": cpu[("pytorch", 2)] / cpu[("ddp", 2)]},
