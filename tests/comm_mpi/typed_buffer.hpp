@@ -12,33 +12,16 @@
 
 namespace ddp::test {
 
-inline size_t dtype_bytes(DataType dtype) {
-  switch (dtype) {
-    case DataType::kFloat64:
-    case DataType::kInt64:
-      return 8;
-    case DataType::kFloat32:
-    case DataType::kInt32:
-      return 4;
-    case DataType::kFloat16:
-    case DataType::kBFloat16:
-      return 2;
-    case DataType::kUInt8:
-      return 1;
-  }
-  return 0;
-}
-
 class TypedBuffer {
  public:
   TypedBuffer(DataType dtype, size_t count)
-      : dtype_(dtype), count_(count), bytes_(count * dtype_bytes(dtype) + 1) {}
+      : dtype_(dtype), count_(count), bytes_(count * element_size(dtype) + 1) {}
 
   DataType dtype() const { return dtype_; }
   size_t count() const { return count_; }
   void* data() { return bytes_.data(); }
   const void* data() const { return bytes_.data(); }
-  unsigned char* at(size_t i) { return bytes_.data() + i * dtype_bytes(dtype_); }
+  unsigned char* at(size_t i) { return bytes_.data() + i * element_size(dtype_); }
 
   void set(size_t i, double v) {
     unsigned char* p = at(i);
@@ -61,7 +44,7 @@ class TypedBuffer {
   }
 
   double get(size_t i) const {
-    const unsigned char* p = bytes_.data() + i * dtype_bytes(dtype_);
+    const unsigned char* p = bytes_.data() + i * element_size(dtype_);
     switch (dtype_) {
       case DataType::kFloat32:
         return take<float>(p);

@@ -16,7 +16,6 @@
 
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
-#include "dtype_util.hpp"
 #include "mpi_arith.hpp"
 #include "mpi_runtime.hpp"
 #include "mpi_work.hpp"
@@ -56,7 +55,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
   WorkPtr all_reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
     auto operation =
-        begin(fmt::format("all_reduce({}, {} x {})", op_name(op), dtype_name(dtype), count));
+        begin(fmt::format("all_reduce({}, {} x {})", to_string(op), to_string(dtype), count));
     const int n = check_count(count, *operation);
     check_buffer(data, count, "data", *operation);
     const MPI_Datatype type = runtime_.datatype(dtype);
@@ -71,7 +70,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
   WorkPtr broadcast(void* data, size_t count, DataType dtype, int root) override {
     auto operation =
-        begin(fmt::format("broadcast({} x {}, root {})", dtype_name(dtype), count, root));
+        begin(fmt::format("broadcast({} x {}, root {})", to_string(dtype), count, root));
     const int n = check_count(count, *operation);
     check_root(root, *operation);
     check_buffer(data, count, "data", *operation);
@@ -83,7 +82,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
   WorkPtr reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root) override {
     auto operation = begin(
-        fmt::format("reduce({}, {} x {}, root {})", op_name(op), dtype_name(dtype), count, root));
+        fmt::format("reduce({}, {} x {}, root {})", to_string(op), to_string(dtype), count, root));
     const int n = check_count(count, *operation);
     check_root(root, *operation);
     check_buffer(data, count, "data", *operation);
@@ -100,13 +99,13 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr all_gather(const void* in, void* out, size_t count, DataType dtype) override {
-    auto operation = begin(fmt::format("all_gather({} x {})", dtype_name(dtype), count));
+    auto operation = begin(fmt::format("all_gather({} x {})", to_string(dtype), count));
     const int n = check_count(count, *operation);
     check_count(count * static_cast<size_t>(size_), *operation);
     check_buffer(in, count, "in", *operation);
     check_buffer(out, count, "out", *operation);
     const MPI_Datatype type = runtime_.datatype(dtype);
-    const size_t block = count * dtype_size(dtype);
+    const size_t block = count * element_size(dtype);
     const void* send = own_block_or_copy(in, out, block, static_cast<size_t>(rank_) * block,
                                          block * size_, *operation);
     return start(std::move(operation), [&](MPI_Request* request) {
@@ -117,7 +116,7 @@ class MpiProcessGroup final : public ProcessGroup {
   WorkPtr all_gather_v(const void* in, void* out, const std::vector<size_t>& counts,
                        DataType dtype) override {
     auto operation =
-        begin(fmt::format("all_gather_v({}, {} counts)", dtype_name(dtype), counts.size()));
+        begin(fmt::format("all_gather_v({}, {} counts)", to_string(dtype), counts.size()));
     if (counts.size() != static_cast<size_t>(size_)) {
       throw UsageError(fmt::format(
           "mpi backend: rank {}: {}: counts has {} entries but the group has {} ranks; pass "
@@ -137,7 +136,7 @@ class MpiProcessGroup final : public ProcessGroup {
     check_buffer(in, mine, "in", *operation);
     check_buffer(out, total, "out", *operation);
     const MPI_Datatype type = runtime_.datatype(dtype);
-    const size_t element = dtype_size(dtype);
+    const size_t element = element_size(dtype);
     const void* send = own_block_or_copy(
         in, out, mine * element,
         static_cast<size_t>(operation->displacements[static_cast<size_t>(rank_)]) * element,
@@ -151,13 +150,13 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr gather(const void* in, void* out, size_t count, DataType dtype, int root) override {
-    auto operation = begin(fmt::format("gather({} x {}, root {})", dtype_name(dtype), count, root));
+    auto operation = begin(fmt::format("gather({} x {}, root {})", to_string(dtype), count, root));
     const int n = check_count(count, *operation);
     check_count(count * static_cast<size_t>(size_), *operation);
     check_root(root, *operation);
     check_buffer(in, count, "in", *operation);
     const MPI_Datatype type = runtime_.datatype(dtype);
-    const size_t block = count * dtype_size(dtype);
+    const size_t block = count * element_size(dtype);
     const void* send = in;
     if (rank_ == root) {
       check_buffer(out, count, "out", *operation);
@@ -171,14 +170,13 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr scatter(const void* in, void* out, size_t count, DataType dtype, int root) override {
-    auto operation =
-        begin(fmt::format("scatter({} x {}, root {})", dtype_name(dtype), count, root));
+    auto operation = begin(fmt::format("scatter({} x {}, root {})", to_string(dtype), count, root));
     const int n = check_count(count, *operation);
     check_count(count * static_cast<size_t>(size_), *operation);
     check_root(root, *operation);
     check_buffer(out, count, "out", *operation);
     const MPI_Datatype type = runtime_.datatype(dtype);
-    const size_t block = count * dtype_size(dtype);
+    const size_t block = count * element_size(dtype);
     const void* send = nullptr;
     void* receive = out;
     if (rank_ == root) {
@@ -199,14 +197,14 @@ class MpiProcessGroup final : public ProcessGroup {
   WorkPtr reduce_scatter(const void* in, void* out, size_t count, DataType dtype,
                          ReduceOp op) override {
     auto operation =
-        begin(fmt::format("reduce_scatter({}, {} x {})", op_name(op), dtype_name(dtype), count));
+        begin(fmt::format("reduce_scatter({}, {} x {})", to_string(op), to_string(dtype), count));
     const int n = check_count(count, *operation);
     check_count(count * static_cast<size_t>(size_), *operation);
     check_buffer(in, count, "in", *operation);
     check_buffer(out, count, "out", *operation);
     const MPI_Datatype type = runtime_.datatype(dtype);
     const MPI_Op mpi_op = runtime_.op(dtype, op);
-    const size_t block = count * dtype_size(dtype);
+    const size_t block = count * element_size(dtype);
     const void* send = input_or_copy(in, block * size_, out, block, *operation);
     if (op == ReduceOp::kAvg) {
       operation->finish = [out, count, dtype, size = size_] { divide(out, count, dtype, size); };
@@ -217,13 +215,13 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr all_to_all(const void* in, void* out, size_t count, DataType dtype) override {
-    auto operation = begin(fmt::format("all_to_all({} x {})", dtype_name(dtype), count));
+    auto operation = begin(fmt::format("all_to_all({} x {})", to_string(dtype), count));
     const int n = check_count(count, *operation);
     check_count(count * static_cast<size_t>(size_), *operation);
     check_buffer(in, count, "in", *operation);
     check_buffer(out, count, "out", *operation);
     const MPI_Datatype type = runtime_.datatype(dtype);
-    const size_t bytes = count * dtype_size(dtype) * size_;
+    const size_t bytes = count * element_size(dtype) * size_;
     const void* send = input_or_copy(in, bytes, out, bytes, *operation);
     return start(std::move(operation), [&](MPI_Request* request) {
       return MPI_Ialltoall(send, n, type, out, n, type, comm_, request);
@@ -238,7 +236,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
   WorkPtr send(const void* data, size_t count, DataType dtype, int dst, int tag) override {
     auto operation =
-        begin(fmt::format("send({} x {}, to rank {}, tag {})", dtype_name(dtype), count, dst, tag));
+        begin(fmt::format("send({} x {}, to rank {}, tag {})", to_string(dtype), count, dst, tag));
     const int n = check_count(count, *operation);
     check_peer(dst, "dst", *operation);
     check_tag(tag, *operation);
@@ -251,7 +249,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
   WorkPtr recv(void* data, size_t count, DataType dtype, int src, int tag) override {
     auto operation = begin(
-        fmt::format("recv({} x {}, from rank {}, tag {})", dtype_name(dtype), count, src, tag));
+        fmt::format("recv({} x {}, from rank {}, tag {})", to_string(dtype), count, src, tag));
     const int n = check_count(count, *operation);
     check_peer(src, "src", *operation);
     check_tag(tag, *operation);
