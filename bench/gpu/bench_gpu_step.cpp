@@ -19,6 +19,8 @@
 #include "ddp/comm/init.hpp"
 #include "ddp/torch/ddp.hpp"
 #include "ddp/torch/local_device.hpp"
+#include "ddp/torch/stream_order.hpp"
+#include "ddp/torch/tensor_adapter.hpp"
 #include "ddp/util/error.hpp"
 #include "models.hpp"
 
@@ -32,6 +34,33 @@ struct Args {
   int warmup = 10;
   int steps = 20;
   int blocks = 5;
+  bool always_allreduce = false;
+};
+
+// All-reduces every bucket even with one rank (ddp's default hook skips communication at world
+// 1, PyTorch's DDP does not): for a like-for-like world-1 comparison.
+class AlwaysAllReduceHook : public ddp::CommHook {
+ public:
+  std::string name() const override { return "always_allreduce"; }
+  std::unique_ptr<ddp::BucketReduction> launch(ddp::ProcessGroup& pg,
+                                               const torch::Tensor& bucket) override {
+    struct Reduction : ddp::BucketReduction {
+      ddp::ProcessGroup* pg = nullptr;
+      torch::Tensor bucket, wire;
+      ddp::WorkPtr work;
+      bool is_completed() override { return work->is_completed(); }
+      void finish(std::chrono::milliseconds timeout) override {
+        ddp::wait_on_current_stream(*pg, *work, timeout);
+        if (!wire.is_same(bucket)) bucket.copy_(wire);
+      }
+    };
+    auto r = std::make_unique<Reduction>();
+    r->pg = &pg;
+    r->bucket = bucket;
+    r->wire = ddp::needs_host_staging(bucket, pg) ? bucket.cpu() : bucket;
+    r->work = ddp::all_reduce(pg, r->wire, ddp::ReduceOp::kAvg);
+    return r;
+  }
 };
 
 void sync(const torch::Device& device) {
@@ -70,7 +99,9 @@ std::vector<double> run_model(const Args& args, Net net, const torch::Device& de
       opt.step();
     });
   }
-  ddp::DistributedDataParallel model(net, pg);
+  ddp::DistributedDataParallelOptions options;
+  if (args.always_allreduce) options.comm_hook(std::make_shared<AlwaysAllReduceHook>());
+  ddp::DistributedDataParallel model(net, pg, options);
   return time_blocks(args, device, [&] {
     opt.zero_grad();
     torch::nll_loss(model(x), y).backward();
@@ -116,7 +147,9 @@ int run(const Args& args) {
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted[sorted.size() / 2];
     nlohmann::json out = {{"bench", "gpu_step"},
-                          {"impl", args.mode == "ddp" ? "ddp" : "libtorch"},
+                          {"impl", args.mode != "ddp"      ? "libtorch"
+                                   : args.always_allreduce ? "ddp-allreduce"
+                                                           : "ddp"},
                           {"mode", args.mode},
                           {"model", args.model},
                           {"parameters", parameters},
@@ -145,6 +178,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", args.steps, "steps per timed block (default: 20)")
       ->check(CLI::PositiveNumber);
   app.add_option("--blocks", args.blocks, "timed blocks (default: 5)")->check(CLI::PositiveNumber);
+  app.add_flag("--always-allreduce", args.always_allreduce,
+               "all-reduce every bucket even at world size 1 (impl ddp-allreduce)");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(args);

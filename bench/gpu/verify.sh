@@ -8,7 +8,9 @@
 # <repo>/build-cuda), JOBS (default nproc), CUDA_HOME (default /usr/local/cuda), NCCL_ROOT
 # (default: pip's nvidia-nccl package beside torch, else next to CUDA), ROUNDS (step-time
 # rounds, default 2), CPU_WORLDS (default "2 4 8"), CPU_STEPS (CNN steps per CPU run, default
-# 30), FASHION_MNIST_DIR (default /usr/share/datasets/fashion-mnist).
+# 30), FASHION_MNIST_DIR (default /usr/share/datasets/fashion-mnist), STEP_DEVICE (default cuda;
+# "cpu" runs the step-time section on the CPU: a smoke test of this script without a GPU),
+# STEP_ARGS (extra arguments of both step benchmarks, e.g. "--steps 5 --blocks 3").
 #
 # Steps (each one JSON status line in results.jsonl, "status": ok | failed | skipped + reason):
 #   env        GPU, driver, torch/CUDA/NCCL versions, ABI of the wheel
@@ -33,9 +35,11 @@ BUILD=${BUILD_DIR:-$ROOT/build-cuda}
 JOBS=${JOBS:-$(nproc)}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 ROUNDS=${ROUNDS:-2}
-CPU_WORLDS=${CPU_WORLDS:-"2 4 8"}
+CPU_WORLDS=${CPU_WORLDS-"2 4 8"}  # empty: no CPU benchmarks
 CPU_STEPS=${CPU_STEPS:-30}
 MNIST_DIR=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
+STEP_DEVICE=${STEP_DEVICE:-cuda}
+STEP_ARGS=${STEP_ARGS:-}
 mkdir -p "$OUT_DIR/logs"
 RESULTS=$OUT_DIR/results.jsonl
 LOGS=$OUT_DIR/logs
@@ -139,8 +143,10 @@ fi
 targets=(comm_nccl_test test_ddp_cuda test_ddp_units test_ddp_multirank test_ddp_processes
          bench_gpu_step bench_ddp allreduce_bench ddprun mnist)
 built=()
+# Read once: `cmake ... | grep -q` would fail under pipefail when grep exits early (SIGPIPE).
+known_targets=$(cmake --build "$BUILD" --target help 2>/dev/null)
 for t in "${targets[@]}"; do
-  if ! cmake --build "$BUILD" --target help 2>/dev/null | grep -qE "(^| |\.\.\. )$t(:| |$)"; then
+  if ! grep -qE "(^| |\.\.\. )$t(:| |$)" <<<"$known_targets"; then
     record build skipped target="$t" reason="not configured (dependency missing, see logs/configure.log)"
     continue
   fi
@@ -188,19 +194,25 @@ else
 fi
 
 # ---------------------------------------------------------------- step time (GPU)
-step_ddp() {  # model mode world
-  "$(bin ddprun)" --standalone --nproc-per-node "$3" "$(bin bench_gpu_step)" --model "$1" \
-    --mode "$2" --device cuda 2>>"$LOGS/step.log" | keep_json
+step_ddp() {  # model mode world; at world 1 also with every bucket all-reduced, as PyTorch does
+  local extra=()
+  for extra in "" --always-allreduce; do
+    [ -n "$extra" ] && { [ "$2" != ddp ] || [ "$3" != 1 ]; } && continue
+    "$(bin ddprun)" --standalone --nproc-per-node "$3" "$(bin bench_gpu_step)" --model "$1" \
+      --mode "$2" --device "$STEP_DEVICE" $extra $STEP_ARGS 2>>"$LOGS/step.log" | keep_json
+  done
 }
 step_torch() {  # model mode world
   if [ "$2" = plain ]; then
-    "$PYTHON" "$ROOT/bench/gpu/torch_step.py" --model "$1" --mode plain --device cuda 2>>"$LOGS/step.log" | keep_json
+    "$PYTHON" "$ROOT/bench/gpu/torch_step.py" --model "$1" --mode plain --device "$STEP_DEVICE" $STEP_ARGS 2>>"$LOGS/step.log" | keep_json
   else
-    "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$3" \
-      "$ROOT/bench/gpu/torch_step.py" --model "$1" --mode ddp --device cuda 2>>"$LOGS/step.log" | keep_json
+    # --redirects/--tee: torchrun of torch 1.13 fails under Python 3.11 without them.
+    "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$3" --redirects 1 --tee 1 \
+      --log_dir "$LOGS/torchrun" "$ROOT/bench/gpu/torch_step.py" --model "$1" --mode ddp \
+      --device "$STEP_DEVICE" $STEP_ARGS 2>>"$LOGS/step.log" | keep_json
   fi
 }
-if is_built bench_gpu_step && is_built ddprun && [ "$GPUS" -ge 1 ]; then
+if is_built bench_gpu_step && is_built ddprun && { [ "$GPUS" -ge 1 ] || [ "$STEP_DEVICE" = cpu ]; }; then
   worlds=1
   [ "$GPUS" -gt 1 ] && worlds="1 $((GPUS > 8 ? 8 : GPUS))"
   for ((round = 0; round < ROUNDS; ++round)); do
@@ -214,18 +226,20 @@ if is_built bench_gpu_step && is_built ddprun && [ "$GPUS" -ge 1 ]; then
       done
     done
   done
-  "$PYTHON" - "$RESULTS" <<'PY' | tee -a "$RESULTS"
+  "$PYTHON" - "$RESULTS" "$STEP_DEVICE" <<'PY' | tee -a "$RESULTS"
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 runs = {}
 for r in rows:
-    if r.get("bench") == "gpu_step" and r.get("device", "").startswith("cuda"):
+    if r.get("bench") == "gpu_step" and r.get("device", "").startswith(sys.argv[2]):
         runs.setdefault((r["model"], r["impl"], r["world"]), []).append(r["ms_per_step"])
 best = {k: min(v) for k, v in runs.items()}
 out = {"bench": "gpu_step_summary", "ms_per_step_best": {f"{m}/{i}/w{w}": v for (m, i, w), v in sorted(best.items())}}
 for (m, i, w), v in best.items():
     if i == "ddp" and (m, "pytorch", w) in best:
         out[f"{m}_w{w}_ddp_over_pytorch_time"] = v / best[(m, "pytorch", w)]
+    if i == "ddp-allreduce" and (m, "pytorch", w) in best:
+        out[f"{m}_w{w}_ddp_allreduce_over_pytorch_time"] = v / best[(m, "pytorch", w)]
     if i == "ddp" and w == 1 and (m, "libtorch", 1) in best:
         out[f"{m}_ddp_overhead_over_plain_libtorch"] = v / best[(m, "libtorch", 1)]
     if i == "pytorch" and w == 1 and (m, "pytorch-plain", 1) in best:
@@ -256,16 +270,16 @@ for world in $CPU_WORLDS; do
     ar_ddp gloo "$world" 2>>"$LOGS/cpu.log" | keep_json
     "$PYTHON" "$ROOT/bench/allreduce/torch_allreduce.py" "$world" 4096,1048576,16777216,67108864 \
       2>>"$LOGS/cpu.log" | keep_json
-    record cpu ok bench=allreduce world="$world"
+    record cpu ok what=allreduce world="$world"
   else
-    record cpu skipped bench=allreduce world="$world" reason="allreduce_bench not built"
+    record cpu skipped what=allreduce world="$world" reason="allreduce_bench not built"
   fi
   if is_built bench_ddp; then
     "$(bin bench_ddp)" train --world "$world" --steps "$CPU_STEPS" 2>>"$LOGS/cpu.log" | keep_json
     "$PYTHON" "$ROOT/bench/ddp/bench_ddp.py" --world "$world" --steps "$CPU_STEPS" 2>>"$LOGS/cpu.log" | keep_json
-    record cpu ok bench=ddp_cnn world="$world"
+    record cpu ok what=ddp_cnn world="$world"
   else
-    record cpu skipped bench=ddp_cnn world="$world" reason="bench_ddp not built"
+    record cpu skipped what=ddp_cnn world="$world" reason="bench_ddp not built"
   fi
 done
 
