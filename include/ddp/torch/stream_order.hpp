@@ -37,6 +37,12 @@ torch::Device comm_device(const ProcessGroup& pg);
 // group's compute stream. No-op otherwise.
 void use_current_stream(ProcessGroup& pg);
 
+// With the nccl backend: tells LibTorch's caching allocator that `tensor`'s memory is used on
+// the group's communication stream, so freeing it before the collective ran cannot hand the
+// block to new work (torch's ProcessGroupNCCL does the same). The tensor_adapter wrappers call
+// it for every tensor they issue. No-op otherwise and for memory not from that allocator.
+void record_on_comm_stream(ProcessGroup& pg, const torch::Tensor& tensor);
+
 // use_current_stream(pg), then work.wait(timeout).
 void wait_on_current_stream(ProcessGroup& pg, Work& work, std::chrono::milliseconds timeout);
 

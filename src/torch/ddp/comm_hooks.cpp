@@ -10,8 +10,8 @@ namespace {
 // bucket. When the bucket lives on a device the backend cannot address, `wire` is a host copy
 // (see needs_host_staging). With nccl, the wait makes LibTorch's current CUDA stream wait for
 // the collective, so the copy back (and everything after it) runs after it; the host does not
-// block. A temporary `wire` may then be freed at once: the caching allocator reuses its
-// memory only on the stream it was allocated on, which now waits for the collective.
+// block. A temporary `wire` may then be freed at once: all_reduce() recorded it on the
+// communication stream, so the caching allocator does not reuse it before the collective ran.
 class WireReduction : public BucketReduction {
  public:
   WireReduction(ProcessGroup& pg, torch::Tensor bucket, torch::Tensor wire, WorkPtr work)

@@ -42,6 +42,8 @@ std::vector<int64_t> all_gather_int64(ProcessGroup& pg, int64_t mine,
   auto out = torch::empty({pg.size()}, torch::TensorOptions().dtype(torch::kInt64).device(device));
   use_current_stream(pg);
   auto work = pg.all_gather(in.data_ptr(), out.data_ptr(), 1, DataType::kInt64);
+  record_on_comm_stream(pg, in);
+  record_on_comm_stream(pg, out);
   wait_on_current_stream(pg, *work, timeout);
   out = out.cpu();
   return std::vector<int64_t>(out.data_ptr<int64_t>(), out.data_ptr<int64_t>() + pg.size());
@@ -58,6 +60,8 @@ std::string all_gather_bytes(ProcessGroup& pg, std::string mine, const std::vect
                           torch::TensorOptions().dtype(torch::kUInt8).device(device));
   use_current_stream(pg);
   auto work = pg.all_gather_v(in.data_ptr(), out.data_ptr(), counts, DataType::kUInt8);
+  record_on_comm_stream(pg, in);
+  record_on_comm_stream(pg, out);
   wait_on_current_stream(pg, *work, timeout);
   out = out.cpu();
   return std::string(static_cast<const char*>(out.data_ptr()), total);

@@ -8,6 +8,7 @@
 #include "ddp/util/error.hpp"
 
 #if defined(DDP_WITH_CUDA_TORCH)
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -48,6 +49,21 @@ void use_current_stream(ProcessGroup& pg) {
   }
 #else
   (void)pg;
+#endif
+}
+
+void record_on_comm_stream(ProcessGroup& pg, const torch::Tensor& tensor) {
+#if defined(DDP_WITH_CUDA_TORCH)
+  if (!tensor.defined() || !tensor.is_cuda()) return;
+  if (auto* nccl = dynamic_cast<NcclProcessGroup*>(&pg)) {
+    const auto device = static_cast<c10::DeviceIndex>(nccl->device());
+    c10::cuda::CUDACachingAllocator::recordStream(
+        tensor.storage().data_ptr(),
+        c10::cuda::getStreamFromExternal(nccl->communication_stream(), device));
+  }
+#else
+  (void)pg;
+  (void)tensor;
 #endif
 }
 

@@ -80,13 +80,17 @@ bool needs_host_staging(const torch::Tensor& tensor, const ProcessGroup& pg) {
 WorkPtr all_reduce(ProcessGroup& pg, const torch::Tensor& tensor, ReduceOp op) {
   TensorBuffer b = tensor_buffer(tensor);
   use_current_stream(pg);
-  return pg.all_reduce(b.data, b.count, b.dtype, op);
+  WorkPtr work = pg.all_reduce(b.data, b.count, b.dtype, op);
+  record_on_comm_stream(pg, tensor);
+  return work;
 }
 
 WorkPtr broadcast(ProcessGroup& pg, const torch::Tensor& tensor, int root) {
   TensorBuffer b = tensor_buffer(tensor);
   use_current_stream(pg);
-  return pg.broadcast(b.data, b.count, b.dtype, root);
+  WorkPtr work = pg.broadcast(b.data, b.count, b.dtype, root);
+  record_on_comm_stream(pg, tensor);
+  return work;
 }
 
 }  // namespace ddp
