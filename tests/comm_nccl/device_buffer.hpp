@@ -21,7 +21,7 @@ inline void cuda_ok(cudaError_t result, const char* what) {
 class DeviceBuffer {
  public:
   DeviceBuffer(DataType dtype, size_t count) : host(dtype, count) {
-    bytes_ = count * dtype_bytes(dtype);
+    bytes_ = count * element_size(dtype);
     cuda_ok(cudaMalloc(&device_, bytes_ + 1), "cudaMalloc");
   }
   ~DeviceBuffer() { cudaFree(device_); }
@@ -29,7 +29,7 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
   void* data() { return device_; }
-  char* at(size_t i) { return static_cast<char*>(device_) + i * dtype_bytes(host.dtype()); }
+  char* at(size_t i) { return static_cast<char*>(device_) + i * element_size(host.dtype()); }
 
   // Synchronous copies on the legacy default stream, which Work::wait orders after the
   // collective (the group's default compute stream).

@@ -59,34 +59,4 @@ ncclRedOp_t to_nccl(ReduceOp op) {
                                static_cast<int>(op)));
 }
 
-size_t dtype_size(DataType dtype) {
-  switch (dtype) {
-    case DataType::kFloat64:
-    case DataType::kInt64:
-      return 8;
-    case DataType::kFloat32:
-    case DataType::kInt32:
-      return 4;
-    case DataType::kFloat16:
-    case DataType::kBFloat16:
-      return 2;
-    case DataType::kUInt8:
-      return 1;
-  }
-  return 0;
-}
-
-const char* dtype_name(DataType dtype) {
-  static const char* names[] = {"float32", "float64", "float16", "bfloat16",
-                                "int32",   "int64",   "uint8"};
-  const auto index = static_cast<size_t>(dtype);
-  return index < sizeof names / sizeof names[0] ? names[index] : "unknown-dtype";
-}
-
-const char* op_name(ReduceOp op) {
-  static const char* names[] = {"sum", "avg", "min", "max", "product"};
-  const auto index = static_cast<size_t>(op);
-  return index < sizeof names / sizeof names[0] ? names[index] : "unknown-op";
-}
-
 }  // namespace ddp::nccl_detail

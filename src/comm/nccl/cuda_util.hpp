@@ -32,8 +32,4 @@ class DeviceGuard {
 ncclDataType_t to_nccl(DataType dtype);
 ncclRedOp_t to_nccl(ReduceOp op);
 
-size_t dtype_size(DataType dtype);
-const char* dtype_name(DataType dtype);
-const char* op_name(ReduceOp op);
-
 }  // namespace ddp::nccl_detail

@@ -102,10 +102,10 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
 
   WorkPtr all_reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
     const std::string what =
-        fmt::format("all_reduce({}, {} x {})", op_name(op), dtype_name(dtype), count);
+        fmt::format("all_reduce({}, {} x {})", to_string(op), to_string(dtype), count);
     const ncclDataType_t type = to_nccl(dtype);
     const ncclRedOp_t nccl_op = to_nccl(op);
-    check_buffer(data, count * dtype_size(dtype), "data", what);
+    check_buffer(data, count * element_size(dtype), "data", what);
     return launch(what, false, [&](const std::string& label) {
       if (count == 0) return;
       nccl(ncclAllReduce(data, data, count, type, nccl_op, comm(), comm_stream_), label);
@@ -114,10 +114,10 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
 
   WorkPtr broadcast(void* data, size_t count, DataType dtype, int root) override {
     const std::string what =
-        fmt::format("broadcast({} x {}, root {})", dtype_name(dtype), count, root);
+        fmt::format("broadcast({} x {}, root {})", to_string(dtype), count, root);
     const ncclDataType_t type = to_nccl(dtype);
     check_rank(root, "root", what);
-    check_buffer(data, count * dtype_size(dtype), "data", what);
+    check_buffer(data, count * element_size(dtype), "data", what);
     return launch(what, false, [&](const std::string& label) {
       if (count == 0) return;
       nccl(ncclBroadcast(data, data, count, type, root, comm(), comm_stream_), label);
@@ -126,11 +126,11 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
 
   WorkPtr reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root) override {
     const std::string what =
-        fmt::format("reduce({}, {} x {}, root {})", op_name(op), dtype_name(dtype), count, root);
+        fmt::format("reduce({}, {} x {}, root {})", to_string(op), to_string(dtype), count, root);
     const ncclDataType_t type = to_nccl(dtype);
     const ncclRedOp_t nccl_op = to_nccl(op);
     check_rank(root, "root", what);
-    check_buffer(data, count * dtype_size(dtype), "data", what);
+    check_buffer(data, count * element_size(dtype), "data", what);
     return launch(what, false, [&](const std::string& label) {
       if (count == 0) return;
       nccl(ncclReduce(data, data, count, type, nccl_op, root, comm(), comm_stream_), label);
@@ -138,9 +138,9 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
   }
 
   WorkPtr all_gather(const void* in, void* out, size_t count, DataType dtype) override {
-    const std::string what = fmt::format("all_gather({} x {})", dtype_name(dtype), count);
+    const std::string what = fmt::format("all_gather({} x {})", to_string(dtype), count);
     const ncclDataType_t type = to_nccl(dtype);
-    const size_t block = count * dtype_size(dtype);
+    const size_t block = count * element_size(dtype);
     check_buffer(in, block, "in", what);
     check_buffer(out, block * size_, "out", what);
     check_in_place_or_disjoint(in, block, out, block * size_, rank_ * block, what);
@@ -153,7 +153,7 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
   WorkPtr all_gather_v(const void* in, void* out, const std::vector<size_t>& counts,
                        DataType dtype) override {
     const std::string what =
-        fmt::format("all_gather_v({}, {} counts)", dtype_name(dtype), counts.size());
+        fmt::format("all_gather_v({}, {} counts)", to_string(dtype), counts.size());
     const ncclDataType_t type = to_nccl(dtype);
     if (counts.size() != static_cast<size_t>(size_)) {
       throw UsageError(fmt::format(
@@ -161,7 +161,7 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
           "count per rank",
           rank_, what, counts.size(), size_));
     }
-    const size_t element = dtype_size(dtype);
+    const size_t element = element_size(dtype);
     std::vector<size_t> offsets(counts.size());
     size_t total = 0;
     for (size_t r = 0; r < counts.size(); ++r) {
@@ -187,11 +187,10 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
   }
 
   WorkPtr gather(const void* in, void* out, size_t count, DataType dtype, int root) override {
-    const std::string what =
-        fmt::format("gather({} x {}, root {})", dtype_name(dtype), count, root);
+    const std::string what = fmt::format("gather({} x {}, root {})", to_string(dtype), count, root);
     const ncclDataType_t type = to_nccl(dtype);
     check_rank(root, "root", what);
-    const size_t block = count * dtype_size(dtype);
+    const size_t block = count * element_size(dtype);
     check_buffer(in, block, "in", what);
     if (rank_ == root) {
       check_buffer(out, block * size_, "out", what);
@@ -213,10 +212,10 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
 
   WorkPtr scatter(const void* in, void* out, size_t count, DataType dtype, int root) override {
     const std::string what =
-        fmt::format("scatter({} x {}, root {})", dtype_name(dtype), count, root);
+        fmt::format("scatter({} x {}, root {})", to_string(dtype), count, root);
     const ncclDataType_t type = to_nccl(dtype);
     check_rank(root, "root", what);
-    const size_t block = count * dtype_size(dtype);
+    const size_t block = count * element_size(dtype);
     check_buffer(out, block, "out", what);
     if (rank_ == root) {
       check_buffer(in, block * size_, "in", what);
@@ -239,10 +238,10 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
   WorkPtr reduce_scatter(const void* in, void* out, size_t count, DataType dtype,
                          ReduceOp op) override {
     const std::string what =
-        fmt::format("reduce_scatter({}, {} x {})", op_name(op), dtype_name(dtype), count);
+        fmt::format("reduce_scatter({}, {} x {})", to_string(op), to_string(dtype), count);
     const ncclDataType_t type = to_nccl(dtype);
     const ncclRedOp_t nccl_op = to_nccl(op);
-    const size_t block = count * dtype_size(dtype);
+    const size_t block = count * element_size(dtype);
     check_buffer(in, block * size_, "in", what);
     check_buffer(out, block, "out", what);
     check_in_place_or_disjoint(out, block, in, block * size_, rank_ * block, what);
@@ -253,9 +252,9 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
   }
 
   WorkPtr all_to_all(const void* in, void* out, size_t count, DataType dtype) override {
-    const std::string what = fmt::format("all_to_all({} x {})", dtype_name(dtype), count);
+    const std::string what = fmt::format("all_to_all({} x {})", to_string(dtype), count);
     const ncclDataType_t type = to_nccl(dtype);
-    const size_t block = count * dtype_size(dtype);
+    const size_t block = count * element_size(dtype);
     check_buffer(in, block * size_, "in", what);
     check_buffer(out, block * size_, "out", what);
     if (overlaps(in, block * size_, out, block * size_)) {
@@ -288,10 +287,10 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
 
   WorkPtr send(const void* data, size_t count, DataType dtype, int dst, int tag) override {
     const std::string what =
-        fmt::format("send({} x {}, to rank {}, tag {})", dtype_name(dtype), count, dst, tag);
+        fmt::format("send({} x {}, to rank {}, tag {})", to_string(dtype), count, dst, tag);
     const ncclDataType_t type = to_nccl(dtype);
     check_peer(dst, "dst", tag, what);
-    check_buffer(data, count * dtype_size(dtype), "data", what);
+    check_buffer(data, count * element_size(dtype), "data", what);
     return launch(what, false, [&](const std::string& label) {
       if (count == 0) return;
       nccl(ncclSend(data, count, type, dst, comm(), comm_stream_), label);
@@ -300,10 +299,10 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
 
   WorkPtr recv(void* data, size_t count, DataType dtype, int src, int tag) override {
     const std::string what =
-        fmt::format("recv({} x {}, from rank {}, tag {})", dtype_name(dtype), count, src, tag);
+        fmt::format("recv({} x {}, from rank {}, tag {})", to_string(dtype), count, src, tag);
     const ncclDataType_t type = to_nccl(dtype);
     check_peer(src, "src", tag, what);
-    check_buffer(data, count * dtype_size(dtype), "data", what);
+    check_buffer(data, count * element_size(dtype), "data", what);
     return launch(what, false, [&](const std::string& label) {
       if (count == 0) return;
       nccl(ncclRecv(data, count, type, src, comm(), comm_stream_), label);
