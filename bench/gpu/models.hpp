@@ -6,28 +6,15 @@
 
 #include <torch/torch.h>
 
+#include "ddp/torch/models/mnist_cnn.hpp"
+
 #include <string>
 #include <vector>
 
 namespace ddp::bench {
 
-struct CnnImpl : torch::nn::Module {
-  CnnImpl()
-      : conv1(register_module("conv1", torch::nn::Conv2d(1, 32, 3))),
-        conv2(register_module("conv2", torch::nn::Conv2d(32, 64, 3))),
-        fc1(register_module("fc1", torch::nn::Linear(9216, 128))),
-        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::relu(conv1(x));
-    x = torch::relu(conv2(x));
-    x = torch::max_pool2d(x, 2).flatten(1);
-    x = torch::relu(fc1(x));
-    return torch::log_softmax(fc2(x), 1);
-  }
-  torch::nn::Conv2d conv1, conv2;
-  torch::nn::Linear fc1, fc2;
-};
-TORCH_MODULE(Cnn);
+// The shared tutorial CNN, without dropout, as in torch_step.py.
+using Cnn = ddp::models::MnistCnn;
 
 inline torch::nn::Conv2d conv(int64_t in, int64_t out, int64_t k, int64_t stride, int64_t pad) {
   return torch::nn::Conv2d(

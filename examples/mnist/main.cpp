@@ -11,12 +11,12 @@
 #include <chrono>
 #include <iostream>
 
-#include "cnn.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/torch/ddp.hpp"
 #include "ddp/torch/distributed_sampler.hpp"
 #include "ddp/torch/idx_dataset.hpp"
 #include "ddp/torch/local_device.hpp"
+#include "ddp/torch/models/mnist_cnn.hpp"
 #include "ddp/torch/prefetch_loader.hpp"
 #include "ddp/torch/progress.hpp"
 #include "ddp/torch/snapshot.hpp"
@@ -40,8 +40,8 @@ struct Args {
 
 // Correct predictions and count over this rank's share of the test set (rank::world, no
 // padding, so the sum over ranks covers each test image exactly once).
-std::pair<int64_t, int64_t> evaluate(Cnn& model, const ddp::TensorDataset& test, int rank,
-                                     int world, const torch::Device& device) {
+std::pair<int64_t, int64_t> evaluate(ddp::models::MnistCnn& model, const ddp::TensorDataset& test,
+                                     int rank, int world, const torch::Device& device) {
   torch::NoGradGuard no_grad;
   model->eval();
   std::vector<int64_t> mine;
@@ -70,7 +70,8 @@ int run(const Args& args) {
       ddp::load_mnist(ddp::MnistOptions().directory(args.data_dir).split(ddp::MnistSplit::kTest));
 
   torch::manual_seed(args.seed);
-  Cnn model;
+  // The tutorial's CNN_classifier, with its dropout (include/ddp/torch/models/mnist_cnn.hpp).
+  ddp::models::MnistCnn model(ddp::models::MnistCnnOptions::tutorial());
   model->to(device);
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(args.lr));
   int64_t first_epoch = 1;

@@ -3,28 +3,12 @@
 
 #include <torch/torch.h>
 
+#include "ddp/torch/models/mnist_cnn.hpp"
+
 namespace ddp::test {
 
-// conv 1->32 3x3, conv 32->64 3x3, max-pool 2, fc 9216->128, fc 128->10, log_softmax.
-struct CnnImpl : torch::nn::Module {
-  CnnImpl()
-      : conv1(register_module("conv1", torch::nn::Conv2d(1, 32, 3))),
-        conv2(register_module("conv2", torch::nn::Conv2d(32, 64, 3))),
-        fc1(register_module("fc1", torch::nn::Linear(9216, 128))),
-        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::relu(conv1(x));
-    x = torch::relu(conv2(x));
-    x = torch::max_pool2d(x, 2).flatten(1);
-    x = torch::relu(fc1(x));
-    return torch::log_softmax(fc2(x), 1);
-  }
-  torch::nn::Conv2d conv1;
-  torch::nn::Conv2d conv2;
-  torch::nn::Linear fc1;
-  torch::nn::Linear fc2;
-};
-TORCH_MODULE(Cnn);
+// The shared tutorial CNN, without dropout (deterministic for equivalence checks).
+using Cnn = ddp::models::MnistCnn;
 
 // a is always used; b only where the caller says (rows selected by mask); never is never used.
 struct BranchyImpl : torch::nn::Module {
