@@ -9,6 +9,8 @@
 //                                         W busy cores already slow each other (shared memory
 //                                         bandwidth) before any communication
 //     --gradient-as-bucket-view           DDP option of that name (default off, as PyTorch)
+//     --default-malloc                    skip ddp::keep_freed_memory() (glibc's defaults:
+//                                         every step faults its freed tensors back in)
 //
 // `train` re-executes this binary once per rank with torchrun's environment (RANK, WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT; the port found by binding port 0) and the workers meet through
@@ -30,6 +32,7 @@
 #include "ddp/store/hash_store.hpp"
 #include "ddp/torch/ddp.hpp"
 #include "ddp/torch/idx_dataset.hpp"
+#include "ddp/torch/malloc_tuning.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/socket.hpp"
 
@@ -132,8 +135,10 @@ struct WorkerOptions {
   int steps = 60;
   int warmup = 5;
   std::string timeline;
-  bool independent = false;  // no DDP wrapper: every process trains alone (ceiling)
-  bool bucket_view = false;  // gradient_as_bucket_view
+  bool independent = false;     // no DDP wrapper: every process trains alone (ceiling)
+  bool bucket_view = false;     // gradient_as_bucket_view
+  bool default_malloc = false;  // do not call keep_freed_memory()
+  bool malloc_tuned = false;    // keep_freed_memory() applied its settings
 };
 
 int run_worker(const WorkerOptions& o) {
@@ -190,6 +195,7 @@ int run_worker(const WorkerOptions& o) {
     nlohmann::json out = {{"bench", "ddp_cnn"},
                           {"impl", o.independent ? "independent" : "ddp"},
                           {"gradient_as_bucket_view", o.bucket_view},
+                          {"malloc_tuned", o.malloc_tuned},
                           {"data", source},
                           {"world", world},
                           {"batch_per_rank", kBatch},
@@ -239,6 +245,7 @@ int run_train(int world, const WorkerOptions& o) {
                                      "--timeline", o.timeline};
     if (o.independent) args.push_back("--independent");
     if (o.bucket_view) args.push_back("--gradient-as-bucket-view");
+    if (o.default_malloc) args.push_back("--default-malloc");
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -280,13 +287,18 @@ int main(int argc, char** argv) {
                   "no DDP: W processes train alone (this machine's ceiling for W ranks)");
   train->add_flag("--gradient-as-bucket-view", w.bucket_view,
                   "DDP's gradient_as_bucket_view (no gradient copies)");
+  train->add_flag("--default-malloc", w.default_malloc,
+                  "glibc's malloc defaults instead of ddp::keep_freed_memory()");
   auto* worker = app.add_subcommand("worker", "one rank of `train` (internal)");
   worker->add_option("--steps", w.steps)->default_val(60);
   worker->add_option("--warmup", w.warmup)->default_val(5);
   worker->add_option("--timeline", w.timeline);
   worker->add_flag("--independent", w.independent);
   worker->add_flag("--gradient-as-bucket-view", w.bucket_view);
+  worker->add_flag("--default-malloc", w.default_malloc);
   CLI11_PARSE(app, argc, argv);
+  // Before the first tensor: a step's freed activations stay mapped (malloc_tuning.hpp).
+  if (!w.default_malloc) w.malloc_tuned = ddp::keep_freed_memory();
   try {
     if (*overhead) return run_overhead(overhead_steps, blocks, timeline);
     if (*train) return run_train(world, w);

@@ -3,6 +3,9 @@
 rank, one intra-op thread per rank, gloo, W processes. Prints one JSON line (rank 0).
 
 Usage: /usr/bin/python3 bench_ddp.py --world 2 [--steps 60] [--warmup 5]
+
+With MALLOC_TRIM_THRESHOLD_ in the environment (glibc then keeps freed memory mapped, as
+ddp::keep_freed_memory() does for the C++ bench) the line says impl "pytorch_malloc_tuned".
 """
 import argparse
 import gzip
@@ -93,7 +96,10 @@ def worker(rank, world, port, steps, warmup):
     dist.all_reduce(cpu_ms, op=dist.ReduceOp.MAX)
     if rank == 0:
         seconds = elapsed.item()
-        print(json.dumps({"bench": "ddp_cnn", "impl": "pytorch", "data": source,
+        tuned = "MALLOC_TRIM_THRESHOLD_" in os.environ
+        print(json.dumps({"bench": "ddp_cnn",
+                          "impl": "pytorch_malloc_tuned" if tuned else "pytorch",
+                          "malloc_tuned": tuned, "data": source,
                           "world": world, "batch_per_rank": BATCH, "threads_per_rank": 1,
                           "optimizer": "adam 1e-3", "steps": steps, "seconds": seconds,
                           "cpu_ms_per_step_max_rank": cpu_ms.item(),

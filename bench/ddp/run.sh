@@ -6,7 +6,10 @@
 # pytorch, world 1 and 2, in alternating order), plus `independent` at world 2: two processes
 # training the same CNN without any communication. On a 2-core machine that is the ceiling
 # for 2 ranks (busy cores slow each other through the shared L3 cache and memory bandwidth),
-# so `ddp_w2_over_ceiling` tells the cost of DDP itself apart from the machine's. Every measurement is followed by a
+# so `ddp_w2_over_ceiling` tells the cost of DDP itself apart from the machine's.
+# The C++ bench calls ddp::keep_freed_memory() (include/ddp/torch/malloc_tuning.hpp); PyTorch
+# runs as shipped and, as `pytorch_malloc_tuned`, with the same glibc settings from the
+# environment, so the summary shows how much of the lead over PyTorch is that setting. Every measurement is followed by a
 # `ddp_load` line with the 1-minute load average before and after it: on a shared machine a
 # figure taken at a load above the core count measures the other jobs, not the code.
 # The summary's headline figures are the medians over rounds; `best` (each configuration's
@@ -35,12 +38,16 @@ measure() {
 {
   for ((round = 0; round < rounds; ++round)); do
     measure overhead 1 "$bin" overhead --steps 20 --blocks 3
-    if ((round % 2 == 0)); then order="ddp pytorch"; else order="pytorch ddp"; fi
+    if ((round % 2 == 0)); then order="ddp pytorch tuned"; else order="tuned pytorch ddp"; fi
     measure independent 2 "$bin" train --world 2 --independent --steps "$steps"
     for impl in $order; do
       for world in 1 2; do
         if [ "$impl" = ddp ]; then
           measure ddp "$world" "$bin" train --world "$world" --steps "$steps"
+        elif [ "$impl" = tuned ]; then
+          MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_MMAP_THRESHOLD_=33554432 \
+            measure pytorch_malloc_tuned "$world" /usr/bin/python3 "$here/bench_ddp.py" \
+            --world "$world" --steps "$steps"
         else
           measure pytorch "$world" /usr/bin/python3 "$here/bench_ddp.py" --world "$world" --steps "$steps"
         fi
@@ -71,7 +78,10 @@ def ratios(t):
             # The machine's ceiling: 2 processes without communication over 1 rank.
             "ceiling_scaling_2_over_1": t[("independent", 2)] / t[("ddp", 1)],
             "ddp_w2_over_ceiling": t[("ddp", 2)] / t[("independent", 2)],
-            "pytorch_w2_over_ceiling": t[("pytorch", 2)] / t[("independent", 2)]}
+            "pytorch_w2_over_ceiling": t[("pytorch", 2)] / t[("independent", 2)],
+            "pytorch_malloc_tuned_scaling_2_over_1":
+                t[("pytorch_malloc_tuned", 2)] / t[("pytorch_malloc_tuned", 1)],
+            "ddp_over_pytorch_malloc_tuned_world2": t[("ddp", 2)] / t[("pytorch_malloc_tuned", 2)]}
 m = ratios(med)
 overhead = statistics.median(over) if over else None
 print(json.dumps({
