@@ -7,6 +7,9 @@
 namespace ddp::cluster {
 
 ClockBeacon::ClockBeacon(std::shared_ptr<Store> store) : store_(std::move(store)) {
+  // The first value is published before the constructor returns, so a reader that starts right
+  // after the beacon always finds a clock (a store error here reaches the caller).
+  store_->set(kClockKey, std::to_string(wall_ms()));
   thread_ = std::thread([this] {
     try {
       while (!stop_.load()) {

@@ -152,7 +152,9 @@ TEST(Doctor, StoreWithoutClockSkipsSkew) {
 
 TEST(Doctor, SkewedClockIsReported) {
   LocalStore server("");
-  // A publisher two minutes ahead, refreshed like a beacon.
+  // A publisher two minutes ahead, refreshed like a beacon. The first value is set before the
+  // doctor runs, so the check never races the publisher thread's start.
+  server.store->set(ClockBeacon::kClockKey, std::to_string(ClockBeacon::wall_ms() + 120000));
   std::atomic<bool> stop{false};
   std::thread ahead([&] {
     while (!stop) {

@@ -25,8 +25,9 @@ class ClockBeacon {
   static constexpr const char* kClockKey = "ddp-doctor/clock";
   static constexpr std::chrono::milliseconds kPeriod{20};
 
-  // Starts publishing to `store` from a background thread. The store must outlive the
-  // beacon. A store error stops publishing (readers then see a stale value and skip).
+  // Publishes the clock once (before returning), then from a background thread. The store
+  // must outlive the beacon. A later store error stops publishing (readers then see a stale
+  // value and skip).
   explicit ClockBeacon(std::shared_ptr<Store> store);
   ~ClockBeacon();  // stops and joins
   ClockBeacon(const ClockBeacon&) = delete;
