@@ -190,7 +190,8 @@ int resolve_nproc_per_node(const std::string& value, const std::string& flag) {
 
 ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const EnvLookup& env) {
   CLI::App app{
-      "ddprun [flags] PROGRAM [ARGS...]   or   ddprun doctor [--rdzv-endpoint HOST:PORT]\n\nddprun: torchrun's command line in C++. Starts "
+      "ddprun [flags] PROGRAM [ARGS...]   or   ddprun doctor [--rdzv-endpoint "
+      "HOST:PORT]\n\nddprun: torchrun's command line in C++. Starts "
       "PROGRAM once per worker with RANK, "
       "WORLD_SIZE, MASTER_ADDR, ... set; restarts the group on failure.",
       "ddprun"};

@@ -44,9 +44,8 @@ bool get_bool(const char* name, bool fallback) {
   if (lower.empty() || lower == "0" || lower == "false" || lower == "no" || lower == "off") {
     return false;
   }
-  throw UsageError(
-      fmt::format("environment variable {}={} is not a boolean (use 1/0, true/false)", name,
-                  *value));
+  throw UsageError(fmt::format("environment variable {}={} is not a boolean (use 1/0, true/false)",
+                               name, *value));
 }
 
 }  // namespace ddp::env

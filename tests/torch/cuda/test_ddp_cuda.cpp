@@ -137,8 +137,8 @@ void train_reference(Cnn& model, const Data& d, const torch::Device& device) {
 }
 
 // One rank of DDP training: its share (B rows) of every batch.
-void train_rank(DistributedDataParallel<ddp::models::MnistCnnImpl>& model, const Data& d, int rank, int B,
-                const torch::Device& device) {
+void train_rank(DistributedDataParallel<ddp::models::MnistCnnImpl>& model, const Data& d, int rank,
+                int B, const torch::Device& device) {
   torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(1e-3));
   for (size_t s = 0; s < d.xs.size(); ++s) {
     opt.zero_grad();
