@@ -27,12 +27,12 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "cnn_model.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/store/hash_store.hpp"
 #include "ddp/torch/ddp.hpp"
 #include "ddp/torch/idx_dataset.hpp"
 #include "ddp/torch/malloc_tuning.hpp"
+#include "ddp/torch/models/mnist_cnn.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/socket.hpp"
 
@@ -41,7 +41,8 @@ extern char** environ;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using ddp::bench::Cnn;
+// The tutorials' CNN without dropout, as in bench_ddp.py.
+using Cnn = ddp::models::MnistCnn;
 
 constexpr int kBatch = 64;
 
@@ -156,7 +157,7 @@ int run_worker(const WorkerOptions& o) {
 
   torch::manual_seed(0);
   Cnn net;
-  std::optional<ddp::DistributedDataParallel<ddp::bench::CnnImpl>> model;
+  std::optional<ddp::DistributedDataParallel<ddp::models::MnistCnnImpl>> model;
   if (!o.independent) {
     model.emplace(net, pg,
                   ddp::DistributedDataParallelOptions()
