@@ -3,6 +3,7 @@
 rank, one intra-op thread per rank, gloo, W processes. Prints one JSON line (rank 0).
 
 Usage: /usr/bin/python3 bench_ddp.py --world 2 [--steps 60] [--warmup 5]
+                                     [--gradient-as-bucket-view]
 
 With MALLOC_TRIM_THRESHOLD_ in the environment (glibc then keeps freed memory mapped, as
 ddp::keep_freed_memory() does for the C++ bench) the line says impl "pytorch_malloc_tuned".
@@ -60,7 +61,7 @@ def load_data():
         return torch.randn(60000, 1, 28, 28), torch.randint(0, 10, (60000,)), "random"
 
 
-def worker(rank, world, port, steps, warmup):
+def worker(rank, world, port, steps, warmup, bucket_view):
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -69,7 +70,7 @@ def worker(rank, world, port, steps, warmup):
     images, labels = images[rank::world].contiguous(), labels[rank::world].contiguous()
     batches = images.shape[0] // BATCH
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(Cnn())
+    model = nn.parallel.DistributedDataParallel(Cnn(), gradient_as_bucket_view=bucket_view)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_sum = 0.0
 
@@ -99,6 +100,7 @@ def worker(rank, world, port, steps, warmup):
         tuned = "MALLOC_TRIM_THRESHOLD_" in os.environ
         print(json.dumps({"bench": "ddp_cnn",
                           "impl": "pytorch_malloc_tuned" if tuned else "pytorch",
+                          "gradient_as_bucket_view": bucket_view,
                           "malloc_tuned": tuned, "data": source,
                           "world": world, "batch_per_rank": BATCH, "threads_per_rank": 1,
                           "optimizer": "adam 1e-3", "steps": steps, "seconds": seconds,
@@ -114,11 +116,14 @@ def main():
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--gradient-as-bucket-view", action="store_true",
+                        help="DDP's gradient_as_bucket_view=True (no gradient copies)")
     args = parser.parse_args()
     with socket.socket() as s:  # port chosen by binding port 0
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(worker, args=(args.world, port, args.steps, args.warmup), nprocs=args.world)
+    mp.spawn(worker, nprocs=args.world,
+             args=(args.world, port, args.steps, args.warmup, args.gradient_as_bucket_view))
 
 
 if __name__ == "__main__":

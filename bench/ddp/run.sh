@@ -7,6 +7,9 @@
 # training the same CNN without any communication. On a 2-core machine that is the ceiling
 # for 2 ranks (busy cores slow each other through the shared L3 cache and memory bandwidth),
 # so `ddp_w2_over_ceiling` tells the cost of DDP itself apart from the machine's.
+# ddp and PyTorch run with DDP's default options and, as `*_bucket_view`, both with
+# gradient_as_bucket_view (gradients live in the all-reduce buckets: two copies of every
+# gradient per step fewer).
 # The C++ bench calls ddp::keep_freed_memory() (include/ddp/torch/malloc_tuning.hpp); PyTorch
 # runs as shipped and, as `pytorch_malloc_tuned`, with the same glibc settings from the
 # environment, so the summary shows how much of the lead over PyTorch is that setting. Every measurement is followed by a
@@ -38,12 +41,19 @@ measure() {
 {
   for ((round = 0; round < rounds; ++round)); do
     measure overhead 1 "$bin" overhead --steps 20 --blocks 3
-    if ((round % 2 == 0)); then order="ddp pytorch tuned"; else order="tuned pytorch ddp"; fi
+    order="ddp ddp_bucket_view pytorch pytorch_bucket_view tuned"
+    if ((round % 2 == 1)); then order="tuned pytorch_bucket_view pytorch ddp_bucket_view ddp"; fi
     measure independent 2 "$bin" train --world 2 --independent --steps "$steps"
     for impl in $order; do
       for world in 1 2; do
         if [ "$impl" = ddp ]; then
           measure ddp "$world" "$bin" train --world "$world" --steps "$steps"
+        elif [ "$impl" = ddp_bucket_view ]; then
+          measure "$impl" "$world" "$bin" train --world "$world" --steps "$steps" \
+            --gradient-as-bucket-view
+        elif [ "$impl" = pytorch_bucket_view ]; then
+          measure "$impl" "$world" /usr/bin/python3 "$here/bench_ddp.py" --world "$world" \
+            --steps "$steps" --gradient-as-bucket-view
         elif [ "$impl" = tuned ]; then
           MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_MMAP_THRESHOLD_=33554432 \
             measure pytorch_malloc_tuned "$world" /usr/bin/python3 "$here/bench_ddp.py" \
@@ -63,7 +73,8 @@ def collect(field):
     out = {}
     for r in rows:
         if r["bench"] == "ddp_cnn" and field in r:
-            out.setdefault((r["impl"], r["world"]), []).append(r[field])
+            impl = r["impl"] + ("_bucket_view" if r.get("gradient_as_bucket_view") else "")
+            out.setdefault((impl, r["world"]), []).append(r[field])
     return out
 runs = collect("samples_per_s")
 cpu = {k: statistics.median(v) for k, v in collect("cpu_ms_per_step_max_rank").items()}
@@ -75,6 +86,13 @@ def ratios(t):
     return {"ddp_scaling_2_over_1": t[("ddp", 2)] / t[("ddp", 1)],
             "pytorch_scaling_2_over_1": t[("pytorch", 2)] / t[("pytorch", 1)],
             "ddp_over_pytorch_world2": t[("ddp", 2)] / t[("pytorch", 2)],
+            "ddp_bucket_view_scaling_2_over_1":
+                t[("ddp_bucket_view", 2)] / t[("ddp_bucket_view", 1)],
+            "pytorch_bucket_view_scaling_2_over_1":
+                t[("pytorch_bucket_view", 2)] / t[("pytorch_bucket_view", 1)],
+            "ddp_bucket_view_over_pytorch_bucket_view_world2":
+                t[("ddp_bucket_view", 2)] / t[("pytorch_bucket_view", 2)],
+            "ddp_bucket_view_w2_over_ceiling": t[("ddp_bucket_view", 2)] / t[("independent", 2)],
             # The machine's ceiling: 2 processes without communication over 1 rank.
             "ceiling_scaling_2_over_1": t[("independent", 2)] / t[("ddp", 1)],
             "ddp_w2_over_ceiling": t[("ddp", 2)] / t[("independent", 2)],
