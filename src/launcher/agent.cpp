@@ -109,8 +109,10 @@ AgentResult run_single_node(const AgentOptions& options) {
 
 // Runs membership.next_round() on a helper thread while this thread watches the signal
 // channel, so Ctrl-C during a long rendezvous wait is honoured at once. On a terminating
-// signal the process exits (the helper is blocked in the store and cannot be joined).
-MembershipRound join_round(Membership& membership, SignalChannel& signals, int notice_fd) {
+// signal the process exits (the helper is blocked in the store and cannot be joined), after
+// removing the temporary run directory, which no destructor will.
+MembershipRound join_round(Membership& membership, SignalChannel& signals, int notice_fd,
+                           RunDirectory& run_dir) {
   struct Shared {
     std::mutex mutex;
     std::optional<MembershipRound> round;
@@ -149,6 +151,7 @@ MembershipRound join_round(Membership& membership, SignalChannel& signals, int n
         notice(notice_fd, fmt::format("received {} while waiting for the rendezvous; exiting "
                                       "with {}",
                                       signal_name(sig), 128 + sig));
+        run_dir.remove_temporary();
         std::_Exit(128 + sig);
       }
     }
@@ -168,7 +171,7 @@ AgentResult run_multi_node(const AgentOptions& options) {
   std::optional<AttemptResult> failed;
   int failed_nodes = 0;
   for (;;) {
-    MembershipRound round = join_round(m, signals, options.notice_fd);
+    MembershipRound round = join_round(m, signals, options.notice_fd, run_dir);
     notice(options.notice_fd, round.summary);
     if (failed) {
       if (round.world.group_world_size < failed_nodes) {

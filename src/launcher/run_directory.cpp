@@ -38,7 +38,11 @@ RunDirectory::RunDirectory(const std::optional<std::string>& log_dir, const std:
 }
 
 RunDirectory::~RunDirectory() {
-  if (persistent_) return;
+  remove_temporary();
+}
+
+void RunDirectory::remove_temporary() noexcept {
+  if (persistent_ || root_.empty()) return;
   std::error_code ec;
   fs::remove_all(root_, ec);  // best effort: nothing sensible to do on failure at exit
 }

@@ -1,10 +1,15 @@
 // ddprun end to end: gang kill and restarts, the root-cause report, signal forwarding, and
 // that no process survives any exit path.
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <string>
+#include <vector>
 
 #include "launcher_fixture.hpp"
 
@@ -15,6 +20,35 @@ using DdprunFailure = LauncherTest;
 
 int count(const std::string& text, const std::string& needle) {
   return static_cast<int>(lines_with(text, needle).size());
+}
+
+// A loopback port that was free a moment ago (bound to port 0, then closed).
+int free_port() {
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(s);
+    return -1;
+  }
+  ::close(s);
+  return ntohs(a.sin_port);
+}
+
+// Names in a directory, without "." and "..".
+std::vector<std::string> entries(const std::string& path) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(path.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string name = e->d_name;
+      if (name != "." && name != "..") out.push_back(name);
+    }
+    ::closedir(d);
+  }
+  return out;
 }
 
 TEST_F(DdprunFailure, FailureKillsTheGroupAndRestartsIt) {
@@ -115,6 +149,27 @@ TEST_F(DdprunFailure, SigintIsForwardedAndNotRestarted) {
   EXPECT_TRUE(file_exists(dir() + "/0.0.SIGINT"));
   EXPECT_TRUE(file_exists(dir() + "/1.0.SIGINT"));
   EXPECT_FALSE(file_exists(dir() + "/ready.0.1")) << "an interrupted run must not restart";
+}
+
+TEST_F(DdprunFailure, SigintDuringTheRendezvousWaitExitsAndRemovesTheTemporaryDirectory) {
+  // One node of two: it hosts the store and waits for a peer that never comes.
+  const std::string tmp = dir() + "/tmp";
+  ASSERT_EQ(::mkdir(tmp.c_str(), 0700), 0);
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  pid_t ddprun =
+      start({"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+             "127.0.0.1:" + std::to_string(port), "--rdzv-id", "lonely", worker(), "env"},
+            {{"TMPDIR", tmp}});
+  // The temporary run directory is made just before the wait starts.
+  for (int i = 0; i < 6000 && entries(tmp).empty(); ++i) ::usleep(5000);
+  ASSERT_EQ(entries(tmp).size(), 1u) << current_err();
+  ::kill(ddprun, SIGINT);
+  RunResult r = wait(ddprun, 30);
+  EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.err;
+  EXPECT_NE(r.err.find("received SIGINT while waiting for the rendezvous"), std::string::npos)
+      << r.err;
+  EXPECT_TRUE(entries(tmp).empty()) << "left behind: " << entries(tmp).front();
 }
 
 TEST_F(DdprunFailure, SecondSigtermKillsAtOnce) {

@@ -24,6 +24,10 @@ class RunDirectory {
   // Creates (if needed) and returns ROOT/attempt_<attempt>/<rank>.
   std::string rank_dir(int attempt, int global_rank) const;
 
+  // Removes a temporary ROOT now, for exits that skip destructors (std::_Exit); a persistent
+  // one (--log-dir) is kept. Best effort, never throws.
+  void remove_temporary() noexcept;
+
  private:
   std::string root_;
   bool persistent_ = false;
