@@ -13,6 +13,9 @@
 // the gradients therefore hold the average over ranks. finalize() does the same for callers
 // whose backward ran outside the autograd engine's callback machinery (normally a no-op).
 //
+// Buckets start in reverse registration order and are rebuilt once, after the first
+// synchronized backward, in the order its gradients became ready on rank 0 (like PyTorch).
+//
 // Unused parameters (no gradient in this backward): with find_unused_parameters they are
 // marked ready with their current gradient (zeros when none), found either from the graph of
 // the forward outputs (mark_unused_from_outputs) or, failing that, at the end of backward.
@@ -32,6 +35,7 @@
 
 #include "ddp/comm/process_group.hpp"
 #include "ddp/torch/comm_hooks.hpp"
+#include "ddp/torch/ddp_bucketing.hpp"
 #include "ddp/torch/timeline.hpp"
 
 namespace ddp {
@@ -80,6 +84,8 @@ class Reducer {
     bool completion_recorded = false;
   };
 
+  void build_buckets(const std::vector<std::vector<size_t>>& assignment);
+  void rebuild_buckets_locked();
   void on_gradient_ready(size_t index);
   void begin_backward_locked();
   void mark_ready_locked(size_t index);
@@ -96,6 +102,7 @@ class Reducer {
 
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
+  std::vector<BucketParam> sizes_;  // per parameter, for assign_buckets
   std::vector<Bucket> buckets_;
   std::vector<std::pair<size_t, size_t>> locator_;  // param -> (bucket, slot)
 
@@ -106,6 +113,8 @@ class Reducer {
   std::vector<bool> ready_;
   std::vector<int32_t> locally_used_;  // since the last synchronized backward
   std::vector<size_t> known_unused_;   // from mark_unused_from_outputs
+  bool buckets_rebuilt_ = false;
+  std::vector<size_t> ready_order_;  // gradients in ready order, until the rebuild
   Timeline::Clock::time_point backward_begin_;
 };
 

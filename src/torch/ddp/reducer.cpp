@@ -84,29 +84,8 @@ Reducer::Reducer(std::vector<torch::Tensor> params, std::vector<std::string> nam
     sizes[i].group = std::string(c10::toString(p.scalar_type())) + "@" + p.device().str();
   }
 
-  locator_.resize(n);
-  for (const auto& members :
-       assign_buckets(sizes, config_.first_bucket_cap_bytes, config_.bucket_cap_bytes)) {
-    Bucket bucket;
-    bucket.params = members;
-    int64_t total = 0;
-    for (size_t i : members) total += params_[i].numel();
-    bucket.buffer = torch::zeros({total}, params_[members.front()].options().requires_grad(false));
-    int64_t offset = 0;
-    for (size_t slot = 0; slot < members.size(); ++slot) {
-      const size_t i = members[slot];
-      bucket.views.push_back(slice_of(bucket.buffer, offset, params_[i]));
-      offset += params_[i].numel();
-      locator_[i] = {buckets_.size(), slot};
-      if (config_.gradient_as_bucket_view && params_[i].grad().defined()) {
-        torch::NoGradGuard no_grad;
-        bucket.views.back().copy_(params_[i].grad());
-        params_[i].mutable_grad() = bucket.views.back();
-      }
-    }
-    bucket.pending = members.size();
-    buckets_.push_back(std::move(bucket));
-  }
+  sizes_ = std::move(sizes);
+  build_buckets(assign_buckets(sizes_, config_.first_bucket_cap_bytes, config_.bucket_cap_bytes));
 
   ready_.assign(n, false);
   locally_used_.assign(n, 0);
@@ -127,6 +106,80 @@ Reducer::~Reducer() {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   abandon_iteration_locked();
+}
+
+// Allocates a flat buffer per bucket and a view per member. A gradient that already lives in
+// a bucket (gradient_as_bucket_view) or any defined one in that mode moves into its new view.
+void Reducer::build_buckets(const std::vector<std::vector<size_t>>& assignment) {
+  std::vector<Bucket> buckets;
+  locator_.assign(params_.size(), {0, 0});
+  for (const auto& members : assignment) {
+    Bucket bucket;
+    bucket.params = members;
+    int64_t total = 0;
+    for (size_t i : members) total += params_[i].numel();
+    bucket.buffer = torch::zeros({total}, params_[members.front()].options().requires_grad(false));
+    int64_t offset = 0;
+    for (size_t slot = 0; slot < members.size(); ++slot) {
+      const size_t i = members[slot];
+      bucket.views.push_back(slice_of(bucket.buffer, offset, params_[i]));
+      offset += params_[i].numel();
+      locator_[i] = {buckets.size(), slot};
+      if (config_.gradient_as_bucket_view && params_[i].grad().defined()) {
+        torch::NoGradGuard no_grad;
+        bucket.views.back().copy_(params_[i].grad());
+        params_[i].mutable_grad() = bucket.views.back();
+      }
+    }
+    bucket.pending = members.size();
+    buckets.push_back(std::move(bucket));
+  }
+  buckets_ = std::move(buckets);
+}
+
+// Once, after the first synchronized backward: buckets follow the order in which gradients
+// became ready on rank 0 (broadcast, so every rank builds the same buckets and issues the same
+// collectives). Registration order is only a guess at backward's order; a module whose
+// forward uses its submodules in another order would otherwise launch its first bucket last
+// and overlap nothing. Parameters that got no gradient in that backward go last.
+void Reducer::rebuild_buckets_locked() {
+  buckets_rebuilt_ = true;
+  const size_t n = params_.size();
+  std::vector<int64_t> order;
+  std::vector<bool> listed(n, false);
+  for (size_t i : ready_order_) {
+    if (listed[i]) continue;
+    order.push_back(static_cast<int64_t>(i));
+    listed[i] = true;
+  }
+  for (size_t i = n; i-- > 0;) {
+    if (!listed[i]) order.push_back(static_cast<int64_t>(i));
+  }
+  ready_order_.clear();
+  if (pg_->size() > 1) {
+    auto wire = torch::tensor(order, torch::kInt64).to(comm_device(*pg_));
+    WorkPtr work = broadcast(*pg_, wire, /*root=*/0);
+    wait_on_current_stream(*pg_, *work, config_.timeout);
+    wire = wire.cpu();
+    std::copy(wire.data_ptr<int64_t>(), wire.data_ptr<int64_t>() + n, order.begin());
+  }
+  std::vector<size_t> permutation;
+  std::vector<bool> seen(n, false);
+  for (int64_t v : order) {
+    if (v < 0 || static_cast<size_t>(v) >= n || seen[v]) {
+      throw ProtocolError(fmt::format(
+          "DDP: rank 0 sent an invalid gradient order (entry {} for {} parameters); the ranks "
+          "disagree about the model",
+          v, n));
+    }
+    seen[v] = true;
+    permutation.push_back(static_cast<size_t>(v));
+  }
+  auto assignment =
+      assign_buckets(sizes_, permutation, config_.first_bucket_cap_bytes, config_.bucket_cap_bytes);
+  bool same = assignment.size() == buckets_.size();
+  for (size_t b = 0; same && b < assignment.size(); ++b) same = assignment[b] == buckets_[b].params;
+  if (!same) build_buckets(assignment);
 }
 
 void Reducer::set_sync(bool sync) {
@@ -182,6 +235,7 @@ void Reducer::on_gradient_ready(size_t index) {
         "with no_sync()), or mark the shared parameter's module so it is used once",
         names_[index], pg_->rank()));
   }
+  if (!buckets_rebuilt_) ready_order_.push_back(index);
   mark_ready_locked(index);
   launch_ready_buckets_locked();
   if (config_.timeline) poll_completions_locked();
@@ -305,6 +359,9 @@ void Reducer::finalize_locked() {
                                Timeline::Clock::now());
   }
   reset_iteration_locked();
+  // Every rank reaches this point in its first synchronized backward (even one about to
+  // report missing gradients below), so the broadcast inside is matched on every rank.
+  if (!buckets_rebuilt_) rebuild_buckets_locked();
 
   if (!missing.empty() && !config_.find_unused_parameters) {
     throw UsageError(fmt::format(
@@ -348,6 +405,7 @@ void Reducer::abandon_iteration_locked() {
     bucket.reduction.reset();
   }
   reset_iteration_locked();
+  ready_order_.clear();  // a failed backward's partial order says little; record the next one
 }
 
 std::vector<std::vector<std::string>> Reducer::bucket_names() const {

@@ -28,6 +28,18 @@ struct BranchyImpl : torch::nn::Module {
 };
 TORCH_MODULE(Branchy);
 
+// Registers `head` before `body` but runs body first: backward produces head's gradients
+// first, the reverse of what reverse registration order predicts.
+struct ReorderedImpl : torch::nn::Module {
+  ReorderedImpl()
+      : head(register_module("head", torch::nn::Linear(8, 3))),
+        body(register_module("body", torch::nn::Linear(6, 8))) {}
+  torch::Tensor forward(torch::Tensor x) { return head(torch::relu(body(x))); }
+  torch::nn::Linear head;
+  torch::nn::Linear body;
+};
+TORCH_MODULE(Reordered);
+
 // Copies every parameter and buffer of `from` into `to` (same architecture).
 inline void copy_state(torch::nn::Module& from, torch::nn::Module& to) {
   torch::NoGradGuard no_grad;

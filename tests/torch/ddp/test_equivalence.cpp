@@ -174,6 +174,63 @@ TEST(Equivalence, CnnGradientAsBucketView) {
   expect_all_below(train_cnn(run), kTolerance);
 }
 
+// After the first backward the buckets follow the order gradients became ready (head before
+// body here, the reverse of the initial guess) and training stays exact across the rebuild.
+TEST(Equivalence, BucketsAreRebuiltInGradientReadyOrder) {
+  torch::set_num_threads(1);
+  for (bool bucket_view : {false, true}) {
+    const int world = 2, B = 3, steps = 4;
+    torch::manual_seed(5);
+    std::vector<torch::Tensor> xs, ys;
+    for (int s = 0; s < steps; ++s) {
+      xs.push_back(torch::randn({world * B, 6}));
+      ys.push_back(torch::randn({world * B, 3}));
+    }
+    ddp::test::Reordered ref;
+    std::vector<ddp::test::Reordered> models;
+    for (int r = 0; r < world; ++r) models.emplace_back();
+    ddp::test::copy_state(*models[0], *ref);
+    auto ref_opt = make_optimizer(ref->parameters(), Opt::kSgd);
+    for (int s = 0; s < steps; ++s) {
+      ref_opt->zero_grad();
+      torch::mse_loss(ref(xs[s]), ys[s]).backward();
+      ref_opt->step();
+    }
+    std::vector<std::vector<std::vector<std::string>>> before(world), after(world);
+    run_ranks(world, [&](int r, ddp::ProcessGroupPtr pg) {
+      // One parameter per bucket, so the bucket order is the parameter order.
+      DistributedDataParallel model(models[r], pg,
+                                    DistributedDataParallelOptions()
+                                        .bucket_cap_mb(1e-9)
+                                        .first_bucket_cap_mb(1e-9)
+                                        .gradient_as_bucket_view(bucket_view));
+      before[r] = model.bucket_names();
+      auto opt = make_optimizer(model.parameters(), Opt::kSgd);
+      for (int s = 0; s < steps; ++s) {
+        opt->zero_grad();
+        torch::mse_loss(model(xs[s].narrow(0, r * B, B)), ys[s].narrow(0, r * B, B)).backward();
+        model.step(*opt);
+        if (s == 0) after[r] = model.bucket_names();
+      }
+    });
+    auto module_of = [](const std::vector<std::string>& bucket) {
+      return bucket.at(0).substr(0, bucket.at(0).find('.'));
+    };
+    for (int r = 0; r < world; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r) + (bucket_view ? ", bucket view" : ""));
+      ASSERT_EQ(before[r].size(), 4u);
+      EXPECT_EQ(module_of(before[r][0]), "body");  // reverse registration order
+      ASSERT_EQ(after[r].size(), 4u);
+      EXPECT_EQ(module_of(after[r][0]), "head");
+      EXPECT_EQ(module_of(after[r][1]), "head");
+      EXPECT_EQ(module_of(after[r][2]), "body");
+      EXPECT_EQ(module_of(after[r][3]), "body");
+      EXPECT_EQ(after[r], after[0]) << "ranks must agree on the buckets";
+      EXPECT_LT(ddp::test::max_relative_error(*models[r], *ref), kTolerance);
+    }
+  }
+}
+
 TEST(Equivalence, BucketLayoutFollowsCaps) {
   torch::set_num_threads(1);
   Cnn net;
