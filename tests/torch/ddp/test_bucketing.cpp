@@ -1,4 +1,4 @@
-// Bucket assignment: reverse order, caps, one dtype/device per bucket.
+// Bucket assignment: reverse or given order, caps, one dtype/device per bucket.
 #include <gtest/gtest.h>
 
 #include "ddp/torch/ddp_bucketing.hpp"
@@ -35,6 +35,15 @@ TEST(Bucketing, DtypesNeverShareABucket) {
   ASSERT_EQ(buckets.size(), 2u);
   EXPECT_EQ(buckets[0], (std::vector<size_t>{3, 1}));
   EXPECT_EQ(buckets[1], (std::vector<size_t>{2, 0}));
+}
+
+TEST(Bucketing, FollowsAnObservedOrder) {
+  // The order of a rebuild: parameters in the given order, leftovers of each dtype ordered by
+  // where their first member stands in it (float's 0 before double's 1 here, although reverse
+  // registration order would put 1 first).
+  std::vector<ddp::BucketParam> params = {
+      {10, "float@cpu"}, {10, "double@cpu"}, {10, "float@cpu"}, {10, "float@cpu"}};
+  EXPECT_EQ(ddp::assign_buckets(params, {2, 3, 0, 1}, 20, 1000), (Buckets{{2, 3}, {0}, {1}}));
 }
 
 TEST(Bucketing, EmptyModelHasNoBuckets) {
