@@ -108,8 +108,9 @@ Reducer::~Reducer() {
   abandon_iteration_locked();
 }
 
-// Allocates a flat buffer per bucket and a view per member. A gradient that already lives in
-// a bucket (gradient_as_bucket_view) or any defined one in that mode moves into its new view.
+// Allocates a flat buffer per bucket and a view per member. With gradient_as_bucket_view every
+// defined gradient is copied into its new view and param.grad() re-pointed at it, both at
+// construction and when the buckets are rebuilt (the old buffers are then released).
 void Reducer::build_buckets(const std::vector<std::vector<size_t>>& assignment) {
   std::vector<Bucket> buckets;
   locator_.assign(params_.size(), {0, 0});
