@@ -410,6 +410,7 @@ void Reducer::abandon_iteration_locked() {
 }
 
 std::vector<std::vector<std::string>> Reducer::bucket_names() const {
+  std::lock_guard<std::mutex> lock(mutex_);  // the rebuild replaces buckets_ during a backward
   std::vector<std::vector<std::string>> out;
   for (const Bucket& bucket : buckets_) {
     out.emplace_back();
