@@ -9,30 +9,12 @@
 #include <cstdlib>
 #include <string>
 
+#include "../support/throws_with.hpp"
 #include "ddp/util/error.hpp"
 #include "mpi_world.hpp"
 
 namespace ddp::test {
 namespace {
-
-// Runs `call`, expecting an exception of type E whose message contains every fragment.
-template <class E, class F>
-::testing::AssertionResult throws_with(F call, std::initializer_list<const char*> fragments) {
-  try {
-    call();
-  } catch (const E& e) {
-    const std::string message = e.what();
-    for (const char* fragment : fragments) {
-      if (message.find(fragment) == std::string::npos) {
-        return ::testing::AssertionFailure() << "message lacks \"" << fragment << "\": " << message;
-      }
-    }
-    return ::testing::AssertionSuccess();
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "wrong exception type: " << e.what();
-  }
-  return ::testing::AssertionFailure() << "nothing was thrown";
-}
 
 TEST(MpiErrors, RootOutsideTheGroupIsAUsageError) {
   ProcessGroup& pg = world();

@@ -7,6 +7,7 @@
 #include <string>
 #include <thread>
 
+#include "../support/throws_with.hpp"
 #include "ddp/comm/nccl_process_group.hpp"
 #include "ddp/store/hash_store.hpp"
 #include "ddp/util/error.hpp"
@@ -16,24 +17,6 @@ namespace ddp::test {
 namespace {
 
 constexpr std::chrono::milliseconds kTimeout{std::chrono::seconds(60)};
-
-template <class E, class F>
-::testing::AssertionResult throws_with(F call, std::initializer_list<const char*> fragments) {
-  try {
-    call();
-  } catch (const E& e) {
-    const std::string message = e.what();
-    for (const char* fragment : fragments) {
-      if (message.find(fragment) == std::string::npos) {
-        return ::testing::AssertionFailure() << "message lacks \"" << fragment << "\": " << message;
-      }
-    }
-    return ::testing::AssertionSuccess();
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "wrong exception type: " << e.what();
-  }
-  return ::testing::AssertionFailure() << "nothing was thrown";
-}
 
 TEST(NcclErrors, RankOutsideTheGroupIsAUsageError) {
   auto store = std::make_shared<HashStore>();
