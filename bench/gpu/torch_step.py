@@ -11,6 +11,7 @@ No torchvision needed.
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
@@ -19,20 +20,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-class Cnn(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3)
-        self.conv2 = nn.Conv2d(32, 64, 3)
-        self.fc1 = nn.Linear(9216, 128)
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x):
-        x = F.relu(self.conv1(x))
-        x = F.relu(self.conv2(x))
-        x = torch.flatten(F.max_pool2d(x, 2), 1)
-        x = F.relu(self.fc1(x))
-        return F.log_softmax(self.fc2(x), dim=1)
+# The tutorials' CNN without dropout, defined once for the CPU and GPU benchmarks.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ddp"))
+from bench_ddp import Cnn  # noqa: E402
 
 
 def conv(cin, cout, k, stride, pad):
