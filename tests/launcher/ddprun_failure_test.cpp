@@ -2,40 +2,25 @@
 // that no process survives any exit path.
 #include <dirent.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <string>
 #include <vector>
 
+#include "../support/free_port.hpp"
 #include "launcher_fixture.hpp"
 
 namespace ddp::launcher::testing {
 namespace {
 
+using ddp::test::free_port;
+
 using DdprunFailure = LauncherTest;
 
 int count(const std::string& text, const std::string& needle) {
   return static_cast<int>(lines_with(text, needle).size());
-}
-
-// A loopback port that was free a moment ago (bound to port 0, then closed).
-int free_port() {
-  int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    ::close(s);
-    return -1;
-  }
-  ::close(s);
-  return ntohs(a.sin_port);
 }
 
 // Names in a directory, without "." and "..".
