@@ -11,6 +11,11 @@
 //     --gradient-as-bucket-view           DDP option of that name (default off, as PyTorch)
 //     --default-malloc                    skip ddp::keep_freed_memory() (glibc's defaults:
 //                                         every step faults its freed tensors back in)
+//     --comm-hook H                       allreduce (default), fp16, bf16, or a diagnostic
+//                                         that tells DDP's costs apart: `none` reduces
+//                                         nothing (the bucket copies and hooks alone), `sync`
+//                                         all-reduces one element per bucket (the lockstep
+//                                         of the ranks without moving the gradients)
 //
 // `train` re-executes this binary once per rank with torchrun's environment (RANK, WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT; the port found by binding port 0) and the workers meet through
@@ -33,6 +38,7 @@
 #include "ddp/torch/idx_dataset.hpp"
 #include "ddp/torch/malloc_tuning.hpp"
 #include "ddp/torch/models/mnist_cnn.hpp"
+#include "ddp/torch/tensor_adapter.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/socket.hpp"
 
@@ -45,6 +51,43 @@ using Clock = std::chrono::steady_clock;
 using Cnn = ddp::models::MnistCnn;
 
 constexpr int kBatch = 64;
+
+// Diagnostic hooks (--comm-hook none|sync): the gradients stay local, so training diverges
+// across ranks; only the step time means something.
+class LocalReduction : public ddp::BucketReduction {
+ public:
+  explicit LocalReduction(ddp::WorkPtr work) : work_(std::move(work)) {}
+  bool is_completed() override { return !work_ || work_->is_completed(); }
+  void finish(std::chrono::milliseconds timeout) override {
+    if (work_) work_->wait(timeout);
+  }
+
+ private:
+  ddp::WorkPtr work_;
+};
+
+class DiagnosticHook : public ddp::CommHook {
+ public:
+  explicit DiagnosticHook(bool sync) : sync_(sync) {}
+  std::string name() const override { return sync_ ? "sync" : "none"; }
+  std::unique_ptr<ddp::BucketReduction> launch(ddp::ProcessGroup& pg,
+                                               const torch::Tensor& bucket) override {
+    if (!sync_) return std::make_unique<LocalReduction>(nullptr);
+    token_ = bucket.narrow(0, 0, 1).clone();
+    return std::make_unique<LocalReduction>(ddp::all_reduce(pg, token_, ddp::ReduceOp::kSum));
+  }
+
+ private:
+  bool sync_;
+  torch::Tensor token_;  // alive until the next launch; buckets finish in launch order
+};
+
+ddp::CommHookPtr make_hook(const std::string& name) {
+  if (name == "allreduce") return ddp::allreduce_hook();
+  if (name == "fp16") return ddp::fp16_compress_hook();
+  if (name == "bf16") return ddp::bf16_compress_hook();
+  return std::make_shared<DiagnosticHook>(name == "sync");
+}
 
 // CPU seconds used by this process (all its threads: compute and communication).
 double process_cpu_seconds() {
@@ -140,6 +183,7 @@ struct WorkerOptions {
   bool bucket_view = false;     // gradient_as_bucket_view
   bool default_malloc = false;  // do not call keep_freed_memory()
   bool malloc_tuned = false;    // keep_freed_memory() applied its settings
+  std::string comm_hook = "allreduce";
 };
 
 int run_worker(const WorkerOptions& o) {
@@ -162,7 +206,8 @@ int run_worker(const WorkerOptions& o) {
     model.emplace(net, pg,
                   ddp::DistributedDataParallelOptions()
                       .timeline_path(o.timeline)
-                      .gradient_as_bucket_view(o.bucket_view));
+                      .gradient_as_bucket_view(o.bucket_view)
+                      .comm_hook(make_hook(o.comm_hook)));
   }
   torch::optim::Adam opt(net->parameters(), 1e-3);
   double loss_sum = 0;
@@ -196,6 +241,7 @@ int run_worker(const WorkerOptions& o) {
     nlohmann::json out = {{"bench", "ddp_cnn"},
                           {"impl", o.independent ? "independent" : "ddp"},
                           {"gradient_as_bucket_view", o.bucket_view},
+                          {"comm_hook", o.independent ? "" : o.comm_hook},
                           {"malloc_tuned", o.malloc_tuned},
                           {"data", source},
                           {"world", world},
@@ -243,7 +289,8 @@ int run_train(int world, const WorkerOptions& o) {
     std::vector<std::string> args = {"bench_ddp",  "worker",
                                      "--steps",    std::to_string(o.steps),
                                      "--warmup",   std::to_string(o.warmup),
-                                     "--timeline", o.timeline};
+                                     "--timeline", o.timeline,
+                                     "--comm-hook", o.comm_hook};
     if (o.independent) args.push_back("--independent");
     if (o.bucket_view) args.push_back("--gradient-as-bucket-view");
     if (o.default_malloc) args.push_back("--default-malloc");
@@ -290,6 +337,11 @@ int main(int argc, char** argv) {
                   "DDP's gradient_as_bucket_view (no gradient copies)");
   train->add_flag("--default-malloc", w.default_malloc,
                   "glibc's malloc defaults instead of ddp::keep_freed_memory()");
+  const std::vector<std::string> hooks = {"allreduce", "fp16", "bf16", "none", "sync"};
+  train
+      ->add_option("--comm-hook", w.comm_hook,
+                   "allreduce, fp16, bf16; diagnostics: none (no reduction), sync (lockstep only)")
+      ->check(CLI::IsMember(hooks));
   auto* worker = app.add_subcommand("worker", "one rank of `train` (internal)");
   worker->add_option("--steps", w.steps)->default_val(60);
   worker->add_option("--warmup", w.warmup)->default_val(5);
@@ -297,6 +349,7 @@ int main(int argc, char** argv) {
   worker->add_flag("--independent", w.independent);
   worker->add_flag("--gradient-as-bucket-view", w.bucket_view);
   worker->add_flag("--default-malloc", w.default_malloc);
+  worker->add_option("--comm-hook", w.comm_hook)->check(CLI::IsMember(hooks));
   CLI11_PARSE(app, argc, argv);
   // Before the first tensor: a step's freed activations stay mapped (malloc_tuning.hpp).
   if (!w.default_malloc) w.malloc_tuned = ddp::keep_freed_memory();
