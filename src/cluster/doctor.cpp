@@ -106,6 +106,7 @@ std::vector<CheckResult> run_doctor(const DoctorOptions& options) {
   for (auto& r : detail::check_gpus(env, options.nvidia_dir, options.nccl_library)) {
     results.push_back(std::move(r));
   }
+  results.push_back(detail::check_blas(options.blas_library));
   if (endpoint) {
     for (auto& r : detail::check_endpoint(endpoint->first, endpoint->second, options.token,
                                           options.timeout, env)) {

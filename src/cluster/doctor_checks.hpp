@@ -26,6 +26,10 @@ std::vector<CheckResult> check_environment(const EnvMap& env,
 std::vector<CheckResult> check_gpus(const EnvMap& env, const std::string& nvidia_dir,
                                     const std::string& nccl_library);
 
+// "blas": whether `library` (libblas.so.3, what LibTorch's CPU matmuls call) is an optimized
+// implementation (OpenBLAS, BLIS, MKL, ATLAS) or the slow reference one.
+CheckResult check_blas(const std::string& library);
+
 // "resolve", "route", "connect", "store-auth", "clock-skew" for host:port. Later steps are
 // skipped with a reason when an earlier one fails.
 std::vector<CheckResult> check_endpoint(const std::string& host, uint16_t port,

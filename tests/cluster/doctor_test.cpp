@@ -283,6 +283,34 @@ TEST(Doctor, NoGpusNoNcclIsFine) {
   EXPECT_CHECK(results, "nccl", CheckStatus::kOk, "not needed without GPUs");
 }
 
+// Debian's two BLAS builds (libblas3, a LibTorch dependency; libopenblas0-openmp from
+// install-deps.sh), loaded by path instead of through the libblas.so.3 alternative.
+TEST(Doctor, BlasNamesOpenBlasAndWarnsAboutTheReferenceBlas) {
+  const std::string reference = "/usr/lib/x86_64-linux-gnu/blas/libblas.so.3";
+  const std::string openblas = "/usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3";
+  for (const auto& path : {reference, openblas}) {
+    if (access(path.c_str(), R_OK) != 0) {
+      GTEST_SKIP() << path << " is absent (not Debian x86_64, or scripts/install-deps.sh test "
+                   << "did not run)";
+    }
+  }
+  DoctorOptions o = base_options();
+  o.blas_library = reference;
+  EXPECT_CHECK(run_doctor(o), "blas", CheckStatus::kWarn, "is the reference BLAS");
+  EXPECT_CHECK(run_doctor(o), "blas", CheckStatus::kWarn, "apt-get install libopenblas0-openmp");
+  o.blas_library = openblas;
+  EXPECT_CHECK(run_doctor(o), "blas", CheckStatus::kOk, "OpenBLAS 0.");
+  EXPECT_CHECK(run_doctor(o), "blas", CheckStatus::kOk, "OpenMP");
+}
+
+TEST(Doctor, BlasThatIsMissingOrNoBlasIsReported) {
+  DoctorOptions o = base_options();
+  o.blas_library = "libddp-test-no-such-blas.so";
+  EXPECT_CHECK(run_doctor(o), "blas", CheckStatus::kSkip, "cannot be loaded");
+  o.blas_library = "libz.so.1";  // loads, but has no sgemm_
+  EXPECT_CHECK(run_doctor(o), "blas", CheckStatus::kWarn, "defines no sgemm_");
+}
+
 TEST(Doctor, ClusterProblemsAreFailures) {
   DoctorOptions o = base_options();
   o.env = EnvMap{{"SLURM_JOB_ID", "9"}, {"SLURM_JOB_NODELIST", "n[3-1]"}};

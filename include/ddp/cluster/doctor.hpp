@@ -1,9 +1,9 @@
 #pragma once
-// doctor: checks the things that make multi-node training hang or fail before it starts,
-// one verdict line each: cluster detection, socket interface variables, GPUs and NCCL, and,
-// given an endpoint (the master's store), name resolution, route, TCP connect, store
-// authentication and clock skew. ddprun exposes it as `ddprun doctor`; the standalone
-// binary is `ddp-doctor`.
+// doctor: checks the things that make multi-node training hang or fail before it starts (or
+// run slowly), one verdict line each: cluster detection, socket interface variables, GPUs and
+// NCCL, the BLAS LibTorch uses on CPU, and, given an endpoint (the master's store), name
+// resolution, route, TCP connect, store authentication and clock skew. ddprun exposes it as
+// `ddprun doctor`; the standalone binary is `ddp-doctor`.
 //
 // Contracts: every network step is bounded by options.timeout; only the endpoint given (or
 // MASTER_ADDR:MASTER_PORT) is contacted, and the route check sends no packet. run_doctor
@@ -34,6 +34,7 @@ struct DoctorOptions {
   static constexpr std::chrono::milliseconds kDefaultTimeout{3000};
   static constexpr const char* kDefaultNvidiaDir = "/proc/driver/nvidia/gpus";
   static constexpr const char* kDefaultNcclLibrary = "libnccl.so.2";
+  static constexpr const char* kDefaultBlasLibrary = "libblas.so.3";
 
   // "host:port" (IPv6 as "[addr]:port") of the master's store. Unset: MASTER_ADDR and
   // MASTER_PORT from the environment; neither: the network checks are skipped.
@@ -48,6 +49,8 @@ struct DoctorOptions {
   // for; tests point these elsewhere.
   std::string nvidia_dir = kDefaultNvidiaDir;
   std::string nccl_library = kDefaultNcclLibrary;
+  // The BLAS LibTorch's CPU matmuls use (Debian's alternatives pick the implementation).
+  std::string blas_library = kDefaultBlasLibrary;
   // Passed to cluster detection (hostname, scheduler, explicit values).
   DetectOptions detect;
 };
