@@ -286,10 +286,10 @@ int run_train(int world, const WorkerOptions& o) {
     std::vector<char*> envp;
     for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);
-    std::vector<std::string> args = {"bench_ddp",  "worker",
-                                     "--steps",    std::to_string(o.steps),
-                                     "--warmup",   std::to_string(o.warmup),
-                                     "--timeline", o.timeline,
+    std::vector<std::string> args = {"bench_ddp",   "worker",
+                                     "--steps",     std::to_string(o.steps),
+                                     "--warmup",    std::to_string(o.warmup),
+                                     "--timeline",  o.timeline,
                                      "--comm-hook", o.comm_hook};
     if (o.independent) args.push_back("--independent");
     if (o.bucket_view) args.push_back("--gradient-as-bucket-view");

@@ -6,7 +6,10 @@
 # pytorch, world 1 and 2, in alternating order), plus `independent` at world 2: two processes
 # training the same CNN without any communication. On a 2-core machine that is the ceiling
 # for 2 ranks (busy cores slow each other through the shared L3 cache and memory bandwidth),
-# so `ddp_w2_over_ceiling` tells the cost of DDP itself apart from the machine's.
+# so `ddp_w2_over_ceiling` tells the cost of DDP itself apart from the machine's. Two
+# diagnostic DDP runs at world 2 split that cost: `ddp_hook_none` (buckets filled and copied
+# back, nothing reduced) and `ddp_hook_sync` (one element all-reduced per bucket: the ranks'
+# lockstep without the data); `hook_sync_scaling_2_over_1` bounds what any all-reduce can reach.
 # ddp and PyTorch run with DDP's default options and, as `*_bucket_view`, both with
 # gradient_as_bucket_view (gradients live in the all-reduce buckets: two copies of every
 # gradient per step fewer).
@@ -45,6 +48,9 @@ measure() {
     order="ddp ddp_bucket_view pytorch pytorch_bucket_view tuned"
     if ((round % 2 == 1)); then order="tuned pytorch_bucket_view pytorch ddp_bucket_view ddp"; fi
     measure independent 2 "$bin" train --world 2 --independent --steps "$steps"
+    for hook in none sync; do
+      measure "ddp_hook_$hook" 2 "$bin" train --world 2 --comm-hook "$hook" --steps "$steps"
+    done
     for impl in $order; do
       for world in 1 2; do
         if [ "$impl" = ddp ]; then
@@ -75,6 +81,8 @@ def collect(field):
     for r in rows:
         if r["bench"] == "ddp_cnn" and field in r:
             impl = r["impl"] + ("_bucket_view" if r.get("gradient_as_bucket_view") else "")
+            if r.get("comm_hook") in ("none", "sync"):
+                impl += "_hook_" + r["comm_hook"]
             out.setdefault((impl, r["world"]), []).append(r[field])
     return out
 runs = collect("samples_per_s")
@@ -98,6 +106,9 @@ def ratios(t):
             "ceiling_scaling_2_over_1": t[("independent", 2)] / t[("ddp", 1)],
             "ddp_w2_over_ceiling": t[("ddp", 2)] / t[("independent", 2)],
             "pytorch_w2_over_ceiling": t[("pytorch", 2)] / t[("independent", 2)],
+            "hook_none_w2_over_ceiling": t[("ddp_hook_none", 2)] / t[("independent", 2)],
+            "hook_sync_w2_over_ceiling": t[("ddp_hook_sync", 2)] / t[("independent", 2)],
+            "hook_sync_scaling_2_over_1": t[("ddp_hook_sync", 2)] / t[("ddp", 1)],
             "pytorch_malloc_tuned_scaling_2_over_1":
                 t[("pytorch_malloc_tuned", 2)] / t[("pytorch_malloc_tuned", 1)],
             "ddp_over_pytorch_malloc_tuned_world2": t[("ddp", 2)] / t[("pytorch_malloc_tuned", 2)]}
