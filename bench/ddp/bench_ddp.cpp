@@ -54,15 +54,19 @@ constexpr int kBatch = 64;
 
 // Diagnostic hooks (--comm-hook none|sync): the gradients stay local, so training diverges
 // across ranks; only the step time means something.
+// Holds the tensor it reduces (if any) until the reduction is destroyed, after finish().
 class LocalReduction : public ddp::BucketReduction {
  public:
-  explicit LocalReduction(ddp::WorkPtr work) : work_(std::move(work)) {}
+  LocalReduction() = default;
+  LocalReduction(ddp::ProcessGroup& pg, torch::Tensor token)
+      : token_(std::move(token)), work_(ddp::all_reduce(pg, token_, ddp::ReduceOp::kSum)) {}
   bool is_completed() override { return !work_ || work_->is_completed(); }
   void finish(std::chrono::milliseconds timeout) override {
     if (work_) work_->wait(timeout);
   }
 
  private:
+  torch::Tensor token_;
   ddp::WorkPtr work_;
 };
 
@@ -72,14 +76,12 @@ class DiagnosticHook : public ddp::CommHook {
   std::string name() const override { return sync_ ? "sync" : "none"; }
   std::unique_ptr<ddp::BucketReduction> launch(ddp::ProcessGroup& pg,
                                                const torch::Tensor& bucket) override {
-    if (!sync_) return std::make_unique<LocalReduction>(nullptr);
-    token_ = bucket.narrow(0, 0, 1).clone();
-    return std::make_unique<LocalReduction>(ddp::all_reduce(pg, token_, ddp::ReduceOp::kSum));
+    if (!sync_) return std::make_unique<LocalReduction>();
+    return std::make_unique<LocalReduction>(pg, bucket.narrow(0, 0, 1).clone());
   }
 
  private:
   bool sync_;
-  torch::Tensor token_;  // alive until the next launch; buckets finish in launch order
 };
 
 ddp::CommHookPtr make_hook(const std::string& name) {
