@@ -260,13 +260,8 @@ int run_worker(const WorkerOptions& o) {
   return 0;
 }
 
-int free_port() {
-  auto listener = ddp::net::listen_tcp("127.0.0.1", 0, 1);
-  return ddp::net::local_port(listener.fd());  // closed on return; the workers rebind it
-}
-
 int run_train(int world, const WorkerOptions& o) {
-  const int port = free_port();
+  const int port = ddp::net::free_tcp_port("127.0.0.1");
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     std::vector<std::string> env_strings;

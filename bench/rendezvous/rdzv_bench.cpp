@@ -13,11 +13,9 @@
 // Agents that fail are reported with their stderr tail and make the exit code 1.
 
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <spawn.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,6 +25,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "ddp/util/socket.hpp"
 
 extern char** environ;
 
@@ -42,19 +42,6 @@ struct Agent {
   Clock::time_point past_at;
   int status = 0;
 };
-
-int free_port() {
-  int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  int port = ntohs(a.sin_port);
-  ::close(s);
-  return port;
-}
 
 double seconds(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
@@ -199,7 +186,7 @@ int main(int argc, char** argv) {
   }
   int rc = 0;
   for (int r = 0; r < repeat && rc == 0; ++r) {
-    rc = run_once(ddprun, n, port > 0 ? port : free_port(), r);
+    rc = run_once(ddprun, n, port > 0 ? port : ddp::net::free_tcp_port("127.0.0.1"), r);
   }
   return rc;
 }

@@ -18,12 +18,6 @@
 
 namespace ddp::launcher {
 
-int pick_free_port() {
-  // Binding every interface (as PyTorch's TCPStore will) makes "free" mean free for it.
-  net::Socket s = net::listen_tcp("", 0, 1);
-  return net::local_port(s.fd());
-}
-
 namespace {
 
 std::string host_name() {
@@ -97,7 +91,8 @@ int launch(const LaunchOptions& options, const EnvLookup& env) {
   a.rendezvous = [world, fresh_port](int /*restart_count*/) {
     StaticWorldOptions w = world;
     // A fresh port per attempt: the previous attempt's TCPStore port may linger in TIME_WAIT.
-    if (fresh_port) w.master_port = pick_free_port();
+    // Every interface, as the store will bind, so "free" means free for it.
+    if (fresh_port) w.master_port = net::free_tcp_port("");
     return assign_static_world(w);
   };
   return run_agent(a).exit_code;

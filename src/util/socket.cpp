@@ -131,6 +131,11 @@ uint16_t local_port(int fd) {
   return ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
 }
 
+uint16_t free_tcp_port(const std::string& host) {
+  Socket s = listen_tcp(host, 0, 1);
+  return local_port(s.fd());
+}
+
 void set_nonblocking(int fd) {
   int flags = fcntl(fd, F_GETFL, 0);
   if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {

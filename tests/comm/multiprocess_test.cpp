@@ -16,11 +16,9 @@
 #include <thread>
 #include <vector>
 
-#include "../support/free_port.hpp"
+#include "ddp/util/socket.hpp"
 
 namespace {
-
-using ddp::test::free_port;
 
 struct Result {
   int exit_code;
@@ -31,7 +29,7 @@ struct Result {
 std::vector<Result> run_workers(int world, const std::string& backend,
                                 const std::vector<std::string>& extra = {},
                                 std::vector<pid_t>* pids_out = nullptr) {
-  const int port = free_port();
+  const int port = ddp::net::free_tcp_port("127.0.0.1");
   std::vector<pid_t> pids;
   std::vector<std::string> logs;
   for (int r = 0; r < world; ++r) {

@@ -9,13 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "../support/free_port.hpp"
+#include "ddp/util/socket.hpp"
 #include "launcher_fixture.hpp"
 
 namespace ddp::launcher::testing {
 namespace {
-
-using ddp::test::free_port;
 
 using DdprunFailure = LauncherTest;
 
@@ -140,8 +138,7 @@ TEST_F(DdprunFailure, SigintDuringTheRendezvousWaitExitsAndRemovesTheTemporaryDi
   // One node of two: it hosts the store and waits for a peer that never comes.
   const std::string tmp = dir() + "/tmp";
   ASSERT_EQ(::mkdir(tmp.c_str(), 0700), 0);
-  const int port = free_port();
-  ASSERT_GT(port, 0);
+  const int port = ddp::net::free_tcp_port("127.0.0.1");
   pid_t ddprun =
       start({"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
              "127.0.0.1:" + std::to_string(port), "--rdzv-id", "lonely", worker(), "env"},

@@ -11,7 +11,4 @@ namespace ddp::launcher {
 
 int launch(const LaunchOptions& options, const EnvLookup& env);
 
-// A TCP port that was free a moment ago: bind port 0, read it, release it.
-int pick_free_port();
-
 }  // namespace ddp::launcher

@@ -53,6 +53,11 @@ uint16_t local_port(int fd);
 // likely fix (e.g. "address already in use: choose another port").
 Socket listen_tcp(const std::string& host, uint16_t port, int backlog);
 
+// A TCP port that was free on `host` (as for listen_tcp) a moment ago: bound to port 0, read,
+// released. For a server that another process starts next; something else may take the port
+// in between, so a server that can should bind port 0 itself. Throws NetworkError.
+uint16_t free_tcp_port(const std::string& host);
+
 // One attempt to connect to host:port, bounded by deadline. The returned socket is
 // blocking-mode-agnostic (non-blocking; use read_exact/write_all) with TCP_NODELAY set.
 // Throws NetworkError (refused, unreachable, unresolvable) or TimeoutError.
