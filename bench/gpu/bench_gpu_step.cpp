@@ -19,8 +19,6 @@
 #include "ddp/comm/init.hpp"
 #include "ddp/torch/ddp.hpp"
 #include "ddp/torch/local_device.hpp"
-#include "ddp/torch/stream_order.hpp"
-#include "ddp/torch/tensor_adapter.hpp"
 #include "ddp/util/error.hpp"
 #include "models.hpp"
 
@@ -35,32 +33,6 @@ struct Args {
   int steps = 20;
   int blocks = 5;
   bool always_allreduce = false;
-};
-
-// All-reduces every bucket even with one rank (ddp's default hook skips communication at world
-// 1, PyTorch's DDP does not): for a like-for-like world-1 comparison.
-class AlwaysAllReduceHook : public ddp::CommHook {
- public:
-  std::string name() const override { return "always_allreduce"; }
-  std::unique_ptr<ddp::BucketReduction> launch(ddp::ProcessGroup& pg,
-                                               const torch::Tensor& bucket) override {
-    struct Reduction : ddp::BucketReduction {
-      ddp::ProcessGroup* pg = nullptr;
-      torch::Tensor bucket, wire;
-      ddp::WorkPtr work;
-      bool is_completed() override { return work->is_completed(); }
-      void finish(std::chrono::milliseconds timeout) override {
-        ddp::wait_on_current_stream(*pg, *work, timeout);
-        if (!wire.is_same(bucket)) bucket.copy_(wire);
-      }
-    };
-    auto r = std::make_unique<Reduction>();
-    r->pg = &pg;
-    r->bucket = bucket;
-    r->wire = ddp::needs_host_staging(bucket, pg) ? bucket.cpu() : bucket;
-    r->work = ddp::all_reduce(pg, r->wire, ddp::ReduceOp::kAvg);
-    return r;
-  }
 };
 
 void sync(const torch::Device& device) {
@@ -100,7 +72,7 @@ std::vector<double> run_model(const Args& args, Net net, const torch::Device& de
     });
   }
   ddp::DistributedDataParallelOptions options;
-  if (args.always_allreduce) options.comm_hook(std::make_shared<AlwaysAllReduceHook>());
+  if (args.always_allreduce) options.comm_hook(ddp::always_allreduce_hook());
   ddp::DistributedDataParallel model(net, pg, options);
   return time_blocks(args, device, [&] {
     opt.zero_grad();

@@ -44,6 +44,10 @@ using CommHookPtr = std::shared_ptr<CommHook>;
 // Plain all-reduce in the bucket's dtype, averaged (the default).
 CommHookPtr allreduce_hook();
 
+// As allreduce_hook(), but communicates even with one rank, as PyTorch's DDP does: for
+// like-for-like world-1 comparisons and for tests that exercise a backend at world 1.
+CommHookPtr always_allreduce_hook();
+
 // Casts the bucket to float16 (pre-divided by the world size so the sum cannot overflow),
 // all-reduces that, and casts back. Relative error about 1e-3 of the gradient. With one rank
 // every hook leaves the bucket as it is (exact): there is nothing to communicate.

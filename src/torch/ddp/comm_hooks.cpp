@@ -41,13 +41,17 @@ class DoneReduction : public BucketReduction {
 
 class AllReduceHook : public CommHook {
  public:
-  std::string name() const override { return "allreduce"; }
+  explicit AllReduceHook(bool even_alone) : even_alone_(even_alone) {}
+  std::string name() const override { return even_alone_ ? "always_allreduce" : "allreduce"; }
   std::unique_ptr<BucketReduction> launch(ProcessGroup& pg, const torch::Tensor& bucket) override {
-    if (pg.size() == 1) return std::make_unique<DoneReduction>();
+    if (pg.size() == 1 && !even_alone_) return std::make_unique<DoneReduction>();
     torch::Tensor wire = needs_host_staging(bucket, pg) ? bucket.cpu() : bucket;
     WorkPtr work = all_reduce(pg, wire, ReduceOp::kAvg);
     return std::make_unique<WireReduction>(pg, bucket, wire, std::move(work));
   }
+
+ private:
+  bool even_alone_;
 };
 
 class CompressHook : public CommHook {
@@ -71,7 +75,10 @@ class CompressHook : public CommHook {
 }  // namespace
 
 CommHookPtr allreduce_hook() {
-  return std::make_shared<AllReduceHook>();
+  return std::make_shared<AllReduceHook>(false);
+}
+CommHookPtr always_allreduce_hook() {
+  return std::make_shared<AllReduceHook>(true);
 }
 CommHookPtr fp16_compress_hook() {
   return std::make_shared<CompressHook>(c10::ScalarType::Half, "fp16_compress");

@@ -12,7 +12,6 @@
 #include "ddp/store/hash_store.hpp"
 #include "ddp/torch/ddp.hpp"
 #include "ddp/torch/stream_order.hpp"
-#include "ddp/torch/tensor_adapter.hpp"
 #include "ddp/util/error.hpp"
 #include "models.hpp"
 #include "rank_threads.hpp"
@@ -60,28 +59,6 @@ bool have_nccl() {
   do {                                                                                  \
     if (!have_nccl()) GTEST_SKIP() << "built without the nccl backend (DDP_WITH_NCCL)"; \
   } while (0)
-
-// Averages the bucket through the backend even with one rank (the default hooks skip
-// communication at world 1), so world-1 tests exercise NCCL and the stream ordering.
-class AlwaysAllReduceHook : public ddp::CommHook {
- public:
-  std::string name() const override { return "always_allreduce"; }
-  std::unique_ptr<ddp::BucketReduction> launch(ddp::ProcessGroup& pg,
-                                               const torch::Tensor& bucket) override {
-    struct Reduction : ddp::BucketReduction {
-      ddp::ProcessGroup* pg;
-      ddp::WorkPtr work;
-      bool is_completed() override { return work->is_completed(); }
-      void finish(std::chrono::milliseconds timeout) override {
-        ddp::wait_on_current_stream(*pg, *work, timeout);
-      }
-    };
-    auto r = std::make_unique<Reduction>();
-    r->pg = &pg;
-    r->work = ddp::all_reduce(pg, bucket, ddp::ReduceOp::kAvg);
-    return r;
-  }
-};
 
 // Runs `world` ranks as threads, rank r with its own nccl group on cuda:r.
 void run_nccl_ranks(int world, const std::function<void(int, ddp::ProcessGroupPtr)>& fn) {
@@ -176,16 +153,15 @@ void world1_matches(const DistributedDataParallelOptions& options) {
 TEST(CudaDdp, NcclWorld1MatchesPlainTraining) {
   SKIP_WITHOUT_GPUS(1);
   SKIP_WITHOUT_NCCL();
-  world1_matches(DistributedDataParallelOptions()
-                     .comm_hook(std::make_shared<AlwaysAllReduceHook>())
-                     .bucket_cap_mb(1));
+  world1_matches(
+      DistributedDataParallelOptions().comm_hook(ddp::always_allreduce_hook()).bucket_cap_mb(1));
 }
 
 TEST(CudaDdp, NcclWorld1FindUnusedParameters) {
   SKIP_WITHOUT_GPUS(1);
   SKIP_WITHOUT_NCCL();
   world1_matches(DistributedDataParallelOptions()
-                     .comm_hook(std::make_shared<AlwaysAllReduceHook>())
+                     .comm_hook(ddp::always_allreduce_hook())
                      .find_unused_parameters(true));
 }
 
@@ -211,8 +187,7 @@ TEST(CudaDdp, NcclWorld1OnASideStream) {
   run_nccl_ranks(1, [&](int rank, ddp::ProcessGroupPtr pg) {
     c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool(false, 0));
     DistributedDataParallel model(
-        net, pg,
-        DistributedDataParallelOptions().comm_hook(std::make_shared<AlwaysAllReduceHook>()));
+        net, pg, DistributedDataParallelOptions().comm_hook(ddp::always_allreduce_hook()));
     train_rank(model, d, rank, 4, cuda);
     c10::cuda::getCurrentCUDAStream(0).synchronize();
   });
