@@ -11,6 +11,8 @@
 //     --gradient-as-bucket-view           DDP option of that name (default off, as PyTorch)
 //     --default-malloc                    skip ddp::keep_freed_memory() (glibc's defaults:
 //                                         every step faults its freed tensors back in)
+//     --optimizer O                       adam (torch::optim::Adam, default) or fused-adam
+//                                         (ddp::FusedAdam: the same update in one pass)
 //     --comm-hook H                       allreduce (default), fp16, bf16, or a diagnostic
 //                                         that tells DDP's costs apart: `none` reduces
 //                                         nothing (the bucket copies and hooks alone), `sync`
@@ -35,6 +37,7 @@
 #include "ddp/comm/init.hpp"
 #include "ddp/store/hash_store.hpp"
 #include "ddp/torch/ddp.hpp"
+#include "ddp/torch/fused_adam.hpp"
 #include "ddp/torch/idx_dataset.hpp"
 #include "ddp/torch/malloc_tuning.hpp"
 #include "ddp/torch/models/mnist_cnn.hpp"
@@ -186,7 +189,14 @@ struct WorkerOptions {
   bool default_malloc = false;  // do not call keep_freed_memory()
   bool malloc_tuned = false;    // keep_freed_memory() applied its settings
   std::string comm_hook = "allreduce";
+  std::string optimizer = "adam";
 };
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name,
+                                                        std::vector<torch::Tensor> params) {
+  if (name == "fused-adam") return std::make_unique<ddp::FusedAdam>(std::move(params), 1e-3);
+  return std::make_unique<torch::optim::Adam>(std::move(params), 1e-3);
+}
 
 int run_worker(const WorkerOptions& o) {
   const int steps = o.steps, warmup = o.warmup;
@@ -211,19 +221,19 @@ int run_worker(const WorkerOptions& o) {
                       .gradient_as_bucket_view(o.bucket_view)
                       .comm_hook(make_hook(o.comm_hook)));
   }
-  torch::optim::Adam opt(net->parameters(), 1e-3);
+  auto opt = make_optimizer(o.optimizer, net->parameters());
   double loss_sum = 0;
   auto step = [&](int i) {
     const int64_t b = i % batches;
-    opt.zero_grad();
+    opt->zero_grad();
     auto x = images.narrow(0, b * kBatch, kBatch);
     auto loss = torch::nll_loss(model ? (*model)(x) : net->forward(x),
                                 labels.narrow(0, b * kBatch, kBatch));
     loss.backward();
     if (model) {
-      model->step(opt);
+      model->step(*opt);
     } else {
-      opt.step();
+      opt->step();
     }
     loss_sum += loss.item<double>();
   };
@@ -249,7 +259,7 @@ int run_worker(const WorkerOptions& o) {
                           {"world", world},
                           {"batch_per_rank", kBatch},
                           {"threads_per_rank", 1},
-                          {"optimizer", "adam 1e-3"},
+                          {"optimizer", o.optimizer + " 1e-3"},
                           {"steps", steps},
                           {"seconds", elapsed},
                           {"cpu_ms_per_step_max_rank", cpu_ms_per_step},
@@ -287,7 +297,8 @@ int run_train(int world, const WorkerOptions& o) {
                                      "--steps",     std::to_string(o.steps),
                                      "--warmup",    std::to_string(o.warmup),
                                      "--timeline",  o.timeline,
-                                     "--comm-hook", o.comm_hook};
+                                     "--comm-hook", o.comm_hook,
+                                     "--optimizer", o.optimizer};
     if (o.independent) args.push_back("--independent");
     if (o.bucket_view) args.push_back("--gradient-as-bucket-view");
     if (o.default_malloc) args.push_back("--default-malloc");
@@ -339,6 +350,9 @@ int main(int argc, char** argv) {
       ->add_option("--comm-hook", w.comm_hook,
                    "allreduce, fp16, bf16; diagnostics: none (no reduction), sync (lockstep only)")
       ->check(CLI::IsMember(hooks));
+  const std::vector<std::string> optimizers = {"adam", "fused-adam"};
+  train->add_option("--optimizer", w.optimizer, "adam (torch::optim::Adam) or fused-adam")
+      ->check(CLI::IsMember(optimizers));
   auto* worker = app.add_subcommand("worker", "one rank of `train` (internal)");
   worker->add_option("--steps", w.steps)->default_val(60);
   worker->add_option("--warmup", w.warmup)->default_val(5);
@@ -347,6 +361,7 @@ int main(int argc, char** argv) {
   worker->add_flag("--gradient-as-bucket-view", w.bucket_view);
   worker->add_flag("--default-malloc", w.default_malloc);
   worker->add_option("--comm-hook", w.comm_hook)->check(CLI::IsMember(hooks));
+  worker->add_option("--optimizer", w.optimizer)->check(CLI::IsMember(optimizers));
   CLI11_PARSE(app, argc, argv);
   // Before the first tensor: a step's freed activations stay mapped (malloc_tuning.hpp).
   if (!w.default_malloc) w.malloc_tuned = ddp::keep_freed_memory();
