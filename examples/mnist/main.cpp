@@ -1,5 +1,5 @@
 // The tutorial's Fashion-MNIST training (cnn_multigpu.py) in C++: the CNN wrapped in DDP,
-// Adam, NLLLoss, a DistributedSampler per rank and drop_last batches; rank 0 logs the loss
+// Adam (ddp::FusedAdam: torch::optim::Adam's update in one pass over memory), NLLLoss, a DistributedSampler per rank and drop_last batches; rank 0 logs the loss
 // every 100 batches, shows progress, and ends with the training time, the throughput over all
 // ranks and the test accuracy:
 //
@@ -14,6 +14,7 @@
 #include "ddp/comm/init.hpp"
 #include "ddp/torch/ddp.hpp"
 #include "ddp/torch/distributed_sampler.hpp"
+#include "ddp/torch/fused_adam.hpp"
 #include "ddp/torch/idx_dataset.hpp"
 #include "ddp/torch/local_device.hpp"
 #include "ddp/torch/malloc_tuning.hpp"
@@ -74,7 +75,9 @@ int run(const Args& args) {
   // The tutorial's CNN_classifier, with its dropout (include/ddp/torch/models/mnist_cnn.hpp).
   ddp::models::MnistCnn model(ddp::models::MnistCnnOptions::tutorial());
   model->to(device);
-  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(args.lr));
+  // torch::optim::Adam works the same; the fused one saves a few percent of every step, and
+  // snapshots taken with either load into the other.
+  ddp::FusedAdam optimizer(model->parameters(), torch::optim::AdamOptions(args.lr));
   int64_t first_epoch = 1;
   std::optional<ddp::SnapshotManager> snapshots;
   if (!args.snapshot.empty()) {
