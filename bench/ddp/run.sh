@@ -12,7 +12,9 @@
 # lockstep without the data); `hook_sync_scaling_2_over_1` bounds what any all-reduce can reach.
 # ddp and PyTorch run with DDP's default options and, as `*_bucket_view`, both with
 # gradient_as_bucket_view (gradients live in the all-reduce buckets: two copies of every
-# gradient per step fewer).
+# gradient per step fewer). `ddp_fused_adam` is ddp with ddp::FusedAdam instead of
+# torch::optim::Adam (the same update in one pass over memory; PyTorch 1.13 has no fused CPU
+# Adam to set beside it, so the headline ratios keep torch::optim::Adam on both sides).
 # The C++ bench calls ddp::keep_freed_memory() (include/ddp/torch/malloc_tuning.hpp); PyTorch
 # runs as shipped and, as `pytorch_malloc_tuned`, with the same glibc settings from the
 # environment, so the summary shows how much of the lead over PyTorch is that setting. Every measurement is followed by a
@@ -45,8 +47,10 @@ measure() {
 {
   for ((round = 0; round < rounds; ++round)); do
     measure overhead 1 "$bin" overhead --steps 20 --blocks 3
-    order="ddp ddp_bucket_view pytorch pytorch_bucket_view tuned"
-    if ((round % 2 == 1)); then order="tuned pytorch_bucket_view pytorch ddp_bucket_view ddp"; fi
+    order="ddp ddp_fused_adam ddp_bucket_view pytorch pytorch_bucket_view tuned"
+    if ((round % 2 == 1)); then
+      order="tuned pytorch_bucket_view pytorch ddp_bucket_view ddp_fused_adam ddp"
+    fi
     measure independent 2 "$bin" train --world 2 --independent --steps "$steps"
     for hook in none sync; do
       measure "ddp_hook_$hook" 2 "$bin" train --world 2 --comm-hook "$hook" --steps "$steps"
@@ -55,6 +59,9 @@ measure() {
       for world in 1 2; do
         if [ "$impl" = ddp ]; then
           measure ddp "$world" "$bin" train --world "$world" --steps "$steps"
+        elif [ "$impl" = ddp_fused_adam ]; then
+          measure "$impl" "$world" "$bin" train --world "$world" --steps "$steps" \
+            --optimizer fused-adam
         elif [ "$impl" = ddp_bucket_view ]; then
           measure "$impl" "$world" "$bin" train --world "$world" --steps "$steps" \
             --gradient-as-bucket-view
@@ -83,6 +90,8 @@ def collect(field):
             impl = r["impl"] + ("_bucket_view" if r.get("gradient_as_bucket_view") else "")
             if r.get("comm_hook") in ("none", "sync"):
                 impl += "_hook_" + r["comm_hook"]
+            if r.get("optimizer", "").startswith("fused-adam"):
+                impl += "_fused_adam"
             out.setdefault((impl, r["world"]), []).append(r[field])
     return out
 runs = collect("samples_per_s")
@@ -102,6 +111,10 @@ def ratios(t):
             "ddp_bucket_view_over_pytorch_bucket_view_world2":
                 t[("ddp_bucket_view", 2)] / t[("pytorch_bucket_view", 2)],
             "ddp_bucket_view_w2_over_ceiling": t[("ddp_bucket_view", 2)] / t[("independent", 2)],
+            "ddp_fused_adam_scaling_2_over_1": t[("ddp_fused_adam", 2)] / t[("ddp_fused_adam", 1)],
+            "ddp_fused_adam_over_ddp_world1": t[("ddp_fused_adam", 1)] / t[("ddp", 1)],
+            "ddp_fused_adam_over_ddp_world2": t[("ddp_fused_adam", 2)] / t[("ddp", 2)],
+            "ddp_fused_adam_over_pytorch_world2": t[("ddp_fused_adam", 2)] / t[("pytorch", 2)],
             # The machine's ceiling: 2 processes without communication over 1 rank.
             "ceiling_scaling_2_over_1": t[("independent", 2)] / t[("ddp", 1)],
             "ddp_w2_over_ceiling": t[("ddp", 2)] / t[("independent", 2)],
