@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "blas_warning.hpp"
 #include "ddp/torch/ddp_consistency.hpp"
 #include "ddp/torch/stream_order.hpp"
 #include "ddp/util/error.hpp"
@@ -83,7 +84,12 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
     buffers_.push_back(item.value());
   }
   // With nccl every tensor must already be on the rank's GPU (no silent host round trips).
-  for (const auto& t : described) check_tensor_device(*pg_, t.tensor, t.name);
+  bool on_cpu = false;
+  for (const auto& t : described) {
+    check_tensor_device(*pg_, t.tensor, t.name);
+    on_cpu = on_cpu || t.tensor.device().is_cpu();
+  }
+  if (on_cpu) detail::warn_once_if_reference_blas();
   verify_same_tensors(*pg_, described, "parameters and buffers", timeout_);
   if (pg_->size() > 1) broadcast_tensors(*pg_, all, /*root=*/0, timeout_);
 

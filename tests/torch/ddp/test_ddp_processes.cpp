@@ -1,6 +1,8 @@
 // DDP across real processes: this binary re-executes itself as ranks ("--worker") with
 // torchrun's environment; the ranks meet through init_process_group's env:// TcpStore on a
 // port found by binding port 0. The test process trains the one-process reference and compares.
+// "--blas-probe" starts one DDP process with a chosen BLAS preloaded, for DDP's BLAS warning.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
@@ -9,11 +11,14 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "ddp/comm/init.hpp"
+#include "ddp/store/hash_store.hpp"
 #include "ddp/torch/ddp.hpp"
 #include "ddp/util/socket.hpp"
 #include "models.hpp"
@@ -60,6 +65,17 @@ int worker_main(const std::string& dir, bool mismatch) {
     model.step(opt);
   }
   torch::save(net, (fs::path(dir) / ("rank" + std::to_string(rank) + ".pt")).string());
+  return 0;
+}
+
+// "--blas-probe": wraps a CPU module in a world-1 DDP and exits (stderr has its warnings).
+int blas_probe_main() {
+  ddp::InitOptions opts;
+  opts.rank = 0;
+  opts.world_size = 1;
+  opts.store = std::make_shared<ddp::HashStore>();
+  torch::nn::Linear net(4, 2);
+  ddp::DistributedDataParallel model(net, ddp::init_process_group(opts));
   return 0;
 }
 
@@ -128,6 +144,70 @@ fs::path temp_dir(const std::string& name) {
   return dir;
 }
 
+// Runs the BLAS probe with `extra_env` added; returns its exit code and its stderr.
+std::pair<int, std::string> run_blas_probe(const std::vector<std::string>& extra_env) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv(*e);
+    if (kv.rfind("LOCAL_RANK=", 0) != 0 && kv.rfind("LD_PRELOAD=", 0) != 0) env.push_back(kv);
+  }
+  env.insert(env.end(), extra_env.begin(), extra_env.end());
+  std::vector<char*> envp;
+  for (auto& kv : env) envp.push_back(kv.data());
+  envp.push_back(nullptr);
+  const fs::path log = temp_dir("ddp_blas_probe") / "stderr.txt";
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  std::string arg0 = "test_ddp_processes", arg1 = "--blas-probe";
+  char* argv[] = {arg0.data(), arg1.data(), nullptr};
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv, envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) return {-1, "posix_spawn failed"};
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return {-1, "the probe ran past 60 s"};
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  fs::remove_all(log.parent_path());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text.str()};
+}
+
+// Debian's two BLAS builds, preloaded: libtorch's libblas.so.3 then binds to the preloaded one.
+constexpr const char* kReferenceBlas = "/usr/lib/x86_64-linux-gnu/blas/libblas.so.3";
+constexpr const char* kOpenBlas = "/usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3";
+
+TEST(DdpProcesses, ReferenceBlasIsNamedWithItsFixOnLocalRankZeroOnly) {
+  for (const char* path : {kReferenceBlas, kOpenBlas}) {
+    if (::access(path, R_OK) != 0) {
+      GTEST_SKIP() << path << " is absent (not Debian x86_64, or scripts/install-deps.sh test "
+                   << "did not run)";
+    }
+  }
+  const std::string preload_reference = std::string("LD_PRELOAD=") + kReferenceBlas;
+  auto [code, err] = run_blas_probe({preload_reference});
+  EXPECT_EQ(code, 0) << err;
+  EXPECT_NE(err.find("libblas.so.3 is the reference BLAS"), std::string::npos) << err;
+  EXPECT_NE(err.find("apt-get install libopenblas0-openmp"), std::string::npos) << err;
+
+  std::tie(code, err) = run_blas_probe({preload_reference, "LOCAL_RANK=1"});
+  EXPECT_EQ(code, 0) << err;
+  EXPECT_EQ(err.find("reference BLAS"), std::string::npos) << err;
+
+  std::tie(code, err) = run_blas_probe({std::string("LD_PRELOAD=") + kOpenBlas});
+  EXPECT_EQ(code, 0) << err;
+  EXPECT_EQ(err.find("reference BLAS"), std::string::npos) << err;
+}
+
 TEST(DdpProcesses, TwoProcessesMatchOneProcessWithTheWholeBatch) {
   torch::set_num_threads(1);
   const int world = 2;
@@ -163,6 +243,7 @@ TEST(DdpProcesses, MismatchedModelFailsEveryRank) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--blas-probe") return blas_probe_main();
   if (argc == 4 && std::string(argv[1]) == "--worker") {
     try {
       return worker_main(argv[2], std::string(argv[3]) == "mismatch");
