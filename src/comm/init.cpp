@@ -10,6 +10,7 @@
 #include "ddp/store/tcp_store.hpp"
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/logging.hpp"
 #include "gloo/gloo_process_group.hpp"
 #include "host_topology.hpp"
 
@@ -30,6 +31,23 @@ size_t inline_bytes() {
   const auto v = env::get_int("DDP_CPU_INLINE_BYTES");
   if (v && *v < 0) throw UsageError(fmt::format("DDP_CPU_INLINE_BYTES={} is negative", *v));
   return v ? static_cast<size_t>(*v) : 65536;
+}
+
+bool debug_collectives_requested(const InitOptions& options) {
+  return options.debug_collectives.value_or(env::get_bool("DDP_DEBUG_COLLECTIVES", false));
+}
+
+// The fingerprint check compares calls through the group's store, which the mpi group does not
+// have (mpirun gives it rank and size) and the nccl group does not consult per call. Saying so
+// beats letting the user believe every collective is compared.
+void warn_debug_collectives_unchecked(const InitOptions& options, const std::string& backend) {
+  if (!debug_collectives_requested(options)) return;
+  log::get("ddp.comm")
+      ->warn(
+          "DDP_DEBUG_COLLECTIVES: backend {} does not compare collectives across ranks (only "
+          "cpu and gloo do); its collectives run unchecked. To find a mismatched call, run "
+          "the job once with backend cpu or gloo",
+          backend);
 }
 
 }  // namespace
@@ -64,7 +82,10 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   }
 #ifdef DDP_HAVE_MPI_BACKEND
   // MPI knows its own rank and size from mpirun; no store needed.
-  if (backend == "mpi") return make_mpi_process_group(options.timeout);
+  if (backend == "mpi") {
+    warn_debug_collectives_unchecked(options, backend);
+    return make_mpi_process_group(options.timeout);
+  }
 #endif
 
   WorldInfo world;
@@ -84,6 +105,7 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   if (backend == "nccl") {
     int device = options.device.value_or(
         world.local_rank.value_or(static_cast<int>(env::get_int("LOCAL_RANK").value_or(0))));
+    warn_debug_collectives_unchecked(options, backend);
     return make_nccl_process_group(store, rank, size, device, options.timeout);
   }
 #endif
@@ -93,8 +115,7 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   config.rank = rank;
   config.size = size;
   config.timeout = options.timeout;
-  config.debug_collectives =
-      options.debug_collectives.value_or(env::get_bool("DDP_DEBUG_COLLECTIVES", false));
+  config.debug_collectives = debug_collectives_requested(options);
   config.inline_bytes = inline_bytes();
   // Every rank adds one; the n-th group initialised under this name on this store gets
   // generation n-1. A rank cannot start generation g+1 before all ranks joined generation g,
