@@ -83,6 +83,20 @@ struct Exit {
   int code = -1;  // -1: killed after the deadline
 };
 
+// Waits for `pid` until `deadline`, then kills it. Its exit code, or -1 (killed, signalled).
+int wait_or_kill(pid_t pid, std::chrono::steady_clock::time_point deadline) {
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 // Runs `world` workers and waits (at most 120 s, then kills them).
 std::vector<Exit> run_workers(int world, const std::string& dir, bool mismatch) {
   auto listener = ddp::net::listen_tcp("127.0.0.1", 0, 1);
@@ -122,19 +136,7 @@ std::vector<Exit> run_workers(int world, const std::string& dir, bool mismatch) 
   }
   std::vector<Exit> exits(world);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  for (int r = 0; r < world; ++r) {
-    int status = 0;
-    while (::waitpid(pids[r], &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        ::kill(pids[r], SIGKILL);
-        ::waitpid(pids[r], &status, 0);
-        status = -1;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    exits[r].code = (status != -1 && WIFEXITED(status)) ? WEXITSTATUS(status) : -1;
-  }
+  for (int r = 0; r < world; ++r) exits[r].code = wait_or_kill(pids[r], deadline);
   return exits;
 }
 
@@ -165,21 +167,12 @@ std::pair<int, std::string> run_blas_probe(const std::vector<std::string>& extra
   const int spawned = posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv, envp.data());
   posix_spawn_file_actions_destroy(&actions);
   if (spawned != 0) return {-1, "posix_spawn failed"};
-  int status = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      return {-1, "the probe ran past 60 s"};
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  const int code = wait_or_kill(pid, std::chrono::steady_clock::now() + std::chrono::seconds(60));
   std::ifstream in(log);
   std::stringstream text;
   text << in.rdbuf();
   fs::remove_all(log.parent_path());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text.str()};
+  return {code, text.str()};
 }
 
 // Debian's two BLAS builds, preloaded: libtorch's libblas.so.3 then binds to the preloaded one.
