@@ -216,6 +216,14 @@ void GlooComm::guarded(const CallInfo& call, Fn&& fn) {
   }
 }
 
+template <typename Options>
+Options GlooComm::call_options(uint32_t tag) const {
+  Options opts(context_);
+  opts.setTag(tag);
+  opts.setTimeout(timeout_);
+  return opts;
+}
+
 void GlooComm::all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,
                           const CallInfo& call, int avg_divisor) {
   if (count == 0) return;
@@ -231,11 +239,9 @@ void GlooComm::all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,
     if (size_ > 1) {
       with_element_type(element_size(dtype), [&](auto t) {
         using T = decltype(t);
-        gloo::AllreduceOptions opts(context_);
+        auto opts = call_options<gloo::AllreduceOptions>(tag);
         opts.setOutput(static_cast<T*>(data), count);
         opts.setReduceFunction(reducer(dtype, op));
-        opts.setTag(tag);
-        opts.setTimeout(timeout_);
         gloo::allreduce(opts);
       });
     }
@@ -257,13 +263,11 @@ void GlooComm::reduce(void* data, size_t count, DataType dtype, ReduceOp op, int
     if (size_ > 1) {
       with_element_type(element_size(dtype), [&](auto t) {
         using T = decltype(t);
-        gloo::ReduceOptions opts(context_);
+        auto opts = call_options<gloo::ReduceOptions>(tag);
         opts.setInput(static_cast<T*>(data), count);
         opts.setOutput(static_cast<T*>(data), count);
         opts.setRoot(root);
         opts.setReduceFunction(reducer(dtype, op));
-        opts.setTag(tag);
-        opts.setTimeout(timeout_);
         gloo::reduce(opts);
       });
     }
@@ -275,11 +279,9 @@ void GlooComm::broadcast(void* data, size_t bytes, int root, const CallInfo& cal
   if (bytes == 0 || size_ == 1) return;
   const uint32_t tag = next_tag();
   guarded(call, [&] {
-    gloo::BroadcastOptions opts(context_);
+    auto opts = call_options<gloo::BroadcastOptions>(tag);
     opts.setOutput(static_cast<uint8_t*>(data), bytes);
     opts.setRoot(root);
-    opts.setTag(tag);
-    opts.setTimeout(timeout_);
     gloo::broadcast(opts);
   });
 }
@@ -300,11 +302,9 @@ void GlooComm::all_gather_v(const void* in, void* out, const std::vector<size_t>
   const void* src = bytes[rank_] > 0 ? in : static_cast<char*>(out) + displ;
   const uint32_t tag = next_tag();
   guarded(call, [&] {
-    gloo::AllgathervOptions opts(context_);
+    auto opts = call_options<gloo::AllgathervOptions>(tag);
     opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(src)), bytes[rank_]);
     opts.setOutput(static_cast<uint8_t*>(out), bytes);
-    opts.setTag(tag);
-    opts.setTimeout(timeout_);
     gloo::allgatherv(opts);
   });
 }
@@ -317,12 +317,10 @@ void GlooComm::gather(const void* in, void* out, size_t bytes, int root, const C
   }
   const uint32_t tag = next_tag();
   guarded(call, [&] {
-    gloo::GatherOptions opts(context_);
+    auto opts = call_options<gloo::GatherOptions>(tag);
     opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), bytes);
     if (rank_ == root) opts.setOutput(static_cast<uint8_t*>(out), bytes * size_);
     opts.setRoot(root);
-    opts.setTag(tag);
-    opts.setTimeout(timeout_);
     gloo::gather(opts);
   });
 }
@@ -335,7 +333,7 @@ void GlooComm::scatter(const void* in, void* out, size_t bytes, int root, const 
   }
   const uint32_t tag = next_tag();
   guarded(call, [&] {
-    gloo::ScatterOptions opts(context_);
+    auto opts = call_options<gloo::ScatterOptions>(tag);
     if (rank_ == root) {
       std::vector<uint8_t*> blocks;
       for (int r = 0; r < size_; ++r) {
@@ -345,8 +343,6 @@ void GlooComm::scatter(const void* in, void* out, size_t bytes, int root, const 
     }
     opts.setOutput(static_cast<uint8_t*>(out), bytes);
     opts.setRoot(root);
-    opts.setTag(tag);
-    opts.setTimeout(timeout_);
     gloo::scatter(opts);
   });
 }
@@ -369,11 +365,9 @@ void GlooComm::all_to_all(const void* in, void* out, size_t block_bytes, const C
   }
   const uint32_t tag = next_tag();
   guarded(call, [&] {
-    gloo::AlltoallOptions opts(context_);
+    auto opts = call_options<gloo::AlltoallOptions>(tag);
     opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), block_bytes * size_);
     opts.setOutput(static_cast<uint8_t*>(out), block_bytes * size_);
-    opts.setTag(tag);
-    opts.setTimeout(timeout_);
     gloo::alltoall(opts);
   });
 }
@@ -382,9 +376,7 @@ void GlooComm::barrier(const CallInfo& call) {
   if (size_ == 1) return;
   const uint32_t tag = next_tag();
   guarded(call, [&] {
-    gloo::BarrierOptions opts(context_);
-    opts.setTag(tag);
-    opts.setTimeout(timeout_);
+    auto opts = call_options<gloo::BarrierOptions>(tag);
     gloo::barrier(opts);
   });
 }

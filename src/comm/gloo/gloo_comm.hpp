@@ -64,6 +64,10 @@ class GlooComm {
   template <typename Fn>
   void guarded(const CallInfo& call, Fn&& fn);
   uint32_t next_tag() { return tag_++; }
+  // A Gloo options object (gloo::AllreduceOptions, ...) for one call: this communicator's
+  // context, the call's tag and the group timeout.
+  template <typename Options>
+  Options call_options(uint32_t tag) const;
   // After a timeout: the ranks (of the enclosing group) that never reached `call`.
   std::vector<int> missing_ranks(const CallInfo& call);
 
