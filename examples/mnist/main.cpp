@@ -1,7 +1,7 @@
 // The tutorial's Fashion-MNIST training (cnn_multigpu.py) in C++: the CNN wrapped in DDP,
-// Adam (ddp::FusedAdam: torch::optim::Adam's update in one pass over memory), NLLLoss, a DistributedSampler per rank and drop_last batches; rank 0 logs the loss
-// every 100 batches, shows progress, and ends with the training time, the throughput over all
-// ranks and the test accuracy:
+// Adam (ddp::FusedAdam: torch::optim::Adam's update in one pass over memory), NLLLoss, a
+// DistributedSampler per rank and drop_last batches; rank 0 logs the loss every 100 batches, shows
+// progress, and ends with the training time, the throughput over all ranks and the test accuracy:
 //
 //   ddprun --standalone --nproc-per-node 2 build/examples/mnist/mnist --epochs 1
 #include <fmt/format.h>
