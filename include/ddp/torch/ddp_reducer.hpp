@@ -93,6 +93,9 @@ class Reducer {
   void poll_completions_locked();
   void finalize_locked();
   void reset_iteration_locked();
+  // Rank 0, once: a warning when find_unused_parameters found every parameter used
+  // (`global_used`: per parameter, how many ranks produced its gradient).
+  void warn_if_unused_option_is_unneeded(const int32_t* global_used) const;
   void abandon_iteration_locked();
 
   std::vector<torch::Tensor> params_;
@@ -114,6 +117,9 @@ class Reducer {
   std::vector<int32_t> locally_used_;  // since the last synchronized backward
   std::vector<size_t> known_unused_;   // from mark_unused_from_outputs
   bool buckets_rebuilt_ = false;
+  // find_unused_parameters: whether the first synchronized iteration's use was checked (rank 0
+  // warns when every parameter was used: the option then only costs time).
+  bool unused_option_checked_ = false;
   std::vector<size_t> ready_order_;  // gradients in ready order, until the rebuild
   Timeline::Clock::time_point backward_begin_;
 };

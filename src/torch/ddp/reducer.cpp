@@ -13,6 +13,7 @@
 #include "ddp/torch/stream_order.hpp"
 #include "ddp/torch/tensor_adapter.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/logging.hpp"
 
 namespace ddp {
 namespace {
@@ -342,6 +343,10 @@ void Reducer::finalize_locked() {
 
   torch::NoGradGuard no_grad;
   const int32_t* used = global_used.defined() ? global_used.data_ptr<int32_t>() : nullptr;
+  if (used && !unused_option_checked_) {
+    unused_option_checked_ = true;
+    warn_if_unused_option_is_unneeded(used);
+  }
   for (Bucket& bucket : buckets_) {
     for (size_t slot = 0; slot < bucket.params.size(); ++slot) {
       const size_t i = bucket.params[slot];
@@ -372,6 +377,18 @@ void Reducer::finalize_locked() {
         "legitimately unused (conditional branches, frozen heads)",
         missing.size(), pg_->rank(), join_names(names_, missing, 10)));
   }
+}
+
+void Reducer::warn_if_unused_option_is_unneeded(const int32_t* global_used) const {
+  if (pg_->rank() != 0) return;  // every rank holds the same counts; one warning is enough
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (global_used[i] == 0) return;
+  }
+  log::get("ddp.ddp")->warn(
+      "find_unused_parameters is on, but every parameter received a gradient in the "
+      "first iteration. The option costs a walk of the autograd graph after every "
+      "forward and an extra all-reduce after every backward; turn it off unless some "
+      "parameters go unused in later iterations (conditional branches)");
 }
 
 void Reducer::reset_iteration_locked() {

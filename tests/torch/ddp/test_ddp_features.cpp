@@ -1,12 +1,16 @@
-// State dicts, buffer broadcast and the timeline.
+// State dicts, buffer broadcast, the timeline and the find_unused_parameters advice.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
+#include <sstream>
 
 #include "ddp/torch/ddp.hpp"
+#include "ddp/util/logging.hpp"
 #include "models.hpp"
 #include "rank_threads.hpp"
 
@@ -113,6 +117,54 @@ TEST(DdpFeatures, TimelineHasForwardBackwardBucketsAndStep) {
     EXPECT_EQ(counts["allreduce bucket 1"], 2);
   }
   std::filesystem::remove_all(dir);
+}
+
+// What the "ddp.ddp" logger printed while `fn` ran.
+std::string ddp_log_during(const std::function<void()>& fn) {
+  auto logger = ddp::log::get("ddp.ddp");
+  std::ostringstream captured;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(captured);
+  logger->sinks().push_back(sink);
+  fn();
+  auto& sinks = logger->sinks();
+  sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
+  return captured.str();
+}
+
+// Three synchronized iterations with find_unused_parameters on: of a Linear layer (every
+// parameter used), or of Branchy (its `never` layer is never used).
+void train_with_find_unused(bool all_used) {
+  run_ranks(2, [&](int, ddp::ProcessGroupPtr pg) {
+    auto options = DistributedDataParallelOptions().find_unused_parameters(true);
+    torch::nn::Linear linear(6, 3);
+    ddp::test::Branchy branchy;
+    std::optional<DistributedDataParallel<torch::nn::LinearImpl>> used(std::nullopt);
+    std::optional<DistributedDataParallel<ddp::test::BranchyImpl>> partly(std::nullopt);
+    if (all_used) {
+      used.emplace(linear, pg, options);
+    } else {
+      partly.emplace(branchy, pg, options);
+    }
+    torch::optim::SGD opt(all_used ? linear->parameters() : branchy->parameters(), 0.1);
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      auto x = torch::randn({2, 6});
+      auto out = all_used ? (*used)(x) : (*partly)(x, true, torch::ones({2}));
+      out.sum().backward();
+      all_used ? used->step(opt) : partly->step(opt);
+    }
+  });
+}
+
+TEST(DdpFeatures, FindUnusedParametersWithNothingUnusedIsPointedOutOnce) {
+  const std::string all_used = ddp_log_during([] { train_with_find_unused(true); });
+  const std::string advice = "find_unused_parameters is on, but every parameter received";
+  const size_t first = all_used.find(advice);
+  EXPECT_NE(first, std::string::npos) << all_used;
+  EXPECT_EQ(all_used.find(advice, first + 1), std::string::npos) << "warned more than once";
+
+  const std::string some_unused = ddp_log_during([] { train_with_find_unused(false); });
+  EXPECT_EQ(some_unused.find(advice), std::string::npos) << some_unused;
 }
 
 }  // namespace
