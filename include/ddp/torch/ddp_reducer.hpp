@@ -97,6 +97,10 @@ class Reducer {
   // (`global_used`: per parameter, how many ranks produced its gradient).
   void warn_if_unused_option_is_unneeded(const int32_t* global_used) const;
   void abandon_iteration_locked();
+  // Rethrows the exception in flight; a TimeoutError gains `what` timed out ("bucket 0's
+  // all-reduce"), the iteration and the usual cause in training loops (ranks running different
+  // numbers of iterations).
+  [[noreturn]] void rethrow_with_iteration_context(const std::string& what) const;
 
   std::vector<torch::Tensor> params_;
   std::vector<std::string> names_;
@@ -120,6 +124,7 @@ class Reducer {
   // find_unused_parameters: whether the first synchronized iteration's use was checked (rank 0
   // warns when every parameter was used: the option then only costs time).
   bool unused_option_checked_ = false;
+  int64_t iteration_ = 0;  // synchronized backwards begun so far (the current one's number)
   std::vector<size_t> ready_order_;  // gradients in ready order, until the rebuild
   Timeline::Clock::time_point backward_begin_;
 };

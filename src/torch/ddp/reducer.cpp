@@ -245,6 +245,7 @@ void Reducer::on_gradient_ready(size_t index) {
 
 void Reducer::begin_backward_locked() {
   in_backward_ = true;
+  ++iteration_;
   backward_begin_ = Timeline::Clock::now();
   // Runs once the engine has finished this backward, on the thread that ran it.
   torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
@@ -284,7 +285,26 @@ void Reducer::launch_ready_buckets_locked() {
     Bucket& bucket = buckets_[next_bucket_++];
     bucket.launched_at = Timeline::Clock::now();
     bucket.completion_recorded = false;
-    bucket.reduction = config_.comm_hook->launch(*pg_, bucket.buffer);
+    try {
+      bucket.reduction = config_.comm_hook->launch(*pg_, bucket.buffer);
+    } catch (...) {
+      // Small buckets may reduce inline, so a peer that is missing shows up here.
+      rethrow_with_iteration_context(fmt::format("bucket {}'s all-reduce", next_bucket_ - 1));
+    }
+  }
+}
+
+void Reducer::rethrow_with_iteration_context(const std::string& what) const {
+  try {
+    throw;
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(fmt::format(
+        "DDP: {} in iteration {} did not finish on rank {}: "
+        "{}. In a training loop this usually means the ranks run different numbers of "
+        "iterations (one ran out of data, left the loop or exited): give every rank the same "
+        "number of batches (DistributedSampler pads the dataset to a multiple of the world "
+        "size; drop_last keeps the last batch from differing)",
+        what, iteration_, pg_->rank(), e.what()));
   }
 }
 
@@ -322,14 +342,16 @@ void Reducer::finalize_locked() {
     global_used = torch::tensor(locally_used_, torch::kInt32).to(comm_device(*pg_));
     used_work = all_reduce(*pg_, global_used, ReduceOp::kSum);
   }
+  size_t finishing = 0;
   try {
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      Bucket& bucket = buckets_[b];
+    for (; finishing < buckets_.size(); ++finishing) {
+      Bucket& bucket = buckets_[finishing];
       bucket.reduction->finish(config_.timeout);
       bucket.reduction.reset();
       if (config_.timeline && !bucket.completion_recorded) {
-        config_.timeline->add_span(fmt::format("allreduce bucket {}", b), Timeline::Track::kComm,
-                                   bucket.launched_at, Timeline::Clock::now());
+        config_.timeline->add_span(fmt::format("allreduce bucket {}", finishing),
+                                   Timeline::Track::kComm, bucket.launched_at,
+                                   Timeline::Clock::now());
       }
     }
     if (used_work) {
@@ -338,7 +360,9 @@ void Reducer::finalize_locked() {
     }
   } catch (...) {
     abandon_iteration_locked();
-    throw;
+    rethrow_with_iteration_context(
+        finishing < buckets_.size() ? fmt::format("bucket {}'s all-reduce", finishing)
+                                    : std::string("the all-reduce of the used-parameter counts"));
   }
 
   torch::NoGradGuard no_grad;

@@ -16,10 +16,12 @@
 namespace ddp::test {
 
 // Per rank: the exception it threw, or null.
+// `timeout`: the store's and every group's.
 inline std::vector<std::exception_ptr> run_ranks_collect(
-    int world, const std::function<void(int rank, ProcessGroupPtr pg)>& fn) {
+    int world, const std::function<void(int rank, ProcessGroupPtr pg)>& fn,
+    std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
   auto store = std::make_shared<HashStore>();
-  store->set_timeout(std::chrono::seconds(60));
+  store->set_timeout(timeout);
   std::vector<std::exception_ptr> errors(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
@@ -30,7 +32,7 @@ inline std::vector<std::exception_ptr> run_ranks_collect(
         opts.rank = r;
         opts.world_size = world;
         opts.store = store;
-        opts.timeout = std::chrono::seconds(60);
+        opts.timeout = timeout;
         fn(r, init_process_group(opts));
       } catch (...) {
         errors[r] = std::current_exception();

@@ -85,4 +85,32 @@ TEST(DdpErrors, NullModuleOrGroupIsAUsageError) {
                ddp::UsageError);
 }
 
+// One rank leaves the loop after one iteration (it ran out of data); the other's next
+// all-reduce times out with the iteration and the cause, instead of hanging. Both bucket sizes:
+// a small bucket reduces inline on the backward thread (bounded by the group's timeout), a
+// large one on the communication thread (bounded by DDP's timeout).
+TEST(DdpErrors, RankThatRanOutOfDataGetsTheUnevenIterationsHint) {
+  for (int64_t width : {4, 200}) {  // 500 and 20,100 parameters: under and over the inline limit
+    auto errors = run_ranks_collect(
+        2,
+        [&](int rank, ddp::ProcessGroupPtr pg) {
+          torch::nn::Linear net(width, 100);
+          DistributedDataParallel model(
+              net, pg, DistributedDataParallelOptions().timeout(std::chrono::seconds(2)));
+          torch::optim::SGD opt(net->parameters(), 0.1);
+          for (int step = 0; step < (rank == 0 ? 3 : 1); ++step) {
+            opt.zero_grad();
+            model(torch::randn({2, width})).sum().backward();
+            model.step(opt);
+          }
+        },
+        std::chrono::seconds(4));
+    const std::string msg = message_of(errors[0]);
+    EXPECT_TRUE(contains(msg, "in iteration 2 did not finish on rank 0")) << width << ": " << msg;
+    EXPECT_TRUE(contains(msg, "ranks run different numbers of iterations")) << msg;
+    EXPECT_TRUE(contains(msg, "DistributedSampler")) << msg;
+    EXPECT_FALSE(errors[1]) << message_of(errors[1]);
+  }
+}
+
 }  // namespace
