@@ -29,6 +29,16 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::Tenso
 
 constexpr double kTolerance = 1e-5;
 
+// `steps` regression batches of `rows` rows: inputs with `features` columns, 3 targets each,
+// drawn from the current seed (call torch::manual_seed first).
+void make_regression_batches(int64_t rows, int64_t features, int steps,
+                             std::vector<torch::Tensor>& xs, std::vector<torch::Tensor>& ys) {
+  for (int s = 0; s < steps; ++s) {
+    xs.push_back(torch::randn({rows, features}));
+    ys.push_back(torch::randn({rows, 3}));
+  }
+}
+
 struct CnnRun {
   int world = 2;
   Opt opt = Opt::kAdam;
@@ -99,10 +109,7 @@ TEST(Equivalence, LinearSgdAndAdamWorld2And3) {
       const int B = 4, steps = 4;
       torch::manual_seed(1);
       std::vector<torch::Tensor> xs, ys;
-      for (int s = 0; s < steps; ++s) {
-        xs.push_back(torch::randn({world * B, 10}));
-        ys.push_back(torch::randn({world * B, 3}));
-      }
+      make_regression_batches(world * B, 10, steps, xs, ys);
       torch::nn::Linear ref(10, 3);
       std::vector<torch::nn::Linear> models;
       for (int r = 0; r < world; ++r) models.emplace_back(10, 3);
@@ -182,10 +189,7 @@ TEST(Equivalence, BucketsAreRebuiltInGradientReadyOrder) {
     const int world = 2, B = 3, steps = 4;
     torch::manual_seed(5);
     std::vector<torch::Tensor> xs, ys;
-    for (int s = 0; s < steps; ++s) {
-      xs.push_back(torch::randn({world * B, 6}));
-      ys.push_back(torch::randn({world * B, 3}));
-    }
+    make_regression_batches(world * B, 6, steps, xs, ys);
     ddp::test::Reordered ref;
     std::vector<ddp::test::Reordered> models;
     for (int r = 0; r < world; ++r) models.emplace_back();
@@ -264,10 +268,7 @@ void check_unused(int world) {
   const int B = 3, steps = 4;
   torch::manual_seed(2);
   std::vector<torch::Tensor> xs, ys;
-  for (int s = 0; s < steps; ++s) {
-    xs.push_back(torch::randn({world * B, 6}));
-    ys.push_back(torch::randn({world * B, 3}));
-  }
+  make_regression_batches(world * B, 6, steps, xs, ys);
   ddp::test::Branchy ref;
   std::vector<ddp::test::Branchy> models;
   for (int r = 0; r < world; ++r) models.emplace_back();
