@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "ddp/torch/idx_format.hpp"
+#include "ddp/torch/data/idx_format.hpp"
 #include "ddp/util/error.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

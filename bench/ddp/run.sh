@@ -15,7 +15,7 @@
 # gradient per step fewer). `ddp_fused_adam` is ddp with ddp::FusedAdam instead of
 # torch::optim::Adam (the same update in one pass over memory; PyTorch 1.13 has no fused CPU
 # Adam to set beside it, so the headline ratios keep torch::optim::Adam on both sides).
-# The C++ bench calls ddp::keep_freed_memory() (include/ddp/torch/malloc_tuning.hpp); PyTorch
+# The C++ bench calls ddp::keep_freed_memory() (include/ddp/util/malloc_tuning.hpp); PyTorch
 # runs as shipped and, as `pytorch_malloc_tuned`, with the same glibc settings from the
 # environment, so the summary shows how much of the lead over PyTorch is that setting. Every measurement is followed by a
 # `ddp_load` line with the 1-minute load average before and after it: on a shared machine a

@@ -17,8 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ddp/comm/init.hpp"
-#include "ddp/torch/ddp.hpp"
-#include "ddp/torch/local_device.hpp"
+#include "ddp/torch/ddp/distributed_data_parallel.hpp"
+#include "ddp/torch/ddp/local_device.hpp"
 #include "ddp/util/error.hpp"
 #include "models.hpp"
 

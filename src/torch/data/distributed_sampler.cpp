@@ -1,4 +1,4 @@
-#include "ddp/torch/distributed_sampler.hpp"
+#include "ddp/torch/data/distributed_sampler.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>

@@ -1,10 +1,10 @@
-#include "ddp/torch/idx_dataset.hpp"
+#include "ddp/torch/data/idx_dataset.hpp"
 
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <torch/torch.h>
 
-#include "ddp/torch/idx_format.hpp"
+#include "ddp/torch/data/idx_format.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {

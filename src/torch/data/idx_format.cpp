@@ -1,4 +1,4 @@
-#include "ddp/torch/idx_format.hpp"
+#include "ddp/torch/data/idx_format.hpp"
 
 #include <zlib.h>
 

@@ -1,4 +1,4 @@
-#include "ddp/torch/prefetch_loader.hpp"
+#include "ddp/torch/data/prefetch_loader.hpp"
 
 #include <fmt/format.h>
 

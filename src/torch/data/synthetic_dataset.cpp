@@ -1,4 +1,4 @@
-#include "ddp/torch/synthetic_dataset.hpp"
+#include "ddp/torch/data/synthetic_dataset.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>

@@ -1,4 +1,4 @@
-#include "ddp/torch/tensor_dataset.hpp"
+#include "ddp/torch/data/tensor_dataset.hpp"
 
 #include <torch/torch.h>
 

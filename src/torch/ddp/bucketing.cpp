@@ -1,4 +1,4 @@
-#include "ddp/torch/ddp_bucketing.hpp"
+#include "ddp/torch/ddp/bucketing.hpp"
 
 #include <algorithm>
 #include <map>

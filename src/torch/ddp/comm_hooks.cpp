@@ -1,7 +1,7 @@
-#include "ddp/torch/comm_hooks.hpp"
+#include "ddp/torch/ddp/comm_hooks.hpp"
 
-#include "ddp/torch/stream_order.hpp"
-#include "ddp/torch/tensor_adapter.hpp"
+#include "ddp/torch/ddp/stream_order.hpp"
+#include "ddp/torch/ddp/tensor_adapter.hpp"
 
 namespace ddp {
 namespace {

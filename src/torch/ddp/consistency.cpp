@@ -1,11 +1,11 @@
-#include "ddp/torch/ddp_consistency.hpp"
+#include "ddp/torch/ddp/consistency.hpp"
 
 #include <fmt/format.h>
 
 #include <sstream>
 
-#include "ddp/torch/stream_order.hpp"
-#include "ddp/torch/tensor_adapter.hpp"
+#include "ddp/torch/ddp/stream_order.hpp"
+#include "ddp/torch/ddp/tensor_adapter.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {

@@ -1,9 +1,9 @@
-#include "ddp/torch/local_device.hpp"
+#include "ddp/torch/ddp/local_device.hpp"
 
 #include <fmt/format.h>
 
 #include "ddp/comm/world_info.hpp"
-#include "ddp/torch/stream_order.hpp"
+#include "ddp/torch/ddp/stream_order.hpp"
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
 

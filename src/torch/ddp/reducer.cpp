@@ -1,4 +1,4 @@
-#include "ddp/torch/ddp_reducer.hpp"
+#include "ddp/torch/ddp/reducer.hpp"
 
 #include <fmt/format.h>
 
@@ -9,9 +9,9 @@
 
 #include <unordered_set>
 
-#include "ddp/torch/ddp_bucketing.hpp"
-#include "ddp/torch/stream_order.hpp"
-#include "ddp/torch/tensor_adapter.hpp"
+#include "ddp/torch/ddp/bucketing.hpp"
+#include "ddp/torch/ddp/stream_order.hpp"
+#include "ddp/torch/ddp/tensor_adapter.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/logging.hpp"
 

@@ -1,4 +1,4 @@
-#include "ddp/torch/ddp_state.hpp"
+#include "ddp/torch/ddp/state.hpp"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "ddp/torch/stream_order.hpp"
+#include "ddp/torch/ddp/stream_order.hpp"
 
 #include <fmt/format.h>
 

@@ -1,8 +1,8 @@
-#include "ddp/torch/tensor_adapter.hpp"
+#include "ddp/torch/ddp/tensor_adapter.hpp"
 
 #include <fmt/format.h>
 
-#include "ddp/torch/stream_order.hpp"
+#include "ddp/torch/ddp/stream_order.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {

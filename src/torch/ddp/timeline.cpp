@@ -1,4 +1,4 @@
-#include "ddp/torch/timeline.hpp"
+#include "ddp/torch/ddp/timeline.hpp"
 
 #include <fmt/format.h>
 

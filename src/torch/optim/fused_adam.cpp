@@ -1,4 +1,4 @@
-#include "ddp/torch/fused_adam.hpp"
+#include "ddp/torch/optim/fused_adam.hpp"
 
 #include <ATen/Parallel.h>
 #include <c10/util/string_utils.h>

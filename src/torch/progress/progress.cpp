@@ -1,4 +1,4 @@
-#include "ddp/torch/progress.hpp"
+#include "ddp/torch/progress/progress.hpp"
 
 #include <fmt/format.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "ddp/torch/snapshot.hpp"
+#include "ddp/torch/snapshot/snapshot.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
@@ -9,8 +9,8 @@
 #include <set>
 #include <sstream>
 
-#include "ddp/torch/snapshot_file.hpp"
-#include "ddp/torch/torch_pickle.hpp"
+#include "ddp/torch/snapshot/snapshot_file.hpp"
+#include "ddp/torch/snapshot/torch_pickle.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {

@@ -1,4 +1,4 @@
-#include "ddp/torch/snapshot_file.hpp"
+#include "ddp/torch/snapshot/snapshot_file.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -11,9 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
-#include <thread>
 
-#include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {
@@ -123,16 +121,9 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
   const std::string tmp = fmt::format("{}/.{}.tmp-{}", dir, base, ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw io_error("cannot create temporary snapshot file", tmp);
-  // Fault-injection seam for tests: DDP_SNAPSHOT_TEST_DELAY_MS pauses with the temporary file
-  // half written, so a test can kill the writer at exactly that moment.
-  const auto delay_ms = env::get_int("DDP_SNAPSHOT_TEST_DELAY_MS").value_or(0);
   size_t done = 0;
   while (done < bytes.size()) {
-    size_t chunk = bytes.size() - done;
-    if (delay_ms > 0 && done == 0) chunk = std::max<size_t>(1, chunk / 2);
-    if (delay_ms > 0 && done > 0 && done < bytes.size()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-    }
+    const size_t chunk = bytes.size() - done;
     const ssize_t w = ::write(fd, bytes.data() + done, chunk);
     if (w < 0 && errno == EINTR) continue;
     if (w < 0) {

@@ -8,8 +8,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "ddp/torch/snapshot.hpp"
-#include "ddp/torch/snapshot_file.hpp"
+#include "ddp/torch/snapshot/snapshot.hpp"
+#include "ddp/torch/snapshot/snapshot_file.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {

@@ -1,4 +1,4 @@
-#include "ddp/torch/torch_pickle.hpp"
+#include "ddp/torch/snapshot/torch_pickle.hpp"
 
 #include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>

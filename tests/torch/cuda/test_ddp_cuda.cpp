@@ -10,8 +10,8 @@
 
 #include "ddp/comm/init.hpp"
 #include "ddp/store/hash_store.hpp"
-#include "ddp/torch/ddp.hpp"
-#include "ddp/torch/stream_order.hpp"
+#include "ddp/torch/ddp/distributed_data_parallel.hpp"
+#include "ddp/torch/ddp/stream_order.hpp"
 #include "ddp/util/error.hpp"
 #include "models.hpp"
 #include "rank_threads.hpp"

@@ -6,8 +6,8 @@
 #include <optional>
 #include <string>
 
-#include "ddp/torch/local_device.hpp"
-#include "ddp/torch/stream_order.hpp"
+#include "ddp/torch/ddp/local_device.hpp"
+#include "ddp/torch/ddp/stream_order.hpp"
 #include "ddp/util/error.hpp"
 #include "rank_threads.hpp"
 

@@ -4,7 +4,7 @@ moments and rank 0 in the middle of writing a snapshot; every run must restart, 
 newest valid snapshot, finish all epochs with the same final parameters as an uninterrupted
 run, and never leave a snapshot that fails its checksum.
 
-Usage: fault_test.py --ddprun PATH --toy PATH [--kills 20] [--seed N]
+Usage: fault_test.py --ddprun PATH --toy PATH --slow-write LIB [--kills 20] [--seed N]
 Plain Python (no torch needed): the checksum is verified from the zip comment with hashlib.
 """
 import argparse
@@ -117,6 +117,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ddprun", required=True)
     ap.add_argument("--toy", required=True)
+    ap.add_argument("--slow-write", required=True,
+                    help="tests/support/slow_snapshot_write.c built as a shared library")
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
@@ -161,12 +163,13 @@ def main():
                   f"parameters equal", flush=True)
             shutil.rmtree(workdir)
 
-        # Rank 0 killed while its snapshot file is half written (the library's test seam
-        # pauses there), at each of the first three snapshots.
+        # Rank 0 killed while its snapshot file is half written (the --slow-write LD_PRELOAD
+        # shim pauses there), at each of the first three snapshots.
         for n in range(3):
             workdir = os.path.join(root, f"write{n}")
             os.makedirs(workdir)
-            proc = start(args, workdir, {"DDP_SNAPSHOT_TEST_DELAY_MS": "200"})
+            proc = start(args, workdir, {"LD_PRELOAD": args.slow_write,
+                                         "SLOW_SNAPSHOT_WRITE_DELAY_MS": "200"})
             killed = None
             deadline = time.monotonic() + 60
             seen = 0

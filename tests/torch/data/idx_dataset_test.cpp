@@ -7,8 +7,8 @@
 
 #include <fstream>
 
-#include "ddp/torch/idx_dataset.hpp"
-#include "ddp/torch/idx_format.hpp"
+#include "ddp/torch/data/idx_dataset.hpp"
+#include "ddp/torch/data/idx_format.hpp"
 #include "ddp/util/error.hpp"
 
 namespace {

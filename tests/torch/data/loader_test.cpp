@@ -7,8 +7,8 @@
 #include <numeric>
 #include <sstream>
 
-#include "ddp/torch/prefetch_loader.hpp"
-#include "ddp/torch/synthetic_dataset.hpp"
+#include "ddp/torch/data/prefetch_loader.hpp"
+#include "ddp/torch/data/synthetic_dataset.hpp"
 #include "ddp/util/error.hpp"
 #include "python_helper.hpp"
 
@@ -144,7 +144,7 @@ TEST(PrefetchLoader, RejectsBadOptions) {
 
 }  // namespace
 
-#include "ddp/torch/progress.hpp"
+#include "ddp/torch/progress/progress.hpp"
 
 namespace {
 

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <sstream>
 
-#include "ddp/torch/distributed_sampler.hpp"
+#include "ddp/torch/data/distributed_sampler.hpp"
 #include "ddp/util/error.hpp"
 #include "python_helper.hpp"
 

@@ -12,9 +12,9 @@
 #include <random>
 #include <sstream>
 
-#include "ddp/torch/snapshot.hpp"
-#include "ddp/torch/snapshot_file.hpp"
-#include "ddp/torch/torch_pickle.hpp"
+#include "ddp/torch/snapshot/snapshot.hpp"
+#include "ddp/torch/snapshot/snapshot_file.hpp"
+#include "ddp/torch/snapshot/torch_pickle.hpp"
 #include "ddp/util/error.hpp"
 #include "python_helper.hpp"
 

@@ -1,8 +1,8 @@
 // tensor_adapter: dtype mapping and the errors for tensors collectives cannot take.
 #include <gtest/gtest.h>
 
-#include "ddp/torch/ddp_state.hpp"
-#include "ddp/torch/tensor_adapter.hpp"
+#include "ddp/torch/ddp/state.hpp"
+#include "ddp/torch/ddp/tensor_adapter.hpp"
 #include "ddp/util/error.hpp"
 
 namespace {

@@ -1,7 +1,7 @@
 // Bucket assignment: reverse or given order, caps, one dtype/device per bucket.
 #include <gtest/gtest.h>
 
-#include "ddp/torch/ddp_bucketing.hpp"
+#include "ddp/torch/ddp/bucketing.hpp"
 
 namespace {
 

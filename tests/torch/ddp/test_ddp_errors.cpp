@@ -1,7 +1,7 @@
 // Error paths: the messages name the parameter, the ranks and the fix.
 #include <gtest/gtest.h>
 
-#include "ddp/torch/ddp.hpp"
+#include "ddp/torch/ddp/distributed_data_parallel.hpp"
 #include "ddp/util/error.hpp"
 #include "models.hpp"
 #include "rank_threads.hpp"

@@ -9,7 +9,7 @@
 #include <set>
 #include <sstream>
 
-#include "ddp/torch/ddp.hpp"
+#include "ddp/torch/ddp/distributed_data_parallel.hpp"
 #include "ddp/util/logging.hpp"
 #include "models.hpp"
 #include "rank_threads.hpp"

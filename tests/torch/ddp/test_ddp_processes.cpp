@@ -19,7 +19,7 @@
 
 #include "ddp/comm/init.hpp"
 #include "ddp/store/hash_store.hpp"
-#include "ddp/torch/ddp.hpp"
+#include "ddp/torch/ddp/distributed_data_parallel.hpp"
 #include "ddp/util/socket.hpp"
 #include "models.hpp"
 

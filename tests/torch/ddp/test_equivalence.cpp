@@ -5,7 +5,7 @@
 
 #include <optional>
 
-#include "ddp/torch/ddp.hpp"
+#include "ddp/torch/ddp/distributed_data_parallel.hpp"
 #include "models.hpp"
 #include "rank_threads.hpp"
 

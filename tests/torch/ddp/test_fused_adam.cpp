@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/torch/fused_adam.hpp"
+#include "ddp/torch/optim/fused_adam.hpp"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "ddp/torch/malloc_tuning.hpp"
+#include "ddp/util/malloc_tuning.hpp"
 
 namespace {
 

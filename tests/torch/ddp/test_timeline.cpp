@@ -5,7 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "ddp/torch/timeline.hpp"
+#include "ddp/torch/ddp/timeline.hpp"
 #include "ddp/util/error.hpp"
 
 namespace {

@@ -7,7 +7,7 @@
 #include <chrono>
 #include <string>
 
-#include "ddp/torch/comm_hooks.hpp"
+#include "ddp/torch/ddp/comm_hooks.hpp"
 
 namespace ddp {
 

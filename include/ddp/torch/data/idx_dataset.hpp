@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "ddp/torch/tensor_dataset.hpp"
+#include "ddp/torch/data/tensor_dataset.hpp"
 
 namespace ddp {
 

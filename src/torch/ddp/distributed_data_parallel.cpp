@@ -1,11 +1,11 @@
-#include "ddp/torch/ddp.hpp"
+#include "ddp/torch/ddp/distributed_data_parallel.hpp"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "blas_warning.hpp"
-#include "ddp/torch/ddp_consistency.hpp"
-#include "ddp/torch/stream_order.hpp"
+#include "ddp/torch/ddp/consistency.hpp"
+#include "ddp/torch/ddp/stream_order.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "ddp/torch/tensor_dataset.hpp"
+#include "ddp/torch/data/tensor_dataset.hpp"
 
 namespace ddp {
 

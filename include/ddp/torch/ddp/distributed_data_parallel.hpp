@@ -34,11 +34,11 @@
 #include <vector>
 
 #include "ddp/comm/process_group.hpp"
-#include "ddp/torch/comm_hooks.hpp"
-#include "ddp/torch/ddp_options.hpp"
-#include "ddp/torch/ddp_reducer.hpp"
-#include "ddp/torch/ddp_state.hpp"
-#include "ddp/torch/timeline.hpp"
+#include "ddp/torch/ddp/comm_hooks.hpp"
+#include "ddp/torch/ddp/options.hpp"
+#include "ddp/torch/ddp/reducer.hpp"
+#include "ddp/torch/ddp/state.hpp"
+#include "ddp/torch/ddp/timeline.hpp"
 
 namespace ddp {
 

@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "ddp/torch/tensor_dataset.hpp"
+#include "ddp/torch/data/tensor_dataset.hpp"
 
 namespace ddp {
 

@@ -34,9 +34,9 @@
 #include <vector>
 
 #include "ddp/comm/process_group.hpp"
-#include "ddp/torch/comm_hooks.hpp"
-#include "ddp/torch/ddp_bucketing.hpp"
-#include "ddp/torch/timeline.hpp"
+#include "ddp/torch/ddp/comm_hooks.hpp"
+#include "ddp/torch/ddp/bucketing.hpp"
+#include "ddp/torch/ddp/timeline.hpp"
 
 namespace ddp {
 
