@@ -10,8 +10,11 @@ find_package(ZLIB REQUIRED)
 find_package(Gloo QUIET)
 set(DDP_HAVE_GLOO ${Gloo_FOUND})
 
-find_package(MPI QUIET COMPONENTS C)
-set(DDP_HAVE_MPI ${MPI_C_FOUND})
+# The CXX component (a user's project that finds ddp is C++, and may not enable C), without the
+# deprecated MPI C++ bindings: ddp calls MPI's C API only.
+set(MPI_CXX_SKIP_MPICXX ON)
+find_package(MPI QUIET COMPONENTS CXX)
+set(DDP_HAVE_MPI ${MPI_CXX_FOUND})
 
 # LibTorch: Debian's libtorch-dev (1.13, CPU) by default; a CUDA LibTorch (for example the one
 # inside a PyTorch 2.x wheel, CMAKE_PREFIX_PATH=$(python3 -c "import torch;

@@ -36,13 +36,13 @@
 
 #include "ddp/comm/init.hpp"
 #include "ddp/store/hash_store.hpp"
-#include "ddp/torch/ddp/distributed_data_parallel.hpp"
-#include "ddp/torch/optim/fused_adam.hpp"
 #include "ddp/torch/data/idx_dataset.hpp"
-#include "ddp/util/malloc_tuning.hpp"
-#include "ddp/torch/models/mnist_cnn.hpp"
+#include "ddp/torch/ddp/distributed_data_parallel.hpp"
 #include "ddp/torch/ddp/tensor_adapter.hpp"
+#include "ddp/torch/models/mnist_cnn.hpp"
+#include "ddp/torch/optim/fused_adam.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/malloc_tuning.hpp"
 #include "ddp/util/socket.hpp"
 
 extern char** environ;

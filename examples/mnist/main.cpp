@@ -11,20 +11,11 @@
 #include <chrono>
 #include <iostream>
 
-#include "ddp/comm/init.hpp"
-#include "ddp/torch/ddp/distributed_data_parallel.hpp"
-#include "ddp/torch/data/distributed_sampler.hpp"
-#include "ddp/torch/optim/fused_adam.hpp"
-#include "ddp/torch/data/idx_dataset.hpp"
-#include "ddp/torch/ddp/local_device.hpp"
-#include "ddp/util/malloc_tuning.hpp"
-#include "ddp/torch/models/mnist_cnn.hpp"
-#include "ddp/torch/data/prefetch_loader.hpp"
-#include "ddp/torch/progress/progress.hpp"
-#include "ddp/torch/snapshot/snapshot.hpp"
+#include <ddp/ddp.hpp>
+
 #include "ddp/torch/ddp/stream_order.hpp"
 #include "ddp/torch/ddp/tensor_adapter.hpp"
-#include "ddp/util/error.hpp"
+#include "ddp/torch/models/mnist_cnn.hpp"
 
 namespace {
 

@@ -17,15 +17,9 @@
 
 #include <iostream>
 
-#include "ddp/comm/init.hpp"
-#include "ddp/torch/ddp/distributed_data_parallel.hpp"
-#include "ddp/torch/data/distributed_sampler.hpp"
-#include "ddp/torch/ddp/local_device.hpp"
-#include "ddp/torch/data/prefetch_loader.hpp"
-#include "ddp/torch/snapshot/snapshot.hpp"
+#include <ddp/ddp.hpp>
+
 #include "ddp/torch/snapshot/snapshot_file.hpp"
-#include "ddp/torch/data/synthetic_dataset.hpp"
-#include "ddp/util/error.hpp"
 
 namespace {
 

@@ -16,6 +16,7 @@
 
 #ifdef DDP_HAVE_MPI_BACKEND
 #include "ddp/comm/mpi_process_group.hpp"
+#include "mpi/mpi_bootstrap.hpp"
 #endif
 #ifdef DDP_HAVE_NCCL_BACKEND
 #include "ddp/comm/nccl_process_group.hpp"
@@ -25,7 +26,8 @@ namespace ddp {
 
 namespace {
 
-std::shared_ptr<Store> store_from_env(int rank, int world_size, std::chrono::milliseconds timeout);
+std::shared_ptr<Store> store_from_env(int rank, int world_size, const WorldInfo& world,
+                                      std::chrono::milliseconds timeout);
 
 size_t inline_bytes() {
   const auto v = env::get_int("DDP_CPU_INLINE_BYTES");
@@ -99,7 +101,7 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
                     rank, size));
   }
   std::shared_ptr<Store> store = options.store;
-  if (!store) store = store_from_env(rank, size, options.timeout);
+  if (!store) store = store_from_env(rank, size, world, options.timeout);
 
 #ifdef DDP_HAVE_NCCL_BACKEND
   if (backend == "nccl") {
@@ -141,7 +143,8 @@ ProcessGroupPtr new_group(const ProcessGroupPtr& parent, const std::vector<int>&
 
 namespace {
 
-std::shared_ptr<Store> store_from_env(int rank, int world_size, std::chrono::milliseconds timeout) {
+std::shared_ptr<Store> store_from_env(int rank, int world_size, const WorldInfo& world,
+                                      std::chrono::milliseconds timeout) {
   const auto addr = env::get("MASTER_ADDR");
   const auto port = env::get_int("MASTER_PORT");
   if (world_size == 1 && (!addr || !port)) {
@@ -150,12 +153,24 @@ std::shared_ptr<Store> store_from_env(int rank, int world_size, std::chrono::mil
     store->set_timeout(timeout);
     return store;
   }
+  // mpirun gives every rank its rank and size but no store address: MPI carries rank 0's.
+  const bool started_by_mpirun =
+      world.source == "openmpi" ||
+      (world.source == "default" && env::get("OMPI_COMM_WORLD_SIZE").has_value());
+#ifdef DDP_HAVE_MPI_BACKEND
+  if (started_by_mpirun && !port) {
+    return mpi_detail::bootstrap_store_over_mpi(rank, world_size, timeout);
+  }
+#endif
   if (!addr || addr->empty() || !port) {
     throw UsageError(fmt::format(
         "init_process_group: no store given and MASTER_ADDR/MASTER_PORT are not set (rank {} "
         "of {}); launch with ddprun/torchrun, export MASTER_ADDR and MASTER_PORT, or pass "
-        "InitOptions.store",
-        rank, world_size));
+        "InitOptions.store{}",
+        rank, world_size,
+        started_by_mpirun ? "; this build has no MPI (install libopenmpi-dev and rebuild) to "
+                            "bootstrap mpirun jobs without them"
+                          : ""));
   }
   if (*port <= 0 || *port > 65535) {
     throw UsageError(fmt::format("MASTER_PORT={} is not a valid TCP port (1..65535)", *port));

@@ -13,6 +13,7 @@
 
 #include "ddp/rendezvous/options.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/version.hpp"
 
 namespace ddp::launcher {
 
@@ -196,6 +197,8 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
       "WORLD_SIZE, MASTER_ADDR, ... set; restarts the group on failure.",
       "ddprun"};
   app.prefix_command();  // everything from PROGRAM on belongs to the program
+  app.set_version_flag("--version", std::string("ddprun (ddp) ") + kVersion,
+                       "Print ddp's version and exit");
   app.footer(
       "Every flag also has an underscore spelling (--nproc_per_node) and a PET_ variable "
       "(PET_NPROC_PER_NODE) used when the flag is absent. See docs/ddprun.md.");
@@ -291,6 +294,10 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
   } catch (const CLI::CallForHelp&) {
     ParsedCommandLine result;
     result.help = doctor->parsed() ? doctor->help() : app.help();
+    return result;
+  } catch (const CLI::CallForVersion& e) {
+    ParsedCommandLine result;
+    result.help = std::string(e.what()) + "\n";
     return result;
   } catch (const CLI::ParseError& e) {
     throw UsageError(fmt::format("{}; run 'ddprun --help' for the list of flags", e.what()));

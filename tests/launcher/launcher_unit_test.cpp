@@ -14,6 +14,7 @@
 #include "ddp/launcher/worker_env.hpp"
 #include "ddp/launcher/world.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/version.hpp"
 
 namespace ddp::launcher {
 namespace {
@@ -146,6 +147,12 @@ TEST(Cli, ErrorsNameTheFlagAndTheFix) {
             std::string::npos);
   EXPECT_NO_THROW(parse({"--start-method", "fork", "p"}));
   EXPECT_NE(usage_error({"--master-port", "", "p"}).find("--master-port"), std::string::npos);
+}
+
+TEST(Cli, VersionPrintsTheProjectVersion) {
+  ParsedCommandLine v = parse_command_line({"--version"}, fake_env({}));
+  EXPECT_FALSE(v.options.has_value());
+  EXPECT_EQ(v.help, std::string("ddprun (ddp) ") + DDP_VERSION_STRING + "\n");
 }
 
 TEST(Cli, DoubleDashAndHelp) {

@@ -30,11 +30,11 @@ struct DoctorCommand {
 };
 
 struct ParsedCommandLine {
-  // Set for a launch (unless --help was asked for).
+  // Set for a launch (unless --help or --version was asked for).
   std::optional<LaunchOptions> options;
   // Set for `ddprun doctor`.
   std::optional<DoctorCommand> doctor;
-  // The help text when --help was given.
+  // The text to print before exiting 0: the help for --help, the version for --version.
   std::string help;
 };
 

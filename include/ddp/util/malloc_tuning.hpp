@@ -21,6 +21,7 @@
 // a C library other than glibc).
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 #if defined(__GLIBC__)
 #include <malloc.h>

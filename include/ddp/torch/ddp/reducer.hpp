@@ -34,8 +34,8 @@
 #include <vector>
 
 #include "ddp/comm/process_group.hpp"
-#include "ddp/torch/ddp/comm_hooks.hpp"
 #include "ddp/torch/ddp/bucketing.hpp"
+#include "ddp/torch/ddp/comm_hooks.hpp"
 #include "ddp/torch/ddp/timeline.hpp"
 
 namespace ddp {

@@ -1,0 +1,34 @@
+# cpack -G DEB (run in the build directory) packs what cmake --install installs into
+# ddp_<version>_<arch>.deb. Depends: dpkg-shlibdeps for the installed executables (ddprun) and
+# the Debian -dev packages that the CMake package's find_dependency calls need, since the
+# static libraries and headers are built against them.
+set(CPACK_PACKAGE_NAME ddp)
+set(CPACK_PACKAGE_VENDOR "ddp developers")
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
+    "distributed data-parallel training in C++: ddprun launcher, process groups, DDP for LibTorch")
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGE_CONTACT "ddp developers <ddp@localhost>")
+set(CPACK_GENERATOR DEB)
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_SECTION devel)
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_PACKAGE_DESCRIPTION
+    "ddp is what PyTorch users get from torchrun, torch.distributed and\n"
+    " DistributedDataParallel, as one C++ system on LibTorch. This package holds the\n"
+    " ddprun launcher (torchrun's command line), the static libraries, the public\n"
+    " headers (<ddp/ddp.hpp>), the CMake package (find_package(ddp) -> ddp::ddp),\n"
+    " the documentation and the ddprun man page.")
+set(DDP_DEB_DEPENDS libfmt-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libssl-dev
+                    zlib1g-dev)
+if(DDP_HAVE_GLOO)
+  list(APPEND DDP_DEB_DEPENDS libgloo-dev)
+endif()
+if(DDP_HAVE_MPI)
+  list(APPEND DDP_DEB_DEPENDS libopenmpi-dev)
+endif()
+if(DDP_WITH_TORCH)
+  list(APPEND DDP_DEB_DEPENDS libtorch-dev)
+endif()
+list(JOIN DDP_DEB_DEPENDS ", " CPACK_DEBIAN_PACKAGE_DEPENDS)
+include(CPack)

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# ddp as a package a C++ user builds against. Installs the build into a fresh prefix, checks
+# what landed there, builds tests/package/consumer (find_package(ddp), ddp::ddp, <ddp/ddp.hpp>)
+# against it and runs it under the installed ddprun at 2 ranks; then packs the build with
+# `cpack -G DEB`, checks the package's metadata, unpacks it with `dpkg-deb -x` and does the
+# same against its contents.
+#
+# Usage: package_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+BUILD="$(realpath "${1:?usage: package_test.sh BUILD_DIR SOURCE_DIR}")"
+SOURCE="$(realpath "${2:?usage: package_test.sh BUILD_DIR SOURCE_DIR}")"
+VERSION="$(sed -n 's/^#define DDP_VERSION_STRING "\(.*\)"/\1/p' "$BUILD/include/ddp/version.hpp")"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+# Builds the consumer against PREFIX and runs it under PREFIX's ddprun at 2 ranks.
+build_and_run_consumer() {
+  local prefix="$1" name="$2"
+  echo "== consumer against $name ($prefix)"
+  cmake -S "$SOURCE/tests/package/consumer" -B "$WORK/consumer-$name" -G Ninja \
+        -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" >"$WORK/configure-$name.log" 2>&1 ||
+    { cat "$WORK/configure-$name.log"; fail "configuring the consumer against $name"; }
+  grep -q "ddp $VERSION from $prefix" "$WORK/configure-$name.log" ||
+    { cat "$WORK/configure-$name.log"; fail "find_package(ddp) did not find $name's ddp $VERSION"; }
+  cmake --build "$WORK/consumer-$name" -j 2 >"$WORK/build-$name.log" 2>&1 ||
+    { cat "$WORK/build-$name.log"; fail "building the consumer against $name"; }
+  local out
+  out=$(timeout 120 "$prefix/bin/ddprun" --standalone --nproc-per-node 2 \
+          "$WORK/consumer-$name/consumer" 2>&1) || { echo "$out"; fail "consumer under $name's ddprun"; }
+  echo "$out"
+  for rank in 0 1; do
+    grep -q "consumer rank $rank of 2: ddp $VERSION, 8 steps, parameters equal across ranks" <<<"$out" ||
+      fail "rank $rank did not report equal parameters"
+  done
+}
+
+# The installed tree must hold everything a user needs and nothing from the tests.
+check_tree() {
+  local prefix="$1" name="$2"
+  for f in bin/ddprun include/ddp/ddp.hpp include/ddp/version.hpp \
+           include/ddp/torch/ddp/distributed_data_parallel.hpp \
+           lib/cmake/ddp/ddpConfig.cmake lib/cmake/ddp/ddpConfigVersion.cmake \
+           lib/cmake/ddp/ddpTargets.cmake share/man/man1/ddprun.1.gz share/doc/ddp/ddprun.md; do
+    [[ -e "$prefix/$f" ]] || fail "$name: $f is missing"
+  done
+  ls "$prefix"/lib*/libddp_torch.a "$prefix"/lib*/libddp_comm.a >/dev/null 2>&1 ||
+    fail "$name: the static libraries are missing"
+  if grep -rl "gtest\|DDP_SNAPSHOT_TEST" "$prefix/include" >/dev/null; then
+    fail "$name: test code in the public headers: $(grep -rl 'gtest\|DDP_SNAPSHOT_TEST' "$prefix/include")"
+  fi
+  [[ "$("$prefix/bin/ddprun" --version)" == "ddprun (ddp) $VERSION" ]] ||
+    fail "$name: ddprun --version says '$("$prefix/bin/ddprun" --version)'"
+  gzip -dc "$prefix/share/man/man1/ddprun.1.gz" | grep -q "^\.TH DDPRUN 1 .*ddp $VERSION" ||
+    fail "$name: the man page does not carry version $VERSION"
+}
+
+echo "== cmake --install into a fresh prefix"
+cmake --install "$BUILD" --prefix "$WORK/prefix" >"$WORK/install.log" 2>&1 ||
+  { cat "$WORK/install.log"; fail "cmake --install"; }
+check_tree "$WORK/prefix" "install prefix"
+build_and_run_consumer "$WORK/prefix" install
+
+echo "== cpack -G DEB"
+(cd "$BUILD" && cpack -G DEB -B "$WORK/deb" >"$WORK/cpack.log" 2>&1) ||
+  { cat "$WORK/cpack.log"; fail "cpack -G DEB"; }
+deb="$(ls "$WORK"/deb/ddp_"$VERSION"_*.deb)"
+info="$(dpkg-deb --info "$deb")"
+echo "$info" | sed -n '/Package:/,$p'
+grep -q "^ Package: ddp$" <<<"$info" || fail "package name"
+grep -q "^ Version: $VERSION$" <<<"$info" || fail "package version"
+# shlibdeps found ddprun's shared libraries (libc, libstdc++, fmt, spdlog ...) ...
+grep -q "^ Depends: .*libc6 (>= " <<<"$info" || fail "no shlibdeps-computed libc6 dependency"
+grep -q "^ Depends: .*libstdc++6 (>= " <<<"$info" || fail "no shlibdeps-computed libstdc++6 dependency"
+# ... and the -dev packages the CMake package's find_dependency calls need are there too.
+for dep in libtorch-dev libgloo-dev libfmt-dev libspdlog-dev; do
+  grep -q "^ Depends: .*$dep" <<<"$info" || fail "Depends lacks $dep"
+done
+dpkg-deb -x "$deb" "$WORK/root"
+check_tree "$WORK/root/usr" ".deb"
+build_and_run_consumer "$WORK/root/usr" deb
+echo "PASS: installed and packaged ddp build and run a find_package(ddp) trainer at 2 ranks"
