@@ -174,6 +174,10 @@ void FileStore::refresh_locked(bool exclusive) {
 
 void FileStore::append_locked(char op,
                               const std::vector<std::pair<std::string, std::string>>& records) {
+  // Catch up first: this also cuts off a torn record left by a writer that died, so our
+  // records (O_APPEND) follow the last complete one instead of the torn bytes, where the
+  // replay below would stop and truncate them away.
+  refresh_locked(/*exclusive=*/true);
   std::string bytes;
   for (const auto& [key, value] : records) {
     if (key.size() > UINT32_MAX || value.size() > UINT32_MAX) {
