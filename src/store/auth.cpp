@@ -13,6 +13,18 @@ namespace ddp::store_auth {
 namespace {
 // Binds the MAC to this protocol and version so it cannot be replayed elsewhere.
 constexpr char kContext[] = "ddp-store-auth-v1";
+constexpr char kServerContext[] = "ddp-store-server-v1";
+
+std::string hmac_sha256(const std::string& token, const std::string& message) {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int mac_len = 0;
+  if (HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
+           reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac,
+           &mac_len) == nullptr) {
+    throw StoreError("store auth: OpenSSL HMAC-SHA256 failed");
+  }
+  return std::string(reinterpret_cast<char*>(mac), mac_len);
+}
 }  // namespace
 
 std::string resolve_token(const std::optional<std::string>& configured) {
@@ -30,15 +42,12 @@ std::string make_nonce() {
 }
 
 std::string proof(const std::string& token, const std::string& nonce) {
-  std::string message = std::string(kContext) + nonce;
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  unsigned int mac_len = 0;
-  if (HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
-           reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac,
-           &mac_len) == nullptr) {
-    throw StoreError("store auth: OpenSSL HMAC-SHA256 failed");
-  }
-  return std::string(reinterpret_cast<char*>(mac), mac_len);
+  return hmac_sha256(token, std::string(kContext) + nonce);
+}
+
+std::string server_proof(const std::string& token, const std::string& client_nonce,
+                         const std::string& server_nonce) {
+  return hmac_sha256(token, std::string(kServerContext) + client_nonce + server_nonce);
 }
 
 bool proofs_equal(const std::string& expected, const std::string& received) {

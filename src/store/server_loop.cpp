@@ -220,7 +220,13 @@ void TcpStoreServer::Loop::on_readable(Connection& conn) {
   process(conn);
   if (conn.state == State::kDead || conn.state == State::kClosing) return;
   if (eof) {
-    if (conn.waiter.active) {
+    if (conn.state == State::kAuth) {
+      // A client whose token differs hangs up here, after checking our proof.
+      logger_->warn(
+          "store server: {} hung up during the auth handshake (a client with another token "
+          "refuses this server's proof)",
+          conn.peer);
+    } else if (conn.waiter.active) {
       logger_->debug("store server: {} disconnected while waiting for {} keys", conn.peer,
                      conn.waiter.keys.size());
     } else if (conn.in.size() > conn.in_off) {
@@ -232,11 +238,19 @@ void TcpStoreServer::Loop::on_readable(Connection& conn) {
   }
   // Requests stay buffered while one is pending; bound what a client may queue that way.
   size_t buffered = conn.in.size() - conn.in_off;
-  if (buffered > options_.max_frame_bytes + store_protocol::kHeaderBytes) {
-    close_with_error(conn, 0, store_protocol::kErrorProtocol,
-                     fmt::format("{} bytes sent ahead of replies (limit {}); wait for each reply",
-                                 buffered, options_.max_frame_bytes));
+  size_t limit = frame_limit(conn);
+  if (buffered > limit + store_protocol::kHeaderBytes) {
+    std::string why = fmt::format(
+        "{} bytes sent ahead of replies (limit {}){}", buffered, limit,
+        conn.state == State::kReady ? "; wait for each reply" : " before authentication");
+    logger_->warn("store server: closing {}: {}", conn.peer, why);
+    close_with_error(conn, 0, store_protocol::kErrorProtocol, why);
   }
+}
+
+size_t TcpStoreServer::Loop::frame_limit(const Connection& conn) const {
+  if (conn.state == State::kReady) return options_.max_frame_bytes;
+  return std::min(options_.max_frame_bytes, options_.max_handshake_frame_bytes);
 }
 
 void TcpStoreServer::Loop::on_writable(Connection& conn) {

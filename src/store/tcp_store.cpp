@@ -76,6 +76,11 @@ void TcpStore::connect_locked(net::Deadline deadline) {
     } catch (const TimeoutError& e) {
       sock_.close();
       last_error = e.what();
+    } catch (...) {
+      // Refused auth, a server that cannot prove the token, a protocol error: never keep a
+      // connection whose handshake did not complete.
+      sock_.close();
+      throw;
     }
     auto now = net::Clock::now();
     if (now >= deadline) break;
@@ -92,12 +97,44 @@ void TcpStore::handshake_locked(net::Deadline deadline) {
   Frame hello;
   hello.op = Op::kHello;
   hello.fields = {"ddp-tcpstore-client"};
+  // With a token we also authenticate the server: it must answer our nonce with its proof.
+  std::string client_nonce;
+  if (!token_.empty()) {
+    client_nonce = store_auth::make_nonce();
+    hello.fields.push_back(client_nonce);
+  }
   Frame reply = exchange_locked(hello, deadline);
-  if (reply.op == Op::kOk) return;  // server has no token (ours, if any, is not needed)
+  if (reply.op == Op::kOk) {
+    if (token_.empty()) return;  // neither side uses auth
+    sock_.close();
+    throw StoreError(fmt::format(
+        "store at {} answered without authentication although this client holds an auth "
+        "token; refusing to use it. Another process (not the job's store) may have taken port "
+        "{} first, or the store server was started without the token: give the server the "
+        "same token (TcpStoreOptions::token or the {} environment variable), or find what "
+        "listens on the port (ss -ltnp 'sport = :{}')",
+        endpoint(), options_.port, store_auth::kTokenEnvVar, options_.port));
+  }
   if (reply.op == Op::kError) throw_reply_error(reply, Op::kHello);
-  if (reply.op != Op::kChallenge || reply.fields.size() != 1) {
+  if (reply.op != Op::kChallenge || reply.fields.empty() || reply.fields.size() > 2) {
     throw ProtocolError(fmt::format("store at {}: unexpected {} reply to hello", endpoint(),
                                     store_protocol::op_name(reply.op)));
+  }
+  if (!token_.empty()) {
+    bool proven =
+        reply.fields.size() == 2 &&
+        store_auth::proofs_equal(store_auth::server_proof(token_, client_nonce, reply.fields[0]),
+                                 reply.fields[1]);
+    if (!proven) {
+      sock_.close();
+      throw StoreError(fmt::format(
+          "store at {} could not prove it knows this client's auth token ({}); refusing to "
+          "use it. Either the server has another token (token mismatch: pass the same token "
+          "as the server, TcpStoreOptions::token or the {} environment variable), or another "
+          "process that is not the job's store took port {}",
+          endpoint(), reply.fields.size() == 2 ? "its proof does not match" : "it sent no proof",
+          store_auth::kTokenEnvVar, options_.port));
+    }
   }
   Frame auth;
   auth.op = Op::kAuth;
