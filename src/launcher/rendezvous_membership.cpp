@@ -14,6 +14,7 @@
 #include "ddp/rendezvous/membership_watcher.hpp"
 #include "ddp/rendezvous/rendezvous.hpp"
 #include "ddp/store/tcp_store_server.hpp"
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/socket.hpp"
 
@@ -135,7 +136,7 @@ class RendezvousMembership : public Membership {
     TcpStoreServer* server = store_->server();
     if (server == nullptr) return;
     auto limit = std::min(options_.rdzv.conf.join_timeout, rdzv::Millis(60000));
-    auto until = std::chrono::steady_clock::now() + limit;
+    auto until = deadline_after(limit);
     while (server->num_connections() > 1 && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }

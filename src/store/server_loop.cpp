@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/logging.hpp"
 
@@ -182,7 +183,7 @@ void TcpStoreServer::Loop::accept_all() {
       logger_->warn("store server: cannot watch {}: {}", conn->peer, std::strerror(errno));
       continue;
     }
-    add_timer(*conn, net::Clock::now() + options_.handshake_timeout, conn->timer_seq);
+    add_timer(*conn, deadline_after(options_.handshake_timeout), conn->timer_seq);
     num_connections_.fetch_add(1);
     conns_.emplace(conn->id, std::move(conn));
   }

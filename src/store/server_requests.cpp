@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "ddp/store/auth.hpp"
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 #include "server_loop.hpp"
 
@@ -18,9 +19,6 @@ using store_protocol::kErrorAuth;
 using store_protocol::kErrorProtocol;
 using store_protocol::kErrorStore;
 using store_protocol::kErrorUsage;
-
-// Parks longer than this are clamped (keeps time_point arithmetic far from overflow).
-constexpr int64_t kMaxTimeoutMs = int64_t{365} * 24 * 3600 * 1000;
 
 // Thrown by handlers for a well-framed request whose fields are wrong; closes the connection.
 struct BadRequest {
@@ -301,8 +299,8 @@ void TcpStoreServer::Loop::park(Connection& conn, Op op, uint32_t request_id,
     return;
   }
   conn.waiter.active = true;
-  timeout_ms = std::min(timeout_ms, kMaxTimeoutMs);
-  add_timer(conn, conn.waiter.start + std::chrono::milliseconds(timeout_ms), conn.waiter.seq);
+  add_timer(conn, deadline_after(std::chrono::milliseconds(timeout_ms), conn.waiter.start),
+            conn.waiter.seq);
   register_waiter(conn);
 }
 

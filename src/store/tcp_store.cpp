@@ -8,6 +8,7 @@
 
 #include "ddp/store/auth.hpp"
 #include "ddp/store/tcp_store_server.hpp"
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {
@@ -20,13 +21,8 @@ using Ms = std::chrono::milliseconds;
 // How long past a blocking request's own limit the client waits for the server's timeout
 // reply before declaring the server unresponsive.
 constexpr Ms kReplyGrace{std::chrono::seconds(5)};
-constexpr Ms kMaxLimit{int64_t{365} * 24 * 3600 * 1000};
 constexpr Ms kFirstBackoff{10};
 constexpr Ms kMaxBackoff{1000};
-
-net::Deadline deadline_after(Ms limit) {
-  return net::Clock::now() + std::min(std::max(limit, Ms{0}), kMaxLimit);
-}
 
 Ms elapsed_since(net::Clock::time_point start) {
   return std::chrono::duration_cast<Ms>(net::Clock::now() - start);
@@ -227,7 +223,7 @@ std::vector<std::string> TcpStore::call(Op op, std::vector<std::string> fields, 
   request.fields = std::move(fields);
   Frame reply;
   try {
-    reply = exchange_locked(request, deadline_after(limit + kReplyGrace));
+    reply = exchange_locked(request, deadline_after(saturating_add(limit, kReplyGrace)));
   } catch (const TimeoutError&) {
     throw TimeoutError(fmt::format(
         "store at {}: no reply to {} after {} ms (limit {} ms){}; the server is unresponsive or "

@@ -14,7 +14,10 @@
 //   reconnects. A failed call is never retried behind the caller's back (add is not
 //   idempotent).
 // - Auth: when the server has a token, the client must have the same one (options.token or
-//   $DDP_STORE_TOKEN); otherwise construction throws StoreError saying so.
+//   $DDP_STORE_TOKEN); otherwise construction throws StoreError saying so. A client holding a
+//   token also makes the server prove it knows the token, and refuses (StoreError) a server
+//   that answers without auth or cannot prove it (docs/store-protocol.md).
+// - A timeout of std::chrono::milliseconds::max() means no limit (clamped to a year).
 //
 // With options.is_server the object also hosts a TcpStoreServer in this process (rank 0's
 // role in init_process_group); port 0 then picks a free port, readable with port().
