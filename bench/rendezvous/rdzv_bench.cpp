@@ -1,6 +1,6 @@
 // rdzv_bench: time for N ddprun agents on this machine to form one c10d rendezvous.
 //
-//   rdzv_bench --ddprun PATH --agents N [--repeat R] [--port P]
+//   rdzv_bench --ddprun PATH --agents N [--repeat R] [--port P] [--starved-store]
 //
 // Starts N agents (`ddprun --nnodes N --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:P
 // --no-python /bin/true`), each with its stderr on a pipe, and timestamps the moment each one
@@ -11,11 +11,16 @@
 //   after_last_start_s  last agent started -> last agent past the rendezvous
 //   exit_s      first agent started -> every agent exited (includes workers and exit barrier)
 // Agents that fail are reported with their stderr tail and make the exit code 1.
+//
+// --starved-store: this process serves the rendezvous store itself, on a thread at nice 19,
+// and every agent joins it as a client. That is the store host starved of CPU by the N
+// agents (the failure mode of 1024 agents on a small machine), made reproducible.
 
 #include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,9 +28,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "ddp/store/tcp_store_server.hpp"
 #include "ddp/util/socket.hpp"
 
 extern char** environ;
@@ -159,8 +167,18 @@ int run_once(const std::string& ddprun, int n, int port, int repetition) {
 int main(int argc, char** argv) {
   std::string ddprun;
   int n = 64, repeat = 1, port = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool starved_store = false;
+  for (int i = 1; i < argc; i += 2) {
     std::string flag = argv[i];
+    if (flag == "--starved-store") {
+      starved_store = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "rdzv_bench: %s needs a value\n", flag.c_str());
+      return 2;
+    }
     if (flag == "--ddprun")
       ddprun = argv[i + 1];
     else if (flag == "--agents")
@@ -175,7 +193,9 @@ int main(int argc, char** argv) {
     }
   }
   if (ddprun.empty() || n < 1 || repeat < 1) {
-    std::fprintf(stderr, "usage: rdzv_bench --ddprun PATH --agents N [--repeat R] [--port P]\n");
+    std::fprintf(stderr,
+                 "usage: rdzv_bench --ddprun PATH --agents N [--repeat R] [--port P] "
+                 "[--starved-store]\n");
     return 2;
   }
   // One pipe per agent here, two connections per agent at the store: lift the fd limit.
@@ -186,7 +206,25 @@ int main(int argc, char** argv) {
   }
   int rc = 0;
   for (int r = 0; r < repeat && rc == 0; ++r) {
-    rc = run_once(ddprun, n, port > 0 ? port : ddp::net::free_tcp_port("127.0.0.1"), r);
+    int p = port > 0 ? port : ddp::net::free_tcp_port("127.0.0.1");
+    std::unique_ptr<ddp::TcpStoreServer> server;
+    std::thread serving;
+    if (starved_store) {
+      ddp::TcpStoreServerOptions so;
+      so.port = static_cast<uint16_t>(p);
+      so.token = "";
+      server = std::make_unique<ddp::TcpStoreServer>(so);
+      serving = std::thread([&server] {
+        // Linux nice values are per thread: only the serving thread is starved.
+        ::setpriority(PRIO_PROCESS, static_cast<int>(::syscall(SYS_gettid)), 19);
+        server->run();
+      });
+    }
+    rc = run_once(ddprun, n, p, r);
+    if (server) {
+      server->stop();
+      serving.join();
+    }
   }
   return rc;
 }

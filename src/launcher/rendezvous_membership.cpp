@@ -83,11 +83,15 @@ class RendezvousMembership : public Membership {
     wake_read_.reset(fds[0]);
     wake_write_.reset(fds[1]);
     int w = wake_write_.get();
-    watcher_ = std::make_unique<rdzv::MembershipWatcher>(
-        options_.rdzv, rdzv_->round(), store_->connect_another(), [w](const std::string&) {
-          char byte = 1;
-          (void)!::write(w, &byte, 1);
-        });
+    // The watcher shares the agent's connection: the agent makes no store call until
+    // stop_watching() joins the watcher, and a second connection per agent would make every
+    // agent of a large job connect at once after the round (1024 agents: 1024 connections
+    // and file descriptors more at a store host that is already busy).
+    watcher_ = std::make_unique<rdzv::MembershipWatcher>(options_.rdzv, rdzv_->round(),
+                                                         store_->store(), [w](const std::string&) {
+                                                           char byte = 1;
+                                                           (void)!::write(w, &byte, 1);
+                                                         });
     return wake_read_.get();
   }
 

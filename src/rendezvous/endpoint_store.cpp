@@ -85,7 +85,12 @@ std::shared_ptr<TcpStore> EndpointStore::connect(Millis connect_timeout) const {
   o.host = server_ ? (options_.endpoint.host.find(':') != std::string::npos ? "::1" : "127.0.0.1")
                    : options_.endpoint.host;
   o.port = port_;
-  o.timeout = connect_timeout;
+  // connect_timeout bounds only the retrying of an endpoint that refuses (the host agent may
+  // still be starting); a connection that reached the store waits for its hello reply like
+  // any call, up to call_timeout: a store host starved of CPU by many agents answers late,
+  // and is not unreachable.
+  o.connect_retry = connect_timeout;
+  o.timeout = std::max(connect_timeout, options_.call_timeout);
   o.token = options_.token;
   std::string endpoint = net::format_endpoint(options_.endpoint.host, port_);
   try {

@@ -222,7 +222,9 @@ void TcpStoreServer::Loop::on_readable(Connection& conn) {
   if (conn.state == State::kDead || conn.state == State::kClosing) return;
   if (eof) {
     if (conn.state == State::kAuth) {
-      // A client whose token differs hangs up here, after checking our proof.
+      // A client whose token differs hangs up here, after checking our proof: it failed
+      // authentication as surely as one that answered wrongly.
+      auth_refusals_.fetch_add(1);
       logger_->warn(
           "store server: {} hung up during the auth handshake (a client with another token "
           "refuses this server's proof)",

@@ -58,11 +58,16 @@ std::string TcpStore::endpoint() const {
 
 void TcpStore::connect_locked(net::Deadline deadline) {
   auto start = net::Clock::now();
+  // Attempts that never reach the server are retried until retry_until; one that connected
+  // may spend until `deadline` waiting for the hello reply.
+  const net::Deadline retry_until =
+      options_.connect_retry ? std::min(deadline, deadline_after(*options_.connect_retry, start))
+                             : deadline;
   Ms backoff = kFirstBackoff;
   std::string last_error;
   for (;;) {
     try {
-      sock_ = net::connect_tcp(options_.host, options_.port, deadline);
+      sock_ = net::connect_tcp(options_.host, options_.port, retry_until);
       handshake_locked(deadline);
       return;
     } catch (const NetworkError& e) {
@@ -79,14 +84,16 @@ void TcpStore::connect_locked(net::Deadline deadline) {
       throw;
     }
     auto now = net::Clock::now();
-    if (now >= deadline) break;
-    std::this_thread::sleep_for(std::min<net::Clock::duration>(backoff, deadline - now));
+    if (now >= retry_until) break;
+    std::this_thread::sleep_for(std::min<net::Clock::duration>(backoff, retry_until - now));
     backoff = std::min(backoff * 2, kMaxBackoff);
   }
+  const Ms limit = options_.connect_retry ? std::min(*options_.connect_retry, options_.timeout)
+                                          : options_.timeout;
   throw TimeoutError(fmt::format(
       "store at {}: could not connect within {} ms (limit {} ms); last error: {}. Check that the "
       "store server is running and that host and port (MASTER_ADDR/MASTER_PORT) point at it",
-      endpoint(), elapsed_since(start).count(), options_.timeout.count(), last_error));
+      endpoint(), elapsed_since(start).count(), limit.count(), last_error));
 }
 
 void TcpStore::handshake_locked(net::Deadline deadline) {

@@ -3,7 +3,9 @@
 // the endpoint port, every interface), every agent (the host too) talks to it as a client.
 //
 // Reaching the endpoint fails fast: connection refused is retried only for connect_timeout
-// (a few seconds, in case the host agent is still starting), then a NetworkError names the
+// (a few seconds, in case the host agent is still starting), while a connection the endpoint
+// accepted may wait up to call_timeout for the hello reply (a store host starved of CPU by
+// a thousand agents answers late; it is not unreachable). Then a NetworkError names the
 // endpoint, this node's route to it and the last error ("connection refused", "no route to
 // host", "timed out"), says how long it retried and what to check. A token mismatch is a
 // StoreError saying the tokens differ.

@@ -3,8 +3,9 @@
 //
 // Contracts:
 // - Construction connects, retrying with backoff until options.timeout (the server may start
-//   later than its clients). Running out of time throws TimeoutError naming host:port and
-//   the last failure ("connection refused").
+//   later than its clients), or, for refused attempts, until options.connect_retry. Running
+//   out of time throws TimeoutError naming host:port and the last failure ("connection
+//   refused", "receiving ... timed out").
 // - Every call is bounded: blocking ones (get, wait, multi_get) by their timeout, enforced by
 //   the server and backed by a client-side deadline; the rest by timeout() too. A timeout
 //   throws TimeoutError naming host:port, the missing keys, the elapsed time and the limit.
@@ -46,6 +47,11 @@ struct TcpStoreOptions {
   uint16_t port = kDefaultPort;
   // Bounds connecting and every call (Store::timeout()).
   std::chrono::milliseconds timeout = Store::kDefaultTimeout;
+  // Unset: connection attempts are retried until `timeout`. Set: attempts that fail before
+  // reaching the server (refused, unreachable) are retried only this long, while an attempt
+  // that reached it may still take until `timeout` for the handshake, so a busy or
+  // CPU-starved server that answers late is not mistaken for an absent one.
+  std::optional<std::chrono::milliseconds> connect_retry;
   // Shared secret. nullopt: $DDP_STORE_TOKEN if set, else none. "" disables auth explicitly.
   std::optional<std::string> token;
   // Host a TcpStoreServer in this process, listening on port (bind address: every interface).

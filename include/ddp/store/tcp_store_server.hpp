@@ -72,7 +72,8 @@ class TcpStoreServer {
   uint16_t port() const { return port_; }
   // Connections currently open (including ones still in the handshake).
   size_t num_connections() const;
-  // Connections refused for failing authentication since start.
+  // Connections refused for failing authentication since start (including clients that hung
+  // up during the auth handshake because this server's proof did not match their token).
   uint64_t num_auth_refusals() const;
   // Connections closed because they broke the protocol since start.
   uint64_t num_protocol_errors() const;
