@@ -1,9 +1,16 @@
 #include "ddp/store/auth.hpp"
 
+#include <fmt/format.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
@@ -29,7 +36,26 @@ std::string hmac_sha256(const std::string& token, const std::string& message) {
 
 std::string resolve_token(const std::optional<std::string>& configured) {
   if (configured) return *configured;
-  return env::get_or(kTokenEnvVar, "");
+  std::string token = env::get_or(kTokenEnvVar, "");
+  if (!token.empty()) return token;
+  const std::string path = env::get_or(kTokenFileEnvVar, "");
+  if (path.empty()) return "";
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream contents;
+  if (!in || !(contents << in.rdbuf())) {
+    throw UsageError(fmt::format(
+        "{}={}: cannot read the store token file ({}); it must be readable by every process "
+        "of the job (ddprun passes --rdzv-conf token_file= to its workers this way)",
+        kTokenFileEnvVar, path, std::strerror(errno)));
+  }
+  token = contents.str();
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) {
+    token.pop_back();
+  }
+  if (token.empty()) {
+    throw UsageError(fmt::format("{}={}: the store token file is empty", kTokenFileEnvVar, path));
+  }
+  return token;
 }
 
 std::string make_nonce() {

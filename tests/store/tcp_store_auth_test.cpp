@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -196,6 +197,38 @@ TEST(TcpStoreAuthTest, LargeFrameBeforeAuthIsRefusedAtOnce) {
   TcpStore good(client_options(server->port(), 10s, std::string("s3cret")));
   good.set("k", "v");
   EXPECT_EQ(good.get("k"), "v");
+}
+
+// ddprun hands its workers the job's token as a file path (DDP_STORE_TOKEN_FILE), so the
+// stores a worker opens through ddp (rank 0's MASTER_ADDR:MASTER_PORT store) use the token
+// on both the server and the client side without the secret in the environment.
+TEST(TcpStoreAuthTest, TokenComesFromTheTokenFileVariable) {
+  TempDir dir;
+  std::string path = dir.file("token");
+  std::ofstream(path) << "file-secret\n";
+  unsetenv(store_auth::kTokenEnvVar);
+  setenv(store_auth::kTokenFileEnvVar, path.c_str(), 1);
+  auto server = start_server(std::nullopt);
+  TcpStore member(client_options(server->port(), 10s, std::nullopt));
+  member.set("k", "v");
+  unsetenv(store_auth::kTokenFileEnvVar);
+  EXPECT_THROW(TcpStore(client_options(server->port(), 10s, std::string(""))), StoreError);
+  TcpStore explicit_client(client_options(server->port(), 10s, std::string("file-secret")));
+  EXPECT_EQ(explicit_client.get("k"), "v");
+}
+
+TEST(TcpStoreAuthTest, UnreadableTokenFileIsAUsageErrorNamingTheVariable) {
+  unsetenv(store_auth::kTokenEnvVar);
+  setenv(store_auth::kTokenFileEnvVar, "/nonexistent-ddp-dir/token", 1);
+  try {
+    store_auth::resolve_token(std::nullopt);
+    FAIL() << "an unreadable token file was ignored";
+  } catch (const UsageError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("DDP_STORE_TOKEN_FILE=/nonexistent-ddp-dir/token"), std::string::npos)
+        << what;
+  }
+  unsetenv(store_auth::kTokenFileEnvVar);
 }
 
 TEST(TcpStoreAuthTest, ProofDependsOnTokenAndNonce) {

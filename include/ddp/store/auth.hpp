@@ -16,10 +16,15 @@ namespace ddp::store_auth {
 
 // Name of the environment variable that supplies the token when options leave it unset.
 constexpr const char* kTokenEnvVar = "DDP_STORE_TOKEN";
+// Name of the environment variable naming a file that holds the token (ddprun sets it for
+// its workers when given --rdzv-conf token_file=...).
+constexpr const char* kTokenFileEnvVar = "DDP_STORE_TOKEN_FILE";
 constexpr size_t kNonceBytes = 32;
 
 // The token to use: `configured` when set (an empty string means "no auth"), otherwise
-// $DDP_STORE_TOKEN when set and non-empty, otherwise none (empty string).
+// $DDP_STORE_TOKEN when set and non-empty, otherwise the contents of the file named by
+// $DDP_STORE_TOKEN_FILE when set and non-empty (trailing whitespace removed), otherwise none
+// (empty string). An unreadable or empty token file is a UsageError naming the variable.
 std::string resolve_token(const std::optional<std::string>& configured);
 
 // kNonceBytes from OpenSSL's CSPRNG. Throws StoreError if it fails.
