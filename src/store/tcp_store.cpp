@@ -88,12 +88,16 @@ void TcpStore::connect_locked(net::Deadline deadline) {
     std::this_thread::sleep_for(std::min<net::Clock::duration>(backoff, retry_until - now));
     backoff = std::min(backoff * 2, kMaxBackoff);
   }
-  const Ms limit = options_.connect_retry ? std::min(*options_.connect_retry, options_.timeout)
-                                          : options_.timeout;
+  const std::string limits =
+      options_.connect_retry
+          ? fmt::format("limit {} ms, of which at most {} ms retrying refused connections",
+                        options_.timeout.count(),
+                        std::min(*options_.connect_retry, options_.timeout).count())
+          : fmt::format("limit {} ms", options_.timeout.count());
   throw TimeoutError(fmt::format(
-      "store at {}: could not connect within {} ms (limit {} ms); last error: {}. Check that the "
-      "store server is running and that host and port (MASTER_ADDR/MASTER_PORT) point at it",
-      endpoint(), elapsed_since(start).count(), limit.count(), last_error));
+      "store at {}: could not connect within {} ms ({}); last error: {}. Check that the store "
+      "server is running and that host and port (MASTER_ADDR/MASTER_PORT) point at it",
+      endpoint(), elapsed_since(start).count(), limits, last_error));
 }
 
 void TcpStore::handshake_locked(net::Deadline deadline) {
