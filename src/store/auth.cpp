@@ -39,7 +39,10 @@ std::string resolve_token(const std::optional<std::string>& configured) {
   std::string token = env::get_or(kTokenEnvVar, "");
   if (!token.empty()) return token;
   const std::string path = env::get_or(kTokenFileEnvVar, "");
-  if (path.empty()) return "";
+  return path.empty() ? "" : read_token_file_variable(path);
+}
+
+std::string read_token_file_variable(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream contents;
   if (!in || !(contents << in.rdbuf())) {
@@ -48,7 +51,7 @@ std::string resolve_token(const std::optional<std::string>& configured) {
         "of the job (ddprun passes --rdzv-conf token_file= to its workers this way)",
         kTokenFileEnvVar, path, std::strerror(errno)));
   }
-  token = contents.str();
+  std::string token = contents.str();
   while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) {
     token.pop_back();
   }

@@ -27,6 +27,10 @@ constexpr size_t kNonceBytes = 32;
 // (empty string). An unreadable or empty token file is a UsageError naming the variable.
 std::string resolve_token(const std::optional<std::string>& configured);
 
+// The token in the file `path` names (the value of $DDP_STORE_TOKEN_FILE), trailing whitespace
+// removed. UsageError naming the variable and the path when unreadable or empty.
+std::string read_token_file_variable(const std::string& path);
+
 // kNonceBytes from OpenSSL's CSPRNG. Throws StoreError if it fails.
 std::string make_nonce();
 
