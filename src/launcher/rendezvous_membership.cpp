@@ -175,6 +175,13 @@ class RendezvousMembership : public Membership {
       so.host = false;
       store_ = std::make_unique<rdzv::EndpointStore>(so);
     }
+    if (store_->is_host()) {
+      // The server raised the soft limit to the hard one already; this reads it back.
+      if (auto warning = rdzv::store_host_fd_warning(net::raise_fd_limit(), options_.rdzv.nodes.max,
+                                                     options_.rdzv.local_world_size)) {
+        notice(*warning);
+      }
+    }
     rdzv_ = std::make_unique<rdzv::Rendezvous>(options_.rdzv, store_->store());
   }
 

@@ -46,6 +46,22 @@ std::string local_address_towards(const std::string& peer_host, Millis timeout) 
   return cluster::local_hostname();
 }
 
+std::optional<std::string> store_host_fd_warning(uint64_t open_files_limit, int max_nodes,
+                                                 int local_workers) {
+  constexpr uint64_t kReserve = 64;   // listener, epoll, logs, this agent's own client
+  constexpr uint64_t kPerWorker = 4;  // stdout/stderr pipes, error file, pidfd
+  const uint64_t needed = static_cast<uint64_t>(std::max(max_nodes, 1)) + kReserve +
+                          kPerWorker * static_cast<uint64_t>(std::max(local_workers, 0));
+  if (open_files_limit >= needed) return std::nullopt;
+  return fmt::format(
+      "warning: this node serves the rendezvous store for up to {} nodes (one connection "
+      "each) but may open only {} files; when they run out the store stops accepting agents "
+      "(\"could not connect ... timed out\") or this agent cannot start its workers. Raise the "
+      "open-files limit to at least {} (ulimit -n; LimitNOFILE= under systemd; docker --ulimit "
+      "nofile=)",
+      max_nodes, open_files_limit, needed);
+}
+
 EndpointStore::EndpointStore(EndpointStoreOptions options) : options_(std::move(options)) {
   port_ = options_.endpoint.port;
   if (options_.host) {

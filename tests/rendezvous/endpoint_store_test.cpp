@@ -125,6 +125,19 @@ TEST(RdzvEndpoint, StrangerWithoutTheTokenCannotJoinOrReadKeys) {
   EXPECT_GE(h.server()->num_auth_refusals(), 2u);
 }
 
+// 1024 agents need about 1024 descriptors at the store host (plus its own): warn when the
+// limit cannot hold them, naming the numbers and the fix; stay quiet when it can.
+TEST(RdzvEndpoint, StoreHostWarnsWhenItsOpenFilesLimitIsTooLow) {
+  EXPECT_EQ(store_host_fd_warning(20000, 1024, 1), std::nullopt);
+  EXPECT_EQ(store_host_fd_warning(1536, 1024, 1), std::nullopt);
+  EXPECT_EQ(store_host_fd_warning(1024, 8, 8), std::nullopt);
+  auto warning = store_host_fd_warning(1024, 1024, 1);
+  ASSERT_TRUE(warning.has_value());
+  EXPECT_NE(warning->find("up to 1024 nodes"), std::string::npos) << *warning;
+  EXPECT_NE(warning->find("only 1024 files"), std::string::npos) << *warning;
+  EXPECT_NE(warning->find("ulimit -n"), std::string::npos) << *warning;
+}
+
 TEST(RdzvEndpoint, LocalHostDetection) {
   EXPECT_TRUE(is_local_host("127.0.0.1"));
   EXPECT_TRUE(is_local_host("localhost"));

@@ -29,6 +29,14 @@ bool is_local_host(const std::string& host, Millis timeout = Millis(3000));
 // (the source address the kernel picks); the host name when that cannot be determined.
 std::string local_address_towards(const std::string& peer_host, Millis timeout = Millis(3000));
 
+// A warning for the agent that serves the store when `open_files_limit` (the process's
+// RLIMIT_NOFILE after raising it to the hard limit) cannot hold a connection per agent
+// (`max_nodes`) plus this agent's own files (`local_workers` workers' pipes and logs, and a
+// reserve); nullopt when it can. Running out makes the store stop accepting agents (they fail
+// with "could not connect ... receiving timed out") or this agent fail to start its workers.
+std::optional<std::string> store_host_fd_warning(uint64_t open_files_limit, int max_nodes,
+                                                 int local_workers);
+
 struct EndpointStoreOptions {
   Endpoint endpoint;
   // Serve the store here (this agent is on the endpoint host).
