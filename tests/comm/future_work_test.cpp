@@ -22,6 +22,9 @@ TEST(DeadlineTest, HugeTimeoutsClampInsteadOfOverflowing) {
   EXPECT_EQ(deadline_after(std::chrono::seconds::max(), now), now + kMaxWait);
   EXPECT_EQ(deadline_after(std::chrono::nanoseconds::max(), now), now + kMaxWait);
   EXPECT_EQ(deadline_after(std::chrono::hours::max(), now), now + kMaxWait);
+  EXPECT_EQ(deadline_after(std::chrono::duration<int32_t, std::milli>::max(), now),
+            now + Ms{INT32_MAX});
+  EXPECT_EQ(deadline_after(std::chrono::duration<double>(1e300), now), now + kMaxWait);
   EXPECT_EQ(deadline_after(Ms::min(), now), now);
   EXPECT_EQ(deadline_after(Ms{-5}, now), now);
   EXPECT_EQ(deadline_after(Ms{250}, now), now + Ms{250});

@@ -19,10 +19,12 @@ inline constexpr std::chrono::milliseconds kMaxWait{int64_t{365} * 24 * 3600 * 1
 // seconds::max() or nanoseconds::max() clamps instead of wrapping).
 template <class Rep, class Period>
 constexpr std::chrono::milliseconds clamp_wait(std::chrono::duration<Rep, Period> timeout) {
-  using D = std::chrono::duration<Rep, Period>;
-  if (timeout <= D::zero()) return std::chrono::milliseconds{0};
-  // Compare in the argument's own unit so a huge coarse duration is never converted first.
-  if (timeout >= std::chrono::duration_cast<D>(kMaxWait)) return kMaxWait;
+  using Seconds = std::chrono::duration<double>;
+  if (timeout <= std::chrono::duration<Rep, Period>::zero()) return std::chrono::milliseconds{0};
+  // Compare as floating-point seconds, which any duration converts to without overflow (an
+  // integer conversion of hours::max() to milliseconds, or of kMaxWait to a narrow Rep, would
+  // wrap).
+  if (Seconds(timeout) >= Seconds(kMaxWait)) return kMaxWait;
   return std::min(std::chrono::ceil<std::chrono::milliseconds>(timeout), kMaxWait);
 }
 
