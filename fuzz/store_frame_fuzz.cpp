@@ -5,7 +5,9 @@
 // - a complete frame re-encodes to exactly the bytes it was parsed from (the format has one
 //   encoding per frame);
 // - every proper prefix of a complete frame is either "need more" or, for a bad header, the
-//   same error as the whole frame; never "complete".
+//   same error as the whole frame; never "complete";
+// - declared_frame_bytes (the server's pre-authentication size check) agrees with the size of
+//   a complete frame.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -21,8 +23,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t limit = ddp::store_protocol::kDefaultMaxFrameBytes;
   if (size > 0 && data[0] < 16) limit = ddp::store_protocol::kHeaderBytes + data[0] * 8;
   auto result = parse_frame(data, size, limit);
+  // Never reads past the input, whatever it holds.
+  (void)ddp::store_protocol::declared_frame_bytes(data, size);
   if (result.status != ParseStatus::kComplete) return 0;
   if (result.consumed > size || result.consumed > limit) __builtin_trap();
+  if (ddp::store_protocol::declared_frame_bytes(data, size) != result.consumed) __builtin_trap();
   std::string encoded = encode_frame(result.frame);
   if (encoded.size() != result.consumed || std::memcmp(encoded.data(), data, encoded.size()) != 0) {
     __builtin_trap();

@@ -1,6 +1,6 @@
 // rdzv_bench: time for N ddprun agents on this machine to form one c10d rendezvous.
 //
-//   rdzv_bench --ddprun PATH --agents N [--repeat R] [--port P]
+//   rdzv_bench --ddprun PATH --agents N [--repeat R] [--port P] [--starved-store]
 //
 // Starts N agents (`ddprun --nnodes N --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:P
 // --no-python /bin/true`), each with its stderr on a pipe, and timestamps the moment each one
@@ -9,13 +9,19 @@
 //   total_s     first agent started -> last agent past the rendezvous (the headline figure)
 //   spawn_s     first agent started -> last agent started (fork/exec of N processes)
 //   after_last_start_s  last agent started -> last agent past the rendezvous
+//   first_past_s  first agent started -> first agent past the rendezvous (the round formed)
 //   exit_s      first agent started -> every agent exited (includes workers and exit barrier)
 // Agents that fail are reported with their stderr tail and make the exit code 1.
+//
+// --starved-store: this process serves the rendezvous store itself, on a thread at nice 19,
+// and every agent joins it as a client. That is the store host starved of CPU by the N
+// agents (the failure mode of 1024 agents on a small machine), made reproducible.
 
 #include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,9 +29,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "ddp/store/tcp_store_server.hpp"
 #include "ddp/util/socket.hpp"
 
 extern char** environ;
@@ -144,12 +153,17 @@ int run_once(const std::string& ddprun, int n, int port, int repetition) {
     return 1;
   }
   Clock::time_point last_past = t0;
-  for (auto& a : agents) last_past = std::max(last_past, a.past_at);
+  Clock::time_point first_past = agents[0].past_at;
+  for (auto& a : agents) {
+    last_past = std::max(last_past, a.past_at);
+    first_past = std::min(first_past, a.past_at);
+  }
   std::printf(
       "{\"bench\":\"rendezvous\",\"impl\":\"ddprun\",\"agents\":%d,\"repetition\":%d,"
-      "\"total_s\":%.3f,\"spawn_s\":%.3f,\"after_last_start_s\":%.3f,\"exit_s\":%.3f}\n",
+      "\"total_s\":%.3f,\"spawn_s\":%.3f,\"after_last_start_s\":%.3f,\"first_past_s\":%.3f,"
+      "\"exit_s\":%.3f}\n",
       n, repetition, seconds(last_past - t0), seconds(t_last_start - t0),
-      seconds(last_past - t_last_start), seconds(t_exit - t0));
+      seconds(last_past - t_last_start), seconds(first_past - t0), seconds(t_exit - t0));
   std::fflush(stdout);
   return 0;
 }
@@ -159,8 +173,18 @@ int run_once(const std::string& ddprun, int n, int port, int repetition) {
 int main(int argc, char** argv) {
   std::string ddprun;
   int n = 64, repeat = 1, port = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool starved_store = false;
+  for (int i = 1; i < argc; i += 2) {
     std::string flag = argv[i];
+    if (flag == "--starved-store") {
+      starved_store = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "rdzv_bench: %s needs a value\n", flag.c_str());
+      return 2;
+    }
     if (flag == "--ddprun")
       ddprun = argv[i + 1];
     else if (flag == "--agents")
@@ -175,7 +199,9 @@ int main(int argc, char** argv) {
     }
   }
   if (ddprun.empty() || n < 1 || repeat < 1) {
-    std::fprintf(stderr, "usage: rdzv_bench --ddprun PATH --agents N [--repeat R] [--port P]\n");
+    std::fprintf(stderr,
+                 "usage: rdzv_bench --ddprun PATH --agents N [--repeat R] [--port P] "
+                 "[--starved-store]\n");
     return 2;
   }
   // One pipe per agent here, two connections per agent at the store: lift the fd limit.
@@ -186,7 +212,25 @@ int main(int argc, char** argv) {
   }
   int rc = 0;
   for (int r = 0; r < repeat && rc == 0; ++r) {
-    rc = run_once(ddprun, n, port > 0 ? port : ddp::net::free_tcp_port("127.0.0.1"), r);
+    int p = port > 0 ? port : ddp::net::free_tcp_port("127.0.0.1");
+    std::unique_ptr<ddp::TcpStoreServer> server;
+    std::thread serving;
+    if (starved_store) {
+      ddp::TcpStoreServerOptions so;
+      so.port = static_cast<uint16_t>(p);
+      so.token = "";
+      server = std::make_unique<ddp::TcpStoreServer>(so);
+      serving = std::thread([&server] {
+        // Linux nice values are per thread: only the serving thread is starved.
+        ::setpriority(PRIO_PROCESS, static_cast<int>(::syscall(SYS_gettid)), 19);
+        server->run();
+      });
+    }
+    rc = run_once(ddprun, n, p, r);
+    if (server) {
+      server->stop();
+      serving.join();
+    }
   }
   return rc;
 }

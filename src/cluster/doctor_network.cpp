@@ -13,6 +13,7 @@
 #include "doctor_checks.hpp"
 
 #if __has_include("ddp/store/tcp_store.hpp")
+#include "ddp/store/auth.hpp"
 #include "ddp/store/tcp_store.hpp"
 #define DDP_DOCTOR_HAVE_TCP_STORE 1
 #endif
@@ -190,11 +191,26 @@ std::vector<CheckResult> check_endpoint(const std::string& host, uint16_t port,
   store_options.timeout = timeout;
   // The token the workers would use: the explicit one, else DDP_STORE_TOKEN from the checked
   // environment (which may not be this process's), else none.
-  store_options.token = token ? *token : lookup(env, "DDP_STORE_TOKEN").value_or("");
+  // else the file DDP_STORE_TOKEN_FILE names (ddprun's workers get it from token_file=).
+  std::string used = "no token";
+  if (token) {
+    store_options.token = *token;
+    used = token->empty() ? "no token (--token '')" : "--token";
+  } else if (auto value = lookup(env, store_auth::kTokenEnvVar); value && !value->empty()) {
+    store_options.token = *value;
+    used = store_auth::kTokenEnvVar;
+  } else if (auto path = lookup(env, store_auth::kTokenFileEnvVar); path && !path->empty()) {
+    try {
+      store_options.token = store_auth::read_token_file_variable(*path);
+    } catch (const UsageError& e) {
+      results.push_back({"store-auth", CheckStatus::kFail, e.what()});
+      return skip_rest("no token to try");
+    }
+    used = store_auth::kTokenFileEnvVar;
+  } else {
+    store_options.token = "";
+  }
   std::unique_ptr<TcpStore> store;
-  const std::string used = token
-                               ? (token->empty() ? "no token (--token '')" : "--token")
-                               : (lookup(env, "DDP_STORE_TOKEN") ? "DDP_STORE_TOKEN" : "no token");
   try {
     auto t0 = std::chrono::steady_clock::now();
     store = std::make_unique<TcpStore>(store_options);

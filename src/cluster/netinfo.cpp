@@ -14,6 +14,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/socket.hpp"
 
@@ -78,7 +79,7 @@ std::vector<std::string> resolve_host(const std::string& host, std::chrono::mill
     delete req;
     throw NetworkError(fmt::format("cannot resolve '{}': {}", host, gai_strerror(rc)));
   }
-  auto deadline = net::Clock::now() + timeout;
+  auto deadline = deadline_after(timeout);
   while ((rc = gai_error(&req->cb)) == EAI_INPROGRESS) {
     int left = net::millis_until(deadline);
     if (left <= 0) break;

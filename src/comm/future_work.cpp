@@ -2,13 +2,15 @@
 
 #include <fmt/format.h>
 
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp::detail {
 
 void FutureWork::wait(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!done_cv_.wait_for(lock, timeout, [&] { return done_; })) {
+  // wait_until a saturated deadline: wait_for(max()) overflows (undefined behaviour).
+  if (!done_cv_.wait_until(lock, deadline_after(timeout), [&] { return done_; })) {
     throw TimeoutError(fmt::format(
         "{} did not complete within {} ms; another rank may not have reached this collective "
         "(it keeps running until the group's own timeout)",

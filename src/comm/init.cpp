@@ -108,7 +108,9 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
     int device = options.device.value_or(
         world.local_rank.value_or(static_cast<int>(env::get_int("LOCAL_RANK").value_or(0))));
     warn_debug_collectives_unchecked(options, backend);
-    return make_nccl_process_group(store, rank, size, device, options.timeout);
+    NcclOptions nccl = NcclOptions::from_env(options.timeout);
+    nccl.group_name = options.group_name;  // the unique-id exchange keys on it
+    return make_nccl_process_group(store, rank, size, device, nccl);
   }
 #endif
 

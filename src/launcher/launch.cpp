@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <memory>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "ddp/launcher/output.hpp"
 #include "ddp/launcher/worker_env.hpp"
 #include "ddp/launcher/world.hpp"
+#include "ddp/store/auth.hpp"
 #include "ddp/util/socket.hpp"
 
 namespace ddp::launcher {
@@ -74,6 +76,13 @@ int launch(const LaunchOptions& options, const EnvLookup& env) {
     // next_round() (rendezvous_membership.hpp).
     RendezvousMembershipOptions settings = rendezvous_settings(o, a.host);
     settings.notice_fd = 2;
+    if (settings.rdzv.conf.token_file) {
+      // The job's token guards the stores ddp opens inside the workers too (rank 0's
+      // MASTER_ADDR:MASTER_PORT store, server and clients): they read it from this file.
+      // The path, not the secret, goes into the environment.
+      set_env_entry(a.base_env, store_auth::kTokenFileEnvVar,
+                    std::filesystem::absolute(*settings.rdzv.conf.token_file).string());
+    }
     membership = make_rendezvous_membership(std::move(settings));
     a.membership = membership.get();
     return run_agent(a).exit_code;

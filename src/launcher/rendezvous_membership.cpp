@@ -14,6 +14,7 @@
 #include "ddp/rendezvous/membership_watcher.hpp"
 #include "ddp/rendezvous/rendezvous.hpp"
 #include "ddp/store/tcp_store_server.hpp"
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/socket.hpp"
 
@@ -82,11 +83,15 @@ class RendezvousMembership : public Membership {
     wake_read_.reset(fds[0]);
     wake_write_.reset(fds[1]);
     int w = wake_write_.get();
-    watcher_ = std::make_unique<rdzv::MembershipWatcher>(
-        options_.rdzv, rdzv_->round(), store_->connect_another(), [w](const std::string&) {
-          char byte = 1;
-          (void)!::write(w, &byte, 1);
-        });
+    // The watcher shares the agent's connection: the agent makes no store call until
+    // stop_watching() joins the watcher, and a second connection per agent would make every
+    // agent of a large job connect at once after the round (1024 agents: 1024 connections
+    // and file descriptors more at a store host that is already busy).
+    watcher_ = std::make_unique<rdzv::MembershipWatcher>(options_.rdzv, rdzv_->round(),
+                                                         store_->store(), [w](const std::string&) {
+                                                           char byte = 1;
+                                                           (void)!::write(w, &byte, 1);
+                                                         });
     return wake_read_.get();
   }
 
@@ -135,7 +140,7 @@ class RendezvousMembership : public Membership {
     TcpStoreServer* server = store_->server();
     if (server == nullptr) return;
     auto limit = std::min(options_.rdzv.conf.join_timeout, rdzv::Millis(60000));
-    auto until = std::chrono::steady_clock::now() + limit;
+    auto until = deadline_after(limit);
     while (server->num_connections() > 1 && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
@@ -169,6 +174,13 @@ class RendezvousMembership : public Membership {
                       options_.rdzv.endpoint.port));
       so.host = false;
       store_ = std::make_unique<rdzv::EndpointStore>(so);
+    }
+    if (store_->is_host()) {
+      // The server raised the soft limit to the hard one already; this reads it back.
+      if (auto warning = rdzv::store_host_fd_warning(net::raise_fd_limit(), options_.rdzv.nodes.max,
+                                                     options_.rdzv.local_world_size)) {
+        notice(*warning);
+      }
     }
     rdzv_ = std::make_unique<rdzv::Rendezvous>(options_.rdzv, store_->store());
   }

@@ -1,5 +1,6 @@
 #include "ddp/launcher/worker_env.hpp"
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -53,6 +54,16 @@ std::vector<std::string> build_worker_env(const std::vector<std::string>& base,
   }
   for (const auto& kv : set) env.push_back(kv.first + "=" + kv.second);
   return env;
+}
+
+void set_env_entry(std::vector<std::string>& env, const std::string& key,
+                   const std::string& value) {
+  const std::string prefix = key + "=";
+  env.erase(std::remove_if(
+                env.begin(), env.end(),
+                [&](const std::string& e) { return e.compare(0, prefix.size(), prefix) == 0; }),
+            env.end());
+  env.push_back(prefix + value);
 }
 
 }  // namespace ddp::launcher

@@ -15,6 +15,7 @@
 #include "ddp/launcher/output.hpp"
 #include "ddp/launcher/run_directory.hpp"
 #include "ddp/launcher/worker_env.hpp"
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp::launcher {
@@ -240,7 +241,7 @@ class AttemptRunner {
   void begin_stop(int sig) {
     if (phase_ != Phase::kRunning) return;
     phase_ = Phase::kStopping;
-    kill_at_ = Clock::now() + spec_.term_grace;
+    kill_at_ = deadline_after(spec_.term_grace);
     if (sig != 0) forward(sig);
     terminate_adopted(sig == 0 ? SIGTERM : sig);
   }
@@ -263,7 +264,7 @@ class AttemptRunner {
   void begin_kill() {
     if (phase_ != Phase::kKilling) {
       phase_ = Phase::kKilling;
-      give_up_at_ = Clock::now() + spec_.kill_wait;
+      give_up_at_ = deadline_after(spec_.kill_wait);
     }
     kill_everything();
   }

@@ -46,6 +46,22 @@ std::string local_address_towards(const std::string& peer_host, Millis timeout) 
   return cluster::local_hostname();
 }
 
+std::optional<std::string> store_host_fd_warning(uint64_t open_files_limit, int max_nodes,
+                                                 int local_workers) {
+  constexpr uint64_t kReserve = 64;   // listener, epoll, logs, this agent's own client
+  constexpr uint64_t kPerWorker = 4;  // stdout/stderr pipes, error file, pidfd
+  const uint64_t needed = static_cast<uint64_t>(std::max(max_nodes, 1)) + kReserve +
+                          kPerWorker * static_cast<uint64_t>(std::max(local_workers, 0));
+  if (open_files_limit >= needed) return std::nullopt;
+  return fmt::format(
+      "warning: this node serves the rendezvous store for up to {} nodes (one connection "
+      "each) but may open only {} files; when they run out the store stops accepting agents "
+      "(\"could not connect ... timed out\") or this agent cannot start its workers. Raise the "
+      "open-files limit to at least {} (ulimit -n; LimitNOFILE= under systemd; docker --ulimit "
+      "nofile=)",
+      max_nodes, open_files_limit, needed);
+}
+
 EndpointStore::EndpointStore(EndpointStoreOptions options) : options_(std::move(options)) {
   port_ = options_.endpoint.port;
   if (options_.host) {
@@ -85,7 +101,12 @@ std::shared_ptr<TcpStore> EndpointStore::connect(Millis connect_timeout) const {
   o.host = server_ ? (options_.endpoint.host.find(':') != std::string::npos ? "::1" : "127.0.0.1")
                    : options_.endpoint.host;
   o.port = port_;
-  o.timeout = connect_timeout;
+  // connect_timeout bounds only the retrying of an endpoint that refuses (the host agent may
+  // still be starting); a connection that reached the store waits for its hello reply like
+  // any call, up to call_timeout: a store host starved of CPU by many agents answers late,
+  // and is not unreachable.
+  o.connect_retry = connect_timeout;
+  o.timeout = std::max(connect_timeout, options_.call_timeout);
   o.token = options_.token;
   std::string endpoint = net::format_endpoint(options_.endpoint.host, port_);
   try {

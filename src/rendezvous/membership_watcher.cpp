@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/logging.hpp"
 #include "ddp/util/socket.hpp"
@@ -117,7 +118,7 @@ void MembershipWatcher::run() {
       auto now = Clock::now();
       if (now >= next_beat) {
         store_->set(k.hb(round_.node_rank), std::to_string(++beat));
-        next_beat = now + options_.conf.heartbeat;
+        next_beat = deadline_after(options_.conf.heartbeat, now);
         if (round_.num_nodes > 1) check_peers();
         if (stop_) return;
         if (options_.backend == Backend::kC10d && round_.num_nodes < options_.nodes.max) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <thread>
 
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/logging.hpp"
 #include "ddp/util/socket.hpp"
@@ -77,7 +78,7 @@ int64_t Rendezvous::advance_generation() {
 }
 
 RoundInfo Rendezvous::next_round() {
-  auto deadline = Clock::now() + options_.conf.join_timeout;
+  auto deadline = deadline_after(options_.conf.join_timeout);
   in_round_ = false;
   slot_ = -1;
   register_run();
@@ -149,7 +150,7 @@ std::optional<RoundInfo> Rendezvous::try_round(int64_t g, Clock::time_point dead
   }
 
   slot_ = slot;
-  auto close_deadline = Clock::now() + options_.conf.close_timeout;
+  auto close_deadline = deadline_after(options_.conf.close_timeout);
   auto r = slot == 0 ? assemble(g, n, close_deadline) : read_assignment(g, slot, n, close_deadline);
   if (!r) {
     // A member vanished between taking its slot and publishing (or node 0 did): abandon the
@@ -252,7 +253,7 @@ bool Rendezvous::wait_for_peers_to_finish(Millis limit) {
   std::vector<std::string> last(hb_keys.size());
   std::vector<Clock::time_point> changed_at(hb_keys.size(), Clock::now());
   const auto stale = options_.conf.heartbeat * kMissedHeartbeats;
-  const auto deadline = Clock::now() + limit;
+  const auto deadline = deadline_after(limit);
   const Millis poll = std::min<Millis>(options_.conf.heartbeat / 2 + Millis(1), Millis(200));
   for (;;) {
     std::vector<std::string> now_values = store_->multi_get(hb_keys);

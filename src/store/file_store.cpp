@@ -13,6 +13,7 @@
 #include <cstring>
 #include <thread>
 
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {
@@ -27,7 +28,6 @@ constexpr size_t kHeaderBytes = sizeof(kHeader) - 1;
 constexpr size_t kRecordHeaderBytes = 9;  // op u8, key length u32, value length u32
 constexpr Ms kFirstPoll{1};
 constexpr Ms kMaxPoll{50};
-constexpr Ms kMaxLimit{int64_t{365} * 24 * 3600 * 1000};
 
 uint32_t load_u32(const char* p) {
   auto b = reinterpret_cast<const uint8_t*>(p);
@@ -36,10 +36,6 @@ uint32_t load_u32(const char* p) {
 
 void append_u32(std::string& out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
-}
-
-Clock::time_point deadline_after(Ms limit) {
-  return Clock::now() + std::min(std::max(limit, Ms{0}), kMaxLimit);
 }
 
 void sleep_until_at_most(Ms step, Clock::time_point deadline) {
@@ -174,6 +170,10 @@ void FileStore::refresh_locked(bool exclusive) {
 
 void FileStore::append_locked(char op,
                               const std::vector<std::pair<std::string, std::string>>& records) {
+  // Catch up first: this also cuts off a torn record left by a writer that died, so our
+  // records (O_APPEND) follow the last complete one instead of the torn bytes, where the
+  // replay below would stop and truncate them away.
+  refresh_locked(/*exclusive=*/true);
   std::string bytes;
   for (const auto& [key, value] : records) {
     if (key.size() > UINT32_MAX || value.size() > UINT32_MAX) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {
@@ -90,7 +91,7 @@ void HashStore::wait(const std::vector<std::string>& keys, std::chrono::millisec
     }
     return true;
   };
-  if (changed_.wait_until(lock, start + timeout, all_present)) return;
+  if (changed_.wait_until(lock, deadline_after(timeout, start), all_present)) return;
   std::vector<std::string> missing;
   for (const auto& key : keys) {
     if (data_.count(key) == 0) missing.push_back(key);

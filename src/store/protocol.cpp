@@ -106,6 +106,11 @@ ParseResult parse_frame(const uint8_t* data, size_t size, size_t max_frame_bytes
   return result;
 }
 
+uint64_t declared_frame_bytes(const uint8_t* data, size_t size) {
+  if (size < kHeaderBytes) return 0;
+  return kHeaderBytes + uint64_t{load_u32(data + 12)};
+}
+
 std::string encode_frame(const Frame& frame) {
   uint64_t payload = 4;
   for (const auto& field : frame.fields) {

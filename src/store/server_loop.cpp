@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/logging.hpp"
 
@@ -182,7 +183,7 @@ void TcpStoreServer::Loop::accept_all() {
       logger_->warn("store server: cannot watch {}: {}", conn->peer, std::strerror(errno));
       continue;
     }
-    add_timer(*conn, net::Clock::now() + options_.handshake_timeout, conn->timer_seq);
+    add_timer(*conn, deadline_after(options_.handshake_timeout), conn->timer_seq);
     num_connections_.fetch_add(1);
     conns_.emplace(conn->id, std::move(conn));
   }
@@ -220,7 +221,15 @@ void TcpStoreServer::Loop::on_readable(Connection& conn) {
   process(conn);
   if (conn.state == State::kDead || conn.state == State::kClosing) return;
   if (eof) {
-    if (conn.waiter.active) {
+    if (conn.state == State::kAuth) {
+      // A client whose token differs hangs up here, after checking our proof: it failed
+      // authentication as surely as one that answered wrongly.
+      auth_refusals_.fetch_add(1);
+      logger_->warn(
+          "store server: {} hung up during the auth handshake (a client with another token "
+          "refuses this server's proof)",
+          conn.peer);
+    } else if (conn.waiter.active) {
       logger_->debug("store server: {} disconnected while waiting for {} keys", conn.peer,
                      conn.waiter.keys.size());
     } else if (conn.in.size() > conn.in_off) {
@@ -232,11 +241,19 @@ void TcpStoreServer::Loop::on_readable(Connection& conn) {
   }
   // Requests stay buffered while one is pending; bound what a client may queue that way.
   size_t buffered = conn.in.size() - conn.in_off;
-  if (buffered > options_.max_frame_bytes + store_protocol::kHeaderBytes) {
-    close_with_error(conn, 0, store_protocol::kErrorProtocol,
-                     fmt::format("{} bytes sent ahead of replies (limit {}); wait for each reply",
-                                 buffered, options_.max_frame_bytes));
+  size_t limit = frame_limit(conn);
+  if (buffered > limit + store_protocol::kHeaderBytes) {
+    std::string why = fmt::format(
+        "{} bytes sent ahead of replies (limit {}){}", buffered, limit,
+        conn.state == State::kReady ? "; wait for each reply" : " before authentication");
+    logger_->warn("store server: closing {}: {}", conn.peer, why);
+    close_with_error(conn, 0, store_protocol::kErrorProtocol, why);
   }
+}
+
+size_t TcpStoreServer::Loop::frame_limit(const Connection& conn) const {
+  if (conn.state == State::kReady) return options_.max_frame_bytes;
+  return std::min(options_.max_frame_bytes, options_.max_handshake_frame_bytes);
 }
 
 void TcpStoreServer::Loop::on_writable(Connection& conn) {

@@ -99,6 +99,8 @@ class TcpStoreServer::Loop {
   void handle_request(Connection& conn, Frame& frame);
   void park(Connection& conn, Op op, uint32_t request_id, std::vector<std::string> keys,
             int64_t timeout_ms);
+  // Largest frame the connection may send now: small until the handshake completes.
+  size_t frame_limit(const Connection& conn) const;
   bool all_present(const std::vector<std::string>& keys) const;
   void complete_waiter(Connection& conn);
   void time_out_waiter(Connection& conn);

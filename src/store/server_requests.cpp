@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "ddp/store/auth.hpp"
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 #include "server_loop.hpp"
 
@@ -18,9 +19,6 @@ using store_protocol::kErrorAuth;
 using store_protocol::kErrorProtocol;
 using store_protocol::kErrorStore;
 using store_protocol::kErrorUsage;
-
-// Parks longer than this are clamped (keeps time_point arithmetic far from overflow).
-constexpr int64_t kMaxTimeoutMs = int64_t{365} * 24 * 3600 * 1000;
 
 // Thrown by handlers for a well-framed request whose fields are wrong; closes the connection.
 struct BadRequest {
@@ -72,13 +70,25 @@ void TcpStoreServer::Loop::process(Connection& conn) {
   while (
       (conn.state == State::kHello || conn.state == State::kAuth || conn.state == State::kReady) &&
       !conn.waiter.active && conn.out.empty() && conn.in_off < conn.in.size()) {
-    auto parsed =
-        store_protocol::parse_frame(reinterpret_cast<const uint8_t*>(conn.in.data()) + conn.in_off,
-                                    conn.in.size() - conn.in_off, options_.max_frame_bytes);
+    const auto* bytes = reinterpret_cast<const uint8_t*>(conn.in.data()) + conn.in_off;
+    size_t available = conn.in.size() - conn.in_off;
+    size_t limit = frame_limit(conn);
+    auto parsed = store_protocol::parse_frame(bytes, available, limit);
     if (parsed.status == store_protocol::ParseStatus::kNeedMore) break;
     if (parsed.status == store_protocol::ParseStatus::kError) {
-      logger_->warn("store server: closing {}: {}", conn.peer, parsed.error);
-      close_with_error(conn, parsed.request_id, kErrorProtocol, parsed.error);
+      std::string why = parsed.error;
+      // Only the pre-auth size limit failed when the frame is fine under the normal one.
+      if (limit < options_.max_frame_bytes &&
+          store_protocol::parse_frame(bytes, available, options_.max_frame_bytes).status !=
+              store_protocol::ParseStatus::kError) {
+        uint64_t declared = store_protocol::declared_frame_bytes(bytes, available);
+        why = fmt::format(
+            "frame of {} bytes before authentication (limit {} bytes until the handshake "
+            "completes); the peer is not a ddp store client, or is probing the server",
+            declared, limit);
+      }
+      logger_->warn("store server: closing {}: {}", conn.peer, why);
+      close_with_error(conn, parsed.request_id, kErrorProtocol, why);
       return;
     }
     conn.in_off += parsed.consumed;
@@ -127,7 +137,21 @@ void TcpStoreServer::Loop::handle_handshake(Connection& conn, Frame& frame) {
     }
     conn.nonce = store_auth::make_nonce();
     conn.state = State::kAuth;
-    reply(conn, Op::kChallenge, frame.request_id, {conn.nonce});
+    if (frame.fields.size() < 2) {
+      // A client without a token (or a raw tool) sends no nonce and gets no server proof.
+      reply(conn, Op::kChallenge, frame.request_id, {conn.nonce});
+      return;
+    }
+    // Mutual auth: prove to the client that this server knows the token too.
+    const std::string& client_nonce = frame.fields[1];
+    if (client_nonce.size() != store_auth::kNonceBytes) {
+      refuse(fmt::format("sent a {}-byte hello nonce (expected {})", client_nonce.size(),
+                         store_auth::kNonceBytes),
+             fmt::format("the hello nonce must be {} bytes", store_auth::kNonceBytes));
+      return;
+    }
+    reply(conn, Op::kChallenge, frame.request_id,
+          {conn.nonce, store_auth::server_proof(token_, client_nonce, conn.nonce)});
     return;
   }
   // State::kAuth
@@ -275,8 +299,8 @@ void TcpStoreServer::Loop::park(Connection& conn, Op op, uint32_t request_id,
     return;
   }
   conn.waiter.active = true;
-  timeout_ms = std::min(timeout_ms, kMaxTimeoutMs);
-  add_timer(conn, conn.waiter.start + std::chrono::milliseconds(timeout_ms), conn.waiter.seq);
+  add_timer(conn, deadline_after(std::chrono::milliseconds(timeout_ms), conn.waiter.start),
+            conn.waiter.seq);
   register_waiter(conn);
 }
 

@@ -8,6 +8,7 @@
 
 #include "ddp/store/auth.hpp"
 #include "ddp/store/tcp_store_server.hpp"
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {
@@ -20,13 +21,8 @@ using Ms = std::chrono::milliseconds;
 // How long past a blocking request's own limit the client waits for the server's timeout
 // reply before declaring the server unresponsive.
 constexpr Ms kReplyGrace{std::chrono::seconds(5)};
-constexpr Ms kMaxLimit{int64_t{365} * 24 * 3600 * 1000};
 constexpr Ms kFirstBackoff{10};
 constexpr Ms kMaxBackoff{1000};
-
-net::Deadline deadline_after(Ms limit) {
-  return net::Clock::now() + std::min(std::max(limit, Ms{0}), kMaxLimit);
-}
 
 Ms elapsed_since(net::Clock::time_point start) {
   return std::chrono::duration_cast<Ms>(net::Clock::now() - start);
@@ -62,11 +58,16 @@ std::string TcpStore::endpoint() const {
 
 void TcpStore::connect_locked(net::Deadline deadline) {
   auto start = net::Clock::now();
+  // Attempts that never reach the server are retried until retry_until; one that connected
+  // may spend until `deadline` waiting for the hello reply.
+  const net::Deadline retry_until =
+      options_.connect_retry ? std::min(deadline, deadline_after(*options_.connect_retry, start))
+                             : deadline;
   Ms backoff = kFirstBackoff;
   std::string last_error;
   for (;;) {
     try {
-      sock_ = net::connect_tcp(options_.host, options_.port, deadline);
+      sock_ = net::connect_tcp(options_.host, options_.port, retry_until);
       handshake_locked(deadline);
       return;
     } catch (const NetworkError& e) {
@@ -76,28 +77,71 @@ void TcpStore::connect_locked(net::Deadline deadline) {
     } catch (const TimeoutError& e) {
       sock_.close();
       last_error = e.what();
+    } catch (...) {
+      // Refused auth, a server that cannot prove the token, a protocol error: never keep a
+      // connection whose handshake did not complete.
+      sock_.close();
+      throw;
     }
     auto now = net::Clock::now();
-    if (now >= deadline) break;
-    std::this_thread::sleep_for(std::min<net::Clock::duration>(backoff, deadline - now));
+    if (now >= retry_until) break;
+    std::this_thread::sleep_for(std::min<net::Clock::duration>(backoff, retry_until - now));
     backoff = std::min(backoff * 2, kMaxBackoff);
   }
+  const std::string limits =
+      options_.connect_retry
+          ? fmt::format("limit {} ms, of which at most {} ms retrying refused connections",
+                        options_.timeout.count(),
+                        std::min(*options_.connect_retry, options_.timeout).count())
+          : fmt::format("limit {} ms", options_.timeout.count());
   throw TimeoutError(fmt::format(
-      "store at {}: could not connect within {} ms (limit {} ms); last error: {}. Check that the "
-      "store server is running and that host and port (MASTER_ADDR/MASTER_PORT) point at it",
-      endpoint(), elapsed_since(start).count(), options_.timeout.count(), last_error));
+      "store at {}: could not connect within {} ms ({}); last error: {}. Check that the store "
+      "server is running and that host and port (MASTER_ADDR/MASTER_PORT) point at it",
+      endpoint(), elapsed_since(start).count(), limits, last_error));
 }
 
 void TcpStore::handshake_locked(net::Deadline deadline) {
   Frame hello;
   hello.op = Op::kHello;
   hello.fields = {"ddp-tcpstore-client"};
+  // With a token we also authenticate the server: it must answer our nonce with its proof.
+  std::string client_nonce;
+  if (!token_.empty()) {
+    client_nonce = store_auth::make_nonce();
+    hello.fields.push_back(client_nonce);
+  }
   Frame reply = exchange_locked(hello, deadline);
-  if (reply.op == Op::kOk) return;  // server has no token (ours, if any, is not needed)
+  if (reply.op == Op::kOk) {
+    if (token_.empty()) return;  // neither side uses auth
+    sock_.close();
+    throw StoreError(fmt::format(
+        "store at {} answered without authentication although this client holds an auth "
+        "token; refusing to use it. Another process (not the job's store) may have taken port "
+        "{} first, or the store server was started without the token: give the server the "
+        "same token (TcpStoreOptions::token or the {} environment variable), or find what "
+        "listens on the port (ss -ltnp 'sport = :{}')",
+        endpoint(), options_.port, store_auth::kTokenEnvVar, options_.port));
+  }
   if (reply.op == Op::kError) throw_reply_error(reply, Op::kHello);
-  if (reply.op != Op::kChallenge || reply.fields.size() != 1) {
+  if (reply.op != Op::kChallenge || reply.fields.empty() || reply.fields.size() > 2) {
     throw ProtocolError(fmt::format("store at {}: unexpected {} reply to hello", endpoint(),
                                     store_protocol::op_name(reply.op)));
+  }
+  if (!token_.empty()) {
+    bool proven =
+        reply.fields.size() == 2 &&
+        store_auth::proofs_equal(store_auth::server_proof(token_, client_nonce, reply.fields[0]),
+                                 reply.fields[1]);
+    if (!proven) {
+      sock_.close();
+      throw StoreError(fmt::format(
+          "store at {} could not prove it knows this client's auth token ({}); refusing to "
+          "use it. Either the server has another token (token mismatch: pass the same token "
+          "as the server, TcpStoreOptions::token or the {} environment variable), or another "
+          "process that is not the job's store took port {}",
+          endpoint(), reply.fields.size() == 2 ? "its proof does not match" : "it sent no proof",
+          store_auth::kTokenEnvVar, options_.port));
+    }
   }
   Frame auth;
   auth.op = Op::kAuth;
@@ -190,7 +234,7 @@ std::vector<std::string> TcpStore::call(Op op, std::vector<std::string> fields, 
   request.fields = std::move(fields);
   Frame reply;
   try {
-    reply = exchange_locked(request, deadline_after(limit + kReplyGrace));
+    reply = exchange_locked(request, deadline_after(saturating_add(limit, kReplyGrace)));
   } catch (const TimeoutError&) {
     throw TimeoutError(fmt::format(
         "store at {}: no reply to {} after {} ms (limit {} ms){}; the server is unresponsive or "

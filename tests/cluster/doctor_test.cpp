@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -139,6 +140,13 @@ TEST(Doctor, WrongOrMissingTokenIsRefused) {
   o.env = EnvMap{{"DDP_STORE_TOKEN", "s3cret"}};
   results = run_doctor(o);
   EXPECT_CHECK(results, "store-auth", CheckStatus::kOk, "DDP_STORE_TOKEN");
+  // Or from the file ddprun names for its workers (--rdzv-conf token_file=).
+  std::string path = ::testing::TempDir() + "doctor-token";
+  std::ofstream(path) << "s3cret\n";
+  o.env = EnvMap{{"DDP_STORE_TOKEN_FILE", path}};
+  results = run_doctor(o);
+  EXPECT_CHECK(results, "store-auth", CheckStatus::kOk, "DDP_STORE_TOKEN_FILE");
+  std::remove(path.c_str());
 }
 
 TEST(Doctor, StoreWithoutClockSkipsSkew) {

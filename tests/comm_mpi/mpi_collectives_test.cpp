@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -235,6 +236,17 @@ TEST(MpiGroup, ManyOutstandingOperationsCompleteWhenWaitedInReverse) {
         buffers[k], 0, 100, [&](size_t) { return static_cast<double>(k * n + n * (n - 1) / 2); }))
         << "operation " << k;
   }
+}
+
+// milliseconds::max() means "no limit": the wait must block until the barrier completes, not
+// convert max() to the clock's nanoseconds (an overflow to a deadline in the past) and throw
+// at once. Rank 0 enters late so the other ranks' first poll finds the barrier incomplete.
+TEST(MpiGroup, WaitWithoutLimitCompletes) {
+  ProcessGroup& pg = world();
+  if (pg.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  WorkPtr work = pg.barrier();
+  EXPECT_NO_THROW(work->wait(std::chrono::milliseconds::max()));
+  EXPECT_TRUE(work->is_completed());
 }
 
 TEST(MpiGroup, ThreadsDriveSeparateGroupsConcurrently) {

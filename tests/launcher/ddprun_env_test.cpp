@@ -2,9 +2,11 @@
 // bad command lines.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <map>
 #include <sstream>
 
+#include "ddp/util/socket.hpp"
 #include "launcher_fixture.hpp"
 
 namespace ddp::launcher::testing {
@@ -60,6 +62,32 @@ TEST_F(DdprunEnv, ThreeWorkersGetTheTorchrunContract) {
     EXPECT_EQ(e["TORCHELASTIC_USE_AGENT_STORE"], "<unset>");
   }
   EXPECT_NE(r.err.find("OMP_NUM_THREADS=1"), std::string::npos) << r.err;
+}
+
+// --rdzv-conf token_file= guards the agents' store, and the workers get the file's path
+// (DDP_STORE_TOKEN_FILE, absolute) so the stores ddp opens in them (rank 0's
+// MASTER_ADDR:MASTER_PORT store) require the same token; the token itself is not exported.
+TEST_F(DdprunEnv, RendezvousTokenFileReachesTheWorkers) {
+  std::string token_file = dir() + "/token";
+  { std::ofstream(token_file) << "job-secret\n"; }
+  std::string port = std::to_string(net::free_tcp_port("127.0.0.1"));
+  RunResult r =
+      run({"--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+           "127.0.0.1:" + port, "--rdzv-conf", "token_file=" + token_file, worker(), "env"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto ranks = env_lines(r.out);
+  ASSERT_EQ(ranks.size(), 2u) << r.out;
+  for (auto& [rank, e] : ranks) EXPECT_EQ(e["DDP_STORE_TOKEN_FILE"], token_file) << rank;
+  EXPECT_EQ(r.out.find("job-secret"), std::string::npos) << r.out;
+
+  // Without token_file nothing is added.
+  port = std::to_string(net::free_tcp_port("127.0.0.1"));
+  r = run({"--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:" + port,
+           worker(), "env"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ranks = env_lines(r.out);
+  ASSERT_EQ(ranks.size(), 1u) << r.out;
+  EXPECT_EQ(ranks[0]["DDP_STORE_TOKEN_FILE"], "<unset>");
 }
 
 TEST_F(DdprunEnv, UserOmpThreadsAndSingleWorkerAreLeftAlone) {

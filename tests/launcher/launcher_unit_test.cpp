@@ -5,14 +5,18 @@
 #include <unistd.h>
 
 #include <map>
+#include <thread>
 
 #include "ddp/launcher/cli.hpp"
 #include "ddp/launcher/error_file.hpp"
 #include "ddp/launcher/output.hpp"
+#include "ddp/launcher/rendezvous_membership.hpp"
 #include "ddp/launcher/root_cause.hpp"
 #include "ddp/launcher/std_streams.hpp"
 #include "ddp/launcher/worker_env.hpp"
 #include "ddp/launcher/world.hpp"
+#include "ddp/store/tcp_store.hpp"
+#include "ddp/store/tcp_store_server.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/version.hpp"
 
@@ -289,6 +293,48 @@ TEST(StreamForwarder, PrefixesWholeLinesAndKeepsATail) {
   ssize_t n = ::read(fds[0], buf, sizeof(buf));
   ::close(fds[0]);
   EXPECT_EQ(std::string(buf, n > 0 ? n : 0), "[default1]:one\n[default1]:two\n[default1]:three\n");
+}
+
+// After the round the agent's watcher shares the agent's own store connection: nothing
+// connects to the store after the round, so 1024 agents do not open 1024 more connections
+// at once to a store host that may be starved of CPU (or of file descriptors).
+TEST(RendezvousMembershipTest, WatchingOpensNoSecondConnection) {
+  TcpStoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = 0;
+  so.token = "";
+  TcpStoreServer server(so);
+  server.start();
+  TcpStoreOptions po;
+  po.host = "127.0.0.1";
+  po.port = server.port();
+  po.token = "";
+  TcpStore probe(po);
+
+  RendezvousMembershipOptions mo;
+  mo.rdzv.run_id = "watch";
+  mo.rdzv.endpoint = {"127.0.0.1", server.port()};
+  mo.rdzv.hostname = "host0";
+  mo.rdzv.local_addr = "127.0.0.1";
+  mo.rdzv.conf.heartbeat = std::chrono::milliseconds(100);
+  mo.rdzv.pick_master_port = [] { return 40000; };
+  mo.token = "";
+  mo.notice_fd = -1;
+  auto membership = make_rendezvous_membership(mo);
+  MembershipRound round = membership->next_round();
+  const size_t before = server.num_connections();  // the probe and the agent
+  membership->start_watching();
+  // The watcher's first heartbeat proves it is running (and any connection of its own was
+  // accepted and counted before it could set a key).
+  const std::string hb = "rdzv/watch/" + std::to_string(round.generation) + "/hb/0";
+  for (int i = 0; i < 1000 && !(probe.check({hb}) && probe.get(hb) == "1"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(probe.get(hb), "1");
+  EXPECT_EQ(server.num_connections(), before);
+  membership->stop_watching();
+  membership->finished();
+  server.stop();
 }
 
 }  // namespace

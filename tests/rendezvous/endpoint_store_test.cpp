@@ -1,6 +1,8 @@
 // The endpoint store: failing fast on an unreachable endpoint, and auth keeping strangers out.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "ddp/rendezvous/endpoint_store.hpp"
 #include "ddp/util/socket.hpp"
 #include "rdzv_test_util.hpp"
@@ -31,6 +33,38 @@ TEST(RdzvEndpoint, RefusedEndpointFailsAfterConnectTimeoutWithTheError) {
     EXPECT_NE(m.find("refused"), std::string::npos) << m;
     EXPECT_NE(m.find("Retried for 0.6 s (connect_timeout)"), std::string::npos) << m;
   }
+}
+
+// A store host starved of CPU accepts connections (the kernel does, into the backlog) but
+// answers hellos late. connect_timeout bounds only how long a refused endpoint is retried;
+// a connection that reached the server waits for its hello reply up to call_timeout. Here
+// the server answers nothing until well after connect_timeout (its loop starts late).
+TEST(RdzvEndpoint, SlowHelloReplyIsNotAnUnreachableEndpoint) {
+  TcpStoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = 0;
+  so.token = "";
+  TcpStoreServer server(so);  // listening, not yet serving
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    server.start();
+  });
+  EndpointStoreOptions o;
+  o.endpoint = {"127.0.0.1", server.port()};
+  o.connect_timeout = Millis(300);
+  o.call_timeout = Millis(30000);
+  o.token = "";
+  std::string error;
+  try {
+    EndpointStore peer(o);
+    peer.store()->set("k", "v");
+    EXPECT_EQ(peer.connect_another()->get("k"), "v");
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  late.join();
+  EXPECT_EQ(error, "");
+  server.stop();
 }
 
 TEST(RdzvEndpoint, HostServesAndPeersConnect) {
@@ -83,7 +117,25 @@ TEST(RdzvEndpoint, StrangerWithoutTheTokenCannotJoinOrReadKeys) {
       EXPECT_NE(m.find("same token"), std::string::npos) << m;
     }
   }
+  // The stranger without a token is refused by the server; the one with the wrong token
+  // refuses the server's proof and hangs up, which the server counts when it sees the EOF.
+  for (int i = 0; i < 1000 && h.server()->num_auth_refusals() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   EXPECT_GE(h.server()->num_auth_refusals(), 2u);
+}
+
+// 1024 agents need about 1024 descriptors at the store host (plus its own): warn when the
+// limit cannot hold them, naming the numbers and the fix; stay quiet when it can.
+TEST(RdzvEndpoint, StoreHostWarnsWhenItsOpenFilesLimitIsTooLow) {
+  EXPECT_EQ(store_host_fd_warning(20000, 1024, 1), std::nullopt);
+  EXPECT_EQ(store_host_fd_warning(1536, 1024, 1), std::nullopt);
+  EXPECT_EQ(store_host_fd_warning(1024, 8, 8), std::nullopt);
+  auto warning = store_host_fd_warning(1024, 1024, 1);
+  ASSERT_TRUE(warning.has_value());
+  EXPECT_NE(warning->find("up to 1024 nodes"), std::string::npos) << *warning;
+  EXPECT_NE(warning->find("only 1024 files"), std::string::npos) << *warning;
+  EXPECT_NE(warning->find("ulimit -n"), std::string::npos) << *warning;
 }
 
 TEST(RdzvEndpoint, LocalHostDetection) {

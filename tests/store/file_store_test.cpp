@@ -70,6 +70,34 @@ TEST(FileStoreTest, TornTrailingRecordIsIgnoredThenRemoved) {
   EXPECT_EQ(again.multi_get({"a", "b"}), (std::vector<std::string>{"1", "2"}));
 }
 
+// The store is already open (its replay offset is before the torn bytes) when another writer
+// dies mid-record; its next set() and multi_set() must land after the last complete record,
+// not after the torn bytes where the next replay would cut them off.
+TEST(FileStoreTest, OpenStoreWritesAfterATornRecordAreKept) {
+  TempDir dir;
+  std::string path = dir.file("store");
+  FileStore store(path, 10s);
+  store.set("a", "1");
+  {
+    std::ofstream out(path, std::ios::app | std::ios::binary);
+    out.write("S\x05\0\0\0", 5);
+  }
+  store.set("b", "2");
+  EXPECT_TRUE(store.check({"b"}));
+  EXPECT_EQ(store.get("b"), "2");
+  {
+    std::ofstream out(path, std::ios::app | std::ios::binary);
+    out.write("S\x03\0\0\0\x04\0\0\0ke", 11);
+  }
+  store.multi_set({"c", "d"}, {"3", "4"});
+  EXPECT_TRUE(store.check({"a", "b", "c", "d"}));
+  EXPECT_EQ(store.multi_get({"a", "b", "c", "d"}), (std::vector<std::string>{"1", "2", "3", "4"}));
+  FileStore fresh(path, 10s);
+  EXPECT_TRUE(fresh.check({"a", "b", "c", "d"}));
+  EXPECT_EQ(fresh.num_keys(), 4);
+  EXPECT_EQ(fresh.multi_get({"a", "b", "c", "d"}), (std::vector<std::string>{"1", "2", "3", "4"}));
+}
+
 TEST(FileStoreTest, ForeignFileIsRefusedNamingThePath) {
   TempDir dir;
   std::string path = dir.file("notes.txt");

@@ -3,8 +3,13 @@
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
 
+#include <poll.h>
+#include <sys/socket.h>
+
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "ddp/store/auth.hpp"
 #include "ddp/util/error.hpp"
@@ -115,12 +120,132 @@ TEST(TcpStoreAuthTest, TokenComesFromTheEnvironmentWhenNotGiven) {
   EXPECT_EQ(explicit_client.get("k"), "v");
 }
 
+// A process that took the store's port first and answers without auth must not be trusted by a
+// client that holds a token: it would read and forge the job's keys.
+TEST(TcpStoreAuthTest, ClientWithTokenRefusesAServerWithoutAuth) {
+  auto server = start_server(std::string(""));
+  try {
+    TcpStore client(client_options(server->port(), 10s, std::string("s3cret")));
+    FAIL() << "a client holding a token trusted a server without auth";
+  } catch (const StoreError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("127.0.0.1:" + std::to_string(server->port())), std::string::npos) << what;
+    EXPECT_NE(what.find("without authentication"), std::string::npos) << what;
+    EXPECT_NE(what.find("nother process"), std::string::npos) << what;
+  }
+}
+
+// An impostor that challenges the client but does not know the token cannot answer the
+// client's own challenge; the client refuses it before sending its proof (which the impostor
+// could otherwise relay to the real store to get in). Two impostors: one that sends a
+// challenge without a proof (as a version-1 server without mutual auth did), one that makes
+// up a proof.
+TEST(TcpStoreAuthTest, ClientRefusesAServerThatCannotProveTheToken) {
+  for (bool with_made_up_proof : {false, true}) {
+    SCOPED_TRACE(with_made_up_proof ? "made-up proof" : "no proof");
+    auto listener = net::listen_tcp("127.0.0.1", 0, 4);
+    uint16_t port = net::local_port(listener.fd());
+    std::string client_answer = "(none)";
+    std::thread impostor([&] {
+      try {
+        pollfd pfd{listener.fd(), POLLIN, 0};
+        if (::poll(&pfd, 1, 10000) != 1) return;
+        net::Socket sock(::accept(listener.fd(), nullptr, nullptr));
+        auto hello = raw_read_frame(sock);
+        std::string nonce = store_auth::make_nonce();
+        std::vector<std::string> fields{nonce};
+        if (with_made_up_proof) fields.push_back(store_auth::proof("guess", nonce));
+        raw_send(sock, encode(store_protocol::Op::kChallenge, fields, hello.request_id));
+        auto answer = raw_read_frame(sock);
+        client_answer = store_protocol::op_name(answer.op);
+      } catch (const Error&) {
+        // The client hung up instead of answering: what it should do.
+      }
+    });
+    std::string what;
+    bool store_error = false;
+    try {
+      TcpStore client(client_options(port, 10s, std::string("s3cret")));
+    } catch (const Error& e) {  // caught here so the impostor thread is always joined
+      what = e.what();
+      store_error = dynamic_cast<const StoreError*>(&e) != nullptr;
+    }
+    impostor.join();
+    EXPECT_EQ(client_answer, "(none)") << "the client answered an impostor's challenge";
+    EXPECT_TRUE(store_error) << "expected a StoreError, got: " << what;
+    EXPECT_NE(what.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << what;
+    EXPECT_NE(what.find("could not prove"), std::string::npos) << what;
+  }
+}
+
+// Before authentication a peer may send only small frames: a large frame header is refused at
+// once instead of buffering up to max_frame_bytes for the whole handshake window.
+TEST(TcpStoreAuthTest, LargeFrameBeforeAuthIsRefusedAtOnce) {
+  LogCapture capture;
+  auto server = start_server(std::string("s3cret"));
+  auto sock = raw_connect(server->port());
+  std::string hello = encode(store_protocol::Op::kHello, {std::string(1 << 20, 'x')});
+  // Send the header and a little of the payload only: the server must not wait for the rest.
+  raw_send(sock, hello.substr(0, 4096));
+  auto reply = raw_read_frame(sock);
+  EXPECT_EQ(reply.op, store_protocol::Op::kError);
+  ASSERT_EQ(reply.fields.size(), 2u);
+  EXPECT_EQ(reply.fields[0], store_protocol::kErrorProtocol);
+  EXPECT_NE(reply.fields[1].find("before authentication"), std::string::npos) << reply.fields[1];
+  EXPECT_EQ(server->num_protocol_errors(), 1u);
+  EXPECT_NE(capture.text().find("before authentication"), std::string::npos) << capture.text();
+  TcpStore good(client_options(server->port(), 10s, std::string("s3cret")));
+  good.set("k", "v");
+  EXPECT_EQ(good.get("k"), "v");
+}
+
+// ddprun hands its workers the job's token as a file path (DDP_STORE_TOKEN_FILE), so the
+// stores a worker opens through ddp (rank 0's MASTER_ADDR:MASTER_PORT store) use the token
+// on both the server and the client side without the secret in the environment.
+TEST(TcpStoreAuthTest, TokenComesFromTheTokenFileVariable) {
+  TempDir dir;
+  std::string path = dir.file("token");
+  std::ofstream(path) << "file-secret\n";
+  unsetenv(store_auth::kTokenEnvVar);
+  setenv(store_auth::kTokenFileEnvVar, path.c_str(), 1);
+  auto server = start_server(std::nullopt);
+  TcpStore member(client_options(server->port(), 10s, std::nullopt));
+  member.set("k", "v");
+  unsetenv(store_auth::kTokenFileEnvVar);
+  EXPECT_THROW(TcpStore(client_options(server->port(), 10s, std::string(""))), StoreError);
+  TcpStore explicit_client(client_options(server->port(), 10s, std::string("file-secret")));
+  EXPECT_EQ(explicit_client.get("k"), "v");
+}
+
+TEST(TcpStoreAuthTest, UnreadableTokenFileIsAUsageErrorNamingTheVariable) {
+  unsetenv(store_auth::kTokenEnvVar);
+  setenv(store_auth::kTokenFileEnvVar, "/nonexistent-ddp-dir/token", 1);
+  try {
+    store_auth::resolve_token(std::nullopt);
+    FAIL() << "an unreadable token file was ignored";
+  } catch (const UsageError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("DDP_STORE_TOKEN_FILE=/nonexistent-ddp-dir/token"), std::string::npos)
+        << what;
+  }
+  unsetenv(store_auth::kTokenFileEnvVar);
+}
+
 TEST(TcpStoreAuthTest, ProofDependsOnTokenAndNonce) {
   std::string nonce = store_auth::make_nonce();
   EXPECT_EQ(nonce.size(), store_auth::kNonceBytes);
   EXPECT_NE(nonce, store_auth::make_nonce());
   EXPECT_EQ(store_auth::proof("t", nonce), store_auth::proof("t", nonce));
   EXPECT_NE(store_auth::proof("t", nonce), store_auth::proof("u", nonce));
+  std::string other = store_auth::make_nonce();
+  EXPECT_EQ(store_auth::server_proof("t", nonce, other),
+            store_auth::server_proof("t", nonce, other));
+  EXPECT_NE(store_auth::server_proof("t", nonce, other),
+            store_auth::server_proof("u", nonce, other));
+  EXPECT_NE(store_auth::server_proof("t", nonce, other),
+            store_auth::server_proof("t", other, nonce));
+  // A server proof is never a valid client proof, so one side's answer cannot be replayed.
+  EXPECT_NE(store_auth::server_proof("t", "", other), store_auth::proof("t", other));
   EXPECT_TRUE(store_auth::proofs_equal("abc", "abc"));
   EXPECT_FALSE(store_auth::proofs_equal("abc", "abd"));
   EXPECT_FALSE(store_auth::proofs_equal("abc", "ab"));

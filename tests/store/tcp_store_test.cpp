@@ -39,6 +39,34 @@ TEST(TcpStoreTest, GetTimeoutMessageNamesEndpointKeyAndLimit) {
   EXPECT_EQ(client.get("after"), "ok");
 }
 
+// milliseconds::max() means "no limit": get and wait block until the key arrives instead of
+// overflowing the deadline into an immediate TimeoutError. A store whose own timeout is max()
+// connects and serves as usual.
+TEST(TcpStoreTest, WaitsWithoutLimitReturnWhenTheKeyArrives) {
+  auto server = start_server();
+  TcpStore waiter(client_options(server->port(), std::chrono::milliseconds::max()));
+  TcpStore setter(client_options(server->port()));
+  std::string got;
+  std::string error;
+  std::thread blocked([&] {
+    try {
+      waiter.wait({"late/1"}, std::chrono::milliseconds::max());
+      got = waiter.get("late/2", std::chrono::milliseconds::max());
+      got += "," + waiter.get("late/3");  // the store's own timeout, max() too
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(50ms);
+  setter.set("late/1", "a");
+  std::this_thread::sleep_for(20ms);
+  setter.set("late/2", "b");
+  setter.set("late/3", "c");
+  blocked.join();
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(got, "b,c");
+}
+
 TEST(TcpStoreTest, ConnectionRefusedAfterTimeoutSaysSoWithTheAddress) {
   uint16_t port = unused_port();
   try {

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ddp/comm/process_group.hpp"
 
@@ -41,6 +42,14 @@ struct NcclOptions {
   bool blocking_wait = false;
   // How often the watchdog polls. Env: DDP_NCCL_WATCHDOG_INTERVAL_MS.
   std::chrono::milliseconds watchdog_interval{100};
+  // What the members agree on to find each other's NCCL unique id in the store. Groups
+  // created concurrently on one store must differ in name or member_ranks (two disjoint
+  // groups of one job: pass each one's member_ranks); groups of equal identity pair up in
+  // creation order, so every member must create them in the same order.
+  std::string group_name = "default_pg";
+  // The global ranks of the group's members, in group-rank order (empty: not given). When
+  // given, its size must equal the group's.
+  std::vector<int> member_ranks;
 
   // Defaults with `timeout`, overridden by the DDP_NCCL_* variables above.
   static NcclOptions from_env(std::chrono::milliseconds timeout);

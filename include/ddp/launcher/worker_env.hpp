@@ -26,6 +26,9 @@ struct WorkerEnvInputs {
 std::vector<std::string> build_worker_env(const std::vector<std::string>& base,
                                           const WorkerEnvInputs& inputs);
 
+// Sets KEY=VALUE in `env` ("KEY=VALUE" entries), replacing every existing entry for KEY.
+void set_env_entry(std::vector<std::string>& env, const std::string& key, const std::string& value);
+
 // The current process environment as "KEY=VALUE" entries.
 std::vector<std::string> current_environment();
 

@@ -3,7 +3,9 @@
 // the endpoint port, every interface), every agent (the host too) talks to it as a client.
 //
 // Reaching the endpoint fails fast: connection refused is retried only for connect_timeout
-// (a few seconds, in case the host agent is still starting), then a NetworkError names the
+// (a few seconds, in case the host agent is still starting), while a connection the endpoint
+// accepted may wait up to call_timeout for the hello reply (a store host starved of CPU by
+// a thousand agents answers late; it is not unreachable). Then a NetworkError names the
 // endpoint, this node's route to it and the last error ("connection refused", "no route to
 // host", "timed out"), says how long it retried and what to check. A token mismatch is a
 // StoreError saying the tokens differ.
@@ -26,6 +28,14 @@ bool is_local_host(const std::string& host, Millis timeout = Millis(3000));
 // The address peers should use to reach this node, as seen on the route to `peer_host`
 // (the source address the kernel picks); the host name when that cannot be determined.
 std::string local_address_towards(const std::string& peer_host, Millis timeout = Millis(3000));
+
+// A warning for the agent that serves the store when `open_files_limit` (the process's
+// RLIMIT_NOFILE after raising it to the hard limit) cannot hold a connection per agent
+// (`max_nodes`) plus this agent's own files (`local_workers` workers' pipes and logs, and a
+// reserve); nullopt when it can. Running out makes the store stop accepting agents (they fail
+// with "could not connect ... receiving timed out") or this agent fail to start its workers.
+std::optional<std::string> store_host_fd_warning(uint64_t open_files_limit, int max_nodes,
+                                                 int local_workers);
 
 struct EndpointStoreOptions {
   Endpoint endpoint;

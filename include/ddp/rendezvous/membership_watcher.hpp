@@ -13,10 +13,11 @@
 // round's "changed" key (the first reason wins), which wakes every other watcher at once
 // (they block on that key between heartbeats).
 //
-// The watcher needs its own Store connection (a blocking wait would otherwise hold the
-// agent's). on_change runs on the watcher thread, exactly once; it must not block for long
-// (e.g. write to a pipe the agent polls). Stopping takes at most one wait slice (5 ms at first,
-// doubling up to 500 ms).
+// The watcher's wait slices hold its Store for up to 500 ms at a time: give it a connection
+// of its own, or one its owner leaves alone while watching (ddprun's agent shares its own: it
+// makes no store call between starting and stopping the watcher). on_change runs on the watcher
+// thread, exactly once; it must not block for long (e.g. write to a pipe the agent polls). Stopping
+// takes at most one wait slice (5 ms at first, doubling up to 500 ms).
 
 #include <atomic>
 #include <functional>

@@ -54,7 +54,8 @@ class FileStore : public Store {
   // Replays records appended since the last call. With `exclusive`, also cuts off a torn
   // trailing record. Requires the flock and mutex_.
   void refresh_locked(bool exclusive);
-  // Appends records (pairs of key, value; op 'S' or 'D'). Requires the exclusive flock.
+  // Appends records (pairs of key, value; op 'S' or 'D') after the last complete record (a torn
+  // tail is cut off first). Requires the exclusive flock.
   void append_locked(char op, const std::vector<std::pair<std::string, std::string>>& records);
   void wait_locked(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,
                    std::chrono::milliseconds timeout);

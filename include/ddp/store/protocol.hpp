@@ -82,6 +82,10 @@ struct ParseResult {
 ParseResult parse_frame(const uint8_t* data, size_t size,
                         size_t max_frame_bytes = kDefaultMaxFrameBytes);
 
+// The frame size (header + payload) announced by a header at the start of [data, data+size),
+// or 0 when fewer than kHeaderBytes are available.
+uint64_t declared_frame_bytes(const uint8_t* data, size_t size);
+
 // The encoded bytes of frame. Throws UsageError if a field exceeds 4 GiB.
 std::string encode_frame(const Frame& frame);
 

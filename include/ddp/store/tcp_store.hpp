@@ -3,8 +3,9 @@
 //
 // Contracts:
 // - Construction connects, retrying with backoff until options.timeout (the server may start
-//   later than its clients). Running out of time throws TimeoutError naming host:port and
-//   the last failure ("connection refused").
+//   later than its clients), or, for refused attempts, until options.connect_retry. Running
+//   out of time throws TimeoutError naming host:port and the last failure ("connection
+//   refused", "receiving ... timed out").
 // - Every call is bounded: blocking ones (get, wait, multi_get) by their timeout, enforced by
 //   the server and backed by a client-side deadline; the rest by timeout() too. A timeout
 //   throws TimeoutError naming host:port, the missing keys, the elapsed time and the limit.
@@ -14,7 +15,10 @@
 //   reconnects. A failed call is never retried behind the caller's back (add is not
 //   idempotent).
 // - Auth: when the server has a token, the client must have the same one (options.token or
-//   $DDP_STORE_TOKEN); otherwise construction throws StoreError saying so.
+//   $DDP_STORE_TOKEN); otherwise construction throws StoreError saying so. A client holding a
+//   token also makes the server prove it knows the token, and refuses (StoreError) a server
+//   that answers without auth or cannot prove it (docs/store-protocol.md).
+// - A timeout of std::chrono::milliseconds::max() means no limit (clamped to a year).
 //
 // With options.is_server the object also hosts a TcpStoreServer in this process (rank 0's
 // role in init_process_group); port 0 then picks a free port, readable with port().
@@ -43,6 +47,11 @@ struct TcpStoreOptions {
   uint16_t port = kDefaultPort;
   // Bounds connecting and every call (Store::timeout()).
   std::chrono::milliseconds timeout = Store::kDefaultTimeout;
+  // Unset: connection attempts are retried until `timeout`. Set: attempts that fail before
+  // reaching the server (refused, unreachable) are retried only this long, while an attempt
+  // that reached it may still take until `timeout` for the handshake, so a busy or
+  // CPU-starved server that answers late is not mistaken for an absent one.
+  std::optional<std::chrono::milliseconds> connect_retry;
   // Shared secret. nullopt: $DDP_STORE_TOKEN if set, else none. "" disables auth explicitly.
   std::optional<std::string> token;
   // Host a TcpStoreServer in this process, listening on port (bind address: every interface).

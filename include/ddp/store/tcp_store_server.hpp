@@ -33,6 +33,7 @@ struct TcpStoreServerOptions {
   static constexpr uint16_t kDefaultPort = 29500;
   static constexpr int kDefaultBacklog = 8192;
   static constexpr std::chrono::milliseconds kDefaultHandshakeTimeout{std::chrono::seconds(60)};
+  static constexpr size_t kDefaultMaxHandshakeFrameBytes = 4096;
 
   // Address to bind: "" or "0.0.0.0" = every IPv4 interface, "::" = every interface.
   std::string host;
@@ -43,6 +44,10 @@ struct TcpStoreServerOptions {
   std::optional<std::string> token;
   // Largest frame (header + payload) accepted from a client.
   size_t max_frame_bytes = store_protocol::kDefaultMaxFrameBytes;
+  // Largest frame accepted before the handshake completes (hello and auth are tens of bytes):
+  // an unauthenticated peer announcing a bigger one is closed at once, so it cannot make the
+  // server buffer max_frame_bytes for the whole handshake window.
+  size_t max_handshake_frame_bytes = kDefaultMaxHandshakeFrameBytes;
   int backlog = kDefaultBacklog;
   // A connection that has not finished the hello/auth handshake by then is closed, so idle
   // half-open connections cannot pile up.
@@ -67,7 +72,8 @@ class TcpStoreServer {
   uint16_t port() const { return port_; }
   // Connections currently open (including ones still in the handshake).
   size_t num_connections() const;
-  // Connections refused for failing authentication since start.
+  // Connections refused for failing authentication since start (including clients that hung
+  // up during the auth handshake because this server's proof did not match their token).
   uint64_t num_auth_refusals() const;
   // Connections closed because they broke the protocol since start.
   uint64_t num_protocol_errors() const;

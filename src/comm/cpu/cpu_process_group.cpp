@@ -9,6 +9,7 @@
 
 #include "../gloo/gloo_comm.hpp"
 #include "../reduce_kernels.hpp"
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
 
@@ -159,7 +160,7 @@ ShmContext CpuProcessGroup::context(const CallInfo& call) const {
   ShmContext ctx;
   ctx.call = &call;
   ctx.timeout = timeout_;
-  ctx.deadline = Clock::now() + timeout_;
+  ctx.deadline = deadline_after(timeout_);
   ctx.where = where();
   return ctx;
 }

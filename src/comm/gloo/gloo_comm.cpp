@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "../reduce_kernels.hpp"
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
 #include "store_adapter.hpp"
@@ -173,8 +174,8 @@ std::vector<int> GlooComm::missing_ranks(const CallInfo& call) {
   try {
     const std::string base = fmt::format("{}reached/{}/", prefix_, call.seq);
     store_->set(base + std::to_string(rank_), "1");
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(5));
+    const auto deadline =
+        deadline_after(std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(5)));
     for (;;) {
       missing.clear();
       for (int r = 0; r < size_; ++r) {

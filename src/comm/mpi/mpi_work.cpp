@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 #include "mpi_runtime.hpp"
 
@@ -83,8 +84,7 @@ bool MpiWork::is_completed() {
 void MpiWork::wait(std::chrono::milliseconds timeout) {
   const auto start = Clock::now();
   // A huge timeout (milliseconds::max()) must not overflow the deadline.
-  const auto limit = std::min<Clock::duration>(timeout, std::chrono::hours(24 * 365));
-  const auto deadline = start + limit;
+  const auto deadline = deadline_after(timeout, start);
   // Spinning on MPI_Test gives the lowest latency for short operations; after a while the
   // waiter yields, then sleeps with a doubling period capped at 1 ms, so a long wait costs
   // little CPU (which matters when ranks oversubscribe the cores) and still notices

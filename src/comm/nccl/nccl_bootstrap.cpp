@@ -1,6 +1,7 @@
 #include "nccl_bootstrap.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstring>
 #include <string>
@@ -10,36 +11,76 @@
 
 namespace ddp::nccl_detail {
 
-ncclUniqueId exchange_unique_id(Store& store, int rank, int size,
-                                std::chrono::milliseconds timeout) {
-  const int64_t index = store.add(fmt::format("ddp_nccl/rank{}/groups", rank), 1);
-  const std::string key = fmt::format("ddp_nccl/group{}/unique_id", index);
-  ncclUniqueId id;
-  if (rank == 0) {
-    const ncclResult_t result = ncclGetUniqueId(&id);
-    if (result != ncclSuccess) {
-      throw CollectiveError(fmt::format(
-          "nccl backend: rank 0 of {}: ncclGetUniqueId failed: {} (NCCL could not open its "
-          "bootstrap socket; NCCL_SOCKET_IFNAME selects the interface)",
-          size, ncclGetErrorString(result)));
+namespace {
+
+// The store prefix of every group with this identity. The member list is hashed (FNV-1a 64)
+// so a 1024-rank group does not make kilobyte keys; the size is spelled out as well, so
+// groups of different sizes never share a prefix.
+std::string identity_prefix(const GroupIdentity& group) {
+  if (group.member_ranks.empty()) return fmt::format("ddp_nccl/{}/n{}", group.name, group.size);
+  uint64_t hash = 1469598103934665603ull;
+  for (int r : group.member_ranks) {
+    for (int i = 0; i < 4; ++i) {
+      hash ^= static_cast<uint8_t>(static_cast<uint32_t>(r) >> (8 * i));
+      hash *= 1099511628211ull;
     }
-    store.set(key, std::string(id.internal, sizeof id.internal));
-    return id;
+  }
+  return fmt::format("ddp_nccl/{}/n{}/ranks-{:016x}", group.name, group.size, hash);
+}
+
+std::string describe(const GroupIdentity& group) {
+  if (group.member_ranks.empty()) return fmt::format("group '{}'", group.name);
+  return fmt::format("group '{}' of global ranks [{}]", group.name,
+                     fmt::join(group.member_ranks, ", "));
+}
+
+}  // namespace
+
+std::string exchange_group_secret(Store& store, const GroupIdentity& group, int rank,
+                                  std::chrono::milliseconds timeout,
+                                  const std::function<std::string()>& create) {
+  const int size = group.size;
+  // Members of one group agree on the prefix; each counts its own groups under it, so the
+  // k-th group of this identity is the k-th for every member.
+  const std::string prefix = identity_prefix(group);
+  const int64_t index = store.add(fmt::format("{}/rank{}/groups", prefix, rank), 1);
+  const std::string key = fmt::format("{}/{}/unique_id", prefix, index);
+  if (rank == 0) {
+    std::string secret = create();
+    store.set(key, secret);
+    return secret;
   }
   try {
     store.wait({key}, timeout);
   } catch (const TimeoutError& e) {
     throw TimeoutError(fmt::format(
-        "nccl backend: rank {} of {}: rank 0 did not publish the NCCL unique id (store key "
-        "'{}') within {} ms: is rank 0 running and using the same store? ({})",
-        rank, size, key, timeout.count(), e.what()));
+        "nccl backend: rank {} of {} in {}: rank 0 did not publish the NCCL unique id (store "
+        "key '{}') within {} ms: is rank 0 running, using the same store, and creating the "
+        "same groups in the same order (same group_name and member_ranks)? ({})",
+        rank, size, describe(group), key, timeout.count(), e.what()));
   }
-  const std::string value = store.get(key);
+  return store.get(key);
+}
+
+ncclUniqueId exchange_unique_id(Store& store, const GroupIdentity& group, int rank,
+                                std::chrono::milliseconds timeout) {
+  ncclUniqueId id;
+  const std::string value = exchange_group_secret(store, group, rank, timeout, [&] {
+    const ncclResult_t result = ncclGetUniqueId(&id);
+    if (result != ncclSuccess) {
+      throw CollectiveError(fmt::format(
+          "nccl backend: rank 0 of {}: ncclGetUniqueId failed: {} (NCCL could not open its "
+          "bootstrap socket; NCCL_SOCKET_IFNAME selects the interface)",
+          group.size, ncclGetErrorString(result)));
+    }
+    return std::string(id.internal, sizeof id.internal);
+  });
   if (value.size() != sizeof id.internal) {
     throw ProtocolError(fmt::format(
-        "nccl backend: rank {} of {}: store key '{}' holds {} bytes, but an ncclUniqueId has "
-        "{}: another program wrote the key, or ranks use different NCCL versions",
-        rank, size, key, value.size(), sizeof id.internal));
+        "nccl backend: rank {} of {}: the group's NCCL unique id in the store has {} bytes, "
+        "but an ncclUniqueId has {}: another program wrote the key, or ranks use different "
+        "NCCL versions",
+        rank, group.size, value.size(), sizeof id.internal));
   }
   std::memcpy(id.internal, value.data(), sizeof id.internal);
   return id;

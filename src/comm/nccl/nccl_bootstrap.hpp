@@ -4,6 +4,9 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
 
 namespace ddp {
 class Store;
@@ -11,10 +14,26 @@ class Store;
 
 namespace ddp::nccl_detail {
 
-// Rank 0 creates the id and publishes it; the others wait for it (up to `timeout`). Each
-// rank counts the NCCL groups it created on this store, so the k-th group of every rank uses
-// the same key even when ranks are threads of one process sharing the store.
-ncclUniqueId exchange_unique_id(Store& store, int rank, int size,
+// What every member of one group knows about it, and so can agree on without talking:
+// the group's name, its size and (when known) the global ranks of its members.
+struct GroupIdentity {
+  std::string name;
+  int size = 0;
+  std::vector<int> member_ranks;  // empty: not known (the world group)
+};
+
+// Rank 0 of the group calls `create` and publishes its bytes under a key derived from
+// `group`; the other ranks wait for that key (up to `timeout`) and return its bytes. Every
+// rank counts the groups of the same identity it created on this store, so the k-th such
+// group of every member uses the same key even when ranks are threads of one process sharing
+// the store. Groups created concurrently on one store must differ in identity (disjoint
+// member sets, or names). No NCCL calls: `create` supplies the secret.
+std::string exchange_group_secret(Store& store, const GroupIdentity& group, int rank,
+                                  std::chrono::milliseconds timeout,
+                                  const std::function<std::string()>& create);
+
+// exchange_group_secret with ncclGetUniqueId as `create`.
+ncclUniqueId exchange_unique_id(Store& store, const GroupIdentity& group, int rank,
                                 std::chrono::milliseconds timeout);
 
 }  // namespace ddp::nccl_detail

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp::nccl_detail {
@@ -48,7 +49,7 @@ NcclCommunicator::~NcclCommunicator() {
   // Finalize flushes outstanding operations; a peer that died makes it hang, so the wait is
   // bounded by the timeout and falls back to abort.
   ncclResult_t state = ncclCommFinalize(comm_);
-  const auto deadline = Clock::now() + timeout_;
+  const auto deadline = deadline_after(timeout_);
   while (state == ncclInProgress && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     const ncclResult_t result = ncclCommGetAsyncError(comm_, &state);

@@ -488,6 +488,12 @@ ProcessGroupPtr make_nccl_process_group(std::shared_ptr<Store> store, int rank, 
         fmt::format("nccl backend: timeout ({} ms) and watchdog_interval ({} ms) must be positive",
                     options.timeout.count(), options.watchdog_interval.count()));
   }
+  if (!options.member_ranks.empty() && static_cast<int>(options.member_ranks.size()) != size) {
+    throw UsageError(fmt::format(
+        "nccl backend: rank {}: member_ranks lists {} ranks but the group has {}; pass the "
+        "global rank of every member, in group-rank order",
+        rank, options.member_ranks.size(), size));
+  }
   const int devices = visible_devices(rank);
   if (device < 0 || device >= devices) {
     throw UsageError(fmt::format(
@@ -495,7 +501,8 @@ ProcessGroupPtr make_nccl_process_group(std::shared_ptr<Store> store, int rank, 
         "(CUDA_VISIBLE_DEVICES={}); pass LOCAL_RANK % {} or fix CUDA_VISIBLE_DEVICES",
         rank, device, devices, env::get_or("CUDA_VISIBLE_DEVICES", "<unset>"), devices));
   }
-  const ncclUniqueId id = exchange_unique_id(*store, rank, size, options.timeout);
+  GroupIdentity group{options.group_name, size, options.member_ranks};
+  const ncclUniqueId id = exchange_unique_id(*store, group, rank, options.timeout);
   return std::make_shared<NcclProcessGroupImpl>(rank, size, device, options, id);
 }
 

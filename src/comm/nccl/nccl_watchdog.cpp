@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/logging.hpp"
 
@@ -55,7 +56,7 @@ void NcclWatchdog::run() {
   cudaSetDevice(device_);
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
-    wake_.wait_for(lock, interval_, [this] { return stop_; });
+    wake_.wait_until(lock, deadline_after(interval_), [this] { return stop_; });
     if (stop_ || communicator_.aborted()) continue;
     lock.unlock();
     const std::string reason = check();

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "cuda_util.hpp"
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp::nccl_detail {
@@ -88,7 +89,9 @@ void NcclWork::wait(std::chrono::milliseconds timeout) {
     return;
   }
   const auto start = Clock::now();
-  const auto deadline = start + std::min<Clock::duration>(timeout, std::chrono::hours(24 * 365));
+  // Saturating: min<Clock::duration>(max(), ...) converted max() to nanoseconds first, which
+  // overflows to a deadline in the past.
+  const auto deadline = deadline_after(timeout, start);
   auto nap = std::chrono::microseconds(1);
   while (!state_->query()) {
     state_->rethrow_if_failed();

@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
             "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR",
             "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
             "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "OMP_NUM_THREADS",
-            "TORCHELASTIC_USE_AGENT_STORE"}) {
+            "TORCHELASTIC_USE_AGENT_STORE", "DDP_STORE_TOKEN_FILE"}) {
         std::printf(" %s=%s", k, std::getenv(k) ? std::getenv(k) : "<unset>");
       }
       std::printf("\n");

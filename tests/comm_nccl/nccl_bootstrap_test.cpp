@@ -1,0 +1,78 @@
+// How the members of an NCCL group find its unique id in the store (no GPU needed): the
+// store key comes from what the members agree on, so concurrent groups never cross.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddp/store/hash_store.hpp"
+#include "ddp/util/error.hpp"
+#include "nccl_bootstrap.hpp"
+
+namespace ddp::test {
+namespace {
+
+using namespace std::chrono_literals;
+using nccl_detail::exchange_group_secret;
+using nccl_detail::GroupIdentity;
+
+// What member `rank` of `group` gets; rank 0 publishes `secret`.
+std::string join(HashStore& store, const GroupIdentity& group, int rank,
+                 const std::string& secret) {
+  return exchange_group_secret(store, group, rank, 1s, [&] { return secret; });
+}
+
+// Global ranks {0,1} and {2,3} of one job each create a 2-rank group on the shared store at
+// the same time. Rank 0 of both groups publishes before rank 1 of either reads, and the
+// second group's rank 1 reads first: with per-rank counters it read the first group's id.
+TEST(NcclBootstrap, DisjointGroupsCreatedConcurrentlyGetTheirOwnIds) {
+  HashStore store;
+  GroupIdentity a{"default_pg", 2, {0, 1}};
+  GroupIdentity b{"default_pg", 2, {2, 3}};
+  EXPECT_EQ(join(store, a, 0, "id-A"), "id-A");
+  EXPECT_EQ(join(store, b, 0, "id-B"), "id-B");
+  EXPECT_EQ(join(store, b, 1, "unused"), "id-B");
+  EXPECT_EQ(join(store, a, 1, "unused"), "id-A");
+}
+
+TEST(NcclBootstrap, GroupsWithDifferentNamesDoNotCross) {
+  HashStore store;
+  GroupIdentity a{"tp", 2, {}};
+  GroupIdentity b{"dp", 2, {}};
+  EXPECT_EQ(join(store, a, 0, "id-tp"), "id-tp");
+  EXPECT_EQ(join(store, b, 0, "id-dp"), "id-dp");
+  EXPECT_EQ(join(store, b, 1, "unused"), "id-dp");
+  EXPECT_EQ(join(store, a, 1, "unused"), "id-tp");
+}
+
+// Successive groups of one identity pair up in creation order, also with ranks as threads.
+TEST(NcclBootstrap, SuccessiveGroupsOfOneIdentityPairInOrder) {
+  HashStore store;
+  GroupIdentity world{"default_pg", 2, {}};
+  std::vector<std::string> seen;
+  std::thread rank1([&] {
+    for (int i = 0; i < 3; ++i) seen.push_back(join(store, world, 1, "unused"));
+  });
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(join(store, world, 0, "id-" + std::to_string(i)), "id-" + std::to_string(i));
+  rank1.join();
+  EXPECT_EQ(seen, (std::vector<std::string>{"id-0", "id-1", "id-2"}));
+}
+
+TEST(NcclBootstrap, MissingRankZeroIsATimeoutNamingTheGroup) {
+  HashStore store;
+  GroupIdentity group{"tp", 2, {4, 5}};
+  try {
+    exchange_group_secret(store, group, 1, 50ms, [] { return std::string("unused"); });
+    FAIL() << "rank 1 got an id nobody published";
+  } catch (const TimeoutError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("rank 1 of 2"), std::string::npos) << what;
+    EXPECT_NE(what.find("'tp'"), std::string::npos) << what;
+  }
+}
+
+}  // namespace
+}  // namespace ddp::test
