@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {
@@ -65,7 +66,8 @@ void PrefetchLoader::produce() {
 std::optional<Batch> PrefetchLoader::next() {
   std::unique_lock<std::mutex> lock(mutex_);
   if (finished_) return std::nullopt;
-  if (!changed_.wait_for(lock, options_.timeout_, [&] { return !queue_.empty(); })) {
+  if (!changed_.wait_until(lock, deadline_after(options_.timeout_),
+                           [&] { return !queue_.empty(); })) {
     throw TimeoutError(
         fmt::format("PrefetchLoader: no batch within {} ms (batch size {}, {} "
                     "batches); the dataset's fetch is stuck or too slow",

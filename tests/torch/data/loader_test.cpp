@@ -6,6 +6,7 @@
 #include <future>
 #include <numeric>
 #include <sstream>
+#include <thread>
 
 #include "ddp/torch/data/prefetch_loader.hpp"
 #include "ddp/torch/data/synthetic_dataset.hpp"
@@ -132,6 +133,20 @@ TEST(PrefetchLoader, NextTimesOutOnAStuckFetch) {
       {0, 1}, ddp::PrefetchLoaderOptions().batch_size(1).timeout(std::chrono::milliseconds(20)));
   EXPECT_THROW(loader.next(), ddp::TimeoutError);
   release.set_value();
+}
+
+// "No limit" (milliseconds::max()) must wait, not overflow the deadline into the past.
+TEST(PrefetchLoader, NextWithoutLimitWaitsForASlowFetch) {
+  auto ds = counting(4);
+  ddp::PrefetchLoader loader(
+      [&](const std::vector<int64_t>& i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        return ds.get_batch(i);
+      },
+      {0, 1}, ddp::PrefetchLoaderOptions().batch_size(2).timeout(std::chrono::milliseconds::max()));
+  auto batch = loader.next();
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_EQ(batch->target.size(0), 2);
 }
 
 TEST(PrefetchLoader, RejectsBadOptions) {
