@@ -20,8 +20,8 @@ BACKEND_NAME = "ddp"
 
 
 def _group_name(group_id):
-    # torch names the default group "" and later ones "1", "2", ... (new_group order).
-    return "default_pg" if not group_id else "group_" + str(group_id)
+    # torch numbers groups in creation order: the default group is "0", new_group()s "1", ...
+    return "default_pg" if str(group_id) in ("", "0") else "group_" + str(group_id)
 
 
 def _create_extended(backend_options, pg_options):

@@ -180,7 +180,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::bitwise_all_reduce(const at::Ten
     throw NotSupportedError(fmt::format(
         "backend ddp does not support ReduceOp.{} on {} tensors (bitwise operators take "
         "integer or bool tensors)",
-        reduce_op_name(op), c10::toString(t.scalar_type())));
+        reduce_op_name(op), dtype_name(t.scalar_type())));
   }
   auto buf = contiguous(t);
   auto gathered = at::empty({size_, t.numel()}, t.options());

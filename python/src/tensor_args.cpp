@@ -62,13 +62,33 @@ void check_same(const std::vector<at::Tensor>& ts, at::ScalarType dtype,
     check_cpu_dense(ts[i], op);
     if (ts[i].scalar_type() != dtype) {
       throw UsageError(fmt::format("{}: {}[{}] has dtype {} but the input has {}", op, what, i,
-                                   c10::toString(ts[i].scalar_type()), c10::toString(dtype)));
+                                   dtype_name(ts[i].scalar_type()), dtype_name(dtype)));
     }
     if (numel && ts[i].numel() != *numel) {
       throw UsageError(fmt::format(
           "{}: {}[{}] has {} elements but the input has {}; all tensors must have the same size",
           op, what, i, ts[i].numel(), *numel));
     }
+  }
+}
+
+std::string dtype_name(at::ScalarType type) {
+  if (auto dt = to_data_type(type)) return to_string(*dt);
+  switch (type) {
+    case at::kBool:
+      return "bool";
+    case at::kChar:
+      return "int8";
+    case at::kShort:
+      return "int16";
+    case at::kComplexHalf:
+      return "complex32";
+    case at::kComplexFloat:
+      return "complex64";
+    case at::kComplexDouble:
+      return "complex128";
+    default:
+      return c10::toString(type);
   }
 }
 
@@ -82,7 +102,7 @@ DataType reduce_data_type(at::ScalarType type, const std::string& op) {
   throw NotSupportedError(fmt::format(
       "backend ddp does not support dtype {} in {}; it reduces float32, float64, float16, "
       "bfloat16, int32, int64 and uint8",
-      c10::toString(type), op));
+      dtype_name(type), op));
 }
 
 }  // namespace ddp::python

@@ -21,6 +21,9 @@ namespace ddp::python {
 // The ddp DataType of a torch dtype, or nullopt.
 std::optional<DataType> to_data_type(at::ScalarType type);
 
+// torch's name of a dtype without the "torch." ("float32", "int16", "complex64").
+std::string dtype_name(at::ScalarType type);
+
 // Throws UsageError unless `t` is a dense CPU tensor. `op` names the operation.
 void check_cpu_dense(const at::Tensor& t, const std::string& op);
 
