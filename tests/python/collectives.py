@@ -155,6 +155,18 @@ check_equal("all_reduce bool MAX", b, torch.tensor([True, True, False]))
 b = torch.tensor([rank == 0, True, False])
 dist.all_reduce(b, op=R.BAND)
 check_equal("all_reduce bool BAND", b, torch.tensor([n == 1, True, False]))
+# batch_isend_irecv around the ring, all_gather_coalesced
+t = torch.zeros(3)
+reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((3,), float(rank)), (rank + 1) % n),
+                               dist.P2POp(dist.irecv, t, (rank - 1) % n)])
+for q in reqs:
+    q.wait()
+check_equal("batch_isend_irecv", t, torch.full((3,), float((rank - 1) % n)))
+outs = [[torch.zeros(2), torch.zeros(3, 1)] for _ in range(n)]
+dist.all_gather_coalesced(outs, [torch.full((2,), float(rank)), torch.full((3, 1), -rank * 1.0)])
+for r in range(n):
+    check_equal(f"all_gather_coalesced [{r}][0]", outs[r][0], torch.full((2,), float(r)))
+    check_equal(f"all_gather_coalesced [{r}][1]", outs[r][1], torch.full((3, 1), -r * 1.0))
 dist.barrier()
 z = torch.zeros(0)
 dist.all_reduce(z)
