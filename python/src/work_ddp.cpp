@@ -118,10 +118,12 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkDDP::getFuture() {
     } else {
       future->markCompleted(c10::IValue(outputs_));
     }
-  } else if (auto completer = completer_.lock()) {
+  } else if (auto completer = completer_.lock(); completer && !completer->is_current_thread()) {
     completer->watch(c10::intrusive_ptr<WorkDDP>::reclaim_copy(this));
   } else {
-    wait_and_complete();  // the group is gone; its operations have finished
+    // Asked from a future's callback on the completer thread (which cannot wait for itself),
+    // or the group is gone: complete here. The operation itself runs on ddp's worker thread.
+    wait_and_complete();
   }
   return future;
 }
@@ -144,7 +146,12 @@ void Completer::watch(c10::intrusive_ptr<WorkDDP> work) {
   cv_.notify_one();
 }
 
+bool Completer::is_current_thread() const {
+  return thread_id_.load() == std::this_thread::get_id();
+}
+
 void Completer::loop() {
+  thread_id_.store(std::this_thread::get_id());
   for (;;) {
     c10::intrusive_ptr<WorkDDP> work;
     {

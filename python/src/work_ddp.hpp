@@ -12,6 +12,7 @@
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -69,6 +70,11 @@ class Completer {
 
   void watch(c10::intrusive_ptr<WorkDDP> work);
 
+  // Whether the caller is the completer thread (running a future's callback). A callback that
+  // issues an operation and waits for its future (PowerSGD's hook does) must not queue that
+  // future behind itself.
+  bool is_current_thread() const;
+
  private:
   void loop();
 
@@ -77,6 +83,7 @@ class Completer {
   std::deque<c10::intrusive_ptr<WorkDDP>> queue_;
   bool stop_ = false;
   std::thread thread_;
+  std::atomic<std::thread::id> thread_id_{};
 };
 
 }  // namespace ddp::python
