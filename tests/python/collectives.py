@@ -1,12 +1,18 @@
 """Every torch.distributed operation on the ddp backend, every dtype, against expected
-values. Run: ddprun --standalone --nproc-per-node N /usr/bin/python3 collectives.py"""
+values. Run: ddprun --standalone --nproc-per-node N /usr/bin/python3 collectives.py [--hosts]"""
 import math
+import os
+import sys
 
 import torch
 import torch.distributed as dist
 
 from common import DTYPES, check_equal, done, init
 
+if "--hosts" in sys.argv:
+    # Simulated hosts (rank % 2): the hierarchical path, shared memory within a host and Gloo
+    # between hosts.
+    os.environ["DDP_HOST_ID"] = "host{}".format(int(os.environ["RANK"]) % 2)
 rank, n = init()
 R = dist.ReduceOp
 
