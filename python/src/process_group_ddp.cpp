@@ -241,7 +241,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce(std::vector<at::Tensor>& 
   auto buf = contiguous(t);
   auto w = pg_->reduce(buf.data_ptr(), static_cast<size_t>(t.numel()), dtype, r,
                        static_cast<int>(opts.rootRank));
-  // Only the root's result is defined; others keep their input (as gloo leaves them).
+  // Only the root's result is defined; other ranks' tensors hold unspecified values afterwards
+  // (gloo leaves partial sums there too), so only the root copies a staged result back.
   const bool root = opts.rootRank == rank_;
   auto epilogue = [t, buf, root] {
     if (root) copy_back(t, buf);
