@@ -72,7 +72,10 @@ void WorkDDP::wait_and_complete() {
 }
 
 void WorkDDP::complete(std::exception_ptr err) {
+  bool first = false;
+  c10::intrusive_ptr<c10::ivalue::Future> future;
   std::call_once(complete_once_, [&] {
+    first = true;
     if (!err && epilogue_) {
       try {
         epilogue_();
@@ -81,7 +84,6 @@ void WorkDDP::complete(std::exception_ptr err) {
       }
     }
     epilogue_ = nullptr;
-    c10::intrusive_ptr<c10::ivalue::Future> future;
     {
       std::lock_guard<std::mutex> lock(future_mutex_);
       done_ = true;
@@ -89,15 +91,16 @@ void WorkDDP::complete(std::exception_ptr err) {
       future = future_;
     }
     finish(err);  // c10d::Work: completed_, exception_, wakes its waiters
-    // Outside every lock: marking a future runs its callbacks (DDP's hooks) right here.
-    if (future) {
-      if (err) {
-        future->setError(err);
-      } else {
-        future->markCompleted(c10::IValue(outputs_));
-      }
-    }
   });
+  // Outside every lock and the once-section: marking a future runs its callbacks (DDP's hooks)
+  // right here, and a callback may wait on this very Work.
+  if (first && future) {
+    if (err) {
+      future->setError(err);
+    } else {
+      future->markCompleted(c10::IValue(outputs_));
+    }
+  }
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkDDP::getFuture() {
