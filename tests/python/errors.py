@@ -74,7 +74,9 @@ if mode == "mismatch":
     msg = expect_error("mismatch", lambda: dist.all_reduce(torch.ones(count)),
                        "collective mismatch", "rank 0 called all_reduce(float32, count=10, sum)",
                        "called all_reduce(float32, count=20, sum)")
-    if rank == 0:
+    store.set(f"ddp_test/checked/{rank}", "1")
+    if rank == 0:  # hosts the store: leaves only once every rank read its message
+        store.wait([f"ddp_test/checked/{r}" for r in range(n)])
         print("mismatch message:", msg.splitlines()[0], flush=True)
         print("errors mismatch: ok", flush=True)
     os._exit(0)
