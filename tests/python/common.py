@@ -27,10 +27,10 @@ def check_equal(name, got, want):
 
 
 def expect_error(name, fn, *fragments):
-    """fn() must raise RuntimeError/ValueError whose message holds every fragment."""
+    """fn() must raise RuntimeError whose message holds every fragment."""
     try:
         fn()
-    except (RuntimeError, ValueError) as e:
+    except RuntimeError as e:
         msg = str(e)
         missing = [f for f in fragments if f not in msg]
         if missing:
