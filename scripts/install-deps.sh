@@ -10,6 +10,9 @@ packages=(
   libtorch-dev libgloo-dev libopenmpi-dev openmpi-bin
   libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libssl-dev zlib1g-dev
   dataset-fashion-mnist python3-torch
+  # The Python layer (`import ddp`, the "ddp" torch.distributed backend): pybind11 and the
+  # headers of the interpreter python3-torch is built for.
+  pybind11-dev python3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   # LibTorch's Linear layers call libblas.so.3. Without an optimized BLAS (libtorch Recommends
   # one; --no-install-recommends drops it) that is the reference BLAS, and the CNN's step takes

@@ -1,0 +1,56 @@
+"""ddp's collectives as a torch.distributed backend.
+
+    import ddp                                  # registers the "ddp" backend
+    import torch.distributed as dist
+    dist.init_process_group("ddp")              # env:// (torchrun or ddprun), tcp://, file://,
+                                                # or store=, rank=, world_size=
+
+The backend runs ddp's `cpu` backend (shared memory within a host, Gloo between hosts) and
+rendezvouses through the store torch.distributed hands it. See docs/python.md.
+"""
+
+import torch
+import torch.distributed as _dist
+
+from . import _C
+
+__all__ = ["BACKEND_NAME"]
+
+BACKEND_NAME = "ddp"
+
+
+def _group_name(group_id):
+    # torch numbers groups in creation order: the default group is "0", new_group()s "1", ...
+    return "default_pg" if str(group_id) in ("", "0") else "group_" + str(group_id)
+
+
+def _create_extended(backend_options, pg_options):
+    """torch 1.13 / 2.0 extended creator: gets the group id for messages."""
+    if pg_options is not None:
+        raise RuntimeError("backend ddp takes no pg_options")
+    o = backend_options
+    return _C._create_process_group(o.store, o.group_rank, o.group_size, o.timeout,
+                                    _group_name(getattr(o, "group_id", "")))
+
+
+def _create(store, rank, size, timeout):
+    return _C._create_process_group(store, rank, size, timeout, "default_pg")
+
+
+def _register():
+    if BACKEND_NAME.upper() in getattr(_dist.Backend, "_plugins", {}):
+        return  # already registered (module reloaded)
+    import inspect
+
+    params = inspect.signature(_dist.Backend.register_backend).parameters
+    if "devices" in params:
+        # torch >= 2.1: the creator returns a c10d Backend that torch wraps for CPU tensors.
+        _dist.Backend.register_backend(BACKEND_NAME, _create_extended, extended_api=True,
+                                       devices=["cpu"])
+    elif "extended_api" in params:
+        _dist.Backend.register_backend(BACKEND_NAME, _create_extended, extended_api=True)
+    else:
+        _dist.Backend.register_backend(BACKEND_NAME, _create)
+
+
+_register()

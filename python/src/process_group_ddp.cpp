@@ -1,0 +1,623 @@
+#include "process_group_ddp.hpp"
+
+#include <Python.h>
+#include <fmt/format.h>
+
+#include <numeric>
+
+#include "ddp/comm/init.hpp"
+#include "ddp/util/error.hpp"
+#include "store_bridge.hpp"
+#include "tensor_args.hpp"
+
+namespace ddp::python {
+
+namespace {
+
+const char* reduce_op_name(const c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      return "SUM";
+    case c10d::ReduceOp::AVG:
+      return "AVG";
+    case c10d::ReduceOp::PRODUCT:
+      return "PRODUCT";
+    case c10d::ReduceOp::MIN:
+      return "MIN";
+    case c10d::ReduceOp::MAX:
+      return "MAX";
+    case c10d::ReduceOp::BAND:
+      return "BAND";
+    case c10d::ReduceOp::BOR:
+      return "BOR";
+    case c10d::ReduceOp::BXOR:
+      return "BXOR";
+    case c10d::ReduceOp::PREMUL_SUM:
+      return "PREMUL_SUM";
+    default:
+      return "UNKNOWN";
+  }
+}
+
+bool is_bitwise(const c10d::ReduceOp& op) {
+  return op.op_ == c10d::ReduceOp::BAND || op.op_ == c10d::ReduceOp::BOR ||
+         op.op_ == c10d::ReduceOp::BXOR;
+}
+
+// ddp's reduction for `op` on `t`, with the dtype it runs on. Throws NotSupportedError for
+// operators ddp lacks (bitwise ones are handled by the caller where it can).
+std::pair<ddp::ReduceOp, DataType> reduction(const at::Tensor& t, const c10d::ReduceOp& op,
+                                             const std::string& what) {
+  ddp::ReduceOp r;
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      r = ddp::ReduceOp::kSum;
+      break;
+    case c10d::ReduceOp::AVG:
+      r = ddp::ReduceOp::kAvg;
+      break;
+    case c10d::ReduceOp::PRODUCT:
+      r = ddp::ReduceOp::kProduct;
+      break;
+    case c10d::ReduceOp::MIN:
+      r = ddp::ReduceOp::kMin;
+      break;
+    case c10d::ReduceOp::MAX:
+      r = ddp::ReduceOp::kMax;
+      break;
+    default:
+      throw NotSupportedError(
+          fmt::format("backend ddp does not support ReduceOp.{} in {}{}", reduce_op_name(op), what,
+                      op.op_ == c10d::ReduceOp::PREMUL_SUM
+                          ? " (PREMUL_SUM is NCCL's; multiply first, then reduce with SUM)"
+                      : is_bitwise(op) ? " (bitwise operators are supported by all_reduce only)"
+                                       : ""));
+  }
+  // A bool is 0 or 1 in one byte: min and max over uint8 are logical and / or.
+  if (t.scalar_type() == at::kBool && (r == ddp::ReduceOp::kMin || r == ddp::ReduceOp::kMax)) {
+    return {r, DataType::kUInt8};
+  }
+  return {r, reduce_data_type(t.scalar_type(), what)};
+}
+
+// Packs `ts` (equal dtype) into one contiguous 1-D tensor.
+at::Tensor pack(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(ts.size());
+  for (const auto& t : ts) flat.push_back(t.reshape(-1));
+  return at::cat(flat);
+}
+
+// The bytes of a contiguous tensor as a 1-D uint8 tensor sharing its storage.
+at::Tensor bytes_of(const at::Tensor& contiguous_tensor) {
+  return at::from_blob(contiguous_tensor.data_ptr(),
+                       {static_cast<int64_t>(contiguous_tensor.nbytes())},
+                       at::TensorOptions().dtype(at::kByte));
+}
+
+}  // namespace
+
+ProcessGroupDDP::ProcessGroupDDP(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                 std::chrono::milliseconds timeout, const std::string& group_name)
+    : ProcessGroupBase(rank, size), completer_(std::make_shared<Completer>()), timeout_(timeout) {
+  InitOptions o;
+  o.backend = "cpu";
+  o.timeout = timeout;
+  o.rank = rank;
+  o.world_size = size;
+  o.store = std::make_shared<C10dStoreBridge>(store);
+  o.group_name = group_name;
+  pg_ = init_process_group(o);
+#if TORCH_VERSION_MAJOR < 2
+  init();
+#endif
+}
+
+ProcessGroupDDP::~ProcessGroupDDP() {
+  // The completer may be running a future's callback that needs the GIL (a Python comm hook);
+  // joining it while holding the GIL would deadlock.
+  PyThreadState* saved = nullptr;
+  if (Py_IsInitialized() && PyGILState_Check()) saved = PyEval_SaveThread();
+  completer_.reset();
+  {
+    std::lock_guard<std::mutex> lock(in_flight_mutex_);
+    in_flight_.clear();
+  }
+  pg_.reset();  // waits for the operations still queued (each bounded by the timeout)
+  if (saved) PyEval_RestoreThread(saved);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::make_work(c10d::OpType type,
+                                                          std::vector<WorkPtr> inner,
+                                                          std::function<void()> epilogue,
+                                                          std::vector<at::Tensor> outputs) {
+  bool finished = true;
+  for (auto& w : inner) finished = finished && w->is_completed();
+  auto work = c10::make_intrusive<WorkDDP>(rank_, type, std::move(inner), std::move(epilogue),
+                                           std::move(outputs), timeout_, completer_);
+  if (finished) {
+    // Inline operations finished already: complete now (epilogue, errors) and skip the
+    // bookkeeping of operations in flight.
+    work->isCompleted();
+    return work;
+  }
+  std::lock_guard<std::mutex> lock(in_flight_mutex_);
+  while (!in_flight_.empty() && in_flight_.front()->isCompleted()) in_flight_.pop_front();
+  in_flight_.push_back(work);
+  return work;
+}
+
+void ProcessGroupDDP::check_root(int64_t root, const char* op) const {
+  if (root < 0 || root >= size_) {
+    throw UsageError(
+        fmt::format("{}: root rank {} is out of range for a group of {} ranks", op, root, size_));
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::broadcast(std::vector<at::Tensor>& tensors,
+                                                          const c10d::BroadcastOptions& opts) {
+  const auto& t = single_tensor(tensors, "broadcast");
+  check_root(opts.rootRank, "broadcast");
+  if (opts.rootTensor != 0) throw UsageError("broadcast: the ddp backend takes rootTensor 0");
+  auto buf = contiguous(t);
+  const auto e = move_elements(t.scalar_type(), t.numel());
+  auto w = pg_->broadcast(buf.data_ptr(), e.count, e.dtype, static_cast<int>(opts.rootRank));
+  return make_work(c10d::OpType::BROADCAST, {w}, [t, buf] { copy_back(t, buf); }, {t});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::all_reduce_tensor(const at::Tensor& t,
+                                                                  const c10d::ReduceOp& op) {
+  if (is_bitwise(op)) return bitwise_all_reduce(t, op);
+  const auto [r, dtype] = reduction(t, op, "all_reduce");
+  auto buf = contiguous(t);
+  auto w = pg_->all_reduce(buf.data_ptr(), static_cast<size_t>(t.numel()), dtype, r);
+  return make_work(c10d::OpType::ALLREDUCE, {w}, [t, buf] { copy_back(t, buf); }, {t});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::bitwise_all_reduce(const at::Tensor& t,
+                                                                   const c10d::ReduceOp& op) {
+  if (!at::isIntegralType(t.scalar_type(), /*includeBool=*/true)) {
+    throw NotSupportedError(fmt::format(
+        "backend ddp does not support ReduceOp.{} on {} tensors (bitwise operators take "
+        "integer or bool tensors)",
+        reduce_op_name(op), dtype_name(t.scalar_type())));
+  }
+  auto buf = contiguous(t);
+  auto gathered = at::empty({size_, t.numel()}, t.options());
+  const auto e = move_elements(t.scalar_type(), t.numel());
+  auto w = pg_->all_gather(buf.data_ptr(), gathered.data_ptr(), e.count, e.dtype);
+  const auto kind = op.op_;
+  auto epilogue = [t, buf, gathered, kind] {
+    at::Tensor acc = gathered[0].clone();
+    for (int64_t r = 1; r < gathered.size(0); ++r) {
+      if (kind == c10d::ReduceOp::BAND) {
+        acc.bitwise_and_(gathered[r]);
+      } else if (kind == c10d::ReduceOp::BOR) {
+        acc.bitwise_or_(gathered[r]);
+      } else {
+        acc.bitwise_xor_(gathered[r]);
+      }
+    }
+    t.copy_(acc.view(t.sizes()));
+  };
+  return make_work(c10d::OpType::ALLREDUCE, {w}, std::move(epilogue), {t});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allreduce(std::vector<at::Tensor>& tensors,
+                                                          const c10d::AllreduceOptions& opts) {
+  return all_reduce_tensor(single_tensor(tensors, "all_reduce"), opts.reduceOp);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  if (tensors.empty()) throw UsageError("all_reduce_coalesced: got no tensors");
+  check_same(tensors, tensors[0].scalar_type(), std::nullopt, "all_reduce_coalesced", "tensors");
+  if (is_bitwise(opts.reduceOp)) {
+    throw NotSupportedError(
+        fmt::format("backend ddp does not support ReduceOp.{} in "
+                    "all_reduce_coalesced",
+                    reduce_op_name(opts.reduceOp)));
+  }
+  const auto [r, dtype] = reduction(tensors[0], opts.reduceOp, "all_reduce_coalesced");
+  auto flat = pack(tensors);
+  auto w = pg_->all_reduce(flat.data_ptr(), static_cast<size_t>(flat.numel()), dtype, r);
+  std::vector<at::Tensor> ts = tensors;
+  auto epilogue = [ts, flat] {
+    int64_t offset = 0;
+    for (const auto& t : ts) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  };
+  return make_work(c10d::OpType::ALLREDUCE_COALESCED, {w}, std::move(epilogue), ts);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce(std::vector<at::Tensor>& tensors,
+                                                       const c10d::ReduceOptions& opts) {
+  const auto& t = single_tensor(tensors, "reduce");
+  check_root(opts.rootRank, "reduce");
+  if (opts.rootTensor != 0) throw UsageError("reduce: the ddp backend takes rootTensor 0");
+  const auto [r, dtype] = reduction(t, opts.reduceOp, "reduce");
+  auto buf = contiguous(t);
+  auto w = pg_->reduce(buf.data_ptr(), static_cast<size_t>(t.numel()), dtype, r,
+                       static_cast<int>(opts.rootRank));
+  // Only the root's result is defined; other ranks' tensors hold unspecified values afterwards
+  // (gloo leaves partial sums there too), so only the root copies a staged result back.
+  const bool root = opts.rootRank == rank_;
+  auto epilogue = [t, buf, root] {
+    if (root) copy_back(t, buf);
+  };
+  return make_work(c10d::OpType::REDUCE, {w}, std::move(epilogue), {t});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& /*opts*/) {
+  const auto& in = single_tensor(inputs, "all_gather");
+  if (outputs.size() != 1) {
+    throw UsageError(fmt::format("all_gather: expected one output list, got {}", outputs.size()));
+  }
+  const std::vector<at::Tensor> outs = outputs[0];
+  if (static_cast<int>(outs.size()) != size_) {
+    throw UsageError(
+        fmt::format("all_gather: the output list has {} tensors but the group has {} ranks",
+                    outs.size(), size_));
+  }
+  check_same(outs, in.scalar_type(), std::nullopt, "all_gather", "output");
+  if (outs[rank_].numel() != in.numel()) {
+    throw UsageError(fmt::format(
+        "all_gather: output[{}] (this rank's slot) has {} elements but the input has {}", rank_,
+        outs[rank_].numel(), in.numel()));
+  }
+  auto src = contiguous(in);
+  bool equal = true;
+  int64_t total = 0;
+  for (const auto& o : outs) {
+    equal = equal && o.numel() == in.numel();
+    total += o.numel();
+  }
+  auto flat = at::empty({total}, in.options());
+  WorkPtr w;
+  if (equal) {
+    const auto e = move_elements(in.scalar_type(), in.numel());
+    w = pg_->all_gather(src.data_ptr(), flat.data_ptr(), e.count, e.dtype);
+  } else {
+    // Unequal sizes (the ranks' outputs say how much each contributes): all_gather_v.
+    const auto e = move_elements(in.scalar_type(), 1);
+    std::vector<size_t> counts;
+    for (const auto& o : outs) counts.push_back(static_cast<size_t>(o.numel()) * e.count);
+    w = pg_->all_gather_v(src.data_ptr(), flat.data_ptr(), counts, e.dtype);
+  }
+  auto epilogue = [outs, src, flat] {
+    int64_t offset = 0;
+    for (const auto& o : outs) {
+      o.copy_(flat.narrow(0, offset, o.numel()).view(o.sizes()));
+      offset += o.numel();
+    }
+  };
+  return make_work(c10d::OpType::ALLGATHER, {w}, std::move(epilogue), outs);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& /*opts*/) {
+  check_cpu_dense(input, "all_gather_into_tensor");
+  check_same({output}, input.scalar_type(), input.numel() * size_, "all_gather_into_tensor",
+             "output");
+  auto src = contiguous(input);
+  auto dst = contiguous(output);
+  const auto e = move_elements(input.scalar_type(), input.numel());
+  auto w = pg_->all_gather(src.data_ptr(), dst.data_ptr(), e.count, e.dtype);
+  at::Tensor out = output;
+  return make_work(c10d::OpType::_ALLGATHER_BASE, {w}, [out, src, dst] { copy_back(out, dst); },
+                   {out});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& /*opts*/) {
+  const char* op = "all_gather_coalesced";
+  if (static_cast<int>(outputs.size()) != size_) {
+    throw UsageError(fmt::format("{}: expected {} output lists (one per rank), got {}", op, size_,
+                                 outputs.size()));
+  }
+  // Every input travels as bytes, packed in order; every rank's outputs match the inputs.
+  std::vector<at::Tensor> staged;
+  int64_t bytes = 0;
+  for (const auto& t : inputs) {
+    check_cpu_dense(t, op);
+    staged.push_back(contiguous(t));
+    bytes += static_cast<int64_t>(t.nbytes());
+  }
+  for (const auto& list : outputs) {
+    if (list.size() != inputs.size()) {
+      throw UsageError(fmt::format("{}: an output list has {} tensors but there are {} inputs", op,
+                                   list.size(), inputs.size()));
+    }
+    for (size_t i = 0; i < list.size(); ++i) {
+      check_same({list[i]}, inputs[i].scalar_type(), inputs[i].numel(), op, "output");
+    }
+  }
+  std::vector<at::Tensor> byte_views;
+  for (const auto& s : staged) byte_views.push_back(bytes_of(s));
+  auto packed = byte_views.empty() ? at::empty({0}, at::kByte) : at::cat(byte_views);
+  auto flat = at::empty({bytes * size_}, at::kByte);
+  auto w = pg_->all_gather(packed.data_ptr(), flat.data_ptr(), static_cast<size_t>(bytes),
+                           DataType::kUInt8);
+  auto outs = outputs;
+  auto epilogue = [outs, packed, flat, bytes] {
+    for (size_t r = 0; r < outs.size(); ++r) {
+      int64_t offset = static_cast<int64_t>(r) * bytes;
+      for (const auto& o : outs[r]) {
+        auto dst = contiguous(o);
+        const auto n = static_cast<int64_t>(o.nbytes());
+        bytes_of(dst).copy_(flat.narrow(0, offset, n));
+        copy_back(o, dst);
+        offset += n;
+      }
+    }
+  };
+  std::vector<at::Tensor> all;
+  for (const auto& l : outs) all.insert(all.end(), l.begin(), l.end());
+  return make_work(c10d::OpType::ALLGATHER_COALESCED, {w}, std::move(epilogue), all);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
+  const auto& in = single_tensor(inputs, "gather");
+  check_root(opts.rootRank, "gather");
+  const bool root = opts.rootRank == rank_;
+  std::vector<at::Tensor> outs;
+  if (root) {
+    if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_) {
+      throw UsageError(fmt::format(
+          "gather: the root needs one output list of {} tensors (got {} lists{})", size_,
+          outputs.size(),
+          outputs.empty() ? std::string() : fmt::format(", the first of {}", outputs[0].size())));
+    }
+    outs = outputs[0];
+    check_same(outs, in.scalar_type(), in.numel(), "gather", "gather_list");
+  } else if (!outputs.empty() && !outputs[0].empty()) {
+    throw UsageError("gather: only the root passes a gather_list");
+  }
+  auto src = contiguous(in);
+  auto flat = root ? at::empty({in.numel() * size_}, in.options()) : at::Tensor();
+  const auto e = move_elements(in.scalar_type(), in.numel());
+  auto w = pg_->gather(src.data_ptr(), root ? flat.data_ptr() : nullptr, e.count, e.dtype,
+                       static_cast<int>(opts.rootRank));
+  auto epilogue = [outs, src, flat] {
+    for (size_t r = 0; r < outs.size(); ++r) {
+      const auto n = outs[r].numel();
+      outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n).view(outs[r].sizes()));
+    }
+  };
+  return make_work(c10d::OpType::GATHER, {w}, std::move(epilogue), outs);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  const auto& out = single_tensor(outputs, "scatter");
+  check_root(opts.rootRank, "scatter");
+  const bool root = opts.rootRank == rank_;
+  at::Tensor flat;
+  if (root) {
+    if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
+      throw UsageError(fmt::format(
+          "scatter: the root needs one scatter_list of {} tensors (got {} lists{})", size_,
+          inputs.size(),
+          inputs.empty() ? std::string() : fmt::format(", the first of {}", inputs[0].size())));
+    }
+    check_same(inputs[0], out.scalar_type(), out.numel(), "scatter", "scatter_list");
+    flat = pack(inputs[0]);
+  } else if (!inputs.empty() && !inputs[0].empty()) {
+    throw UsageError("scatter: only the root passes a scatter_list");
+  }
+  auto dst = contiguous(out);
+  const auto e = move_elements(out.scalar_type(), out.numel());
+  auto w = pg_->scatter(root ? flat.data_ptr() : nullptr, dst.data_ptr(), e.count, e.dtype,
+                        static_cast<int>(opts.rootRank));
+  return make_work(c10d::OpType::SCATTER, {w}, [out, dst, flat] { copy_back(out, dst); }, {out});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const auto& out = single_tensor(outputs, "reduce_scatter");
+  if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
+    throw UsageError(fmt::format("reduce_scatter: expected one input list of {} tensors", size_));
+  }
+  check_same(inputs[0], out.scalar_type(), out.numel(), "reduce_scatter", "input_list");
+  const auto [r, dtype] = reduction(out, opts.reduceOp, "reduce_scatter");
+  auto flat = pack(inputs[0]);
+  auto dst = contiguous(out);
+  auto w = pg_->reduce_scatter(flat.data_ptr(), dst.data_ptr(), static_cast<size_t>(out.numel()),
+                               dtype, r);
+  return make_work(c10d::OpType::REDUCE_SCATTER, {w}, [out, dst, flat] { copy_back(out, dst); },
+                   {out});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  check_cpu_dense(output, "reduce_scatter_tensor");
+  check_same({input}, output.scalar_type(), output.numel() * size_, "reduce_scatter_tensor",
+             "input");
+  const auto [r, dtype] = reduction(output, opts.reduceOp, "reduce_scatter_tensor");
+  auto src = contiguous(input);
+  auto dst = contiguous(output);
+  auto w = pg_->reduce_scatter(src.data_ptr(), dst.data_ptr(), static_cast<size_t>(output.numel()),
+                               dtype, r);
+  at::Tensor out = output;
+  return make_work(c10d::OpType::_REDUCE_SCATTER_BASE, {w},
+                   [out, dst, src] { copy_back(out, dst); }, {out});
+}
+
+std::vector<WorkPtr> ProcessGroupDDP::exchange(const std::vector<at::Tensor>& send_blocks,
+                                               const std::vector<at::Tensor>& recv_blocks) {
+  // Negative tags never collide with the user's (torch.distributed tags are >= 0); every rank
+  // numbers its exchanges alike because collectives are called in the same order.
+  const int tag = -1 - static_cast<int>(exchange_seq_++ % (1 << 30));
+  std::vector<WorkPtr> works;
+  recv_blocks[rank_].copy_(send_blocks[rank_]);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_ || recv_blocks[p].numel() == 0) continue;
+    works.push_back(pg_->recv(bytes_of(recv_blocks[p]).data_ptr(), recv_blocks[p].nbytes(),
+                              DataType::kUInt8, p, tag));
+  }
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_ || send_blocks[p].numel() == 0) continue;
+    works.push_back(
+        pg_->send(send_blocks[p].data_ptr(), send_blocks[p].nbytes(), DataType::kUInt8, p, tag));
+  }
+  return works;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall_base(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
+    std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& /*opts*/) {
+  const char* op = "all_to_all_single";
+  check_cpu_dense(input, op);
+  check_same({output}, input.scalar_type(), std::nullopt, op, "output");
+  auto splits_ok = [&](const std::vector<int64_t>& s, const at::Tensor& t, const char* what) {
+    if (s.empty()) {
+      if (t.dim() == 0 || t.size(0) % size_ != 0) {
+        throw UsageError(
+            fmt::format("{}: {} of shape {} does not split evenly into {} ranks along dim 0; pass "
+                        "{}_split_sizes",
+                        op, what, c10::str(t.sizes()), size_, what));
+      }
+      return std::vector<int64_t>(size_, t.size(0) / size_);
+    }
+    if (static_cast<int>(s.size()) != size_ ||
+        std::accumulate(s.begin(), s.end(), int64_t{0}) != t.size(0)) {
+      throw UsageError(fmt::format(
+          "{}: {}_split_sizes has {} entries summing to {}; it needs {} entries summing to "
+          "{} (dim 0 of the {})",
+          op, what, s.size(), std::accumulate(s.begin(), s.end(), int64_t{0}), size_,
+          t.dim() ? t.size(0) : 0, what));
+    }
+    return s;
+  };
+  const auto in_splits = splits_ok(input_splits, input, "input");
+  const auto out_splits = splits_ok(output_splits, output, "output");
+  auto src = contiguous(input);
+  auto dst = contiguous(output);
+  const int64_t in_row = input.size(0) ? input.numel() / input.size(0) : 0;
+  const int64_t out_row = output.size(0) ? output.numel() / output.size(0) : 0;
+  const bool even = std::all_of(in_splits.begin(), in_splits.end(),
+                                [&](int64_t s) { return s == in_splits[0]; }) &&
+                    in_splits == out_splits && in_row == out_row;
+  std::vector<WorkPtr> works;
+  if (even) {
+    const auto e = move_elements(input.scalar_type(), in_splits[0] * in_row);
+    works.push_back(pg_->all_to_all(src.data_ptr(), dst.data_ptr(), e.count, e.dtype));
+  } else {
+    std::vector<at::Tensor> sends, recvs;
+    int64_t so = 0, ro = 0;
+    for (int p = 0; p < size_; ++p) {
+      sends.push_back(src.reshape(-1).narrow(0, so * in_row, in_splits[p] * in_row));
+      recvs.push_back(dst.reshape(-1).narrow(0, ro * out_row, out_splits[p] * out_row));
+      so += in_splits[p];
+      ro += out_splits[p];
+    }
+    if (sends[rank_].numel() != recvs[rank_].numel()) {
+      throw UsageError(
+          fmt::format("{}: this rank sends itself {} elements but expects {} from itself", op,
+                      sends[rank_].numel(), recvs[rank_].numel()));
+    }
+    works = exchange(sends, recvs);
+  }
+  at::Tensor out = output;
+  return make_work(c10d::OpType::ALLTOALL_BASE, std::move(works),
+                   [out, src, dst] { copy_back(out, dst); }, {out});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall(std::vector<at::Tensor>& outputs,
+                                                         std::vector<at::Tensor>& inputs,
+                                                         const c10d::AllToAllOptions& /*opts*/) {
+  const char* op = "all_to_all";
+  if (static_cast<int>(inputs.size()) != size_ || static_cast<int>(outputs.size()) != size_) {
+    throw UsageError(fmt::format("{}: needs {} input and {} output tensors (got {} and {})", op,
+                                 size_, size_, inputs.size(), outputs.size()));
+  }
+  check_cpu_dense(inputs[0], op);
+  const auto dtype = inputs[0].scalar_type();
+  check_same(inputs, dtype, std::nullopt, op, "input_tensor_list");
+  check_same(outputs, dtype, std::nullopt, op, "output_tensor_list");
+  const int64_t n = inputs[0].numel();
+  bool even = true;
+  for (int p = 0; p < size_; ++p) {
+    even = even && inputs[p].numel() == n && outputs[p].numel() == n;
+  }
+  std::vector<at::Tensor> outs = outputs;
+  if (even) {
+    auto src = pack(inputs);
+    auto flat = at::empty({n * size_}, inputs[0].options());
+    const auto e = move_elements(dtype, n);
+    auto w = pg_->all_to_all(src.data_ptr(), flat.data_ptr(), e.count, e.dtype);
+    auto epilogue = [outs, src, flat, n] {
+      for (size_t p = 0; p < outs.size(); ++p) {
+        outs[p].copy_(flat.narrow(0, static_cast<int64_t>(p) * n, n).view(outs[p].sizes()));
+      }
+    };
+    return make_work(c10d::OpType::ALLTOALL, {w}, std::move(epilogue), outs);
+  }
+  std::vector<at::Tensor> sends, recvs;
+  for (int p = 0; p < size_; ++p) {
+    sends.push_back(contiguous(inputs[p]));
+    recvs.push_back(contiguous(outputs[p]));
+  }
+  if (sends[rank_].numel() != recvs[rank_].numel()) {
+    throw UsageError(fmt::format("{}: this rank sends itself {} elements but expects {}", op,
+                                 sends[rank_].numel(), recvs[rank_].numel()));
+  }
+  auto works = exchange(sends, recvs);
+  auto epilogue = [outs, sends, recvs] {
+    for (size_t p = 0; p < outs.size(); ++p) copy_back(outs[p], recvs[p]);
+  };
+  return make_work(c10d::OpType::ALLTOALL, std::move(works), std::move(epilogue), outs);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::barrier(const c10d::BarrierOptions& /*opts*/) {
+  return make_work(c10d::OpType::BARRIER, {pg_->barrier()}, nullptr, {});
+}
+
+void ProcessGroupDDP::monitoredBarrier(const c10d::BarrierOptions& opts, bool /*wait_all_ranks*/) {
+  // ddp's barrier already names the ranks that never arrived when it times out.
+  const auto limit = opts.timeout.count() > 0 ? opts.timeout : timeout_;
+  pg_->barrier()->wait(limit);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::send(std::vector<at::Tensor>& tensors, int dst,
+                                                     int tag) {
+  const auto& t = single_tensor(tensors, "send");
+  if (dst < 0 || dst >= size_ || dst == rank_) {
+    throw UsageError(
+        fmt::format("send: destination rank {} is invalid for rank {} of {}", dst, rank_, size_));
+  }
+  auto buf = contiguous(t);
+  const auto e = move_elements(t.scalar_type(), t.numel());
+  auto w = pg_->send(buf.data_ptr(), e.count, e.dtype, dst, tag);
+  return make_work(c10d::OpType::SEND, {w}, [buf] {}, {t});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::recv(std::vector<at::Tensor>& tensors, int src,
+                                                     int tag) {
+  const auto& t = single_tensor(tensors, "recv");
+  if (src < 0 || src >= size_ || src == rank_) {
+    throw UsageError(
+        fmt::format("recv: source rank {} is invalid for rank {} of {}", src, rank_, size_));
+  }
+  auto buf = contiguous(t);
+  const auto e = move_elements(t.scalar_type(), t.numel());
+  auto w = pg_->recv(buf.data_ptr(), e.count, e.dtype, src, tag);
+  return make_work(c10d::OpType::RECV, {w}, [t, buf] { copy_back(t, buf); }, {t});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::recvAnysource(std::vector<at::Tensor>& /*t*/,
+                                                              int /*tag*/) {
+  throw NotSupportedError(
+      "backend ddp does not support recv from any source (recv/irecv without src); pass src");
+}
+
+}  // namespace ddp::python

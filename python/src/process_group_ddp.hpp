@@ -1,0 +1,113 @@
+#pragma once
+// ProcessGroupDDP: the "ddp" torch.distributed backend. A c10d process group (torch 1.x:
+// c10d::ProcessGroup; torch 2.x: c10d::Backend) whose operations run on ddp's `cpu` backend
+// (shared memory within a host, Gloo between hosts), rendezvousing through the store PyTorch
+// hands it.
+//
+// Tensors: dense CPU tensors, one per call (no *_multigpu forms). Contiguous tensors are
+// passed by data pointer; others are staged through a contiguous copy. Reductions take
+// float32/64, float16, bfloat16, int32/64, uint8 (and bool for MIN/MAX); operations that only
+// move data take any dtype. ReduceOp BAND/BOR/BXOR (integer and bool tensors) run as an
+// all_gather plus a local reduction in all_reduce; PREMUL_SUM is NCCL's.
+//
+// Errors are ddp's exceptions (RuntimeError in Python): misuse is reported when the call is
+// issued; a collective that fails or times out fails its Work, and the group then refuses
+// later operations with the original error (the peers' state is unknown).
+
+#include <torch/version.h>
+
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include "ddp/comm/process_group.hpp"
+#include "work_ddp.hpp"
+
+namespace ddp::python {
+
+#if TORCH_VERSION_MAJOR >= 2
+using ProcessGroupBase = c10d::Backend;
+#else
+using ProcessGroupBase = c10d::ProcessGroup;
+#endif
+
+class ProcessGroupDDP : public ProcessGroupBase {
+ public:
+  // Joins the group: blocks until all `size` ranks called it with the same store (or throws
+  // TimeoutError naming the ranks that never joined). `group_name` appears in messages.
+  ProcessGroupDDP(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                  std::chrono::milliseconds timeout, const std::string& group_name);
+  ~ProcessGroupDDP() override;
+
+  const std::string getBackendName() const override { return "ddp"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+
+ private:
+  // Wraps ddp Works into the c10d Work returned to torch; keeps it (and so the buffers its
+  // epilogue holds) alive while the operation is in flight, even if the caller drops it.
+  c10::intrusive_ptr<c10d::Work> make_work(c10d::OpType type, std::vector<WorkPtr> inner,
+                                           std::function<void()> epilogue,
+                                           std::vector<at::Tensor> outputs);
+  c10::intrusive_ptr<c10d::Work> all_reduce_tensor(const at::Tensor& t, const c10d::ReduceOp& op);
+  c10::intrusive_ptr<c10d::Work> bitwise_all_reduce(const at::Tensor& t, const c10d::ReduceOp& op);
+  // Blocks of possibly different sizes to and from every rank, as sends and receives.
+  std::vector<WorkPtr> exchange(const std::vector<at::Tensor>& send_blocks,
+                                const std::vector<at::Tensor>& recv_blocks);
+  void check_root(int64_t root, const char* op) const;
+
+  ProcessGroupPtr pg_;
+  std::shared_ptr<Completer> completer_;
+  std::chrono::milliseconds timeout_;
+  std::mutex in_flight_mutex_;
+  std::deque<c10::intrusive_ptr<WorkDDP>> in_flight_;
+  int64_t exchange_seq_ = 0;  // numbers the send/recv exchanges of uneven all_to_all
+};
+
+}  // namespace ddp::python
