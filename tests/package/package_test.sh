@@ -35,6 +35,25 @@ build_and_run_consumer() {
   done
 }
 
+# The Python package, when this build has it (build/python/ddp), is installed under PREFIX and
+# registers the backend from there: one process joins a world of 1 on it.
+check_python() {
+  local prefix="$1" name="$2"
+  [[ -d "$BUILD/python/ddp" ]] || { echo "$name: no Python package in this build (skipped)"; return; }
+  local init
+  init="$(find "$prefix" -path '*/dist-packages/ddp/__init__.py' | head -n 1)"
+  [[ -n "$init" ]] || fail "$name: the ddp Python package is not installed under $prefix"
+  PYTHONPATH="$(dirname "$(dirname "$init")")" /usr/bin/python3 -c '
+import os, ddp, torch, torch.distributed as dist
+assert ddp.__file__.startswith(os.environ["PYTHONPATH"]), ddp.__file__
+dist.init_process_group("ddp", store=dist.HashStore(), rank=0, world_size=1)
+t = torch.ones(4)
+dist.all_reduce(t)
+assert t.tolist() == [1.0] * 4
+print("python: import ddp from", os.path.dirname(ddp.__file__), "and all_reduce on it: ok")
+' || fail "$name: import ddp from the installed package"
+}
+
 # The installed tree must hold everything a user needs and nothing from the tests.
 check_tree() {
   local prefix="$1" name="$2"
@@ -59,6 +78,7 @@ echo "== cmake --install into a fresh prefix"
 cmake --install "$BUILD" --prefix "$WORK/prefix" >"$WORK/install.log" 2>&1 ||
   { cat "$WORK/install.log"; fail "cmake --install"; }
 check_tree "$WORK/prefix" "install prefix"
+check_python "$WORK/prefix" "install prefix"
 build_and_run_consumer "$WORK/prefix" install
 
 echo "== cpack -G DEB"
@@ -78,5 +98,6 @@ for dep in libtorch-dev libgloo-dev libfmt-dev libspdlog-dev; do
 done
 dpkg-deb -x "$deb" "$WORK/root"
 check_tree "$WORK/root/usr" ".deb"
+check_python "$WORK/root/usr" ".deb"
 build_and_run_consumer "$WORK/root/usr" deb
 echo "PASS: installed and packaged ddp build and run a find_package(ddp) trainer at 2 ranks"
