@@ -1,6 +1,7 @@
 #include <c10/util/Exception.h>
 #include <dirent.h>
 #include <fmt/format.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -39,24 +40,32 @@ SnapshotManager::SnapshotManager(SnapshotOptions options) : options_(std::move(o
   ext_ = (dot == std::string::npos || dot == 0) ? "" : base.substr(dot);
 }
 
+bool SnapshotManager::is_series_file(const std::string& base) const {
+  if (base == stem_ + ext_) return true;
+  const std::string prefix = stem_ + kEpochTag;
+  if (base.size() <= prefix.size() + ext_.size() || base.compare(0, prefix.size(), prefix) != 0 ||
+      base.compare(base.size() - ext_.size(), ext_.size(), ext_) != 0) {
+    return false;
+  }
+  const std::string digits = base.substr(prefix.size(), base.size() - prefix.size() - ext_.size());
+  return !digits.empty() && digits.size() <= 12 &&
+         std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 void SnapshotManager::remove_stale_temporaries() const {
-  // Left by a writer killed mid-write (another process: our own pid's names are reused).
+  // Left by a writer killed mid-write. Only this series' own temporaries (another series in
+  // the same directory, e.g. model_best beside model, keeps its in-flight files), and only
+  // those whose writer is gone: a live process (this one included) may still be writing.
+  // Process ids are this host's: on a file system shared between nodes, a temporary left by
+  // rank 0 of an earlier attempt on another node is removed once its pid is free here.
   DIR* d = ::opendir(dir_.c_str());
   if (!d) return;
-  const std::string prefix = "." + stem_;
-  const std::string mine = "-" + std::to_string(::getpid());
   std::vector<std::string> stale;
   while (const dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name.compare(0, prefix.size(), prefix) != 0) continue;
-    if (name.find(".tmp-") == std::string::npos && name.find(".link-") == std::string::npos) {
-      continue;
-    }
-    if (name.size() >= mine.size() &&
-        name.compare(name.size() - mine.size(), mine.size(), mine) == 0) {
-      continue;
-    }
-    stale.push_back(dir_ + "/" + name);
+    const auto t = parse_temporary_name(e->d_name);
+    if (!t || !is_series_file(t->target_base) || t->pid <= 0 || t->pid == ::getpid()) continue;
+    if (::kill(static_cast<pid_t>(t->pid), 0) == 0 || errno != ESRCH) continue;  // alive
+    stale.push_back(dir_ + "/" + e->d_name);
   }
   ::closedir(d);
   for (const auto& path : stale) ::unlink(path.c_str());
@@ -97,10 +106,16 @@ std::string SnapshotManager::save(const Snapshot& snapshot) {
   write_file_atomically(file, bytes);
 
   // The main path becomes the newest snapshot: a hard link renamed into place (atomic), or a
-  // second atomic write where the file system has no hard links.
-  const std::string tmp = fmt::format("{}/.{}{}.link-{}", dir_, stem_, ext_, ::getpid());
-  ::unlink(tmp.c_str());
-  if (::link(file.c_str(), tmp.c_str()) == 0) {
+  // second atomic write where the file system has no hard links. link(2) never replaces or
+  // follows what is at the temporary's name; a collision just takes another name.
+  std::string tmp;
+  int link_errno = 0;
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    tmp = temporary_path(options_.path_, "link");
+    link_errno = ::link(file.c_str(), tmp.c_str()) == 0 ? 0 : errno;
+    if (link_errno != EEXIST) break;
+  }
+  if (link_errno == 0) {
     if (::rename(tmp.c_str(), options_.path_.c_str()) != 0) {
       const int err = errno;
       ::unlink(tmp.c_str());

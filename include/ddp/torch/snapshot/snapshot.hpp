@@ -80,7 +80,8 @@ class SnapshotManager {
   explicit SnapshotManager(SnapshotOptions options);
 
   // Writes the snapshot (call on rank 0 only) and returns the epoch file's path. Temporary
-  // files that a killed writer left beside the snapshots are removed first.
+  // files that a killed writer left beside this series' snapshots are removed first (only
+  // this series' own, and only when their writer's pid is no longer alive on this host).
   std::string save(const Snapshot& snapshot);
 
   // The newest snapshot that reads and verifies, trying epoch files newest first and the
@@ -97,6 +98,8 @@ class SnapshotManager {
 
  private:
   void remove_stale_temporaries() const;
+  // Whether `base` is a file name this series writes: NAME.EXT or NAME.epoch-<digits>.EXT.
+  bool is_series_file(const std::string& base) const;
 
   SnapshotOptions options_;
   std::string dir_;
