@@ -4,7 +4,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <optional>
 
 #include "ddp/launcher/cli.hpp"
 #include "ddp/launcher/error_file.hpp"
@@ -31,6 +34,17 @@ LaunchOptions parse(const std::vector<std::string>& args,
   ParsedCommandLine p = parse_command_line(args, fake_env(std::move(env)));
   EXPECT_TRUE(p.options.has_value());
   return p.options.value_or(LaunchOptions{});
+}
+
+// The UsageError message `f` throws, or "<no error>".
+template <typename F>
+std::string usage_error_of(F f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "<no error>";
 }
 
 std::string usage_error(const std::vector<std::string>& args,
@@ -118,6 +132,69 @@ TEST(Cli, NprocKeywords) {
   EXPECT_GE(parse({"--nproc-per-node", "auto", "p"}).nproc_per_node, 1);
   EXPECT_NE(usage_error({"--nproc-per-node", "many", "p"}).find("--nproc-per-node: 'many'"),
             std::string::npos);
+}
+
+// --nproc-per-node gpu|auto counts the NVIDIA devices CUDA_VISIBLE_DEVICES leaves visible, as
+// torch.cuda.device_count() does: a SLURM job given 2 of a node's 8 GPUs starts 2 workers.
+class GpuCount : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/ddp_fake_dev_XXXXXX";
+    dev_ = ::mkdtemp(tmpl);
+    for (std::string name : {"nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidia4", "nvidia5",
+                             "nvidia6", "nvidia7", "nvidiactl", "nvidia-uvm"}) {
+      std::FILE* f = std::fopen((dev_ + "/" + name).c_str(), "w");
+      ASSERT_NE(f, nullptr);
+      std::fclose(f);
+    }
+  }
+  void TearDown() override { std::system(("rm -rf " + dev_).c_str()); }
+  int gpus(std::optional<std::string> cvd, const std::string& value = "gpu") {
+    std::map<std::string, std::string> env;
+    if (cvd) env["CUDA_VISIBLE_DEVICES"] = *cvd;
+    return resolve_nproc_per_node(value, "--nproc-per-node", fake_env(env), dev_);
+  }
+  std::string dev_;
+};
+
+TEST_F(GpuCount, UnsetCountsEveryDevice) {
+  EXPECT_EQ(gpus(std::nullopt), 8);
+}
+
+TEST_F(GpuCount, OrdinalListCountsItsEntries) {
+  EXPECT_EQ(gpus("2,5"), 2);
+  EXPECT_EQ(gpus("3"), 1);
+  EXPECT_EQ(gpus(" 1 , 2 "), 2);
+  EXPECT_EQ(gpus("1gpu2,2ampere"), 2);  // CUDA reads each entry like strtoul
+  EXPECT_EQ(gpus("2,5", "auto"), 2);
+}
+
+TEST_F(GpuCount, InvalidOrNegativeEntryEndsTheList) {
+  EXPECT_EQ(gpus("0,-1,1"), 1);
+  EXPECT_EQ(gpus("0,x,1"), 1);
+  EXPECT_EQ(gpus("6,7,8,1"), 2);  // ordinal 8 does not exist on 8 devices
+}
+
+TEST_F(GpuCount, DuplicateOrdinalHidesEverything) {
+  EXPECT_NE(usage_error_of([&] { gpus("0,0"); }).find("CUDA_VISIBLE_DEVICES"), std::string::npos);
+}
+
+TEST_F(GpuCount, UuidsAndMigNamesCountAsEntries) {
+  EXPECT_EQ(
+      gpus("GPU-8a2f6c1e-0000-0000-0000-000000000001,GPU-8a2f6c1e-0000-0000-0000-000000000002"), 2);
+  EXPECT_EQ(gpus("MIG-1b3c,MIG-2c4d,MIG-3d5e"), 3);
+  EXPECT_EQ(gpus("GPU-a,GPU-b,2"), 2);  // anything without the prefix ends a UUID list
+}
+
+TEST_F(GpuCount, EmptyOrMinusOneHidesEveryGpu) {
+  for (std::string cvd : {"", "-1"}) {
+    const std::string why = usage_error_of([&] { gpus(cvd); });
+    EXPECT_NE(why.find("CUDA_VISIBLE_DEVICES='" + cvd + "' hides every GPU"), std::string::npos)
+        << why;
+    EXPECT_NE(why.find("--nproc-per-node"), std::string::npos) << why;
+    // auto falls back to one worker per CPU, like torchrun without a visible GPU.
+    EXPECT_EQ(gpus(cvd, "auto"), static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN)));
+  }
 }
 
 TEST(Cli, ErrorsNameTheFlagAndTheFix) {
