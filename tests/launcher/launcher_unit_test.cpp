@@ -1,5 +1,6 @@
 // In-process tests of the launcher's pieces: command-line parsing, stream selectors, rank
 // assignment, the worker environment, error files, reports and line forwarding.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <map>
 #include <optional>
 
+#include "ddp/launcher/agent.hpp"
 #include "ddp/launcher/cli.hpp"
 #include "ddp/launcher/error_file.hpp"
 #include "ddp/launcher/output.hpp"
@@ -359,6 +361,101 @@ TEST(StreamForwarder, PrefixesWholeLinesAndKeepsATail) {
   ssize_t n = ::read(fds[0], buf, sizeof(buf));
   ::close(fds[0]);
   EXPECT_EQ(std::string(buf, n > 0 ? n : 0), "[default1]:one\n[default1]:two\n[default1]:three\n");
+}
+
+// A scripted multi-node membership: hands out the given rounds in order (one node's view).
+class ScriptedMembership : public Membership {
+ public:
+  struct Round {
+    int generation;
+    int nodes;
+  };
+  explicit ScriptedMembership(std::vector<Round> rounds) : rounds_(std::move(rounds)) {}
+  MembershipRound next_round() override {
+    if (next_ >= rounds_.size()) throw Error("scripted membership: no more rounds");
+    const Round r = rounds_[next_++];
+    MembershipRound out;
+    out.generation = r.generation;
+    out.summary = "round " + std::to_string(r.generation);
+    WorldAssignment& w = out.world;
+    w.group_rank = r.nodes - 1;  // this node joined last
+    w.group_world_size = r.nodes;
+    w.local_world_size = 1;
+    w.world_size = w.role_world_size = r.nodes;
+    w.master_addr = "127.0.0.1";
+    w.master_port = 29500;
+    WorkerIdentity id;
+    id.local_rank = 0;
+    id.global_rank = id.role_rank = r.nodes - 1;
+    w.workers.push_back(id);
+    return out;
+  }
+  int start_watching() override {
+    if (::pipe(pipe_) != 0) throw Error("pipe");
+    return pipe_[0];
+  }
+  std::optional<std::string> stop_watching() override {
+    ::close(pipe_[0]);
+    ::close(pipe_[1]);
+    return std::nullopt;
+  }
+  void end_round(const std::string&) override {}
+  void finished() override {}
+  void leave(const std::string&) override {}
+  void shut_down(const std::string&) override {}
+
+ private:
+  std::vector<Round> rounds_;
+  size_t next_ = 0;
+  int pipe_[2] = {-1, -1};
+};
+
+// The worker's TORCHELASTIC_RESTART_COUNT in each attempt, for a worker that fails (exit 3)
+// in its first `failures` attempts and then succeeds.
+std::string restart_counts(std::vector<ScriptedMembership::Round> rounds, int failures,
+                           int max_restarts) {
+  char tmpl[] = "/tmp/ddp_restart_count_XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  ScriptedMembership m(std::move(rounds));
+  AgentOptions o;
+  o.max_restarts = max_restarts;
+  o.membership = &m;
+  o.host = "testhost";
+  o.term_grace = std::chrono::milliseconds(2000);
+  o.monitor_interval = std::chrono::milliseconds(20);
+  o.notice_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  o.command = {"/bin/sh", "-c",
+               "echo \"$TORCHELASTIC_RESTART_COUNT\" >> " + dir + "/counts; n=$(wc -l < " + dir +
+                   "/counts); [ \"$n\" -gt " + std::to_string(failures) + " ] || exit 3"};
+  o.base_env = {"PATH=/usr/bin:/bin"};
+  const AgentResult r = run_agent(o);
+  ::close(o.notice_fd);
+  std::string counts;
+  if (std::FILE* f = std::fopen((dir + "/counts").c_str(), "r")) {
+    char line[64];
+    while (std::fgets(line, sizeof line, f)) counts += line;
+    std::fclose(f);
+  }
+  std::system(("rm -rf " + dir).c_str());
+  EXPECT_EQ(r.exit_code, 0) << counts;
+  return counts;
+}
+
+// torchrun's TORCHELASTIC_RESTART_COUNT counts this agent's restarts after a failure of its
+// workers, not the rendezvous generation: a node joining a running job (generation 3) starts
+// its workers with 0, like every node's first attempt.
+TEST(AgentRestartCount, LateJoinerStartsAtZero) {
+  EXPECT_EQ(restart_counts({{3, 2}}, 0, 0), "0\n");
+}
+
+TEST(AgentRestartCount, CountsFailureRestartsNotGenerations) {
+  EXPECT_EQ(restart_counts({{5, 2}, {7, 2}, {8, 2}}, 2, 3), "0\n1\n2\n");
+}
+
+// A round with fewer nodes after a failure is not charged to --max-restarts (ddprun's rule),
+// but the workers still see a restart after a failure.
+TEST(AgentRestartCount, NodeLossRestartIsStillARestartForTheWorkers) {
+  EXPECT_EQ(restart_counts({{2, 3}, {4, 2}}, 1, 0), "0\n1\n");
 }
 
 }  // namespace
