@@ -13,6 +13,7 @@
 #include "ddp/launcher/agent.hpp"
 #include "ddp/launcher/cli.hpp"
 #include "ddp/launcher/error_file.hpp"
+#include "ddp/launcher/multi_node.hpp"
 #include "ddp/launcher/output.hpp"
 #include "ddp/launcher/root_cause.hpp"
 #include "ddp/launcher/std_streams.hpp"
@@ -361,6 +362,77 @@ TEST(StreamForwarder, PrefixesWholeLinesAndKeepsATail) {
   ssize_t n = ::read(fds[0], buf, sizeof(buf));
   ::close(fds[0]);
   EXPECT_EQ(std::string(buf, n > 0 ? n : 0), "[default1]:one\n[default1]:two\n[default1]:three\n");
+}
+
+// MASTER_ADDR for a job that may span several nodes is never a loopback address unless every
+// node is on this machine (the endpoint itself is loopback).
+AddressFacts debian_node0(std::vector<cluster::NetInterface> extra = {}) {
+  AddressFacts f;
+  f.endpoint_host = "node0";  // resolves to 127.0.1.1 here, to 10.0.0.5 on the other nodes
+  f.candidate = "127.0.1.1";
+  f.candidate_is_loopback = true;
+  f.max_nodes = 2;
+  f.interfaces = {{"lo", true, true, {"127.0.0.1", "::1"}},
+                  {"eth0", true, false, {"10.0.0.5", "fe80::1"}}};
+  f.interfaces.insert(f.interfaces.end(), extra.begin(), extra.end());
+  return f;
+}
+
+TEST(PublishableAddress, LoopbackIsReplacedByTheNodesOwnAddress) {
+  EXPECT_EQ(publishable_address(debian_node0()), "10.0.0.5");
+  // Down interfaces and IPv6 addresses beside one IPv4 address do not make it ambiguous.
+  EXPECT_EQ(publishable_address(debian_node0(
+                {{"eth1", false, false, {"10.9.0.5"}}, {"ib0", true, false, {"fd00::7"}}})),
+            "10.0.0.5");
+}
+
+TEST(PublishableAddress, SeveralAddressesUseTheDefaultRouteOrRefuse) {
+  AddressFacts f = debian_node0({{"ib0", true, false, {"10.1.0.5"}}});
+  f.default_route_source = "10.1.0.5";
+  EXPECT_EQ(publishable_address(f), "10.1.0.5");
+  f.default_route_source = "";
+  std::string why = usage_error_of([&] { publishable_address(f); });
+  EXPECT_NE(why.find("MASTER_ADDR 127.0.1.1"), std::string::npos) << why;
+  EXPECT_NE(why.find("may span 2 nodes"), std::string::npos) << why;
+  EXPECT_NE(why.find("--local-addr"), std::string::npos) << why;
+  EXPECT_NE(why.find("one of 10.0.0.5, 10.1.0.5"), std::string::npos) << why;
+}
+
+TEST(PublishableAddress, NoOtherAddressIsRefused) {
+  AddressFacts f = debian_node0();
+  f.interfaces.resize(1);  // loopback only
+  std::string why = usage_error_of([&] { publishable_address(f); });
+  EXPECT_NE(why.find("no non-loopback address"), std::string::npos) << why;
+  EXPECT_NE(why.find("--local-addr"), std::string::npos) << why;
+}
+
+TEST(PublishableAddress, LoopbackIsKeptWhenEveryNodeIsOnThisMachine) {
+  AddressFacts f = debian_node0();
+  f.max_nodes = 1;
+  EXPECT_EQ(publishable_address(f), "127.0.1.1");
+  f = debian_node0();
+  for (std::string host : {"localhost", "127.0.0.1", "::1"}) {
+    f.endpoint_host = host;
+    EXPECT_EQ(publishable_address(f), "127.0.1.1") << host;
+  }
+  f = debian_node0();
+  f.candidate = "10.0.0.5";
+  f.candidate_is_loopback = false;
+  EXPECT_EQ(publishable_address(f), "10.0.0.5");
+}
+
+// Static backend: the workers' MASTER_ADDR is the user's --master-addr.
+TEST(RendezvousSettings, StaticUsesTheExplicitMasterAddr) {
+  LaunchOptions o = parse({"--nnodes", "2", "--node-rank", "0", "--master-addr", "localhost",
+                           "--master-port", "29511", "p"});
+  RendezvousMembershipOptions m = rendezvous_settings(o, "node0");
+  ASSERT_TRUE(m.master_addr.has_value());
+  EXPECT_EQ(*m.master_addr, "localhost");
+  EXPECT_EQ(m.rdzv.endpoint.host, "localhost");
+  EXPECT_EQ(m.rdzv.endpoint.port, 29512);
+  // c10d publishes the round creator's address: no override.
+  o = parse({"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "p"});
+  EXPECT_FALSE(rendezvous_settings(o, "node0").master_addr.has_value());
 }
 
 // A scripted multi-node membership: hands out the given rounds in order (one node's view).
