@@ -8,7 +8,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 
+#include "ddp/comm/process_group.hpp"
+#include "ddp/comm/work.hpp"
 #include "ddp/torch/snapshot/snapshot.hpp"
 #include "ddp/torch/snapshot/snapshot_file.hpp"
 #include "ddp/util/error.hpp"
@@ -152,7 +155,8 @@ std::optional<ResumePoint> SnapshotManager::load_newest_valid(
         skipped.push_back(path + ": " + detail);
         return std::nullopt;
       }
-      return ResumePoint{decode_snapshot(bytes, path), path, detail, {}};
+      return ResumePoint{
+          decode_snapshot(bytes, path), path, detail, sha256_hex(bytes.data(), bytes.size()), {}};
     } catch (const Error& e) {
       skipped.push_back(path + ": " + e.what());
       return std::nullopt;
@@ -184,6 +188,89 @@ std::optional<ResumePoint> SnapshotManager::load_newest_valid(
   if (best) best->skipped = skipped;
   if (skipped_out) *skipped_out = skipped;
   return best;
+}
+
+namespace {
+
+// One rank's answer in the exchange: epochs_run (-1: no snapshot) and the file's SHA-256.
+constexpr size_t kDigestBytes = 32;
+constexpr size_t kRecordBytes = 8 + kDigestBytes;
+
+std::string hex_of(const uint8_t* p, size_t n) {
+  std::string out;
+  for (size_t i = 0; i < n; ++i) out += fmt::format("{:02x}", p[i]);
+  return out;
+}
+
+// "0", "0-3", "0-1, 4, 6-7".
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ", ";
+    out += j == i ? std::to_string(ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<ResumePoint> SnapshotManager::load_agreed(ProcessGroup& pg,
+                                                        const torch::Device& device) const {
+  std::optional<ResumePoint> mine = load_newest_valid();
+  auto record = torch::zeros({static_cast<int64_t>(kRecordBytes)}, torch::kUInt8);
+  {
+    const int64_t epochs = mine ? mine->snapshot.epochs_run : -1;
+    std::memcpy(record.data_ptr<uint8_t>(), &epochs, 8);
+    if (mine) {
+      for (size_t i = 0; i < kDigestBytes; ++i) {
+        record.data_ptr<uint8_t>()[8 + i] =
+            static_cast<uint8_t>(std::stoi(mine->sha256.substr(2 * i, 2), nullptr, 16));
+      }
+    }
+  }
+  const int world = pg.size();
+  auto in = record.to(device);
+  auto out = torch::empty({static_cast<int64_t>(kRecordBytes) * world}, in.options());
+  pg.all_gather(in.data_ptr(), out.data_ptr(), kRecordBytes, DataType::kUInt8)->wait(pg.timeout());
+  const torch::Tensor all = out.cpu();
+  const uint8_t* bytes = all.data_ptr<uint8_t>();
+
+  // Ranks grouped by what they hold, in order of their lowest rank.
+  std::map<std::string, std::vector<int>> holders;
+  std::vector<std::string> order;
+  std::map<std::string, std::string> describe;
+  for (int r = 0; r < world; ++r) {
+    const uint8_t* rec = bytes + static_cast<size_t>(r) * kRecordBytes;
+    int64_t epochs = 0;
+    std::memcpy(&epochs, rec, 8);
+    const std::string key = hex_of(rec, kRecordBytes);
+    if (!holders.count(key)) {
+      order.push_back(key);
+      describe[key] = epochs < 0 ? std::string("no snapshot")
+                                 : fmt::format("the snapshot at epoch {} (sha256 {}...)", epochs,
+                                               hex_of(rec + 8, 6));
+    }
+    holders[key].push_back(r);
+  }
+  if (order.size() == 1) return mine;
+
+  std::string who;
+  for (const auto& key : order) {
+    const auto& ranks = holders[key];
+    who += fmt::format("{}{} {} {}", who.empty() ? "" : "; ", ranks.size() == 1 ? "rank" : "ranks",
+                       rank_list(ranks),
+                       ranks.size() == 1 ? "has " + describe[key] : "have " + describe[key]);
+  }
+  throw UsageError(fmt::format(
+      "snapshot resume: the ranks would resume from different snapshots of {}: {}. This rank ({}) "
+      "read {}. Every rank must resume from the same snapshot, or parameters and epochs drift "
+      "apart and the ranks hang. Put the snapshot path on a file system every node shares, or "
+      "copy the snapshot directory {} to every node before starting (or remove it everywhere "
+      "to start afresh)",
+      options_.path_, who, pg.rank(), mine ? mine->path : std::string("no snapshot file"), dir_));
 }
 
 }  // namespace ddp

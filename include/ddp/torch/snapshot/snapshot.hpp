@@ -29,6 +29,8 @@
 
 namespace ddp {
 
+class ProcessGroup;
+
 struct Snapshot {
   std::vector<std::pair<std::string, torch::Tensor>> model_state;
   torch::Tensor optimizer_state;  // undefined: none
@@ -71,6 +73,7 @@ struct ResumePoint {
   Snapshot snapshot;
   std::string path;                  // the file it came from
   std::string verification;          // "sha256 ... verified" or why unverified
+  std::string sha256;                // of the whole file, hex: identifies it across ranks
   std::vector<std::string> skipped;  // "file: reason" for each newer file that was unusable
 };
 
@@ -89,6 +92,18 @@ class SnapshotManager {
   // (also when no file succeeds, through `skipped_out`).
   std::optional<ResumePoint> load_newest_valid(
       std::vector<std::string>* skipped_out = nullptr) const;
+
+  // load_newest_valid on every rank of `pg` (a collective: call it on every rank), then the
+  // ranks check they resume from the same snapshot, (epochs_run, file SHA-256) compared with
+  // one all-gather. Every rank then gets the same answer, or nullopt when no rank has a
+  // snapshot. When they differ (--snapshot on node-local disks: node 0 has its snapshots,
+  // node 1 none, so node 1 would start from epoch 0 with a fresh optimizer, the parameters
+  // drift and the ranks hang at the first epoch one side lacks) every rank throws UsageError
+  // naming which ranks hold what and the fix: a shared file system, or a copy of the snapshot
+  // directory on every node. `device` holds the exchange buffer: the group's device (CUDA for
+  // nccl, CPU otherwise).
+  std::optional<ResumePoint> load_agreed(ProcessGroup& pg,
+                                         const torch::Device& device = torch::kCPU) const;
 
   // Existing epoch files, newest first, as (epochs_run, path).
   std::vector<std::pair<int64_t, std::string>> epoch_files() const;
