@@ -12,19 +12,19 @@
 #include <iostream>
 
 #include "ddp/comm/init.hpp"
-#include "ddp/torch/ddp/distributed_data_parallel.hpp"
 #include "ddp/torch/data/distributed_sampler.hpp"
-#include "ddp/torch/optim/fused_adam.hpp"
 #include "ddp/torch/data/idx_dataset.hpp"
-#include "ddp/torch/ddp/local_device.hpp"
-#include "ddp/util/malloc_tuning.hpp"
-#include "ddp/torch/models/mnist_cnn.hpp"
 #include "ddp/torch/data/prefetch_loader.hpp"
-#include "ddp/torch/progress/progress.hpp"
-#include "ddp/torch/snapshot/snapshot.hpp"
+#include "ddp/torch/ddp/distributed_data_parallel.hpp"
+#include "ddp/torch/ddp/local_device.hpp"
 #include "ddp/torch/ddp/stream_order.hpp"
 #include "ddp/torch/ddp/tensor_adapter.hpp"
+#include "ddp/torch/models/mnist_cnn.hpp"
+#include "ddp/torch/optim/fused_adam.hpp"
+#include "ddp/torch/progress/progress.hpp"
+#include "ddp/torch/snapshot/snapshot.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/malloc_tuning.hpp"
 
 namespace {
 
@@ -84,7 +84,7 @@ int run(const Args& args) {
     snapshots.emplace(ddp::SnapshotOptions(args.snapshot));
     // Every rank resumes from the same snapshot, or all fail naming the ranks that differ
     // (--snapshot on node-local disks).
-    if (auto resume = snapshots->load_agreed(*pg, device)) {
+    if (auto resume = snapshots->load_agreed(*pg)) {
       if (rank == 0) {
         for (const auto& why : resume->skipped) std::cout << "Skipping snapshot " << why << "\n";
         std::cout << "Resuming from " << resume->path << " at epoch "

@@ -18,13 +18,13 @@
 #include <iostream>
 
 #include "ddp/comm/init.hpp"
-#include "ddp/torch/ddp/distributed_data_parallel.hpp"
 #include "ddp/torch/data/distributed_sampler.hpp"
-#include "ddp/torch/ddp/local_device.hpp"
 #include "ddp/torch/data/prefetch_loader.hpp"
+#include "ddp/torch/data/synthetic_dataset.hpp"
+#include "ddp/torch/ddp/distributed_data_parallel.hpp"
+#include "ddp/torch/ddp/local_device.hpp"
 #include "ddp/torch/snapshot/snapshot.hpp"
 #include "ddp/torch/snapshot/snapshot_file.hpp"
-#include "ddp/torch/data/synthetic_dataset.hpp"
 #include "ddp/util/error.hpp"
 
 namespace {
@@ -70,7 +70,7 @@ int run(const Args& args) {
   int64_t epochs_run = 0;
   // Every rank resumes from the same snapshot, or all fail naming the ranks that differ
   // (--snapshot on node-local disks).
-  if (auto resume = snapshots.load_agreed(*pg, device)) {
+  if (auto resume = snapshots.load_agreed(*pg)) {
     if (rank == 0) {
       for (const auto& why : resume->skipped) std::cout << "Skipping snapshot " << why << "\n";
       std::cout << "Loading snapshot " << resume->path << " (" << resume->verification << ")\n";

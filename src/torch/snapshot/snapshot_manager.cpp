@@ -12,6 +12,8 @@
 
 #include "ddp/comm/process_group.hpp"
 #include "ddp/comm/work.hpp"
+#include "ddp/torch/ddp/stream_order.hpp"
+#include "ddp/torch/ddp/tensor_adapter.hpp"
 #include "ddp/torch/snapshot/snapshot.hpp"
 #include "ddp/torch/snapshot/snapshot_file.hpp"
 #include "ddp/util/error.hpp"
@@ -217,26 +219,26 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 }  // namespace
 
-std::optional<ResumePoint> SnapshotManager::load_agreed(ProcessGroup& pg,
-                                                        const torch::Device& device) const {
+std::optional<ResumePoint> SnapshotManager::load_agreed(ProcessGroup& pg) const {
   std::optional<ResumePoint> mine = load_newest_valid();
-  auto record = torch::zeros({static_cast<int64_t>(kRecordBytes)}, torch::kUInt8);
-  {
-    const int64_t epochs = mine ? mine->snapshot.epochs_run : -1;
-    std::memcpy(record.data_ptr<uint8_t>(), &epochs, 8);
-    if (mine) {
-      for (size_t i = 0; i < kDigestBytes; ++i) {
-        record.data_ptr<uint8_t>()[8 + i] =
-            static_cast<uint8_t>(std::stoi(mine->sha256.substr(2 * i, 2), nullptr, 16));
-      }
-    }
-  }
+  // An all-gather made of one all-reduce (sum): each rank fills its own row of a zeroed
+  // [world, 5] int64 table with epochs_run (-1: none) and the 32 digest bytes.
   const int world = pg.size();
-  auto in = record.to(device);
-  auto out = torch::empty({static_cast<int64_t>(kRecordBytes) * world}, in.options());
-  pg.all_gather(in.data_ptr(), out.data_ptr(), kRecordBytes, DataType::kUInt8)->wait(pg.timeout());
-  const torch::Tensor all = out.cpu();
-  const uint8_t* bytes = all.data_ptr<uint8_t>();
+  auto table = torch::zeros({world, 1 + static_cast<int64_t>(kDigestBytes / 8)}, torch::kInt64);
+  {
+    uint8_t row[kRecordBytes] = {};
+    const int64_t epochs = mine ? mine->snapshot.epochs_run : -1;
+    std::memcpy(row, &epochs, 8);
+    for (size_t i = 0; mine && i < kDigestBytes; ++i) {
+      row[8 + i] = static_cast<uint8_t>(std::stoi(mine->sha256.substr(2 * i, 2), nullptr, 16));
+    }
+    std::memcpy(table[pg.rank()].data_ptr<int64_t>(), row, kRecordBytes);
+  }
+  table = table.to(comm_device(pg));
+  auto work = all_reduce(pg, table);
+  wait_on_current_stream(pg, *work, pg.timeout());
+  const torch::Tensor all = table.cpu().contiguous();
+  const auto* bytes = reinterpret_cast<const uint8_t*>(all.data_ptr<int64_t>());
 
   // Ranks grouped by what they hold, in order of their lowest rank.
   std::map<std::string, std::vector<int>> holders;

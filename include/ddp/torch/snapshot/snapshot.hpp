@@ -100,10 +100,9 @@ class SnapshotManager {
   // node 1 none, so node 1 would start from epoch 0 with a fresh optimizer, the parameters
   // drift and the ranks hang at the first epoch one side lacks) every rank throws UsageError
   // naming which ranks hold what and the fix: a shared file system, or a copy of the snapshot
-  // directory on every node. `device` holds the exchange buffer: the group's device (CUDA for
-  // nccl, CPU otherwise).
-  std::optional<ResumePoint> load_agreed(ProcessGroup& pg,
-                                         const torch::Device& device = torch::kCPU) const;
+  // directory on every node. Works on every backend (the exchange buffer lives on
+  // comm_device(pg)).
+  std::optional<ResumePoint> load_agreed(ProcessGroup& pg) const;
 
   // Existing epoch files, newest first, as (epochs_run, path).
   std::vector<std::pair<int64_t, std::string>> epoch_files() const;
