@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/torch/snapshot/snapshot.hpp"
 #include "ddp/torch/snapshot/torch_pickle.hpp"
 #include "ddp/util/error.hpp"
 
@@ -108,6 +109,23 @@ TEST(TorchPickleBounds, ElementCountOverflowIsAUsageError) {
 TEST(TorchPickleBounds, ViewPastTheStorageIsAUsageError) {
   const std::string why = rejection(tensor_pickle(2, {3}, {1}));
   EXPECT_NE(why.find("exceeds its storage"), std::string::npos) << why;
+}
+
+// A snapshot whose OPTIMIZER_STATE is a stride-0 view: 1 MiB of elements over a 1-byte
+// storage (a crafted file could declare 2^62). Decoding must not materialize it.
+TEST(TorchPickleBounds, StridedBlobInASnapshotIsAUsageError) {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("MODEL_STATE", c10::Dict<std::string, torch::Tensor>());
+  d.insert("EPOCHS_RUN", int64_t{1});
+  d.insert("OPTIMIZER_STATE", torch::zeros({1}, torch::kUInt8).expand({int64_t{1} << 20}));
+  const std::vector<char> zip = torch::pickle_save(d);
+  try {
+    ddp::decode_snapshot(zip, "crafted.pt");
+    FAIL() << "decoded a strided OPTIMIZER_STATE";
+  } catch (const ddp::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("OPTIMIZER_STATE is a strided view"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
