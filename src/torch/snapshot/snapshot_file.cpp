@@ -121,7 +121,7 @@ namespace {
 uint64_t random_u64() {
   uint64_t v = 0;
   if (::getrandom(&v, sizeof v, GRND_NONBLOCK) == static_cast<ssize_t>(sizeof v)) return v;
-  std::random_device rd;  // getrandom unavailable (old kernel, seccomp): the C++ library's
+  std::random_device rd;  // getrandom refused (seccomp, old kernel)
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
 
