@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <map>
 
 #include "ddp/comm/process_group.hpp"
@@ -259,6 +260,10 @@ std::optional<ResumePoint> SnapshotManager::load_agreed(ProcessGroup& pg) const 
   }
   if (order.size() == 1) return mine;
 
+  std::error_code ec;  // the directory as an absolute path: "." would tell the user nothing
+  std::string absolute_dir = std::filesystem::absolute(dir_, ec).lexically_normal().string();
+  if (ec || absolute_dir.empty()) absolute_dir = dir_;
+  if (absolute_dir.size() > 1 && absolute_dir.back() == '/') absolute_dir.pop_back();
   std::string who;
   for (const auto& key : order) {
     const auto& ranks = holders[key];
@@ -272,7 +277,8 @@ std::optional<ResumePoint> SnapshotManager::load_agreed(ProcessGroup& pg) const 
       "apart and the ranks hang. Put the snapshot path on a file system every node shares, or "
       "copy the snapshot directory {} to every node before starting (or remove it everywhere "
       "to start afresh)",
-      options_.path_, who, pg.rank(), mine ? mine->path : std::string("no snapshot file"), dir_));
+      options_.path_, who, pg.rank(), mine ? mine->path : std::string("no snapshot file"),
+      absolute_dir));
 }
 
 }  // namespace ddp
