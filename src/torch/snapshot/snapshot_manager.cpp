@@ -245,10 +245,12 @@ std::optional<ResumePoint> SnapshotManager::load_agreed(ProcessGroup& pg) const 
   std::map<std::string, std::vector<int>> holders;
   std::vector<std::string> order;
   std::map<std::string, std::string> describe;
+  int64_t newest_epochs = -1;
+  int newest_rank = 0;  // the lowest rank holding the newest snapshot
   for (int r = 0; r < world; ++r) {
     const uint8_t* rec = bytes + static_cast<size_t>(r) * kRecordBytes;
     int64_t epochs = 0;
-    std::memcpy(&epochs, rec, 8);
+    std::memcpy(&epochs, rec, 8);  // -1: none
     const std::string key = hex_of(rec, kRecordBytes);
     if (!holders.count(key)) {
       order.push_back(key);
@@ -257,6 +259,10 @@ std::optional<ResumePoint> SnapshotManager::load_agreed(ProcessGroup& pg) const 
                                                hex_of(rec + 8, 6));
     }
     holders[key].push_back(r);
+    if (epochs > newest_epochs) {
+      newest_epochs = epochs;
+      newest_rank = r;
+    }
   }
   if (order.size() == 1) return mine;
 
@@ -275,10 +281,10 @@ std::optional<ResumePoint> SnapshotManager::load_agreed(ProcessGroup& pg) const 
       "snapshot resume: the ranks would resume from different snapshots of {}: {}. This rank ({}) "
       "read {}. Every rank must resume from the same snapshot, or parameters and epochs drift "
       "apart and the ranks hang. Put the snapshot path on a file system every node shares, or "
-      "copy the snapshot directory {} to every node before starting (or remove it everywhere "
-      "to start afresh)",
+      "copy the snapshot directory ({} on this node) from rank {}'s node to every node before "
+      "starting (or remove it everywhere to start afresh)",
       options_.path_, who, pg.rank(), mine ? mine->path : std::string("no snapshot file"),
-      absolute_dir));
+      absolute_dir, newest_rank));
 }
 
 }  // namespace ddp

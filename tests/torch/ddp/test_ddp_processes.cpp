@@ -316,6 +316,7 @@ TEST_F(SnapshotResume, RanksWithDifferentSnapshotsFailNamingThemAndTheFix) {
     EXPECT_NE(text.find("rank 1 has no snapshot"), std::string::npos) << text;
     EXPECT_NE(text.find("a file system every node shares"), std::string::npos) << text;
     EXPECT_NE(text.find("copy the snapshot directory"), std::string::npos) << text;
+    EXPECT_NE(text.find("from rank 0's node to every node"), std::string::npos) << text;
   }
 }
 
