@@ -73,7 +73,9 @@ int run(const Args& args) {
   std::optional<ddp::SnapshotManager> snapshots;
   if (!args.snapshot.empty()) {
     snapshots.emplace(ddp::SnapshotOptions(args.snapshot));
-    if (auto resume = snapshots->load_newest_valid()) {
+    // Every rank resumes from the same snapshot, or all fail naming the ranks that differ
+    // (--snapshot on node-local disks).
+    if (auto resume = snapshots->load_agreed(*pg)) {
       if (rank == 0) {
         for (const auto& why : resume->skipped) std::cout << "Skipping snapshot " << why << "\n";
         std::cout << "Resuming from " << resume->path << " at epoch "

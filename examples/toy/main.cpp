@@ -62,7 +62,9 @@ int run(const Args& args) {
 
   ddp::SnapshotManager snapshots(ddp::SnapshotOptions(args.snapshot).keep(args.keep));
   int64_t epochs_run = 0;
-  if (auto resume = snapshots.load_newest_valid()) {
+  // Every rank resumes from the same snapshot, or all fail naming the ranks that differ
+  // (--snapshot on node-local disks).
+  if (auto resume = snapshots.load_agreed(*pg)) {
     if (rank == 0) {
       for (const auto& why : resume->skipped) std::cout << "Skipping snapshot " << why << "\n";
       std::cout << "Loading snapshot " << resume->path << " (" << resume->verification << ")\n";

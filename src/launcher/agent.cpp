@@ -30,11 +30,12 @@ void notice(int fd, const std::string& text) {
 }
 
 AttemptSpec make_spec(const AgentOptions& options, const WorldAssignment& world,
-                      const RunDirectory& run_dir, int restart_count) {
+                      const RunDirectory& run_dir, int restart_count, int attempt) {
   AttemptSpec spec;
   spec.world = &world;
   spec.run_dir = &run_dir;
   spec.restart_count = restart_count;
+  spec.attempt = attempt;
   spec.max_restarts = options.max_restarts;
   spec.role = options.role;
   spec.run_id = options.run_id;
@@ -78,7 +79,7 @@ AgentResult run_single_node(const AgentOptions& options) {
 
   for (int restart = 0;; ++restart) {
     WorldAssignment world = options.rendezvous(restart);
-    AttemptSpec spec = make_spec(options, world, run_dir, restart);
+    AttemptSpec spec = make_spec(options, world, run_dir, restart, restart);
     AttemptResult attempt = run_attempt(spec, signals);
 
     AgentResult result;
@@ -167,7 +168,10 @@ AgentResult run_multi_node(const AgentOptions& options) {
   SignalChannel signals;
   RunDirectory run_dir(options.log_dir, options.run_id);
 
-  int charged = 0;  // restarts counted against max_restarts
+  int charged = 0;   // restarts counted against max_restarts
+  int restarts = 0;  // restarts after a failure of this node's workers, charged or not: the
+                     // workers' TORCHELASTIC_RESTART_COUNT (torchrun's count, not the round's
+                     // generation, which a node joining a running job sees above 0)
   std::optional<AttemptResult> failed;
   int failed_nodes = 0;
   for (;;) {
@@ -184,15 +188,16 @@ AgentResult run_multi_node(const AgentOptions& options) {
             fmt::format("{} on {} after {} restart{}", describe_failure(*failed->root_cause),
                         options.host, charged - 1, charged - 1 == 1 ? "" : "s");
         m.shut_down(why);
-        return report_failure(options, *failed, round.generation);
+        return report_failure(options, *failed, charged - 1);
       } else {
         notice(options.notice_fd, fmt::format("restarting the worker group (restart {} of {})",
                                               charged, options.max_restarts));
       }
       failed.reset();
+      ++restarts;
     }
 
-    AttemptSpec spec = make_spec(options, round.world, run_dir, round.generation);
+    AttemptSpec spec = make_spec(options, round.world, run_dir, restarts, round.generation);
     spec.stop_fd = m.start_watching();
     AttemptResult attempt;
     try {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <iostream>
 
 #include "ddp/cluster/detect.hpp"
@@ -54,6 +55,66 @@ std::vector<std::string> apply_cluster_detection(LaunchOptions& o, const cluster
   return lines;
 }
 
+namespace {
+
+bool is_loopback_host(const std::string& host) {
+  return host == "localhost" || cluster::is_loopback_address(host);
+}
+
+// True when `host` is a loopback address or a name that resolves only to loopback addresses.
+bool resolves_to_loopback(const std::string& host) {
+  if (is_loopback_host(host)) return true;
+  try {
+    auto addrs = cluster::resolve_host(host, std::chrono::milliseconds(3000));
+    return !addrs.empty() && std::all_of(addrs.begin(), addrs.end(), [](const std::string& a) {
+      return cluster::is_loopback_address(a);
+    });
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::string default_route_source() {
+  try {
+    // A documentation address (RFC 5737): only the routing table is consulted, nothing is sent.
+    return cluster::route_to("198.51.100.1").local_address;
+  } catch (const Error&) {
+    return "";
+  }
+}
+
+}  // namespace
+
+std::string publishable_address(const AddressFacts& f) {
+  if (f.max_nodes <= 1 || !f.candidate_is_loopback || is_loopback_host(f.endpoint_host)) {
+    return f.candidate;
+  }
+  std::vector<std::string> v4, all;
+  for (const auto& itf : f.interfaces) {
+    if (!itf.up || itf.loopback) continue;
+    for (const auto& a : itf.addresses) {
+      if (cluster::is_loopback_address(a) || a.rfind("fe80:", 0) == 0) continue;  // link-local
+      (a.find(':') == std::string::npos ? v4 : all).push_back(a);
+    }
+  }
+  all.insert(all.begin(), v4.begin(), v4.end());
+  if (v4.size() == 1) return v4.front();
+  if (v4.empty() && all.size() == 1) return all.front();
+  if (!f.default_route_source.empty() &&
+      std::find(all.begin(), all.end(), f.default_route_source) != all.end()) {
+    return f.default_route_source;
+  }
+  throw UsageError(fmt::format(
+      "this node would publish MASTER_ADDR {} (its route to the rendezvous endpoint {}), a "
+      "loopback address, but the job may span {} nodes: the other nodes' workers would connect "
+      "to themselves. A host name mapped to loopback in /etc/hosts (Debian's \"127.0.1.1 "
+      "hostname\" line) does this. Pass --local-addr ADDRESS, this node's address as the other "
+      "nodes reach it ({}), or use that address in --rdzv-endpoint / --master-addr",
+      f.candidate, f.endpoint_host, f.max_nodes,
+      all.empty() ? std::string("this node has no non-loopback address")
+                  : "one of " + fmt::format("{}", fmt::join(all, ", "))));
+}
+
 bool is_multi_node(const LaunchOptions& o) {
   return o.nnodes > 1 || o.rdzv_endpoint.has_value() || o.rdzv_backend == "c10d";
 }
@@ -95,7 +156,28 @@ RendezvousMembershipOptions rendezvous_settings(const LaunchOptions& o,
   } else {
     m.serve_store = rdzv::is_local_host(r.endpoint.host);
   }
-  r.local_addr = o.local_addr ? *o.local_addr : rdzv::local_address_towards(r.endpoint.host);
+  // Static: the workers meet at the user's --master-addr (the endpoint every agent reached),
+  // as with torchrun; the address node 0 finds for itself may be loopback.
+  if (r.backend == rdzv::Backend::kStatic && (o.given.master_addr || !o.rdzv_endpoint)) {
+    m.master_addr = o.master_addr;
+  }
+  if (o.local_addr) {
+    r.local_addr = *o.local_addr;  // the user's word
+  } else {
+    r.local_addr = rdzv::local_address_towards(r.endpoint.host);
+    if (!m.master_addr && r.nodes.max > 1) {
+      AddressFacts facts;
+      facts.endpoint_host = r.endpoint.host;
+      facts.candidate = r.local_addr;
+      facts.candidate_is_loopback = resolves_to_loopback(r.local_addr);
+      facts.max_nodes = r.nodes.max;
+      if (facts.candidate_is_loopback && !is_loopback_host(facts.endpoint_host)) {
+        facts.interfaces = cluster::list_interfaces();
+        facts.default_route_source = default_route_source();
+      }
+      r.local_addr = publishable_address(facts);
+    }
+  }
   if (r.conf.token_file) m.token = rdzv::read_token_file(*r.conf.token_file);
   rdzv::validate(r);
   return m;

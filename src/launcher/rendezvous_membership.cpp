@@ -52,7 +52,7 @@ class RendezvousMembership : public Membership {
     w.local_world_size = r.local_world_size;
     w.world_size = r.world_size;
     w.role_world_size = r.world_size;
-    w.master_addr = r.master_addr;
+    w.master_addr = options_.master_addr.value_or(r.master_addr);
     w.master_port = r.master_port;
     for (int local = 0; local < r.local_world_size; ++local) {
       WorkerIdentity id;
@@ -69,7 +69,7 @@ class RendezvousMembership : public Membership {
         r.generation, options_.rdzv.run_id, r.num_nodes, r.num_nodes == 1 ? "" : "s",
         hosts.empty() ? "" : " (" + hosts + ")", r.world_size, r.node_rank, r.rank_offset,
         r.rank_offset + r.local_world_size - 1,
-        net::format_endpoint(r.master_addr, static_cast<uint16_t>(r.master_port)));
+        net::format_endpoint(w.master_addr, static_cast<uint16_t>(r.master_port)));
     return out;
   }
 

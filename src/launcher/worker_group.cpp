@@ -86,7 +86,7 @@ class AttemptRunner {
     const WorldAssignment& world = *spec_.world;
     workers_.reserve(world.workers.size());
     for (const auto& id : world.workers) {
-      std::string dir = spec_.run_dir->rank_dir(spec_.restart_count, id.global_rank);
+      std::string dir = spec_.run_dir->rank_dir(spec_.attempt, id.global_rank);
       auto w = std::make_unique<Worker>();
       w->id = id;
       w->error_file = dir + "/error.json";

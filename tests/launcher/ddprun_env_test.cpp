@@ -90,6 +90,32 @@ TEST_F(DdprunEnv, RendezvousTokenFileReachesTheWorkers) {
   EXPECT_EQ(ranks[0]["DDP_STORE_TOKEN_FILE"], "<unset>");
 }
 
+// Static multi-node: the workers' MASTER_ADDR is the user's --master-addr, as with torchrun,
+// never the address the node-0 agent found for itself (which can be loopback: the route to its
+// own name, or Debian's "127.0.1.1 hostname" line in /etc/hosts, and remote workers would then
+// connect to themselves). Two agents on this machine stand for two nodes.
+TEST_F(DdprunEnv, StaticMultiNodeKeepsTheExplicitMasterAddr) {
+  const int port = ddp::net::free_tcp_port("127.0.0.1");
+  std::vector<pid_t> agents;
+  for (int node = 0; node < 2; ++node) {
+    agents.push_back(start({"--nnodes", "2", "--node-rank", std::to_string(node), "--master-addr",
+                            "localhost", "--master-port", std::to_string(port), worker(), "env"}));
+  }
+  std::map<int, std::map<std::string, std::string>> ranks;
+  for (size_t i = 0; i < agents.size(); ++i) {
+    // wait() returns the output of the last agent started; each run has its own files.
+    const std::string out = dir() + "/ddprun." + std::to_string(i + 1);
+    RunResult r = wait(agents[i]);
+    ASSERT_EQ(r.exit_code, 0) << read_file(out + ".err");
+    for (auto& [rank, e] : env_lines(read_file(out + ".out"))) ranks[rank] = e;
+  }
+  ASSERT_EQ(ranks.size(), 2u);
+  for (auto& [rank, e] : ranks) {
+    EXPECT_EQ(e["MASTER_ADDR"], "localhost") << "rank " << rank;
+    EXPECT_EQ(e["MASTER_PORT"], std::to_string(port)) << "rank " << rank;
+  }
+}
+
 TEST_F(DdprunEnv, UserOmpThreadsAndSingleWorkerAreLeftAlone) {
   RunResult r = run({"--nproc-per-node", "2", worker(), "env"}, {{"OMP_NUM_THREADS", "4"}});
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -1,14 +1,20 @@
 // In-process tests of the launcher's pieces: command-line parsing, stream selectors, rank
 // assignment, the worker environment, error files, reports and line forwarding.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <optional>
 #include <thread>
 
+#include "ddp/launcher/agent.hpp"
 #include "ddp/launcher/cli.hpp"
 #include "ddp/launcher/error_file.hpp"
+#include "ddp/launcher/multi_node.hpp"
 #include "ddp/launcher/output.hpp"
 #include "ddp/launcher/rendezvous_membership.hpp"
 #include "ddp/launcher/root_cause.hpp"
@@ -36,6 +42,17 @@ LaunchOptions parse(const std::vector<std::string>& args,
   ParsedCommandLine p = parse_command_line(args, fake_env(std::move(env)));
   EXPECT_TRUE(p.options.has_value());
   return p.options.value_or(LaunchOptions{});
+}
+
+// The UsageError message `f` throws, or "<no error>".
+template <typename F>
+std::string usage_error_of(F f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "<no error>";
 }
 
 std::string usage_error(const std::vector<std::string>& args,
@@ -123,6 +140,69 @@ TEST(Cli, NprocKeywords) {
   EXPECT_GE(parse({"--nproc-per-node", "auto", "p"}).nproc_per_node, 1);
   EXPECT_NE(usage_error({"--nproc-per-node", "many", "p"}).find("--nproc-per-node: 'many'"),
             std::string::npos);
+}
+
+// --nproc-per-node gpu|auto counts the NVIDIA devices CUDA_VISIBLE_DEVICES leaves visible, as
+// torch.cuda.device_count() does: a SLURM job given 2 of a node's 8 GPUs starts 2 workers.
+class GpuCount : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/ddp_fake_dev_XXXXXX";
+    dev_ = ::mkdtemp(tmpl);
+    for (std::string name : {"nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidia4", "nvidia5",
+                             "nvidia6", "nvidia7", "nvidiactl", "nvidia-uvm"}) {
+      std::FILE* f = std::fopen((dev_ + "/" + name).c_str(), "w");
+      ASSERT_NE(f, nullptr);
+      std::fclose(f);
+    }
+  }
+  void TearDown() override { std::system(("rm -rf " + dev_).c_str()); }
+  int gpus(std::optional<std::string> cvd, const std::string& value = "gpu") {
+    std::map<std::string, std::string> env;
+    if (cvd) env["CUDA_VISIBLE_DEVICES"] = *cvd;
+    return resolve_nproc_per_node(value, "--nproc-per-node", fake_env(env), dev_);
+  }
+  std::string dev_;
+};
+
+TEST_F(GpuCount, UnsetCountsEveryDevice) {
+  EXPECT_EQ(gpus(std::nullopt), 8);
+}
+
+TEST_F(GpuCount, OrdinalListCountsItsEntries) {
+  EXPECT_EQ(gpus("2,5"), 2);
+  EXPECT_EQ(gpus("3"), 1);
+  EXPECT_EQ(gpus(" 1 , 2 "), 2);
+  EXPECT_EQ(gpus("1gpu2,2ampere"), 2);  // CUDA reads each entry like strtoul
+  EXPECT_EQ(gpus("2,5", "auto"), 2);
+}
+
+TEST_F(GpuCount, InvalidOrNegativeEntryEndsTheList) {
+  EXPECT_EQ(gpus("0,-1,1"), 1);
+  EXPECT_EQ(gpus("0,x,1"), 1);
+  EXPECT_EQ(gpus("6,7,8,1"), 2);  // ordinal 8 does not exist on 8 devices
+}
+
+TEST_F(GpuCount, DuplicateOrdinalHidesEverything) {
+  EXPECT_NE(usage_error_of([&] { gpus("0,0"); }).find("CUDA_VISIBLE_DEVICES"), std::string::npos);
+}
+
+TEST_F(GpuCount, UuidsAndMigNamesCountAsEntries) {
+  EXPECT_EQ(
+      gpus("GPU-8a2f6c1e-0000-0000-0000-000000000001,GPU-8a2f6c1e-0000-0000-0000-000000000002"), 2);
+  EXPECT_EQ(gpus("MIG-1b3c,MIG-2c4d,MIG-3d5e"), 3);
+  EXPECT_EQ(gpus("GPU-a,GPU-b,2"), 2);  // anything without the prefix ends a UUID list
+}
+
+TEST_F(GpuCount, EmptyOrMinusOneHidesEveryGpu) {
+  for (std::string cvd : {"", "-1"}) {
+    const std::string why = usage_error_of([&] { gpus(cvd); });
+    EXPECT_NE(why.find("CUDA_VISIBLE_DEVICES='" + cvd + "' hides every GPU"), std::string::npos)
+        << why;
+    EXPECT_NE(why.find("--nproc-per-node"), std::string::npos) << why;
+    // auto falls back to one worker per CPU, like torchrun without a visible GPU.
+    EXPECT_EQ(gpus(cvd, "auto"), static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN)));
+  }
 }
 
 TEST(Cli, ErrorsNameTheFlagAndTheFix) {
@@ -335,6 +415,172 @@ TEST(RendezvousMembershipTest, WatchingOpensNoSecondConnection) {
   membership->stop_watching();
   membership->finished();
   server.stop();
+}
+
+// MASTER_ADDR for a job that may span several nodes is never a loopback address unless every
+// node is on this machine (the endpoint itself is loopback).
+AddressFacts debian_node0(std::vector<cluster::NetInterface> extra = {}) {
+  AddressFacts f;
+  f.endpoint_host = "node0";  // resolves to 127.0.1.1 here, to 10.0.0.5 on the other nodes
+  f.candidate = "127.0.1.1";
+  f.candidate_is_loopback = true;
+  f.max_nodes = 2;
+  f.interfaces = {{"lo", true, true, {"127.0.0.1", "::1"}},
+                  {"eth0", true, false, {"10.0.0.5", "fe80::1"}}};
+  f.interfaces.insert(f.interfaces.end(), extra.begin(), extra.end());
+  return f;
+}
+
+TEST(PublishableAddress, LoopbackIsReplacedByTheNodesOwnAddress) {
+  EXPECT_EQ(publishable_address(debian_node0()), "10.0.0.5");
+  // Down interfaces and IPv6 addresses beside one IPv4 address do not make it ambiguous.
+  EXPECT_EQ(publishable_address(debian_node0(
+                {{"eth1", false, false, {"10.9.0.5"}}, {"ib0", true, false, {"fd00::7"}}})),
+            "10.0.0.5");
+}
+
+TEST(PublishableAddress, SeveralAddressesUseTheDefaultRouteOrRefuse) {
+  AddressFacts f = debian_node0({{"ib0", true, false, {"10.1.0.5"}}});
+  f.default_route_source = "10.1.0.5";
+  EXPECT_EQ(publishable_address(f), "10.1.0.5");
+  f.default_route_source = "";
+  std::string why = usage_error_of([&] { publishable_address(f); });
+  EXPECT_NE(why.find("MASTER_ADDR 127.0.1.1"), std::string::npos) << why;
+  EXPECT_NE(why.find("may span 2 nodes"), std::string::npos) << why;
+  EXPECT_NE(why.find("--local-addr"), std::string::npos) << why;
+  EXPECT_NE(why.find("one of 10.0.0.5, 10.1.0.5"), std::string::npos) << why;
+}
+
+TEST(PublishableAddress, NoOtherAddressIsRefused) {
+  AddressFacts f = debian_node0();
+  f.interfaces.resize(1);  // loopback only
+  std::string why = usage_error_of([&] { publishable_address(f); });
+  EXPECT_NE(why.find("no non-loopback address"), std::string::npos) << why;
+  EXPECT_NE(why.find("--local-addr"), std::string::npos) << why;
+}
+
+TEST(PublishableAddress, LoopbackIsKeptWhenEveryNodeIsOnThisMachine) {
+  AddressFacts f = debian_node0();
+  f.max_nodes = 1;
+  EXPECT_EQ(publishable_address(f), "127.0.1.1");
+  f = debian_node0();
+  for (std::string host : {"localhost", "127.0.0.1", "::1"}) {
+    f.endpoint_host = host;
+    EXPECT_EQ(publishable_address(f), "127.0.1.1") << host;
+  }
+  f = debian_node0();
+  f.candidate = "10.0.0.5";
+  f.candidate_is_loopback = false;
+  EXPECT_EQ(publishable_address(f), "10.0.0.5");
+}
+
+// Static backend: the workers' MASTER_ADDR is the user's --master-addr.
+TEST(RendezvousSettings, StaticUsesTheExplicitMasterAddr) {
+  LaunchOptions o = parse({"--nnodes", "2", "--node-rank", "0", "--master-addr", "localhost",
+                           "--master-port", "29511", "p"});
+  RendezvousMembershipOptions m = rendezvous_settings(o, "node0");
+  ASSERT_TRUE(m.master_addr.has_value());
+  EXPECT_EQ(*m.master_addr, "localhost");
+  EXPECT_EQ(m.rdzv.endpoint.host, "localhost");
+  EXPECT_EQ(m.rdzv.endpoint.port, 29512);
+  // c10d publishes the round creator's address: no override.
+  o = parse({"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "p"});
+  EXPECT_FALSE(rendezvous_settings(o, "node0").master_addr.has_value());
+}
+
+// A scripted multi-node membership: hands out the given rounds in order (one node's view).
+class ScriptedMembership : public Membership {
+ public:
+  struct Round {
+    int generation;
+    int nodes;
+  };
+  explicit ScriptedMembership(std::vector<Round> rounds) : rounds_(std::move(rounds)) {}
+  MembershipRound next_round() override {
+    if (next_ >= rounds_.size()) throw Error("scripted membership: no more rounds");
+    const Round r = rounds_[next_++];
+    MembershipRound out;
+    out.generation = r.generation;
+    out.summary = "round " + std::to_string(r.generation);
+    WorldAssignment& w = out.world;
+    w.group_rank = r.nodes - 1;  // this node joined last
+    w.group_world_size = r.nodes;
+    w.local_world_size = 1;
+    w.world_size = w.role_world_size = r.nodes;
+    w.master_addr = "127.0.0.1";
+    w.master_port = 29500;
+    WorkerIdentity id;
+    id.local_rank = 0;
+    id.global_rank = id.role_rank = r.nodes - 1;
+    w.workers.push_back(id);
+    return out;
+  }
+  int start_watching() override {
+    if (::pipe(pipe_) != 0) throw Error("pipe");
+    return pipe_[0];
+  }
+  std::optional<std::string> stop_watching() override {
+    ::close(pipe_[0]);
+    ::close(pipe_[1]);
+    return std::nullopt;
+  }
+  void end_round(const std::string&) override {}
+  void finished() override {}
+  void leave(const std::string&) override {}
+  void shut_down(const std::string&) override {}
+
+ private:
+  std::vector<Round> rounds_;
+  size_t next_ = 0;
+  int pipe_[2] = {-1, -1};
+};
+
+// The worker's TORCHELASTIC_RESTART_COUNT in each attempt, for a worker that fails (exit 3)
+// in its first `failures` attempts and then succeeds.
+std::string restart_counts(std::vector<ScriptedMembership::Round> rounds, int failures,
+                           int max_restarts) {
+  char tmpl[] = "/tmp/ddp_restart_count_XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  ScriptedMembership m(std::move(rounds));
+  AgentOptions o;
+  o.max_restarts = max_restarts;
+  o.membership = &m;
+  o.host = "testhost";
+  o.term_grace = std::chrono::milliseconds(2000);
+  o.monitor_interval = std::chrono::milliseconds(20);
+  o.notice_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  o.command = {"/bin/sh", "-c",
+               "echo \"$TORCHELASTIC_RESTART_COUNT\" >> " + dir + "/counts; n=$(wc -l < " + dir +
+                   "/counts); [ \"$n\" -gt " + std::to_string(failures) + " ] || exit 3"};
+  o.base_env = {"PATH=/usr/bin:/bin"};
+  const AgentResult r = run_agent(o);
+  ::close(o.notice_fd);
+  std::string counts;
+  if (std::FILE* f = std::fopen((dir + "/counts").c_str(), "r")) {
+    char line[64];
+    while (std::fgets(line, sizeof line, f)) counts += line;
+    std::fclose(f);
+  }
+  std::system(("rm -rf " + dir).c_str());
+  EXPECT_EQ(r.exit_code, 0) << counts;
+  return counts;
+}
+
+// torchrun's TORCHELASTIC_RESTART_COUNT counts this agent's restarts after a failure of its
+// workers, not the rendezvous generation: a node joining a running job (generation 3) starts
+// its workers with 0, like every node's first attempt.
+TEST(AgentRestartCount, LateJoinerStartsAtZero) {
+  EXPECT_EQ(restart_counts({{3, 2}}, 0, 0), "0\n");
+}
+
+TEST(AgentRestartCount, CountsFailureRestartsNotGenerations) {
+  EXPECT_EQ(restart_counts({{5, 2}, {7, 2}, {8, 2}}, 2, 3), "0\n1\n2\n");
+}
+
+// A round with fewer nodes after a failure is not charged to --max-restarts (ddprun's rule),
+// but the workers still see a restart after a failure.
+TEST(AgentRestartCount, NodeLossRestartIsStillARestartForTheWorkers) {
+  EXPECT_EQ(restart_counts({{2, 3}, {4, 2}}, 1, 0), "0\n1\n");
 }
 
 }  // namespace

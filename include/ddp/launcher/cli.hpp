@@ -41,7 +41,20 @@ struct ParsedCommandLine {
 // args excludes argv[0].
 ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const EnvLookup& env);
 
-// N|auto|cpu|gpu -> a worker count. `flag` names the source in errors.
-int resolve_nproc_per_node(const std::string& value, const std::string& flag);
+// N|auto|cpu|gpu -> a worker count. `flag` names the source in errors. GPUs are the NVIDIA
+// device nodes in `dev_dir` (nvidia0, nvidia1, ...) that CUDA_VISIBLE_DEVICES (read through
+// `env`) leaves visible, counted by visible_gpu_count. gpu with none visible is a UsageError;
+// auto then means one worker per CPU, like torchrun.
+int resolve_nproc_per_node(const std::string& value, const std::string& flag,
+                           const EnvLookup& env = process_env(),
+                           const std::string& dev_dir = "/dev");
+
+// How many of `device_nodes` GPUs CUDA shows a process given CUDA_VISIBLE_DEVICES (nullopt:
+// unset), as torch.cuda.device_count() counts them: comma-separated entries, each stripped;
+// ordinals are read like strtoul ("1gpu" is 1) and the list ends at a negative or unreadable
+// entry or at the first ordinal the node lacks; UUIDs ("GPU-...") and MIG names ("MIG-...")
+// count as entries up to the first without that prefix; a repeated entry hides every GPU;
+// empty or "-1" hides every GPU.
+int visible_gpu_count(int device_nodes, const std::optional<std::string>& cuda_visible_devices);
 
 }  // namespace ddp::launcher

@@ -22,7 +22,8 @@ namespace ddp::launcher {
 
 struct MembershipRound {
   WorldAssignment world;
-  // The round number, consistent on every node; the workers' TORCHELASTIC_RESTART_COUNT.
+  // The round number, consistent on every node; names the attempt's log folder. (The workers'
+  // TORCHELASTIC_RESTART_COUNT is this agent's own count of restarts after a failure.)
   int generation = 0;
   // One line for the log: "round 1: 2 nodes, 4 workers, master 10.78.0.1:41234".
   std::string summary;

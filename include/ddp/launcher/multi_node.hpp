@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ddp/cluster/environment.hpp"
+#include "ddp/cluster/netinfo.hpp"
 #include "ddp/launcher/cli.hpp"
 #include "ddp/launcher/launch_options.hpp"
 #include "ddp/launcher/rendezvous_membership.hpp"
@@ -28,6 +29,24 @@ bool is_multi_node(const LaunchOptions& options);
 // missing or inconsistent flags.
 RendezvousMembershipOptions rendezvous_settings(const LaunchOptions& options,
                                                 const std::string& hostname);
+
+// What a node knows about its addresses when it must pick the one to publish as MASTER_ADDR.
+struct AddressFacts {
+  std::string endpoint_host;           // the rendezvous endpoint's host as the user wrote it
+  std::string candidate;               // the route source towards it (or this host's name)
+  bool candidate_is_loopback = false;  // it is, or resolves only to, a loopback address
+  int max_nodes = 1;
+  std::vector<cluster::NetInterface> interfaces;
+  std::string default_route_source;  // source address of the default route; "" if none
+};
+
+// The address this node publishes for the others (MASTER_ADDR when it forms the round). The
+// candidate, unless the job may span several nodes, the candidate is loopback (the route to
+// this node's own name, or Debian's "127.0.1.1 hostname" line in /etc/hosts) and the endpoint
+// is not itself a loopback address (then every node is on this machine): then this node's one
+// non-loopback IPv4 address (or only address), else the default route's source among them.
+// UsageError naming the candidates and --local-addr when there is no single choice.
+std::string publishable_address(const AddressFacts& facts);
 
 // `ddprun doctor`: prints the report to stdout, returns the exit code (0 ok, 1 a check failed).
 int run_doctor_command(const DoctorCommand& command);

@@ -25,6 +25,9 @@ struct RendezvousMembershipOptions {
   // Store token; nullopt: $DDP_STORE_TOKEN.
   std::optional<std::string> token;
   int notice_fd = 2;
+  // The workers' MASTER_ADDR instead of the one the round publishes (the address of the node
+  // that formed it). Static backend: the user's --master-addr, as torchrun uses it.
+  std::optional<std::string> master_addr;
   // How long the store host waits for peers to finish before closing the store.
   rdzv::Millis exit_barrier{300000};
 };

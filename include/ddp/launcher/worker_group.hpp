@@ -29,7 +29,11 @@ class RunDirectory;
 struct AttemptSpec {
   const WorldAssignment* world = nullptr;
   const RunDirectory* run_dir = nullptr;
-  int restart_count = 0;  // the attempt number, TORCHELASTIC_RESTART_COUNT
+  // TORCHELASTIC_RESTART_COUNT: restarts of this agent's worker group after a failure.
+  int restart_count = 0;
+  // Names the attempt's log folder (attempt_<n>): the restart count on one node, the
+  // rendezvous generation on several (a membership change starts a new folder too).
+  int attempt = 0;
   int max_restarts = 0;
   std::string role;
   std::string run_id;

@@ -156,12 +156,25 @@ Snapshot decode_snapshot(const std::vector<char>& bytes, const std::string& sour
   s.epochs_run = epochs->toInt();
   s.sampler_epoch = s.epochs_run;
   if (auto e = get("SAMPLER_EPOCH"); e && e->isInt()) s.sampler_epoch = e->toInt();
+  // Byte blobs are taken as stored: a view (e.g. stride 0) could declare far more elements
+  // than its storage holds, and making it contiguous would allocate them all.
+  auto blob = [&](const char* key, const torch::Tensor& t) {
+    if (!t.is_contiguous()) {
+      throw fail(
+          fmt::format("{} is a strided view of {} elements over a storage of {} bytes, "
+                      "not a plain byte tensor",
+                      key, t.numel(), t.storage().nbytes()));
+    }
+    return t;
+  };
   // A Python optimizer state_dict is a dict, which LibTorch optimizers cannot load: skipped.
   if (auto o = get("OPTIMIZER_STATE");
       o && o->isTensor() && o->toTensor().dtype() == torch::kUInt8) {
-    s.optimizer_state = o->toTensor().contiguous();
+    s.optimizer_state = blob("OPTIMIZER_STATE", o->toTensor());
   }
-  if (auto r = get("RNG_STATE"); r && r->isTensor()) s.rng_state = r->toTensor().contiguous();
+  if (auto r = get("RNG_STATE"); r && r->isTensor()) {
+    s.rng_state = blob("RNG_STATE", r->toTensor());
+  }
   return s;
 }
 

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <openssl/evp.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <random>
 
 #include "ddp/util/error.hpp"
 
@@ -114,13 +116,74 @@ void fsync_directory(const std::string& dir) {
   if (rc != 0) throw io_error("cannot fsync directory", dir);
 }
 
+namespace {
+
+uint64_t random_u64() {
+  uint64_t v = 0;
+  if (::getrandom(&v, sizeof v, GRND_NONBLOCK) == static_cast<ssize_t>(sizeof v)) return v;
+  std::random_device rd;  // getrandom refused (seccomp, old kernel)
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+bool all_of_class(const std::string& s, size_t from, size_t to, bool (*ok)(char)) {
+  if (from >= to) return false;
+  for (size_t i = from; i < to; ++i) {
+    if (!ok(s[i])) return false;
+  }
+  return true;
+}
+
+bool is_digit(char c) {
+  return c >= '0' && c <= '9';
+}
+bool is_lower_hex(char c) {
+  return is_digit(c) || (c >= 'a' && c <= 'f');
+}
+
+// Creates a temporary beside `path` that did not exist before; retries on a name collision.
+int create_temporary(const std::string& path, std::string* tmp) {
+  for (int attempt = 0;; ++attempt) {
+    *tmp = temporary_path(path, "tmp");
+    const int fd = ::open(tmp->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0) return fd;
+    if (errno != EEXIST || attempt == 15) {
+      throw io_error("cannot create temporary snapshot file", *tmp);
+    }
+  }
+}
+
+}  // namespace
+
+std::string temporary_path(const std::string& target, const std::string& kind) {
+  const auto slash = target.rfind('/');
+  const std::string base = slash == std::string::npos ? target : target.substr(slash + 1);
+  return fmt::format("{}/.{}.{}-{}-{:016x}", parent_dir(target), base, kind, ::getpid(),
+                     random_u64());
+}
+
+std::optional<TemporaryName> parse_temporary_name(const std::string& name) {
+  if (name.size() < 2 || name[0] != '.') return std::nullopt;
+  for (const std::string kind : {"tmp", "link"}) {
+    const std::string tag = "." + kind + "-";
+    const auto at = name.rfind(tag);
+    if (at == std::string::npos || at <= 1) continue;
+    const size_t pid_from = at + tag.size();
+    const auto dash = name.find('-', pid_from);
+    const size_t pid_to = dash == std::string::npos ? name.size() : dash;
+    if (!all_of_class(name, pid_from, pid_to, is_digit) || pid_to - pid_from > 9) continue;
+    if (dash != std::string::npos && !all_of_class(name, dash + 1, name.size(), is_lower_hex)) {
+      continue;
+    }
+    return TemporaryName{name.substr(1, at - 1), kind,
+                         std::stol(name.substr(pid_from, pid_to - pid_from))};
+  }
+  return std::nullopt;
+}
+
 void write_file_atomically(const std::string& path, const std::vector<char>& bytes) {
   const std::string dir = parent_dir(path);
-  const auto slash = path.rfind('/');
-  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-  const std::string tmp = fmt::format("{}/.{}.tmp-{}", dir, base, ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw io_error("cannot create temporary snapshot file", tmp);
+  std::string tmp;
+  const int fd = create_temporary(path, &tmp);
   size_t done = 0;
   while (done < bytes.size()) {
     const size_t chunk = bytes.size() - done;

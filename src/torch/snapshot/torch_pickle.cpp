@@ -431,19 +431,28 @@ NodePtr Parser::rebuild_tensor(const std::vector<NodePtr>& a) {
   const torch::Tensor& storage = a[0]->tensor;
   const int64_t offset = a[1]->i;
   // The last element addressed must lie inside the storage (an empty tensor addresses none).
+  // Every product and sum is checked: sizes, strides and offset are untrusted int64s, and a
+  // wrapped bound would let the view reach outside its storage.
+  auto geometry = [&] {
+    return fmt::format("size [{}] stride [{}] at offset {}", fmt::join(size, ", "),
+                       fmt::join(stride, ", "), offset);
+  };
+  if (offset < 0) throw fail(fmt::format("tensor of {}: negative offset", geometry()));
   bool empty = false;
-  int64_t last = offset;
+  int64_t last = offset, numel = 1;
   for (size_t d = 0; d < size.size(); ++d) {
     if (size[d] == 0) empty = true;
-    if (size[d] > 0 && stride[d] > (int64_t{1} << 40)) throw fail("tensor stride is too large");
-    if (size[d] > (int64_t{1} << 40)) throw fail("tensor size is too large");
-    if (size[d] > 0) last += (size[d] - 1) * stride[d];
+    int64_t extent = 0;
+    if (__builtin_mul_overflow(numel, size[d], &numel) ||
+        (size[d] > 0 && (__builtin_mul_overflow(size[d] - 1, stride[d], &extent) ||
+                         __builtin_add_overflow(last, extent, &last)))) {
+      throw fail(
+          fmt::format("tensor of {}: its element count or extent overflows int64", geometry()));
+    }
   }
-  if (offset < 0 || (!empty && last >= storage.numel())) {
-    throw fail(
-        fmt::format("tensor of size [{}] stride [{}] at offset {} exceeds its storage of "
-                    "{} elements",
-                    fmt::join(size, ", "), fmt::join(stride, ", "), offset, storage.numel()));
+  if (!empty && last >= storage.numel()) {
+    throw fail(fmt::format("tensor of {} exceeds its storage of {} elements", geometry(),
+                           storage.numel()));
   }
   auto n = make(Node::kTensor);
   n->tensor =

@@ -5,11 +5,12 @@ TORCHELASTIC_RESTART_COUNT). Every step all-reduces a tensor of ones and checks 
 WORLD_SIZE; rank 0 saves the step reached to a snapshot file (atomically), and a restarted
 worker group resumes from it (rank 0 reads it and broadcasts it).
 
-    elastic_trainer.py SNAPSHOT STEPS [--step-s S] [--until-world W] [--until-restart R]
+    elastic_trainer.py SNAPSHOT STEPS [--step-s S] [--until-world W] [--until-file F]
 
-With --until-world / --until-restart the group keeps stepping past STEPS until it runs with at
-least W workers in a round numbered at least R (so a test can grow and shrink the job while it
-trains, without racing it); it gives up after 120 s. Prints one line per start and "done".
+With --until-world / --until-file the group keeps stepping past STEPS until it runs with at
+least W workers and file F exists (rank 0 looks and the step's all-reduce carries its answer,
+so every rank stops at the same step); a test can then grow and shrink the job while it
+trains without racing it. It gives up after 120 s. Prints one line per start and "done".
 """
 import argparse
 import datetime
@@ -28,7 +29,7 @@ def main():
     p.add_argument("steps", type=int)
     p.add_argument("--step-s", type=float, default=0.05)
     p.add_argument("--until-world", type=int, default=0)
-    p.add_argument("--until-restart", type=int, default=0)
+    p.add_argument("--until-file", default="")
     a = p.parse_args()
 
     restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
@@ -47,13 +48,16 @@ def main():
           flush=True)
 
     deadline = time.monotonic() + 120
-    while step < a.steps or world < a.until_world or restart < a.until_restart:
+    file_seen = not a.until_file
+    while step < a.steps or world < a.until_world or not file_seen:
         if time.monotonic() > deadline:
-            print(f"rank {rank}: gave up waiting for world {a.until_world} / round "
-                  f"{a.until_restart}", file=sys.stderr, flush=True)
+            print(f"rank {rank}: gave up waiting for world {a.until_world} / file "
+                  f"{a.until_file}", file=sys.stderr, flush=True)
             sys.exit(3)
-        t = torch.ones(4)
+        t = torch.ones(5)
+        t[4] = 1 if rank == 0 and a.until_file and os.path.exists(a.until_file) else 0
         dist.all_reduce(t)
+        file_seen = file_seen or int(t[4]) > 0
         if int(t[0]) != world:
             print(f"rank {rank}: all_reduce gave {t[0]}, expected {world}", file=sys.stderr)
             sys.exit(4)

@@ -178,7 +178,8 @@ def main():
                 if tmps:
                     seen += 1
                     if seen > n:  # skip n writes, kill during write n
-                        pid = int(tmps[0].rsplit("-", 1)[1])
+                        # .NAME.tmp-<pid>-<random hex>: the writer's pid (snapshot_file.hpp).
+                        pid = int(re.search(r"\.tmp-(\d+)-", tmps[0]).group(1))
                         os.kill(pid, signal.SIGKILL)
                         killed = pid
                     else:

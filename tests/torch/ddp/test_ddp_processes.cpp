@@ -2,6 +2,8 @@
 // torchrun's environment; the ranks meet through init_process_group's env:// TcpStore on a
 // port found by binding port 0. The test process trains the one-process reference and compares.
 // "--blas-probe" starts one DDP process with a chosen BLAS preloaded, for DDP's BLAS warning.
+// "--resume" ranks resume from snapshots (SnapshotManager::load_agreed), each from a path of
+// its own (node-local disks) or all from one (a shared file system).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -20,6 +22,8 @@
 #include "ddp/comm/init.hpp"
 #include "ddp/store/hash_store.hpp"
 #include "ddp/torch/ddp/distributed_data_parallel.hpp"
+#include "ddp/torch/snapshot/snapshot.hpp"
+#include "ddp/util/error.hpp"
 #include "ddp/util/socket.hpp"
 #include "models.hpp"
 
@@ -68,6 +72,32 @@ int worker_main(const std::string& dir, bool mismatch) {
   return 0;
 }
 
+// "--resume PATH RESULT_DIR": resumes from PATH ("{rank}" replaced by the rank) with
+// load_agreed and writes RESULT_DIR/rank<r>.txt: "epoch N sha256 S", "none" or "error: ...".
+int resume_main(std::string path, const std::string& result_dir) {
+  ddp::InitOptions opts;
+  opts.timeout = std::chrono::seconds(60);
+  auto pg = ddp::init_process_group(opts);
+  const int rank = pg->rank();
+  if (auto at = path.find("{rank}"); at != std::string::npos) {
+    path.replace(at, 6, std::to_string(rank));
+  }
+  std::string result;
+  int code = 0;
+  try {
+    ddp::SnapshotManager snapshots{ddp::SnapshotOptions(path)};
+    auto resume = snapshots.load_agreed(*pg);
+    result = resume ? "epoch " + std::to_string(resume->snapshot.epochs_run) + " sha256 " +
+                          resume->sha256
+                    : "none";
+  } catch (const ddp::UsageError& e) {
+    result = std::string("error: ") + e.what();
+    code = 1;
+  }
+  std::ofstream(fs::path(result_dir) / ("rank" + std::to_string(rank) + ".txt")) << result;
+  return code;
+}
+
 // "--blas-probe": wraps a CPU module in a world-1 DDP and exits (stderr has its warnings).
 int blas_probe_main() {
   ddp::InitOptions opts;
@@ -97,8 +127,9 @@ int wait_or_kill(pid_t pid, std::chrono::steady_clock::time_point deadline) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-// Runs `world` workers and waits (at most 120 s, then kills them).
-std::vector<Exit> run_workers(int world, const std::string& dir, bool mismatch) {
+// Runs `world` workers (this binary with `worker_args`) and waits (at most 120 s, then kills
+// them).
+std::vector<Exit> run_worker_args(int world, const std::vector<std::string>& worker_args) {
   auto listener = ddp::net::listen_tcp("127.0.0.1", 0, 1);
   const int port = ddp::net::local_port(listener.fd());
   listener.close();
@@ -125,8 +156,8 @@ std::vector<Exit> run_workers(int world, const std::string& dir, bool mismatch) 
     std::vector<char*> envp;
     for (auto& s : unique) envp.push_back(s.data());
     envp.push_back(nullptr);
-    std::vector<std::string> args = {"test_ddp_processes", "--worker", dir,
-                                     mismatch ? "mismatch" : "train"};
+    std::vector<std::string> args = {"test_ddp_processes"};
+    args.insert(args.end(), worker_args.begin(), worker_args.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -138,6 +169,10 @@ std::vector<Exit> run_workers(int world, const std::string& dir, bool mismatch) 
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   for (int r = 0; r < world; ++r) exits[r].code = wait_or_kill(pids[r], deadline);
   return exits;
+}
+
+std::vector<Exit> run_workers(int world, const std::string& dir, bool mismatch) {
+  return run_worker_args(world, {"--worker", dir, mismatch ? "mismatch" : "train"});
 }
 
 fs::path temp_dir(const std::string& name) {
@@ -233,10 +268,106 @@ TEST(DdpProcesses, MismatchedModelFailsEveryRank) {
   fs::remove_all(dir);
 }
 
+// Snapshot resume across real processes. Each rank's snapshot directory is its own (as on
+// node-local disks) or shared.
+class SnapshotResume : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = temp_dir("ddp_resume"); }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Saves a snapshot with `epochs_run` at path (a one-parameter model, `fill` everywhere).
+  static void save(const std::string& path, int64_t epochs_run, float fill) {
+    fs::create_directories(fs::path(path).parent_path());
+    torch::nn::Linear lin(3, 1);
+    {
+      torch::NoGradGuard g;
+      lin->weight.fill_(fill);
+      lin->bias.fill_(fill);
+    }
+    ddp::SnapshotManager(ddp::SnapshotOptions(path))
+        .save(ddp::capture_snapshot(*lin, nullptr, epochs_run, epochs_run));
+  }
+  // Runs 2 ranks resuming from `path` ("{rank}" per rank); their exit codes and results.
+  std::vector<std::pair<int, std::string>> resume(const std::string& path) {
+    auto exits = run_worker_args(2, {"--resume", path, dir_.string()});
+    std::vector<std::pair<int, std::string>> out;
+    for (int r = 0; r < 2; ++r) {
+      std::ifstream in(dir_ / ("rank" + std::to_string(r) + ".txt"));
+      std::stringstream text;
+      text << in.rdbuf();
+      out.emplace_back(exits[r].code, text.str());
+    }
+    return out;
+  }
+  fs::path dir_;
+};
+
+// Node-local disks: node 0 has snapshots, node 1 none. Before, rank 0 resumed at epoch 3 and
+// rank 1 started at epoch 0 with fresh optimizer state, silently; now both fail at once,
+// naming the ranks and the fix.
+TEST_F(SnapshotResume, RanksWithDifferentSnapshotsFailNamingThemAndTheFix) {
+  save((dir_ / "node0/s.pt").string(), 3, 1.0f);
+  fs::create_directories(dir_ / "node1");
+  auto results = resume((dir_ / "node{rank}/s.pt").string());
+  for (int r = 0; r < 2; ++r) {
+    const auto& [code, text] = results[r];
+    EXPECT_EQ(code, 1) << "rank " << r << ": " << text;
+    EXPECT_NE(text.find("rank 0 has the snapshot at epoch 3"), std::string::npos) << text;
+    EXPECT_NE(text.find("rank 1 has no snapshot"), std::string::npos) << text;
+    EXPECT_NE(text.find("a file system every node shares"), std::string::npos) << text;
+    EXPECT_NE(text.find("copy the snapshot directory"), std::string::npos) << text;
+    EXPECT_NE(text.find("from rank 0's node to every node"), std::string::npos) << text;
+  }
+}
+
+// Same epoch, different bytes (copies that diverged): refused too.
+TEST_F(SnapshotResume, SameEpochDifferentContentIsRefused) {
+  save((dir_ / "node0/s.pt").string(), 2, 1.0f);
+  save((dir_ / "node1/s.pt").string(), 2, 2.0f);
+  auto results = resume((dir_ / "node{rank}/s.pt").string());
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].first, 1) << results[r].second;
+    EXPECT_NE(results[r].second.find("rank 0 has the snapshot at epoch 2 (sha256 "),
+              std::string::npos)
+        << results[r].second;
+    EXPECT_NE(results[r].second.find("rank 1 has the snapshot at epoch 2 (sha256 "),
+              std::string::npos)
+        << results[r].second;
+  }
+}
+
+// A shared directory, or copies of the same files: every rank resumes from the same snapshot.
+TEST_F(SnapshotResume, SharedOrCopiedSnapshotsAgree) {
+  save((dir_ / "shared/s.pt").string(), 4, 1.0f);
+  auto results = resume((dir_ / "shared/s.pt").string());
+  EXPECT_EQ(results[0].first, 0) << results[0].second;
+  EXPECT_EQ(results[0].second.rfind("epoch 4 sha256 ", 0), 0u) << results[0].second;
+  EXPECT_EQ(results[1], results[0]);
+
+  fs::create_directories(dir_ / "node0");
+  fs::create_directories(dir_ / "node1");
+  for (const char* node : {"node0", "node1"}) {
+    fs::copy(dir_ / "shared", dir_ / node, fs::copy_options::recursive);
+  }
+  results = resume((dir_ / "node{rank}/s.pt").string());
+  EXPECT_EQ(results[0].first, 0) << results[0].second;
+  EXPECT_EQ(results[0].second.rfind("epoch 4 sha256 ", 0), 0u) << results[0].second;
+  EXPECT_EQ(results[1], results[0]);
+}
+
+TEST_F(SnapshotResume, NoSnapshotAnywhereStartsAfresh) {
+  auto results = resume((dir_ / "node{rank}/s.pt").string());
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].first, 0) << results[r].second;
+    EXPECT_EQ(results[r].second, "none");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--blas-probe") return blas_probe_main();
+  if (argc == 4 && std::string(argv[1]) == "--resume") return resume_main(argv[2], argv[3]);
   if (argc == 4 && std::string(argv[1]) == "--worker") {
     try {
       return worker_main(argv[2], std::string(argv[3]) == "mismatch");

@@ -29,6 +29,8 @@
 
 namespace ddp {
 
+class ProcessGroup;
+
 struct Snapshot {
   std::vector<std::pair<std::string, torch::Tensor>> model_state;
   torch::Tensor optimizer_state;  // undefined: none
@@ -71,6 +73,7 @@ struct ResumePoint {
   Snapshot snapshot;
   std::string path;                  // the file it came from
   std::string verification;          // "sha256 ... verified" or why unverified
+  std::string sha256;                // of the whole file, hex: identifies it across ranks
   std::vector<std::string> skipped;  // "file: reason" for each newer file that was unusable
 };
 
@@ -80,7 +83,8 @@ class SnapshotManager {
   explicit SnapshotManager(SnapshotOptions options);
 
   // Writes the snapshot (call on rank 0 only) and returns the epoch file's path. Temporary
-  // files that a killed writer left beside the snapshots are removed first.
+  // files that a killed writer left beside this series' snapshots are removed first (only
+  // this series' own, and only when their writer's pid is no longer alive on this host).
   std::string save(const Snapshot& snapshot);
 
   // The newest snapshot that reads and verifies, trying epoch files newest first and the
@@ -88,6 +92,17 @@ class SnapshotManager {
   // (also when no file succeeds, through `skipped_out`).
   std::optional<ResumePoint> load_newest_valid(
       std::vector<std::string>* skipped_out = nullptr) const;
+
+  // load_newest_valid on every rank of `pg` (a collective: call it on every rank), then the
+  // ranks check they resume from the same snapshot, (epochs_run, file SHA-256) compared with
+  // one all-gather. Every rank then gets the same answer, or nullopt when no rank has a
+  // snapshot. When they differ (--snapshot on node-local disks: node 0 has its snapshots,
+  // node 1 none, so node 1 would start from epoch 0 with a fresh optimizer, the parameters
+  // drift and the ranks hang at the first epoch one side lacks) every rank throws UsageError
+  // naming which ranks hold what and the fix: a shared file system, or a copy of the snapshot
+  // directory on every node. Works on every backend (the exchange buffer lives on
+  // comm_device(pg)).
+  std::optional<ResumePoint> load_agreed(ProcessGroup& pg) const;
 
   // Existing epoch files, newest first, as (epochs_run, path).
   std::vector<std::pair<int64_t, std::string>> epoch_files() const;
@@ -97,6 +112,8 @@ class SnapshotManager {
 
  private:
   void remove_stale_temporaries() const;
+  // Whether `base` is a file name this series writes: NAME.EXT or NAME.epoch-<digits>.EXT.
+  bool is_series_file(const std::string& base) const;
 
   SnapshotOptions options_;
   std::string dir_;

@@ -12,7 +12,15 @@
 // Atomic write: bytes go to a temporary file in the target's directory, which is fsynced,
 // renamed over the target and the directory fsynced: after a crash at any moment the target
 // is either the old file or the complete new one.
+//
+// Temporaries beside a target DIR/BASE are named DIR/.BASE.<kind>-<pid>-<16 hex digits>, kind
+// "tmp" (write_file_atomically) or "link" (SnapshotManager's hard link to the newest epoch
+// file). They are created exclusively (O_CREAT|O_EXCL|O_NOFOLLOW, or link(2), which never
+// follows or replaces what is there) under a random name, so a file or symlink planted in the
+// directory is never written through. The pid lets cleanup tell a dead writer's leftovers from
+// a live writer's in-flight file.
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +45,19 @@ std::string sha256_hex(const char* data, size_t size);
 
 // Writes `bytes` to `path` atomically (see above). Throws Error naming the path and errno.
 void write_file_atomically(const std::string& path, const std::vector<char>& bytes);
+
+// A fresh temporary name beside `target` (see above); `kind` is "tmp" or "link".
+std::string temporary_path(const std::string& target, const std::string& kind);
+
+struct TemporaryName {
+  std::string target_base;  // BASE: the file the temporary was going to become
+  std::string kind;         // "tmp" or "link"
+  long pid = 0;             // the writer's process id
+};
+
+// Parses a directory entry named like temporary_path's, or like the older `.BASE.<kind>-<pid>`
+// of earlier builds; nullopt for any other name.
+std::optional<TemporaryName> parse_temporary_name(const std::string& name);
 
 // The whole file. Throws UsageError naming the path when it cannot be read.
 std::vector<char> read_whole_file(const std::string& path);
