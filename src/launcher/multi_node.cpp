@@ -98,6 +98,10 @@ std::string publishable_address(const AddressFacts& f) {
     }
   }
   all.insert(all.begin(), v4.begin(), v4.end());
+  // No interface off this machine is up: no other node can reach this one whatever it
+  // publishes, and reaching the endpoint will fail with the network's own diagnosis
+  // ("cannot reach the rendezvous endpoint ... unreachable"), which names the real cause.
+  if (all.empty()) return f.candidate;
   if (v4.size() == 1) return v4.front();
   if (v4.empty() && all.size() == 1) return all.front();
   if (!f.default_route_source.empty() &&
@@ -110,9 +114,7 @@ std::string publishable_address(const AddressFacts& f) {
       "to themselves. A host name mapped to loopback in /etc/hosts (Debian's \"127.0.1.1 "
       "hostname\" line) does this. Pass --local-addr ADDRESS, this node's address as the other "
       "nodes reach it ({}), or use that address in --rdzv-endpoint / --master-addr",
-      f.candidate, f.endpoint_host, f.max_nodes,
-      all.empty() ? std::string("this node has no non-loopback address")
-                  : "one of " + fmt::format("{}", fmt::join(all, ", "))));
+      f.candidate, f.endpoint_host, f.max_nodes, fmt::format("one of {}", fmt::join(all, ", "))));
 }
 
 bool is_multi_node(const LaunchOptions& o) {
