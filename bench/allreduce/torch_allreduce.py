@@ -19,16 +19,14 @@ def iterations_for(nbytes):
     return min(5000, max(10, (256 << 20) // max(nbytes, 1)))
 
 
-def worker(rank, world, port, sizes):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def measure_allreduce(label, sizes, max_iters=5000):
+    """Times float32 sum all_reduces on the initialised default group; rank 0 prints one JSON
+    line per size in allreduce_bench's format with backend `label`. Also used by
+    bench/python/allreduce.py for the "ddp" torch.distributed backend."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     for nbytes in sizes:
         t = torch.ones(nbytes // 4, dtype=torch.float32)
-        iters = iterations_for(nbytes)
-        # PyTorch's gloo is slow at small sizes: cap its iterations so the run stays short.
-        iters = min(iters, 1000)
+        iters = min(iterations_for(nbytes), max_iters)
         for _ in range(min(iters, 20)):
             dist.all_reduce(t)
         dist.barrier()
@@ -41,10 +39,19 @@ def worker(rank, world, port, sizes):
         us = statistics.median(results)
         if rank == 0:
             busbw = nbytes * 2.0 * (world - 1) / world / (us * 1e-6) / 1e9
-            print(json.dumps({"bench": "allreduce", "backend": "torch-gloo", "world": world,
+            print(json.dumps({"bench": "allreduce", "backend": label, "world": world,
                               "bytes": nbytes, "iters": iters, "us": round(us, 2),
                               "busbw_gbps": round(busbw, 3)}), flush=True)
         dist.barrier()
+
+
+def worker(rank, world, port, sizes):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # PyTorch's gloo is slow at small sizes: cap its iterations so the run stays short.
+    measure_allreduce("torch-gloo", sizes, max_iters=1000)
     dist.destroy_process_group()
 
 

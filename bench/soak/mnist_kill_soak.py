@@ -17,7 +17,6 @@ Takes about a minute per run on a busy 2-core machine: not part of the default c
 """
 import argparse
 import glob
-import hashlib
 import json
 import os
 import random
@@ -30,24 +29,12 @@ import tempfile
 import threading
 import time
 
-PREFIX = b"ddp-snapshot sha256="
 RUN_BOUND_S = 300
 
-
-def verify_snapshot(path):
-    """None when the file's SHA-256 (comment removed) matches its zip comment, else why not."""
-    data = open(path, "rb").read()
-    clen = 22 + len(PREFIX) + 64
-    if len(data) < clen or data[-clen:-clen + 4] != b"PK\x05\x06":
-        return f"{os.path.basename(path)}: no end-of-central-directory record ({len(data)} bytes)"
-    comment = data[-(len(PREFIX) + 64):]
-    if not comment.startswith(PREFIX):
-        return f"{os.path.basename(path)}: no ddp checksum comment"
-    original = bytearray(data[:-(len(PREFIX) + 64)])
-    original[-2:] = b"\x00\x00"
-    if hashlib.sha256(original).hexdigest() != comment[len(PREFIX):].decode():
-        return f"{os.path.basename(path)}: checksum mismatch"
-    return None
+# The snapshot checksum rule (ddp::verify_zip_checksum) in Python, shared with the fault test.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
+                                "torch", "data"))
+from fault_test import verify_snapshot  # noqa: E402
 
 
 def workers_of(ddprun_pid):

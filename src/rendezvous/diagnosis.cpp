@@ -2,25 +2,14 @@
 
 #include <fmt/format.h>
 
+#include "ddp/util/rank_list.hpp"
+
 namespace ddp::rdzv {
 
 namespace {
 
 std::string seconds(Millis ms) {
   return fmt::format("{:.1f} s", ms.count() / 1000.0);
-}
-
-std::string rank_list(const std::vector<int>& ranks) {
-  // Collapses runs: 2,3,4,7 -> "2-4, 7".
-  std::string out;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!out.empty()) out += ", ";
-    out += j == i ? fmt::format("{}", ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]);
-    i = j + 1;
-  }
-  return out;
 }
 
 std::string host_list(const std::vector<std::string>& hosts) {
@@ -55,7 +44,7 @@ std::string format_timeout_diagnosis(const TimeoutDiagnosis& d) {
   }
   if (!d.missing_ranks.empty()) {
     out += fmt::format("\n  missing: node rank{} {}", d.missing_ranks.size() == 1 ? "" : "s",
-                       rank_list(d.missing_ranks));
+                       format_rank_list(d.missing_ranks));
     if (d.backend == Backend::kC10d) out += " (c10d assigns node ranks in join order)";
   }
   for (const auto& r : d.other_runs) {

@@ -24,6 +24,7 @@
 #include "ddp/store/tcp_store.hpp"
 #include "ddp/store/tcp_store_server.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/rank_list.hpp"
 #include "ddp/version.hpp"
 
 namespace ddp::launcher {
@@ -231,6 +232,13 @@ TEST(Cli, ErrorsNameTheFlagAndTheFix) {
             std::string::npos);
   EXPECT_NO_THROW(parse({"--start-method", "fork", "p"}));
   EXPECT_NE(usage_error({"--master-port", "", "p"}).find("--master-port"), std::string::npos);
+}
+
+TEST(FormatRankList, CollapsesRunsOfConsecutiveRanks) {
+  EXPECT_EQ(format_rank_list({}), "");
+  EXPECT_EQ(format_rank_list({0}), "0");
+  EXPECT_EQ(format_rank_list({0, 1, 2, 3}), "0-3");
+  EXPECT_EQ(format_rank_list({0, 1, 4, 6, 7}), "0-1, 4, 6-7");
 }
 
 TEST(Cli, VersionPrintsTheProjectVersion) {

@@ -18,6 +18,7 @@
 #include "ddp/torch/snapshot/snapshot.hpp"
 #include "ddp/torch/snapshot/snapshot_file.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/rank_list.hpp"
 
 namespace ddp {
 
@@ -205,19 +206,6 @@ std::string hex_of(const uint8_t* p, size_t n) {
   return out;
 }
 
-// "0", "0-3", "0-1, 4, 6-7".
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!out.empty()) out += ", ";
-    out += j == i ? std::to_string(ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 std::optional<ResumePoint> SnapshotManager::load_agreed(ProcessGroup& pg) const {
@@ -274,7 +262,7 @@ std::optional<ResumePoint> SnapshotManager::load_agreed(ProcessGroup& pg) const 
   for (const auto& key : order) {
     const auto& ranks = holders[key];
     who += fmt::format("{}{} {} {}", who.empty() ? "" : "; ", ranks.size() == 1 ? "rank" : "ranks",
-                       rank_list(ranks),
+                       format_rank_list(ranks),
                        ranks.size() == 1 ? "has " + describe[key] : "have " + describe[key]);
   }
   throw UsageError(fmt::format(
