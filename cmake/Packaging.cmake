@@ -13,12 +13,15 @@ set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION devel)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
-set(CPACK_DEBIAN_PACKAGE_DESCRIPTION
-    "ddp is what PyTorch users get from torchrun, torch.distributed and\n"
-    " DistributedDataParallel, as one C++ system on LibTorch. This package holds the\n"
-    " ddprun launcher (torchrun's command line), the static libraries, the public\n"
-    " headers (<ddp/ddp.hpp>), the CMake package (find_package(ddp) -> ddp::ddp),\n"
-    " the documentation and the ddprun man page.")
+# The long description (CPACK_PACKAGE_DESCRIPTION_SUMMARY is its first line), as one string:
+# CMake would join several arguments with ';', which would end up in the control file.
+string(CONCAT CPACK_DEBIAN_PACKAGE_DESCRIPTION
+       "ddp is what PyTorch users get from torchrun, torch.distributed and\n"
+       "DistributedDataParallel, as one C++ system on LibTorch. This package holds the\n"
+       "ddprun launcher (torchrun's command line), the static libraries, the public\n"
+       "headers (<ddp/ddp.hpp>), the CMake package (find_package(ddp) -> ddp::ddp),\n"
+       "the Python package `ddp` (the torch.distributed backend), the documentation and\n"
+       "the ddprun man page.")
 set(DDP_DEB_DEPENDS libfmt-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libssl-dev
                     zlib1g-dev)
 if(DDP_HAVE_GLOO)

@@ -89,6 +89,8 @@ info="$(dpkg-deb --info "$deb")"
 echo "$info" | sed -n '/Package:/,$p'
 grep -q "^ Package: ddp$" <<<"$info" || fail "package name"
 grep -q "^ Version: $VERSION$" <<<"$info" || fail "package version"
+grep -q "^ Description: distributed data-parallel training in C++" <<<"$info" || fail "package summary"
+if grep -q "^  ;" <<<"$info"; then fail "CMake list separators in the package description"; fi
 # shlibdeps found ddprun's shared libraries (libc, libstdc++, fmt, spdlog ...) ...
 grep -q "^ Depends: .*libc6 (>= " <<<"$info" || fail "no shlibdeps-computed libc6 dependency"
 grep -q "^ Depends: .*libstdc++6 (>= " <<<"$info" || fail "no shlibdeps-computed libstdc++6 dependency"
