@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The sanitizer stage of the test suite (scripts/test.sh runs it after the main ctest run):
-#   asan  the store, launcher, comm and rendezvous tests built with ASan+UBSan (build-asan)
+#   asan  the store, launcher, comm (cpu, gloo, mpi) and rendezvous tests, ASan+UBSan (build-asan)
 #   tsan  the comm tests built with TSan (build-tsan)
 # Each tree is LibTorch-free and builds only the targets its tests need; ctest --preset
 # selects the tests labelled "sanitize" and sets the sanitizer options (CMakePresets.json,
@@ -14,7 +14,7 @@ stages=("$@")
 ((${#stages[@]})) || stages=(asan tsan)
 
 targets_asan=(store_tests launcher_unit_test launcher_e2e_test launcher_test_worker ddprun
-              comm_tests comm_worker comm_multiprocess_tests rdzv_tests)
+              comm_tests comm_worker comm_multiprocess_tests comm_mpi_worker rdzv_tests)
 targets_tsan=(comm_tests comm_worker comm_multiprocess_tests)
 
 status=0
