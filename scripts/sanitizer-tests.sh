@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The sanitizer stage of the test suite (scripts/test.sh runs it after the main ctest run):
 #   asan  the store, launcher, comm (cpu, gloo, mpi) and rendezvous tests, ASan+UBSan (build-asan)
-#   tsan  the comm tests built with TSan (build-tsan)
+#   tsan  the comm and store tests built with TSan (build-tsan)
 # Each tree is LibTorch-free and builds only the targets its tests need; ctest --preset
 # selects the tests labelled "sanitize" and sets the sanitizer options (CMakePresets.json,
 # suppressions in tests/sanitizers/). Usage: sanitizer-tests.sh [asan] [tsan] (default both).
@@ -15,7 +15,7 @@ stages=("$@")
 
 targets_asan=(store_tests launcher_unit_test launcher_e2e_test launcher_test_worker ddprun
               comm_tests comm_worker comm_multiprocess_tests comm_mpi_worker rdzv_tests)
-targets_tsan=(comm_tests comm_worker comm_multiprocess_tests)
+targets_tsan=(comm_tests comm_worker comm_multiprocess_tests store_tests)
 
 status=0
 for stage in "${stages[@]}"; do
