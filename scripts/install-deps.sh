@@ -21,7 +21,8 @@ packages=(
   libopenblas0-openmp
 )
 if [[ "$profile" == "test" ]]; then
-  # Multi-host tests (ip netns), the fuzz target, the SLURM cluster test.
+  # Multi-host tests (ip netns), the fuzz target, the SLURM cluster test. The sanitizer stage's
+  # runtimes (libasan8, libubsan1, libtsan2) come with build-essential's g++-12.
   packages+=(iproute2 clang libclang-rt-14-dev procps psmisc slurm-wlm munge)
 fi
 

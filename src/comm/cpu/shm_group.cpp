@@ -316,7 +316,8 @@ void ShmGroup::send(const void* data, size_t bytes, int dst, int tag, const ShmC
     ch.chunk_bytes = static_cast<uint32_t>(c);
     ch.total_bytes = bytes;
     ch.offset = off;
-    std::memcpy(buf, src + off, c);
+    // A zero-byte send may pass nullptr, and memcpy's pointers must be valid even for 0 bytes.
+    if (c > 0) std::memcpy(buf, src + off, c);
     publish(&ch.written, ++sent_[dst], &header_->waiters);
     off += c;
   } while (off < bytes);
@@ -333,7 +334,7 @@ void ShmGroup::recv(void* data, size_t bytes, int src, int tag, const ShmContext
   for (auto it = early.begin(); it != early.end(); ++it) {
     if (it->first != tag) continue;
     if (it->second.size() != bytes) throw size_error(it->second.size());
-    std::memcpy(data, it->second.data(), bytes);
+    if (bytes > 0) std::memcpy(data, it->second.data(), bytes);
     early.erase(it);
     return;
   }
@@ -355,7 +356,7 @@ void ShmGroup::recv(void* data, size_t bytes, int src, int tag, const ShmContext
         }
         if (!match) stash.resize(total);
       }
-      std::memcpy(match ? static_cast<char*>(data) + off : stash.data() + off, buf, c);
+      if (c > 0) std::memcpy(match ? static_cast<char*>(data) + off : stash.data() + off, buf, c);
       const int msg_tag = ch.tag;
       off += c;
       publish(&ch.consumed, ++consumed_[src], &header_->waiters);

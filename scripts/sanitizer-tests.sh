@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The sanitizer stage of the test suite (scripts/test.sh runs it after the main ctest run):
+#   asan  the store, launcher, comm (cpu, gloo, mpi) and rendezvous tests, ASan+UBSan (build-asan)
+#   tsan  the comm and store tests built with TSan (build-tsan)
+# Each tree is LibTorch-free and builds only the targets its tests need; ctest --preset
+# selects the tests labelled "sanitize" and sets the sanitizer options (CMakePresets.json,
+# suppressions in tests/sanitizers/). Usage: sanitizer-tests.sh [asan] [tsan] (default both).
+# Any sanitizer report fails the test that printed it, and the script exits non-zero.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+jobs="${DDP_JOBS:-$(nproc)}"
+stages=("$@")
+((${#stages[@]})) || stages=(asan tsan)
+
+targets_asan=(store_tests launcher_unit_test launcher_e2e_test launcher_test_worker ddprun
+              comm_tests comm_worker comm_multiprocess_tests comm_mpi_worker rdzv_tests)
+targets_tsan=(comm_tests comm_worker comm_multiprocess_tests store_tests)
+
+status=0
+for stage in "${stages[@]}"; do
+  case "$stage" in
+    asan) targets=("${targets_asan[@]}") ;;
+    tsan) targets=("${targets_tsan[@]}") ;;
+    *) echo "sanitizer-tests: unknown stage '$stage' (expected asan or tsan)" >&2; exit 2 ;;
+  esac
+  echo "=== sanitizer stage: $stage: building ${targets[*]} (build-$stage)"
+  cmake --preset "$stage" >/dev/null
+  build_args=()
+  for t in "${targets[@]}"; do build_args+=(--target "$t"); done
+  cmake --build --preset "$stage" -j "$jobs" "${build_args[@]}"
+  echo "=== sanitizer stage: $stage: ctest --preset $stage (label sanitize)"
+  if ctest --preset "$stage" -j "${DDP_SANITIZER_TEST_JOBS:-2}"; then
+    echo "=== sanitizer stage: $stage: passed"
+  else
+    echo "=== sanitizer stage: $stage: FAILED" >&2
+    status=1
+  fi
+done
+exit $status
