@@ -148,26 +148,33 @@ GroupResult analyze_group(const std::string& group, const std::vector<const Flig
   std::vector<const RankView*> leaders, laggards;
   for (const auto& v : views) (v.progress() == max_progress ? leaders : laggards).push_back(&v);
 
-  // "ranks 0,2 wait in all_reduce #13 since 6.0 s"
+  // "ranks 0,2 wait in all_reduce #13 since 6.0 s"; ranks in different collectives are named
+  // separately ("...; rank 2 waits in broadcast #13 since 6.0 s").
   auto waiting_text = [&](const std::vector<const RankView*>& group_views) -> std::string {
-    std::vector<int> ranks;
-    const FlightEntry* pending = nullptr;
-    int64_t for_us = 0;
-    bool failed = false;
+    struct Waiting {
+      const FlightEntry* entry;
+      std::vector<int> ranks;
+      int64_t for_us = 0;
+      bool failed = false;
+    };
+    std::vector<Waiting> waits;
     for (const auto* v : group_views) {
       if (!v->pending) continue;
-      ranks.push_back(v->rank);
-      if (!pending || v->pending->seq < pending->seq) pending = v->pending;
-      for_us = std::max(for_us, v->pending_for_us());
-      failed = failed || v->pending->state == "failed";
+      auto it = std::find_if(waits.begin(), waits.end(), [&](const Waiting& w) {
+        return w.entry->seq == v->pending->seq && same_call(*w.entry, *v->pending);
+      });
+      if (it == waits.end()) it = waits.insert(waits.end(), Waiting{v->pending, {}, 0, false});
+      it->ranks.push_back(v->rank);
+      it->for_us = std::max(it->for_us, v->pending_for_us());
+      it->failed = it->failed || v->pending->state == "failed";
     }
-    if (!pending) return "";
-    if (failed) {
-      return fmt::format("{} failed in {} #{} ({}) after waiting {}", ranks_text(ranks),
-                         pending->op, pending->seq, shape(*pending), seconds(for_us));
+    std::string text;
+    for (const auto& w : waits) {
+      text += fmt::format("{}{} {} in {} #{} since {}{}", text.empty() ? "" : "; ",
+                          ranks_text(w.ranks), w.ranks.size() == 1 ? "waits" : "wait", w.entry->op,
+                          w.entry->seq, seconds(w.for_us), w.failed ? " (then failed)" : "");
     }
-    return fmt::format("{} wait in {} #{} since {}", ranks_text(ranks), pending->op, pending->seq,
-                       seconds(for_us));
+    return text;
   };
 
   std::vector<std::string> behind_lines;

@@ -106,6 +106,15 @@ class AttemptRunner {
       SpawnOptions so;
       so.argv = spec_.command;
       so.env = build_worker_env(spec_.base_env, env);
+      // Flight recorder dumps go beside the rank folders of this attempt, where `ddprun trace`
+      // finds them; only a kept log dir (a temporary ROOT dies with ddprun) and only when the
+      // user chose no directory.
+      if (spec_.run_dir->persistent() &&
+          std::none_of(so.env.begin(), so.env.end(), [](const std::string& e) {
+            return e.rfind("DDP_FLIGHT_RECORDER_DIR=", 0) == 0;
+          })) {
+        set_env_entry(so.env, "DDP_FLIGHT_RECORDER_DIR", dir.substr(0, dir.rfind('/')));
+      }
       SpawnedProcess p = spawn_process(so);
       w->pid = p.pid;
       w->fds[0] = std::move(p.stdout_read);
