@@ -3,6 +3,7 @@
 //
 //   hang_worker <backend> stall RANK AFTER     RANK stops after collective #AFTER and sleeps
 //   hang_worker <backend> mismatch RANK AT     RANK calls broadcast at collective #AT
+//   hang_worker <backend> exit RANK AFTER      RANK exits 0 after collective #AFTER (no dump)
 //
 // The group timeout is HANG_WORKER_TIMEOUT_MS (default 3000). Exit 0 on success, 1 with
 // "rank R: error" on stderr when a collective fails.
@@ -23,7 +24,7 @@ using namespace ddp;
 
 int main(int argc, char** argv) {
   if (argc != 5) {
-    std::fprintf(stderr, "usage: hang_worker <backend> stall|mismatch RANK N\n");
+    std::fprintf(stderr, "usage: hang_worker <backend> stall|mismatch|exit RANK N\n");
     return 2;
   }
   const std::string mode = argv[2];
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_for(std::chrono::seconds(60));  // ddprun stops us first
         return 3;
       }
+      if (mode == "exit" && pg->rank() == who && i == at + 1) std::_Exit(0);
       if (mode == "mismatch" && pg->rank() == who && i == at) {
         pg->broadcast(buf.data(), buf.size(), DataType::kFloat32, 0)->wait(pg->timeout());
       } else {
