@@ -369,6 +369,20 @@ std::vector<std::string> analyze_hang(const std::vector<FlightDump>& dumps) {
   return lines;
 }
 
+std::vector<std::string> hang_report_for_directory(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return {};
+  try {
+    return analyze_hang(read_flight_dumps({dir}));
+  } catch (const UsageError& e) {
+    const std::string what = e.what();
+    if (what.find("no flight recorder dumps") != std::string::npos) return {};
+    return {"hang report: could not read the flight recorder dumps: " + what};
+  } catch (const std::exception& e) {
+    return {std::string("hang report: could not read the flight recorder dumps: ") + e.what()};
+  }
+}
+
 int run_trace_command(const std::vector<std::string>& paths) {
   for (const auto& line : analyze_hang(read_flight_dumps(paths))) {
     std::printf("ddprun: %s\n", line.c_str());

@@ -32,6 +32,7 @@ std::string launch_command(const std::string& backend, const std::string& mode, 
 }
 
 struct RunResult {
+  std::string base;
   std::string attempt_dir;
   std::string launch_output;
   std::string trace;  // ddprun trace's stdout and stderr
@@ -39,12 +40,16 @@ struct RunResult {
 };
 
 // `timeout` bounds each run: group timeout (3 s) + 15 s.
+// `base`: a folder to reuse (same log dir and run id as an earlier run), else a fresh one.
 RunResult run_job(const std::string& name, const std::string& backend, const std::string& mode,
-                  int rank, int at) {
-  std::string base = ::testing::TempDir() + "fr_e2e_XXXXXX";
-  EXPECT_NE(::mkdtemp(base.data()), nullptr);
+                  int rank, int at, std::string base = "") {
+  if (base.empty()) {
+    base = ::testing::TempDir() + "fr_e2e_XXXXXX";
+    EXPECT_NE(::mkdtemp(base.data()), nullptr);
+  }
   const std::string logs = base + "/logs";
   RunResult r;
+  r.base = base;
   r.attempt_dir = logs + "/" + name + "/attempt_0";
   const std::string launch = launch_command(backend, mode, rank, at, logs, name, base);
   EXPECT_NE(std::system(launch.c_str()), 0) << launch;
@@ -76,6 +81,10 @@ TEST(FlightRecorderE2E, StalledRankIsNamedBehind) {
         << r.trace << "\n"
         << r.launch_output;
     EXPECT_NE(r.trace.find("tag 'iter=12'"), std::string::npos) << r.trace;
+    // ddprun itself printed the report before its root-cause report.
+    const size_t report = r.launch_output.find("ddprun: hang report: rank 1 is behind");
+    EXPECT_NE(report, std::string::npos) << r.launch_output;
+    EXPECT_LT(report, r.launch_output.find("Root cause (first failure)")) << r.launch_output;
   }
 }
 
@@ -96,7 +105,11 @@ TEST(FlightRecorderE2E, MismatchNamesBothCollectives) {
 }
 
 TEST(FlightRecorderE2E, ExitedRankHasNoDumpAndIsNamed) {
-  const RunResult r = run_job("exited", "cpu", "exit", 1, 12);
+  // Same log dir and run id as a run where rank 1 did dump: its stale dump must be gone.
+  const RunResult earlier = run_job("exited", "cpu", "stall", 1, 12);
+  ASSERT_TRUE(
+      std::filesystem::exists(earlier.attempt_dir + "/flight_recorder.default_pg_0.rank1.json"));
+  const RunResult r = run_job("exited", "cpu", "exit", 1, 12, earlier.base);
   EXPECT_FALSE(std::filesystem::exists(r.attempt_dir + "/flight_recorder.default_pg_0.rank1.json"));
   EXPECT_NE(r.trace.find("ddprun: hang report: rank 1 wrote no record (died, or could not reach "
                          "the store); ranks 0,2 wait in all_reduce #13"),

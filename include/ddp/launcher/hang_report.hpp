@@ -52,6 +52,11 @@ std::vector<FlightDump> read_flight_dumps(const std::vector<std::string>& paths)
 // likely cause; the next lines give the other findings and one line per rank.
 std::vector<std::string> analyze_hang(const std::vector<FlightDump>& dumps);
 
+// What ddprun prints after a failed attempt: the analysis of the dumps in `dir` (searched
+// recursively), or nothing when there are none. Never throws: an unreadable dump becomes a
+// line saying so.
+std::vector<std::string> hang_report_for_directory(const std::string& dir);
+
 // `ddprun trace FILES...`: reads, analyses and prints each line prefixed "ddprun: " on stdout.
 // Returns the exit code (0; UsageError propagates for bad input).
 int run_trace_command(const std::vector<std::string>& paths);
