@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -176,6 +177,9 @@ std::string FlightRecorder::dump_to_file(std::string_view reason, const std::str
                               std::strerror(errno)));
     }
     target = tmpl;
+  } else {
+    std::error_code ec;
+    std::filesystem::create_directories(target, ec);  // a failure shows when writing below
   }
   const int global_rank = identity_.rank < static_cast<int>(identity_.global_ranks.size())
                               ? identity_.global_ranks[identity_.rank]

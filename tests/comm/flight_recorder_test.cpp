@@ -171,7 +171,16 @@ TEST(FlightRecorder, DumpToFileNamesGroupAndGlobalRank) {
   EXPECT_EQ(d["rank"], 1);
   EXPECT_EQ(d["pid"], static_cast<int64_t>(::getpid()));
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
-  EXPECT_THROW(r.dump_to_file("x", "/nonexistent/dir"), Error);
+  // A missing directory is created; one below a regular file cannot be.
+  const std::string nested = dir + "/a/b";
+  EXPECT_EQ(r.dump_to_file("x", nested), nested + "/flight_recorder.default_pg_0_sub0.rank5.json");
+  std::ofstream(dir + "/plain") << "x";
+  try {
+    r.dump_to_file("x", dir + "/plain/sub");
+    FAIL() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + "/plain/sub"), std::string::npos) << e.what();
+  }
 }
 
 TEST(FlightRecorder, EntriesFromEnvironment) {

@@ -76,8 +76,8 @@ class FlightRecorder {
   // written.
   std::string dump_json(std::string_view reason) const;
   // Writes dump_json to DIR/flight_recorder.<group>.rank<global rank>.json (atomic rename;
-  // DIR = `dir`, else a fresh directory under $TMPDIR) and returns the path. Throws Error
-  // naming the path when it cannot be written.
+  // DIR = `dir`, created if missing, else a fresh directory under $TMPDIR) and returns the path.
+  // Throws Error naming the path when it cannot be written.
   std::string dump_to_file(std::string_view reason, const std::string& dir) const;
 
  private:
