@@ -136,6 +136,9 @@ void AsyncProcessGroup::watcher_loop() {
   std::unique_lock<std::mutex> lock(watch_mutex_);
   for (;;) {
     if (watch_cv_.wait_for(lock, kWatchInterval, [&] { return watch_stop_; })) return;
+    // Once this rank wrote its record there is nothing left to watch for; stopping also keeps
+    // the watcher off a store that a failure may have cut.
+    if (dumped_) return;
     lock.unlock();
     try {
       if (config_.store->check({key})) {
