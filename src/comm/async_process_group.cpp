@@ -169,6 +169,7 @@ WorkPtr AsyncProcessGroup::submit(CallInfo call, std::function<void(const CallIn
   std::unique_lock<std::mutex> lock(mutex_);
   if (!call.is_p2p()) call.seq = ++next_seq_;  // under the lock: issue order = sequence order
   auto work = std::make_shared<FutureWork>(call.describe() + " on " + where());
+  if (stop_) throw UsageError("process group used after it was shut down: " + where());
   uint64_t record_id = 0;
   if (recorder_) {
     CollectiveRecordInfo info;
@@ -182,7 +183,6 @@ WorkPtr AsyncProcessGroup::submit(CallInfo call, std::function<void(const CallIn
     record_id = recorder_->record(info);
   }
   Job job{call, record_id, std::move(fn), work};
-  if (stop_) throw UsageError("process group used after it was shut down: " + where());
   if (!running_ && queue_.empty() && call.bytes <= config_.inline_bytes) {
     running_ = true;
     lock.unlock();
