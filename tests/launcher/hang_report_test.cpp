@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/launcher/cli.hpp"
 #include "ddp/launcher/hang_report.hpp"
 #include "ddp/util/error.hpp"
 
@@ -152,4 +153,16 @@ TEST(HangReport, ParsesTheRecorderFormatAndRejectsOthers) {
   }
   EXPECT_THROW(parse_flight_dump("{", "broken.json"), ddp::UsageError);
   EXPECT_THROW(read_flight_dumps({"/nonexistent/flight"}), ddp::UsageError);
+}
+
+TEST(HangReportCli, TraceSubcommandTakesPaths) {
+  const EnvLookup no_env = [](const std::string&) -> std::optional<std::string> {
+    return std::nullopt;
+  };
+  const ParsedCommandLine p = parse_command_line({"trace", "a.json", "logs/run"}, no_env);
+  ASSERT_TRUE(p.trace.has_value());
+  EXPECT_FALSE(p.options.has_value());
+  EXPECT_EQ(p.trace->paths, (std::vector<std::string>{"a.json", "logs/run"}));
+  EXPECT_THROW(parse_command_line({"trace"}, no_env), ddp::UsageError);
+  EXPECT_NE(parse_command_line({"trace", "--help"}, no_env).help.find("paths"), std::string::npos);
 }
