@@ -90,14 +90,6 @@ std::string AsyncProcessGroup::dump_flight_record(const std::string& reason) {
     log::get("ddp.comm")
         ->error("flight recorder: {} could not write its record: {}", where(), e.what());
   }
-  if (config_.store && config_.size > 1) {
-    try {
-      config_.store->set(fmt::format("{}flight_recorder/dumped/{}", config_.prefix, rank_),
-                         path.empty() ? "-" : path);
-    } catch (const std::exception&) {
-      // The store is gone (its host died): the failing rank reports the missing ack.
-    }
-  }
   return path;
 }
 
@@ -105,29 +97,60 @@ void AsyncProcessGroup::on_failure(const CallInfo& call, const std::string& what
   if (!recorder_) return;
   const std::string reason = fmt::format("{} failed on rank {} of group {}: {}", call.describe(),
                                          rank_, config_.prefix, what);
-  dump_flight_record(reason);
+  const std::string path = dump_flight_record(reason);
   if (config_.size <= 1 || !config_.store) return;
-  std::vector<std::string> acks;
-  for (int r = 0; r < size_; ++r) {
-    acks.push_back(fmt::format("{}flight_recorder/dumped/{}", config_.prefix, r));
-  }
+  // The store may be dead with the rank that hosted it, and a TcpStore reconnects for up to
+  // its whole timeout: the store calls run on a detached thread that owns everything it
+  // touches, and this rank waits for it at most kDumpAckTimeout (+1 s).
+  struct Shared {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool finished = false;
+    std::string error;
+    std::vector<int> missing;
+  };
+  auto shared = std::make_shared<Shared>();
   const auto limit = std::min<std::chrono::milliseconds>(kDumpAckTimeout, timeout_);
-  try {
-    config_.store->set(config_.prefix + "flight_recorder/dump", reason);
-    config_.store->wait(acks, limit);
-  } catch (const std::exception& e) {
+  std::thread([shared, store = config_.store, prefix = config_.prefix, rank = rank_, size = size_,
+               reason, path, limit] {
+    std::vector<std::string> acks;
+    for (int r = 0; r < size; ++r)
+      acks.push_back(fmt::format("{}flight_recorder/dumped/{}", prefix, r));
+    std::string error;
     std::vector<int> missing;
     try {
-      for (int r = 0; r < size_; ++r) {
-        if (!config_.store->check({acks[r]})) missing.push_back(r);
+      store->set(acks[rank], path.empty() ? "-" : path);
+      store->set(prefix + "flight_recorder/dump", reason);
+      store->wait(acks, limit);
+    } catch (const std::exception& e) {
+      error = e.what();
+      try {
+        for (int r = 0; r < size; ++r) {
+          if (!store->check({acks[r]})) missing.push_back(r);
+        }
+      } catch (const std::exception&) {
       }
-    } catch (const std::exception&) {
     }
+    std::lock_guard<std::mutex> lock(shared->mutex);
+    shared->finished = true;
+    shared->error = std::move(error);
+    shared->missing = std::move(missing);
+    shared->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(shared->mutex);
+  if (!shared->cv.wait_for(lock, limit + std::chrono::seconds(1),
+                           [&] { return shared->finished; })) {
+    log::get("ddp.comm")
+        ->warn(
+            "flight recorder: {}: the store did not answer within {} ms; the other ranks may not "
+            "write their records",
+            where(), (limit + std::chrono::seconds(1)).count());
+  } else if (!shared->error.empty()) {
     log::get("ddp.comm")
         ->warn(
             "flight recorder: {}: ranks {} did not write their record within {} ms (dead, or "
             "unable to reach the store): {}",
-            where(), missing, limit.count(), e.what());
+            where(), shared->missing, limit.count(), shared->error);
   }
 }
 
@@ -143,7 +166,9 @@ void AsyncProcessGroup::watcher_loop() {
     try {
       if (config_.store->check({key})) {
         const std::string why = config_.store->get(key);
-        dump_flight_record("requested by a peer: " + why);
+        const std::string path = dump_flight_record("requested by a peer: " + why);
+        config_.store->set(fmt::format("{}flight_recorder/dumped/{}", config_.prefix, rank_),
+                           path.empty() ? "-" : path);
         return;
       }
     } catch (const std::exception&) {

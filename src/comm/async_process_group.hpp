@@ -81,8 +81,8 @@ class AsyncProcessGroup : public ProcessGroup {
 
   FlightRecorder* flight_recorder() override { return recorder_.get(); }
 
-  // Writes this rank's flight record (once per group; later calls return ""), acks it in the
-  // store, logs the path. Returns the path, or "" when nothing was written.
+  // Writes this rank's flight record (once per group; later calls return "") and logs the
+  // path. Returns the path, or "" when nothing was written.
   std::string dump_flight_record(const std::string& reason);
 
   static constexpr std::chrono::milliseconds kWatchInterval{200};

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -114,6 +115,20 @@ TEST(FlightRecorderE2E, ExitedRankHasNoDumpAndIsNamed) {
   EXPECT_NE(r.trace.find("ddprun: hang report: rank 1 wrote no record (died, or could not reach "
                          "the store); ranks 0,2 wait in all_reduce #13"),
             std::string::npos)
+      << r.trace << "\n"
+      << r.launch_output;
+}
+
+// Rank 0 hosts the store and exits: the others' requests for dumps cannot reach anyone, and
+// their wait for acknowledgements stays bounded (the `timeout` in launch_command fails the run
+// otherwise).
+TEST(FlightRecorderE2E, StoreHostThatExitedIsNamedAndTheOthersStillDump) {
+  const auto start = std::chrono::steady_clock::now();
+  const RunResult r = run_job("store_host", "cpu", "exit", 0, 12);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+  EXPECT_TRUE(std::filesystem::exists(r.attempt_dir + "/flight_recorder.default_pg_0.rank1.json"))
+      << r.launch_output;
+  EXPECT_NE(r.trace.find("ddprun: hang report: rank 0 wrote no record"), std::string::npos)
       << r.trace << "\n"
       << r.launch_output;
 }
