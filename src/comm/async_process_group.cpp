@@ -82,13 +82,17 @@ void AsyncProcessGroup::shutdown() {
 
 std::string AsyncProcessGroup::dump_flight_record(const std::string& reason) {
   if (!recorder_ || dumped_.exchange(true)) return "";
+  // No where(): the watcher may get here while a derived constructor still runs, and
+  // backend_name() is virtual.
+  const std::string who = fmt::format("rank {} of {} (backend {}, group {})", rank_, size_,
+                                      recorder_->identity().backend, config_.prefix);
   std::string path;
   try {
     path = recorder_->dump_to_file(reason, config_.flight_recorder_dir);
-    log::get("ddp.comm")->warn("flight recorder: {} wrote {} ({})", where(), path, reason);
+    log::get("ddp.comm")->warn("flight recorder: {} wrote {} ({})", who, path, reason);
   } catch (const std::exception& e) {
     log::get("ddp.comm")
-        ->error("flight recorder: {} could not write its record: {}", where(), e.what());
+        ->error("flight recorder: {} could not write its record: {}", who, e.what());
   }
   return path;
 }
