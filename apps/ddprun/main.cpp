@@ -2,6 +2,7 @@
 // environment, forwards output and signals, restarts the group on failure; with --nnodes
 // and --rdzv-* it meets the other nodes first (docs/rendezvous.md).
 // ddprun doctor [--rdzv-endpoint HOST:PORT]: checks the cluster and network setup.
+// ddprun trace FILES...: the hang report from the workers' flight recorder dumps.
 //
 // Exit codes: 0 every worker succeeded; 1 a worker failed and restarts are exhausted (or the
 // launcher itself failed); 2 bad command line; 128+N stopped by signal N.
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "ddp/launcher/cli.hpp"
+#include "ddp/launcher/hang_report.hpp"
 #include "ddp/launcher/launch.hpp"
 #include "ddp/launcher/multi_node.hpp"
 #include "ddp/util/error.hpp"
@@ -22,6 +24,7 @@ int main(int argc, char** argv) {
   try {
     ParsedCommandLine parsed = parse_command_line(args, env);
     if (parsed.doctor) return run_doctor_command(*parsed.doctor);
+    if (parsed.trace) return run_trace_command(parsed.trace->paths);
     if (!parsed.options) {
       std::fputs(parsed.help.c_str(), stdout);
       return 0;

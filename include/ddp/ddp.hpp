@@ -17,6 +17,7 @@
 #include "ddp/version.hpp"
 
 // Process groups and their collectives.
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/comm/process_group.hpp"
 #include "ddp/comm/types.hpp"

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "ddp/util/error.hpp"
+#include "ddp/util/logging.hpp"
 
 namespace ddp::detail {
 
@@ -46,6 +47,16 @@ AsyncProcessGroup::AsyncProcessGroup(GroupConfig config)
   if (config_.global_ranks.empty()) {
     for (int r = 0; r < config_.size; ++r) config_.global_ranks.push_back(r);
   }
+  if (config_.flight_recorder_entries > 0) {
+    FlightRecorderIdentity id;
+    id.group = config_.prefix;
+    id.backend = config_.backend.empty() ? "unknown" : config_.backend;
+    id.rank = config_.rank;
+    id.group_size = config_.size;
+    id.global_ranks = config_.global_ranks;
+    recorder_ = std::make_unique<FlightRecorder>(std::move(id), config_.flight_recorder_entries);
+    if (config_.size > 1 && config_.store) watcher_ = std::thread([this] { watcher_loop(); });
+  }
   worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -61,6 +72,114 @@ void AsyncProcessGroup::shutdown() {
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  {
+    std::lock_guard<std::mutex> lock(watch_mutex_);
+    watch_stop_ = true;
+  }
+  watch_cv_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
+}
+
+std::string AsyncProcessGroup::dump_flight_record(const std::string& reason) {
+  if (!recorder_ || dumped_.exchange(true)) return "";
+  // No where(): the watcher may get here while a derived constructor still runs, and
+  // backend_name() is virtual.
+  const std::string who = fmt::format("rank {} of {} (backend {}, group {})", rank_, size_,
+                                      recorder_->identity().backend, config_.prefix);
+  std::string path;
+  try {
+    path = recorder_->dump_to_file(reason, config_.flight_recorder_dir);
+    log::get("ddp.comm")->warn("flight recorder: {} wrote {} ({})", who, path, reason);
+  } catch (const std::exception& e) {
+    log::get("ddp.comm")
+        ->error("flight recorder: {} could not write its record: {}", who, e.what());
+  }
+  return path;
+}
+
+void AsyncProcessGroup::on_failure(const CallInfo& call, const std::string& what) {
+  if (!recorder_) return;
+  const std::string reason = fmt::format("{} failed on rank {} of group {}: {}", call.describe(),
+                                         rank_, config_.prefix, what);
+  const std::string path = dump_flight_record(reason);
+  if (config_.size <= 1 || !config_.store) return;
+  // The store may be dead with the rank that hosted it, and a TcpStore reconnects for up to
+  // its whole timeout: the store calls run on a detached thread that owns everything it
+  // touches, and this rank waits for it at most kDumpAckTimeout (+1 s).
+  struct Shared {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool finished = false;
+    std::string error;
+    std::vector<int> missing;
+  };
+  auto shared = std::make_shared<Shared>();
+  const auto limit = std::min<std::chrono::milliseconds>(kDumpAckTimeout, timeout_);
+  std::thread([shared, store = config_.store, prefix = config_.prefix, rank = rank_, size = size_,
+               reason, path, limit] {
+    std::vector<std::string> acks;
+    for (int r = 0; r < size; ++r)
+      acks.push_back(fmt::format("{}flight_recorder/dumped/{}", prefix, r));
+    std::string error;
+    std::vector<int> missing;
+    try {
+      store->set(acks[rank], path.empty() ? "-" : path);
+      store->set(prefix + "flight_recorder/dump", reason);
+      store->wait(acks, limit);
+    } catch (const std::exception& e) {
+      error = e.what();
+      try {
+        for (int r = 0; r < size; ++r) {
+          if (!store->check({acks[r]})) missing.push_back(r);
+        }
+      } catch (const std::exception&) {
+      }
+    }
+    std::lock_guard<std::mutex> lock(shared->mutex);
+    shared->finished = true;
+    shared->error = std::move(error);
+    shared->missing = std::move(missing);
+    shared->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(shared->mutex);
+  if (!shared->cv.wait_for(lock, limit + std::chrono::seconds(1),
+                           [&] { return shared->finished; })) {
+    log::get("ddp.comm")
+        ->warn(
+            "flight recorder: {}: the store did not answer within {} ms; the other ranks may not "
+            "write their records",
+            where(), (limit + std::chrono::seconds(1)).count());
+  } else if (!shared->error.empty()) {
+    log::get("ddp.comm")
+        ->warn(
+            "flight recorder: {}: ranks {} did not write their record within {} ms (dead, or "
+            "unable to reach the store): {}",
+            where(), shared->missing, limit.count(), shared->error);
+  }
+}
+
+void AsyncProcessGroup::watcher_loop() {
+  const std::string key = config_.prefix + "flight_recorder/dump";
+  std::unique_lock<std::mutex> lock(watch_mutex_);
+  for (;;) {
+    if (watch_cv_.wait_for(lock, kWatchInterval, [&] { return watch_stop_; })) return;
+    // Once this rank wrote its record there is nothing left to watch for; stopping also keeps
+    // the watcher off a store that a failure may have cut.
+    if (dumped_) return;
+    lock.unlock();
+    try {
+      if (config_.store->check({key})) {
+        const std::string why = config_.store->get(key);
+        const std::string path = dump_flight_record("requested by a peer: " + why);
+        config_.store->set(fmt::format("{}flight_recorder/dumped/{}", config_.prefix, rank_),
+                           path.empty() ? "-" : path);
+        return;
+      }
+    } catch (const std::exception&) {
+      return;  // the store is unreachable: no peer can ask for a dump through it any more
+    }
+    lock.lock();
+  }
 }
 
 std::string AsyncProcessGroup::where() const {
@@ -79,8 +198,20 @@ WorkPtr AsyncProcessGroup::submit(CallInfo call, std::function<void(const CallIn
   std::unique_lock<std::mutex> lock(mutex_);
   if (!call.is_p2p()) call.seq = ++next_seq_;  // under the lock: issue order = sequence order
   auto work = std::make_shared<FutureWork>(call.describe() + " on " + where());
-  Job job{call, std::move(fn), work};
   if (stop_) throw UsageError("process group used after it was shut down: " + where());
+  uint64_t record_id = 0;
+  if (recorder_) {
+    CollectiveRecordInfo info;
+    info.op = to_string(call.kind);
+    info.dtype = call.dtype;
+    info.has_reduce_op = call.has_op;
+    info.reduce_op = call.op;
+    info.root = call.root;
+    info.count = call.count;
+    info.seq = call.seq;
+    record_id = recorder_->record(info);
+  }
+  Job job{call, record_id, std::move(fn), work};
   if (!running_ && queue_.empty() && call.bytes <= config_.inline_bytes) {
     running_ = true;
     lock.unlock();
@@ -128,21 +259,39 @@ void AsyncProcessGroup::execute(Job& job) {
         error = std::make_exception_ptr(CollectiveError(
             fmt::format("{} not started: the group is unusable after an earlier failure: {}",
                         job.call.describe(), e.what())));
+        if (recorder_) recorder_->finished(job.record_id, false, "not started: group broken");
       }
       job.work->finish(error);
       return;
     }
   }
+  if (recorder_) recorder_->started(job.record_id);
+  std::string what;
   try {
     if (config_.debug_collectives && !job.call.is_p2p()) check_fingerprint(job.call);
     job.fn(job.call);
-  } catch (const NotSupportedError&) {
+  } catch (const NotSupportedError& e) {
     error = std::current_exception();  // nothing was exchanged: the group stays usable
+    if (recorder_) recorder_->finished(job.record_id, false, e.what());
   } catch (...) {
     error = std::current_exception();
-    std::lock_guard<std::mutex> lock(mutex_);
-    broken_ = error;
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+      what = "unknown exception";
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      broken_ = error;
+    }
+    if (recorder_) {
+      recorder_->finished(job.record_id, false, what);
+      on_failure(job.call, what);  // before finish(): the caller may exit on the error
+    }
   }
+  if (!error && recorder_) recorder_->finished(job.record_id, true);
   job.work->finish(error);
 }
 
@@ -317,6 +466,7 @@ ProcessGroupPtr AsyncProcessGroup::create_subgroup(const std::vector<int>& ranks
   sub.rank = static_cast<int>(it - ranks.begin());
   sub.size = static_cast<int>(ranks.size());
   sub.global_ranks.clear();
+  // sub shares the parent's backend and flight recorder settings (copied with config_).
   for (int r : ranks) sub.global_ranks.push_back(config_.global_ranks[r]);
   return make_same_backend(std::move(sub));
 }

@@ -11,10 +11,17 @@
 //   calls, a rank that never arrives raises TimeoutError naming it.
 // - After an operation fails the group is broken: the peers' state is unknown, so every later
 //   operation fails at once with the original error rather than hanging.
+// - Flight recorder (config.flight_recorder_entries > 0): every collective is recorded as
+//   queued, started, completed or failed. When one fails, this rank writes its record and
+//   sets the store key `<prefix>flight_recorder/dump`; a watcher thread on every rank polls
+//   that key (every kWatchInterval, a cheap check) and writes its record too, then acks under
+//   `<prefix>flight_recorder/dumped/<rank>`. The failing rank waits (bounded) for the acks
+//   before reporting its error, so the others dump before the launcher stops them.
 //
 // Derived classes implement the run_* methods and must call shutdown() first thing in their
 // destructor (the worker thread calls their virtuals).
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -39,6 +46,11 @@ struct GroupConfig {
   bool debug_collectives = false;
   size_t inline_bytes = 0;
   std::vector<int> global_ranks;  // this group's ranks as ranks of the default group
+  std::string backend;            // name written in flight recorder dumps
+  // Flight recorder ring size (0: off) and dump directory ("" : a temporary directory).
+  // init_process_group fills them from DDP_FLIGHT_RECORDER_ENTRIES / _DIR.
+  size_t flight_recorder_entries = 0;
+  std::string flight_recorder_dir;
 };
 
 class AsyncProcessGroup : public ProcessGroup {
@@ -66,6 +78,15 @@ class AsyncProcessGroup : public ProcessGroup {
   ProcessGroupPtr create_subgroup(const std::vector<int>& ranks);
 
   const GroupConfig& config() const { return config_; }
+
+  FlightRecorder* flight_recorder() override { return recorder_.get(); }
+
+  // Writes this rank's flight record (once per group; later calls return "") and logs the
+  // path. Returns the path, or "" when nothing was written.
+  std::string dump_flight_record(const std::string& reason);
+
+  static constexpr std::chrono::milliseconds kWatchInterval{200};
+  static constexpr std::chrono::milliseconds kDumpAckTimeout{3000};
 
  protected:
   // Blocking implementations, called on the worker thread (or inline), one at a time.
@@ -107,6 +128,7 @@ class AsyncProcessGroup : public ProcessGroup {
  private:
   struct Job {
     CallInfo call;
+    uint64_t record_id;
     std::function<void(const CallInfo&)> fn;
     std::shared_ptr<FutureWork> work;
   };
@@ -116,6 +138,8 @@ class AsyncProcessGroup : public ProcessGroup {
   void check_fingerprint(const CallInfo& call);
   void worker_loop();
   void check_rank(int peer, const char* what) const;
+  void on_failure(const CallInfo& call, const std::string& what);
+  void watcher_loop();
 
   uint64_t next_seq_ = 0;
   uint64_t subgroups_created_ = 0;
@@ -127,6 +151,13 @@ class AsyncProcessGroup : public ProcessGroup {
   bool stop_ = false;
   std::exception_ptr broken_;
   std::thread worker_;
+
+  std::unique_ptr<FlightRecorder> recorder_;
+  std::atomic<bool> dumped_{false};
+  std::mutex watch_mutex_;
+  std::condition_variable watch_cv_;
+  bool watch_stop_ = false;
+  std::thread watcher_;
 };
 
 }  // namespace ddp::detail

@@ -121,6 +121,9 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   config.timeout = options.timeout;
   config.debug_collectives = debug_collectives_requested(options);
   config.inline_bytes = inline_bytes();
+  config.backend = backend;
+  config.flight_recorder_entries = FlightRecorder::entries_from_env();
+  config.flight_recorder_dir = FlightRecorder::dir_from_env();
   // Every rank adds one; the n-th group initialised under this name on this store gets
   // generation n-1. A rank cannot start generation g+1 before all ranks joined generation g,
   // because init blocks until every rank published its host id.

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "ddp/launcher/hang_report.hpp"
 #include "ddp/launcher/output.hpp"
 #include "ddp/launcher/process.hpp"
 #include "ddp/launcher/run_directory.hpp"
@@ -53,6 +54,19 @@ AttemptSpec make_spec(const AgentOptions& options, const WorldAssignment& world,
   spec.console_err = options.console_err;
   spec.notice_fd = options.notice_fd;
   return spec;
+}
+
+// After a failed attempt: the hang report from the workers' flight recorder dumps, which they
+// write into the attempt folder when the log dir is kept (worker_group.cpp sets
+// DDP_FLIGHT_RECORDER_DIR). Prints nothing when no collective failed.
+void print_hang_report(int fd, const RunDirectory& run_dir, int attempt) {
+  if (!run_dir.persistent()) return;
+  const std::string dir = fmt::format("{}/attempt_{}", run_dir.root(), attempt);
+  const std::vector<std::string> lines = hang_report_for_directory(dir);
+  if (lines.empty()) return;
+  for (const auto& line : lines) notice(fd, line);
+  notice(fd, fmt::format("flight recorder dumps are in {} ('ddprun trace {}' prints this again)",
+                         dir, dir));
 }
 
 AgentResult report_failure(const AgentOptions& options, const AttemptResult& attempt, int restart) {
@@ -98,6 +112,7 @@ AgentResult run_single_node(const AgentOptions& options) {
       case AttemptOutcome::kFailed:
         break;
     }
+    print_hang_report(options.notice_fd, run_dir, restart);
     if (restart < options.max_restarts) {
       notice(options.notice_fd,
              fmt::format("{}; restarting the worker group (restart {} of {})",
@@ -228,6 +243,7 @@ AgentResult run_multi_node(const AgentOptions& options) {
                            reason.value_or("no reason given")));
         continue;
       case AttemptOutcome::kFailed: {
+        print_hang_report(options.notice_fd, run_dir, round.generation);
         std::string why =
             fmt::format("{} on {}", describe_failure(*attempt.root_cause), options.host);
         notice(options.notice_fd, why + "; every node re-joins the rendezvous");

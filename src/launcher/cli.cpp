@@ -256,7 +256,7 @@ int resolve_nproc_per_node(const std::string& value, const std::string& flag, co
 ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const EnvLookup& env) {
   CLI::App app{
       "ddprun [flags] PROGRAM [ARGS...]   or   ddprun doctor [--rdzv-endpoint "
-      "HOST:PORT]\n\nddprun: torchrun's command line in C++. Starts "
+      "HOST:PORT]   or   ddprun trace FILES...\n\nddprun: torchrun's command line in C++. Starts "
       "PROGRAM once per worker with RANK, "
       "WORLD_SIZE, MASTER_ADDR, ... set; restarts the group on failure.",
       "ddprun"};
@@ -349,6 +349,17 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
   doctor->add_option("--token-file", doctor_command.token_file,
                      "File holding the store token (default: DDP_STORE_TOKEN)");
 
+  // `ddprun trace FILES...`: the hang report from flight recorder dumps.
+  TraceCommand trace_command;
+  CLI::App* trace = app.add_subcommand(
+      "trace",
+      "Read the flight recorder dumps the workers wrote when a collective timed out or failed "
+      "(flight_recorder.*.json, in the run's attempt folder or DDP_FLIGHT_RECORDER_DIR) and "
+      "print a hang report: which rank is behind, which called a different collective, which "
+      "died.");
+  trace->add_option("paths", trace_command.paths, "Dump files, or directories to search")
+      ->required();
+
   std::vector<std::string> argv_storage = {"ddprun"};
   argv_storage.insert(argv_storage.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -357,7 +368,8 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
     app.parse(static_cast<int>(argv.size()), argv.data());
   } catch (const CLI::CallForHelp&) {
     ParsedCommandLine result;
-    result.help = doctor->parsed() ? doctor->help() : app.help();
+    result.help =
+        doctor->parsed() ? doctor->help() : (trace->parsed() ? trace->help() : app.help());
     return result;
   } catch (const CLI::CallForVersion& e) {
     ParsedCommandLine result;
@@ -367,6 +379,11 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
     throw UsageError(fmt::format("{}; run 'ddprun --help' for the list of flags", e.what()));
   }
 
+  if (trace->parsed()) {
+    ParsedCommandLine result;
+    result.trace = trace_command;
+    return result;
+  }
   if (doctor->parsed()) {
     if (!(doctor_command.timeout_s > 0)) {
       throw UsageError("ddprun doctor --timeout: expected a positive number of seconds");

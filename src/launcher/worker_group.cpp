@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <set>
 
@@ -19,6 +20,29 @@
 #include "ddp/util/error.hpp"
 
 namespace ddp::launcher {
+
+namespace {
+
+// Removes flight_recorder.*.rank<R>.json of this node's ranks R from an attempt folder (other
+// nodes may share it). Best effort.
+void remove_flight_dumps(const std::string& attempt_dir, const WorldAssignment& world) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> stale;
+  for (const auto& e : std::filesystem::directory_iterator(attempt_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("flight_recorder.", 0) != 0) continue;
+    for (const auto& id : world.workers) {
+      const std::string suffix = fmt::format(".rank{}.json", id.global_rank);
+      if (name.size() > suffix.size() &&
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        stale.push_back(e.path());
+      }
+    }
+  }
+  for (const auto& p : stale) std::filesystem::remove(p, ec);
+}
+
+}  // namespace
 
 namespace {
 
@@ -85,8 +109,14 @@ class AttemptRunner {
   void start_workers() {
     const WorldAssignment& world = *spec_.world;
     workers_.reserve(world.workers.size());
+    bool first = true;
     for (const auto& id : world.workers) {
       std::string dir = spec_.run_dir->rank_dir(spec_.attempt, id.global_rank);
+      if (first && spec_.run_dir->persistent()) {
+        // Stale dumps of a reused run id must not be reported as this attempt's hang.
+        remove_flight_dumps(dir.substr(0, dir.rfind('/')), world);
+      }
+      first = false;
       auto w = std::make_unique<Worker>();
       w->id = id;
       w->error_file = dir + "/error.json";
@@ -106,6 +136,15 @@ class AttemptRunner {
       SpawnOptions so;
       so.argv = spec_.command;
       so.env = build_worker_env(spec_.base_env, env);
+      // Flight recorder dumps go beside the rank folders of this attempt, where `ddprun trace`
+      // finds them; only a kept log dir (a temporary ROOT dies with ddprun) and only when the
+      // user chose no directory.
+      if (spec_.run_dir->persistent() &&
+          std::none_of(so.env.begin(), so.env.end(), [](const std::string& e) {
+            return e.rfind("DDP_FLIGHT_RECORDER_DIR=", 0) == 0;
+          })) {
+        set_env_entry(so.env, "DDP_FLIGHT_RECORDER_DIR", dir.substr(0, dir.rfind('/')));
+      }
       SpawnedProcess p = spawn_process(so);
       w->pid = p.pid;
       w->fds[0] = std::move(p.stdout_read);

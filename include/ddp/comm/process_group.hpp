@@ -18,8 +18,10 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/types.hpp"
 #include "ddp/comm/work.hpp"
 
@@ -74,6 +76,17 @@ class ProcessGroup {
   virtual WorkPtr recv(void* data, size_t count, DataType dtype, int src, int tag) = 0;
 
   std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // This group's flight recorder (its last collectives, dumped on a timeout or failure), or
+  // nullptr when the backend has none or DDP_FLIGHT_RECORDER_ENTRIES=0.
+  virtual FlightRecorder* flight_recorder() { return nullptr; }
+
+  // Caller tag recorded with every collective this group issues from now on, so a dump says
+  // what the caller was doing (DDP: "bucket=3 iter=120"). At most FlightRecorder::kTagBytes-1
+  // bytes are kept; "" clears it. A no-op without a recorder.
+  void set_call_tag(std::string_view tag) {
+    if (FlightRecorder* r = flight_recorder()) r->set_tag(tag);
+  }
 
  protected:
   ProcessGroup(int rank, int size, std::chrono::milliseconds timeout)

@@ -29,11 +29,18 @@ struct DoctorCommand {
   std::optional<std::string> token_file;
 };
 
+// `ddprun trace FILES...`: flight recorder dumps (or directories holding them) to analyse.
+struct TraceCommand {
+  std::vector<std::string> paths;
+};
+
 struct ParsedCommandLine {
   // Set for a launch (unless --help or --version was asked for).
   std::optional<LaunchOptions> options;
   // Set for `ddprun doctor`.
   std::optional<DoctorCommand> doctor;
+  // Set for `ddprun trace`.
+  std::optional<TraceCommand> trace;
   // The text to print before exiting 0: the help for --help, the version for --version.
   std::string help;
 };

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "ddp/util/env.hpp"
@@ -33,8 +34,22 @@ bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 
 class MpiProcessGroup final : public ProcessGroup {
  public:
-  MpiProcessGroup(MPI_Comm comm, int rank, int size, std::chrono::milliseconds timeout)
-      : ProcessGroup(rank, size, timeout), runtime_(Runtime::get()), comm_(comm) {
+  MpiProcessGroup(MPI_Comm comm, int rank, int size, std::chrono::milliseconds timeout,
+                  int group_index)
+      : ProcessGroup(rank, size, timeout),
+        runtime_(Runtime::get()),
+        comm_(comm),
+        recorder_(std::make_shared<RecorderHandle>()) {
+    if (const size_t entries = FlightRecorder::entries_from_env(); entries > 0) {
+      FlightRecorderIdentity id;
+      id.group = fmt::format("mpi/{}/", group_index);
+      id.backend = "mpi";
+      id.rank = rank;
+      id.group_size = size;
+      for (int r = 0; r < size; ++r) id.global_ranks.push_back(r);
+      recorder_->recorder = std::make_unique<FlightRecorder>(std::move(id), entries);
+      recorder_->dir = FlightRecorder::dir_from_env();
+    }
     int* tag_ub = nullptr;
     int found = 0;
     auto lock = runtime_.lock();
@@ -53,9 +68,12 @@ class MpiProcessGroup final : public ProcessGroup {
 
   std::string backend_name() const override { return "mpi"; }
 
+  FlightRecorder* flight_recorder() override { return recorder_->recorder.get(); }
+
   WorkPtr all_reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
     auto operation =
         begin(fmt::format("all_reduce({}, {} x {})", to_string(op), to_string(dtype), count));
+    track(*operation, "all_reduce", dtype, count, op);
     const int n = check_count(count, *operation);
     check_buffer(data, count, "data", *operation);
     const MPI_Datatype type = runtime_.datatype(dtype);
@@ -71,6 +89,7 @@ class MpiProcessGroup final : public ProcessGroup {
   WorkPtr broadcast(void* data, size_t count, DataType dtype, int root) override {
     auto operation =
         begin(fmt::format("broadcast({} x {}, root {})", to_string(dtype), count, root));
+    track(*operation, "broadcast", dtype, count, std::nullopt, root);
     const int n = check_count(count, *operation);
     check_root(root, *operation);
     check_buffer(data, count, "data", *operation);
@@ -83,6 +102,7 @@ class MpiProcessGroup final : public ProcessGroup {
   WorkPtr reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root) override {
     auto operation = begin(
         fmt::format("reduce({}, {} x {}, root {})", to_string(op), to_string(dtype), count, root));
+    track(*operation, "reduce", dtype, count, op, root);
     const int n = check_count(count, *operation);
     check_root(root, *operation);
     check_buffer(data, count, "data", *operation);
@@ -100,6 +120,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
   WorkPtr all_gather(const void* in, void* out, size_t count, DataType dtype) override {
     auto operation = begin(fmt::format("all_gather({} x {})", to_string(dtype), count));
+    track(*operation, "all_gather", dtype, count);
     const int n = check_count(count, *operation);
     check_count(count * static_cast<size_t>(size_), *operation);
     check_buffer(in, count, "in", *operation);
@@ -133,6 +154,7 @@ class MpiProcessGroup final : public ProcessGroup {
     }
     check_count(total, *operation);
     const size_t mine = counts[static_cast<size_t>(rank_)];
+    track(*operation, "all_gather_v", dtype, mine);
     check_buffer(in, mine, "in", *operation);
     check_buffer(out, total, "out", *operation);
     const MPI_Datatype type = runtime_.datatype(dtype);
@@ -151,6 +173,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
   WorkPtr gather(const void* in, void* out, size_t count, DataType dtype, int root) override {
     auto operation = begin(fmt::format("gather({} x {}, root {})", to_string(dtype), count, root));
+    track(*operation, "gather", dtype, count, std::nullopt, root);
     const int n = check_count(count, *operation);
     check_count(count * static_cast<size_t>(size_), *operation);
     check_root(root, *operation);
@@ -171,6 +194,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
   WorkPtr scatter(const void* in, void* out, size_t count, DataType dtype, int root) override {
     auto operation = begin(fmt::format("scatter({} x {}, root {})", to_string(dtype), count, root));
+    track(*operation, "scatter", dtype, count, std::nullopt, root);
     const int n = check_count(count, *operation);
     check_count(count * static_cast<size_t>(size_), *operation);
     check_root(root, *operation);
@@ -198,6 +222,7 @@ class MpiProcessGroup final : public ProcessGroup {
                          ReduceOp op) override {
     auto operation =
         begin(fmt::format("reduce_scatter({}, {} x {})", to_string(op), to_string(dtype), count));
+    track(*operation, "reduce_scatter", dtype, count, op);
     const int n = check_count(count, *operation);
     check_count(count * static_cast<size_t>(size_), *operation);
     check_buffer(in, count, "in", *operation);
@@ -216,6 +241,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
   WorkPtr all_to_all(const void* in, void* out, size_t count, DataType dtype) override {
     auto operation = begin(fmt::format("all_to_all({} x {})", to_string(dtype), count));
+    track(*operation, "all_to_all", dtype, count);
     const int n = check_count(count, *operation);
     check_count(count * static_cast<size_t>(size_), *operation);
     check_buffer(in, count, "in", *operation);
@@ -230,6 +256,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
   WorkPtr barrier() override {
     auto operation = begin("barrier");
+    track(*operation, "barrier", DataType::kUInt8, 0);
     return start(std::move(operation),
                  [&](MPI_Request* request) { return MPI_Ibarrier(comm_, request); });
   }
@@ -282,7 +309,27 @@ class MpiProcessGroup final : public ProcessGroup {
       throw CollectiveError(fmt::format("mpi backend: rank {} of {}: starting {} failed: {}", rank_,
                                         size_, operation->description, error_string(rc)));
     }
+    if (operation->record_info && recorder_->recorder) {
+      // Collectives only: their order is the same on every rank, send/recv's is not.
+      operation->record_info->seq = ++collective_sequence_;
+      operation->record_id = recorder_->recorder->record(*operation->record_info);
+      recorder_->recorder->started(operation->record_id);
+      operation->recorder = recorder_;
+    }
     return std::make_shared<MpiWork>(std::move(operation));
+  }
+
+  void track(Operation& operation, const char* op, DataType dtype, size_t count,
+             std::optional<ReduceOp> reduce = std::nullopt, int root = -1) const {
+    if (!recorder_->recorder) return;
+    CollectiveRecordInfo info;
+    info.op = op;
+    info.dtype = dtype;
+    info.count = count;
+    info.has_reduce_op = reduce.has_value();
+    if (reduce) info.reduce_op = *reduce;
+    info.root = root;
+    operation.record_info = info;
   }
 
   // MPI counts are int: a larger count cannot be expressed in one call.
@@ -349,6 +396,8 @@ class MpiProcessGroup final : public ProcessGroup {
   MPI_Comm comm_;
   int max_tag_ = 32767;  // the minimum MPI guarantees
   std::atomic<uint64_t> sequence_{0};
+  std::atomic<uint64_t> collective_sequence_{0};  // flight recorder sequence numbers
+  std::shared_ptr<RecorderHandle> recorder_;
 };
 
 // Refuses a torchrun environment that contradicts MPI: workers started by ddprun or torchrun
@@ -418,7 +467,10 @@ ProcessGroupPtr make_mpi_process_group(std::chrono::milliseconds timeout) {
     auto lock = runtime.lock();
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   }
-  return std::make_shared<MpiProcessGroup>(comm, rank, size, timeout);
+  // Every rank creates its MPI groups in the same order (MPI_Comm_idup is collective), so the
+  // n-th group of each process has the same flight recorder name on every rank.
+  static std::atomic<int> groups_created{0};
+  return std::make_shared<MpiProcessGroup>(comm, rank, size, timeout, groups_created++);
 }
 
 }  // namespace ddp

@@ -7,6 +7,7 @@
 
 #include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/logging.hpp"
 #include "mpi_runtime.hpp"
 
 namespace ddp::mpi_detail {
@@ -18,7 +19,33 @@ long long ms_since(Clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
 }
 
+std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
 }  // namespace
+
+void RecorderHandle::dump(const std::string& reason) {
+  if (!recorder || dumped.exchange(true)) return;
+  try {
+    const std::string path = recorder->dump_to_file(reason, dir);
+    log::get("ddp.comm")
+        ->warn("flight recorder: rank {} (backend mpi) wrote {} ({})", recorder->identity().rank,
+               path, reason);
+  } catch (const std::exception& e) {
+    log::get("ddp.comm")
+        ->error(
+            "flight recorder: rank {} (backend mpi) could not write its "
+            "record: {}",
+            recorder->identity().rank, e.what());
+  }
+}
 
 MpiWork::MpiWork(std::unique_ptr<Operation> operation) : operation_(std::move(operation)) {}
 
@@ -37,6 +64,21 @@ MpiWork::~MpiWork() {
 
 bool MpiWork::poll() {
   if (done_) return true;
+  const bool finished = poll_mpi();
+  if (finished && operation_->recorder && operation_->recorder->recorder) {
+    FlightRecorder& r = *operation_->recorder->recorder;
+    if (error_) {
+      const std::string what = message_of(error_);
+      r.finished(operation_->record_id, false, what);
+      operation_->recorder->dump(what);
+    } else {
+      r.finished(operation_->record_id, true);
+    }
+  }
+  return finished;
+}
+
+bool MpiWork::poll_mpi() {
   int flag = 0;
   MPI_Status status;
   int rc;
@@ -101,13 +143,17 @@ void MpiWork::wait(std::chrono::milliseconds timeout) {
         return;
       }
       if (Clock::now() >= deadline) {
-        throw TimeoutError(fmt::format(
+        TimeoutError timeout_error(fmt::format(
             "mpi backend: rank {} of {}: {} did not complete within {} ms (issued {} ms ago): "
             "some rank has not called it yet (it crashed, hangs, or issued a different "
             "collective); MPI cannot name the missing rank. Check that every rank issues the "
             "same collectives in the same order, or raise the timeout",
             operation_->rank, operation_->size, operation_->description, timeout.count(),
             ms_since(issued_)));
+        // The operation stays pending (a later wait may still complete it): its entry stays
+        // "started"; the record is written now, while the job is stuck.
+        if (operation_->recorder) operation_->recorder->dump(timeout_error.what());
+        throw timeout_error;
       }
     }
     if (round < kSpins) continue;

@@ -5,17 +5,31 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/work.hpp"
 
 namespace ddp::mpi_detail {
+
+// The group's flight recorder, shared with its operations (a Work may outlive its group).
+// MPI groups have no store, so only a rank whose own wait times out or fails writes its
+// record (once per group); ranks outside the collective do not.
+struct RecorderHandle {
+  std::unique_ptr<FlightRecorder> recorder;  // null: DDP_FLIGHT_RECORDER_ENTRIES=0
+  std::string dir;                           // DDP_FLIGHT_RECORDER_DIR
+  std::atomic<bool> dumped{false};
+  // Writes the record once; logs the path (or why it could not).
+  void dump(const std::string& reason);
+};
 
 // Everything an operation needs until MPI_Test reports it complete. MPI reads and writes the
 // buffers held here asynchronously, so they must not move or die before completion.
@@ -32,6 +46,10 @@ struct Operation {
   // silently; the backend reports them). Negative: no check.
   long long expected_count = -1;
   MPI_Datatype datatype = MPI_DATATYPE_NULL;
+  // Flight recorder: set for collectives (not send/recv) when the group records.
+  std::optional<CollectiveRecordInfo> record_info;
+  std::shared_ptr<RecorderHandle> recorder;
+  uint64_t record_id = 0;
 };
 
 class MpiWork final : public Work {
@@ -49,6 +67,7 @@ class MpiWork final : public Work {
  private:
   // One MPI_Test; with mutex_ held. Returns whether the operation has finished.
   bool poll();
+  bool poll_mpi();  // poll() without the flight recorder bookkeeping
 
   std::mutex mutex_;
   std::unique_ptr<Operation> operation_;

@@ -1,0 +1,102 @@
+#pragma once
+// FlightRecorder: a ring of one rank's last N collectives in one process group, dumped as JSON
+// when a collective times out or fails so `ddprun trace` can tell which rank is behind, which
+// called a different collective, and which died (docs/comm.md, "Flight recorder").
+//
+// Contract:
+// - Capacity is fixed at construction (DDP_FLIGHT_RECORDER_ENTRIES, default 2000; 0 turns
+//   recording off and every call is a no-op). The ring is allocated once; recording never
+//   allocates (the caller tag is a fixed-size, truncated copy), so the cost per collective is
+//   a few uncontended mutex sections and clock reads (well under 1 us).
+// - record() returns an id; started()/finished() with an id that the ring has already
+//   overwritten are ignored.
+// - Thread-safe: the issuing thread, the group's worker thread and a dump may run at once.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ddp/comm/types.hpp"
+
+namespace ddp {
+
+enum class CollectiveState : uint8_t { kQueued, kStarted, kCompleted, kFailed };
+const char* to_string(CollectiveState state);
+
+// What the group knows about a collective when it is issued.
+struct CollectiveRecordInfo {
+  const char* op = "";  // static string: "all_reduce", "broadcast", ...
+  DataType dtype = DataType::kUInt8;
+  bool has_reduce_op = false;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  int root = -1;  // root, or peer for send/recv; -1 when none
+  uint64_t count = 0;
+  uint64_t seq = 0;  // the group's collective sequence number
+};
+
+// Identity written at the top of a dump.
+struct FlightRecorderIdentity {
+  std::string group;              // store prefix of the group, e.g. "default_pg/0/"
+  std::string backend;            // "cpu", "gloo", ...
+  int rank = 0;                   // rank in the group
+  int group_size = 1;             // ranks in the group
+  std::vector<int> global_ranks;  // the group's ranks as ranks of the default group
+};
+
+class FlightRecorder {
+ public:
+  static constexpr size_t kDefaultEntries = 2000;
+  static constexpr size_t kTagBytes = 48;  // caller tags longer than this are truncated
+
+  // DDP_FLIGHT_RECORDER_ENTRIES, else kDefaultEntries; a negative or non-numeric value is a
+  // UsageError naming the variable.
+  static size_t entries_from_env();
+  // DDP_FLIGHT_RECORDER_DIR, else "" (dump_to_file then picks a temporary directory).
+  static std::string dir_from_env();
+
+  FlightRecorder(FlightRecorderIdentity identity, size_t capacity);
+
+  bool enabled() const { return capacity_ > 0; }
+  size_t capacity() const { return capacity_; }
+  const FlightRecorderIdentity& identity() const { return identity_; }
+
+  // The caller tag recorded with every later record() (DDP: "bucket=3 iter=120"); "" clears.
+  void set_tag(std::string_view tag);
+
+  uint64_t record(const CollectiveRecordInfo& info);
+  void started(uint64_t id);
+  // error is copied only on failure.
+  void finished(uint64_t id, bool ok, std::string_view error = {});
+
+  // The whole record as one JSON object (format in docs/comm.md); `reason` says why it was
+  // written.
+  std::string dump_json(std::string_view reason) const;
+  // Writes dump_json to DIR/flight_recorder.<group>.rank<global rank>.json (atomic rename;
+  // DIR = `dir`, created if missing, else a fresh directory under $TMPDIR) and returns the path.
+  // Throws Error naming the path when it cannot be written.
+  std::string dump_to_file(std::string_view reason, const std::string& dir) const;
+
+ private:
+  struct Entry {
+    uint64_t id = 0;  // record id + 1; 0 = empty slot
+    CollectiveRecordInfo info;
+    CollectiveState state = CollectiveState::kQueued;
+    int64_t queued_us = 0, started_us = 0, ended_us = 0;  // Unix time, microseconds
+    char tag[kTagBytes] = {};
+    std::string error;
+  };
+  Entry* slot(uint64_t id);  // nullptr when overwritten; mutex_ held
+
+  FlightRecorderIdentity identity_;
+  size_t capacity_;
+  mutable std::mutex mutex_;
+  std::vector<Entry> ring_;
+  uint64_t next_id_ = 0;
+  char tag_[kTagBytes] = {};
+};
+
+}  // namespace ddp

@@ -1,0 +1,64 @@
+#pragma once
+// Hang report: reads the flight recorder dumps the process groups write when a collective times
+// out or fails (include/ddp/comm/flight_recorder.hpp) and says why the job hung: a rank behind
+// the others, two ranks calling different collectives at one sequence number, a rank that died
+// (no dump), or ranks all stuck in one collective. `ddprun trace FILES...` prints it.
+//
+// Contract: parsing errors throw UsageError naming the file; the analysis never throws on
+// well-formed dumps, whatever their content (empty records, a single rank, several groups).
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddp::launcher {
+
+struct FlightEntry {
+  uint64_t seq = 0;
+  std::string op;     // "all_reduce", ...
+  std::string dtype;  // "float32", ...
+  uint64_t count = 0;
+  std::string reduce_op;  // "" when the op has none
+  int root = -1;
+  std::string state;                                    // queued, started, completed, failed
+  int64_t queued_us = 0, started_us = 0, ended_us = 0;  // Unix time; 0 = not reached
+  std::string tag, error;
+};
+
+struct FlightDump {
+  std::string path;  // where it was read from ("" for hand-made records)
+  std::string group = "default_pg/0/";
+  std::string backend;
+  int rank = 0;         // rank in the group
+  int global_rank = 0;  // rank in the default group
+  int group_size = 1;
+  std::vector<int> global_ranks;  // empty: same as group ranks
+  int64_t pid = 0;
+  std::string host, reason;
+  int64_t dumped_at_us = 0;
+  uint64_t recorded = 0;             // collectives recorded in total (the ring keeps the last ones)
+  std::vector<FlightEntry> entries;  // oldest first
+};
+
+// Parses one dump (the JSON written by FlightRecorder::dump_json). `path` names it in errors.
+FlightDump parse_flight_dump(const std::string& json_text, const std::string& path);
+
+// Reads the dumps among `paths`: files, or directories searched recursively for
+// flight_recorder.*.json. Throws UsageError when a path is missing or nothing is found.
+std::vector<FlightDump> read_flight_dumps(const std::vector<std::string>& paths);
+
+// The analysis, one line each. The first line starts with "hang report: " and names the most
+// likely cause; the next lines give the other findings and one line per rank.
+std::vector<std::string> analyze_hang(const std::vector<FlightDump>& dumps);
+
+// What ddprun prints after a failed attempt: the analysis of the dumps in `dir` (searched
+// recursively), or nothing when there are none. Never throws: an unreadable dump becomes a
+// line saying so.
+std::vector<std::string> hang_report_for_directory(const std::string& dir);
+
+// `ddprun trace FILES...`: reads, analyses and prints each line prefixed "ddprun: " on stdout.
+// Returns the exit code (0; UsageError propagates for bad input).
+int run_trace_command(const std::vector<std::string>& paths);
+
+}  // namespace ddp::launcher

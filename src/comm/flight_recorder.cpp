@@ -1,0 +1,207 @@
+#include "ddp/comm/flight_recorder.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "ddp/util/env.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp {
+
+namespace {
+
+int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void copy_tag(char (&dst)[FlightRecorder::kTagBytes], std::string_view src) {
+  const size_t n = std::min(src.size(), FlightRecorder::kTagBytes - 1);
+  std::memcpy(dst, src.data(), n);
+  dst[n] = '\0';
+}
+
+std::string sanitize(const std::string& group) {
+  std::string out;
+  for (char c : group) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_';
+    out += ok ? c : '_';
+  }
+  while (!out.empty() && out.back() == '_') out.pop_back();
+  return out.empty() ? "group" : out;
+}
+
+}  // namespace
+
+const char* to_string(CollectiveState state) {
+  switch (state) {
+    case CollectiveState::kQueued:
+      return "queued";
+    case CollectiveState::kStarted:
+      return "started";
+    case CollectiveState::kCompleted:
+      return "completed";
+    case CollectiveState::kFailed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+size_t FlightRecorder::entries_from_env() {
+  const auto v = env::get_int("DDP_FLIGHT_RECORDER_ENTRIES");
+  if (!v) return kDefaultEntries;
+  if (*v < 0 || *v > (int64_t{1} << 24)) {
+    throw UsageError(fmt::format(
+        "DDP_FLIGHT_RECORDER_ENTRIES={}: expected a number of entries from 0 (off) to {}", *v,
+        int64_t{1} << 24));
+  }
+  return static_cast<size_t>(*v);
+}
+
+std::string FlightRecorder::dir_from_env() {
+  return env::get_or("DDP_FLIGHT_RECORDER_DIR", "");
+}
+
+FlightRecorder::FlightRecorder(FlightRecorderIdentity identity, size_t capacity)
+    : identity_(std::move(identity)), capacity_(capacity), ring_(capacity) {}
+
+void FlightRecorder::set_tag(std::string_view tag) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  copy_tag(tag_, tag);
+}
+
+FlightRecorder::Entry* FlightRecorder::slot(uint64_t id) {
+  Entry& e = ring_[id % capacity_];
+  return e.id == id + 1 ? &e : nullptr;
+}
+
+uint64_t FlightRecorder::record(const CollectiveRecordInfo& info) {
+  if (capacity_ == 0) return 0;
+  const int64_t t = now_us();
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t id = next_id_++;
+  Entry& e = ring_[id % capacity_];
+  e.id = id + 1;
+  e.info = info;
+  e.state = CollectiveState::kQueued;
+  e.queued_us = t;
+  e.started_us = 0;
+  e.ended_us = 0;
+  std::memcpy(e.tag, tag_, kTagBytes);
+  e.error.clear();  // keeps its capacity: no allocation on the success path
+  return id;
+}
+
+void FlightRecorder::started(uint64_t id) {
+  if (capacity_ == 0) return;
+  const int64_t t = now_us();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (Entry* e = slot(id)) {
+    e->state = CollectiveState::kStarted;
+    e->started_us = t;
+  }
+}
+
+void FlightRecorder::finished(uint64_t id, bool ok, std::string_view error) {
+  if (capacity_ == 0) return;
+  const int64_t t = now_us();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (Entry* e = slot(id)) {
+    e->state = ok ? CollectiveState::kCompleted : CollectiveState::kFailed;
+    e->ended_us = t;
+    if (!ok) e->error.assign(error);
+  }
+}
+
+std::string FlightRecorder::dump_json(std::string_view reason) const {
+  using nlohmann::json;
+  json doc;
+  doc["format"] = "ddp-flight-recorder";
+  doc["version"] = 1;
+  doc["group"] = identity_.group;
+  doc["backend"] = identity_.backend;
+  doc["rank"] = identity_.rank;
+  doc["group_size"] = identity_.group_size;
+  doc["global_ranks"] = identity_.global_ranks;
+  doc["global_rank"] = identity_.rank < static_cast<int>(identity_.global_ranks.size())
+                           ? identity_.global_ranks[identity_.rank]
+                           : identity_.rank;
+  doc["pid"] = static_cast<int64_t>(::getpid());
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  doc["host"] = host;
+  doc["reason"] = std::string(reason);
+  doc["dumped_at_us"] = now_us();
+  doc["capacity"] = capacity_;
+  json entries = json::array();
+  std::lock_guard<std::mutex> lock(mutex_);
+  doc["recorded"] = next_id_;
+  const uint64_t first = next_id_ > capacity_ ? next_id_ - capacity_ : 0;
+  for (uint64_t id = first; id < next_id_; ++id) {
+    const Entry& e = ring_[id % capacity_];
+    json j;
+    j["seq"] = e.info.seq;
+    j["op"] = e.info.op;
+    j["dtype"] = to_string(e.info.dtype);
+    j["count"] = e.info.count;
+    if (e.info.has_reduce_op) j["reduce_op"] = to_string(e.info.reduce_op);
+    if (e.info.root >= 0) j["root"] = e.info.root;
+    j["state"] = to_string(e.state);
+    j["queued_us"] = e.queued_us;
+    if (e.started_us) j["started_us"] = e.started_us;
+    if (e.ended_us) j["ended_us"] = e.ended_us;
+    if (e.tag[0]) j["tag"] = std::string(e.tag);
+    if (!e.error.empty()) j["error"] = e.error;
+    entries.push_back(std::move(j));
+  }
+  doc["entries"] = std::move(entries);
+  return doc.dump(1);
+}
+
+std::string FlightRecorder::dump_to_file(std::string_view reason, const std::string& dir) const {
+  std::string target = dir;
+  if (target.empty()) {
+    std::string tmpl = env::get_or("TMPDIR", "/tmp") + "/ddp-flight-recorder-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      throw Error(fmt::format("flight recorder: cannot create a directory from {}: {}", tmpl,
+                              std::strerror(errno)));
+    }
+    target = tmpl;
+  } else {
+    std::error_code ec;
+    std::filesystem::create_directories(target, ec);  // a failure shows when writing below
+  }
+  const int global_rank = identity_.rank < static_cast<int>(identity_.global_ranks.size())
+                              ? identity_.global_ranks[identity_.rank]
+                              : identity_.rank;
+  const std::string path = fmt::format("{}/flight_recorder.{}.rank{}.json", target,
+                                       sanitize(identity_.group), global_rank);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << dump_json(reason) << '\n';
+    if (!out) {
+      throw Error(
+          fmt::format("flight recorder: cannot write {} (set DDP_FLIGHT_RECORDER_DIR to "
+                      "a writable directory)",
+                      tmp));
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    throw Error(fmt::format("flight recorder: cannot rename {} to {}: {}", tmp, path,
+                            std::strerror(errno)));
+  }
+  return path;
+}
+
+}  // namespace ddp

@@ -1,0 +1,134 @@
+// Flight recorder end to end: 3 hang_worker processes under ddprun --log-dir with a 3 s group
+// timeout. Every rank's dump lands in the attempt folder and `ddprun trace` names the culprit:
+// a rank that stops after collective #12 (cpu and gloo), a rank calling broadcast where the
+// others call all_reduce (gloo: the cpu backend's single-round shared-memory paths complete
+// such a mismatch silently), and a rank that exited (no dump).
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string launch_command(const std::string& backend, const std::string& mode, int rank, int at,
+                           const std::string& logs, const std::string& name,
+                           const std::string& base) {
+  return std::string("HANG_WORKER_TIMEOUT_MS=3000 timeout -k 2 18 ") + DDPRUN_BIN +
+         " --standalone --nproc-per-node 3 --log-dir " + logs + " --run-id " + name + " " +
+         HANG_WORKER + " " + backend + " " + mode + " " + std::to_string(rank) + " " +
+         std::to_string(at) + " > " + base + "/launch.txt 2>&1";
+}
+
+struct RunResult {
+  std::string base;
+  std::string attempt_dir;
+  std::string launch_output;
+  std::string trace;  // ddprun trace's stdout and stderr
+  int trace_rc = -1;
+};
+
+// `timeout` bounds each run: group timeout (3 s) + 15 s.
+// `base`: a folder to reuse (same log dir and run id as an earlier run), else a fresh one.
+RunResult run_job(const std::string& name, const std::string& backend, const std::string& mode,
+                  int rank, int at, std::string base = "") {
+  if (base.empty()) {
+    base = ::testing::TempDir() + "fr_e2e_XXXXXX";
+    EXPECT_NE(::mkdtemp(base.data()), nullptr);
+  }
+  const std::string logs = base + "/logs";
+  RunResult r;
+  r.base = base;
+  r.attempt_dir = logs + "/" + name + "/attempt_0";
+  const std::string launch = launch_command(backend, mode, rank, at, logs, name, base);
+  EXPECT_NE(std::system(launch.c_str()), 0) << launch;
+  r.launch_output = read_file(base + "/launch.txt");
+  const std::string trace = std::string("timeout -k 2 15 ") + DDPRUN_BIN + " trace " + logs + "/" +
+                            name + " > " + base + "/trace.txt 2>&1";
+  const int rc = std::system(trace.c_str());
+  r.trace_rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  r.trace = read_file(base + "/trace.txt");
+  return r;
+}
+
+}  // namespace
+
+TEST(FlightRecorderE2E, StalledRankIsNamedBehind) {
+  for (const std::string backend : {"cpu", "gloo"}) {
+    SCOPED_TRACE(backend);
+    const RunResult r = run_job("stall_" + backend, backend, "stall", 1, 12);
+    for (int rank = 0; rank < 3; ++rank) {
+      const std::string dump =
+          r.attempt_dir + "/flight_recorder.default_pg_0.rank" + std::to_string(rank) + ".json";
+      EXPECT_TRUE(std::filesystem::exists(dump)) << dump << "\n" << r.launch_output;
+    }
+    EXPECT_EQ(r.trace_rc, 0) << r.trace;
+    EXPECT_NE(r.trace.find("ddprun: hang report: rank 1 is behind: its last collective was "
+                           "all_reduce #12 (float32 x 256, sum, completed); ranks 0,2 wait in "
+                           "all_reduce #13 since "),
+              std::string::npos)
+        << r.trace << "\n"
+        << r.launch_output;
+    EXPECT_NE(r.trace.find("tag 'iter=12'"), std::string::npos) << r.trace;
+    // ddprun itself printed the report before its root-cause report.
+    const size_t report = r.launch_output.find("ddprun: hang report: rank 1 is behind");
+    EXPECT_NE(report, std::string::npos) << r.launch_output;
+    EXPECT_LT(report, r.launch_output.find("Root cause (first failure)")) << r.launch_output;
+  }
+}
+
+TEST(FlightRecorderE2E, MismatchNamesBothCollectives) {
+  const RunResult r = run_job("mismatch", "gloo", "mismatch", 2, 13);
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_TRUE(std::filesystem::exists(r.attempt_dir + "/flight_recorder.default_pg_0.rank" +
+                                        std::to_string(rank) + ".json"))
+        << rank << "\n"
+        << r.launch_output;
+  }
+  EXPECT_NE(r.trace.find("ddprun: hang report: mismatch at collective #13: ranks 0,1 called "
+                         "all_reduce (float32 x 256, sum) but rank 2 called broadcast (float32 "
+                         "x 256, root 0)"),
+            std::string::npos)
+      << r.trace << "\n"
+      << r.launch_output;
+}
+
+TEST(FlightRecorderE2E, ExitedRankHasNoDumpAndIsNamed) {
+  // Same log dir and run id as a run where rank 1 did dump: its stale dump must be gone.
+  const RunResult earlier = run_job("exited", "cpu", "stall", 1, 12);
+  ASSERT_TRUE(
+      std::filesystem::exists(earlier.attempt_dir + "/flight_recorder.default_pg_0.rank1.json"));
+  const RunResult r = run_job("exited", "cpu", "exit", 1, 12, earlier.base);
+  EXPECT_FALSE(std::filesystem::exists(r.attempt_dir + "/flight_recorder.default_pg_0.rank1.json"));
+  EXPECT_NE(r.trace.find("ddprun: hang report: rank 1 wrote no record (died, or could not reach "
+                         "the store); ranks 0,2 wait in all_reduce #13"),
+            std::string::npos)
+      << r.trace << "\n"
+      << r.launch_output;
+}
+
+// Rank 0 hosts the store and exits: the others' requests for dumps cannot reach anyone, and
+// their wait for acknowledgements stays bounded (the `timeout` in launch_command fails the run
+// otherwise).
+TEST(FlightRecorderE2E, StoreHostThatExitedIsNamedAndTheOthersStillDump) {
+  const auto start = std::chrono::steady_clock::now();
+  const RunResult r = run_job("store_host", "cpu", "exit", 0, 12);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+  EXPECT_TRUE(std::filesystem::exists(r.attempt_dir + "/flight_recorder.default_pg_0.rank1.json"))
+      << r.launch_output;
+  EXPECT_NE(r.trace.find("ddprun: hang report: rank 0 wrote no record"), std::string::npos)
+      << r.trace << "\n"
+      << r.launch_output;
+}

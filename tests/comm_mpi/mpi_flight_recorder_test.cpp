@@ -1,0 +1,80 @@
+// The MPI backend's flight recorder: collectives (not send/recv) are recorded with their own
+// sequence numbers, and a rank whose wait times out writes its record into
+// DDP_FLIGHT_RECORDER_DIR (MPI groups have no store, so only that rank writes).
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "../support/throws_with.hpp"
+#include "ddp/util/error.hpp"
+#include "mpi_world.hpp"
+
+namespace ddp::test {
+namespace {
+
+using nlohmann::json;
+
+TEST(MpiFlightRecorder, RecordsCollectivesAndDumpsOnTimeout) {
+  // A group of its own: its recorder has not dumped yet (a group dumps once).
+  ProcessGroupPtr pg = make_mpi_process_group(kTimeout);
+  if (pg->size() < 2) GTEST_SKIP() << "needs 2 ranks: run under mpirun -np 2";
+  FlightRecorder* recorder = pg->flight_recorder();
+  ASSERT_NE(recorder, nullptr);
+  pg->set_call_tag("iter=7");
+  float x = 1.0f;
+  pg->all_reduce(&x, 1, DataType::kFloat32, ReduceOp::kSum)->wait(kTimeout);
+  pg->broadcast(&x, 1, DataType::kFloat32, 0)->wait(kTimeout);
+  int32_t token = 5;
+  if (pg->rank() == 0) pg->send(&token, 1, DataType::kInt32, 1, 3)->wait(kTimeout);
+  if (pg->rank() == 1) pg->recv(&token, 1, DataType::kInt32, 0, 3)->wait(kTimeout);
+  const json d = json::parse(recorder->dump_json("test"));
+  EXPECT_EQ(d["backend"], "mpi");
+  ASSERT_EQ(d["entries"].size(), 2u) << d.dump();
+  EXPECT_EQ(d["entries"][0]["op"], "all_reduce");
+  EXPECT_EQ(d["entries"][0]["seq"], 1);
+  EXPECT_EQ(d["entries"][0]["state"], "completed");
+  EXPECT_EQ(d["entries"][0]["reduce_op"], "sum");
+  EXPECT_EQ(d["entries"][0]["tag"], "iter=7");
+  EXPECT_EQ(d["entries"][1]["op"], "broadcast");
+  EXPECT_EQ(d["entries"][1]["root"], 0);
+
+  const char* dir = std::getenv("DDP_FLIGHT_RECORDER_DIR");
+  if (dir == nullptr) return;  // the ctest registration sets it
+  int32_t go = 0;
+  if (pg->rank() == 1) {
+    pg->recv(&go, 1, DataType::kInt32, 0, 77)->wait(kTimeout);
+    pg->barrier()->wait(kTimeout);
+    return;
+  }
+  auto barrier = pg->barrier();
+  if (pg->rank() == 0) {
+    EXPECT_TRUE(throws_with<TimeoutError>([&] { barrier->wait(std::chrono::milliseconds(50)); },
+                                          {"barrier"}));
+    std::string group = recorder->identity().group;  // "mpi/<n>/"
+    for (char& c : group) c = c == '/' ? '_' : c;
+    group.pop_back();
+    const std::string path = std::string(dir) + "/flight_recorder." + group + ".rank0.json";
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    ASSERT_TRUE(in.good()) << path;
+    const json dump = json::parse(ss.str());
+    EXPECT_NE(dump["reason"].get<std::string>().find("did not complete within 50 ms"),
+              std::string::npos);
+    EXPECT_EQ(dump["entries"].back()["op"], "barrier");
+    EXPECT_EQ(dump["entries"].back()["seq"], 3);
+    EXPECT_EQ(dump["entries"].back()["state"], "started");
+    go = 1;
+    pg->send(&go, 1, DataType::kInt32, 1, 77)->wait(kTimeout);
+  }
+  barrier->wait(kTimeout);
+}
+
+}  // namespace
+}  // namespace ddp::test

@@ -1,0 +1,168 @@
+// The hang report on hand-made flight recorder dumps: a rank behind, a mismatch, a dead rank,
+// a rank frozen inside a collective, all ranks stuck together, nothing wrong, and parsing.
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "ddp/launcher/cli.hpp"
+#include "ddp/launcher/hang_report.hpp"
+#include "ddp/util/error.hpp"
+
+using namespace ddp::launcher;
+
+namespace {
+
+constexpr int64_t kT0 = 1'700'000'000'000'000;  // Unix time in us
+
+FlightEntry entry(uint64_t seq, const std::string& state, const std::string& op = "all_reduce",
+                  uint64_t count = 256) {
+  FlightEntry e;
+  e.seq = seq;
+  e.op = op;
+  e.dtype = "float32";
+  e.count = count;
+  if (op == "all_reduce") e.reduce_op = "sum";
+  if (op == "broadcast") e.root = 0;
+  e.state = state;
+  e.queued_us = kT0 + seq * 1000;
+  if (state != "queued") e.started_us = e.queued_us + 10;
+  if (state == "completed" || state == "failed") e.ended_us = e.started_us + 100;
+  return e;
+}
+
+// A rank that completed collectives 1..done, then `open` (if any) in `open_state`.
+FlightDump rank_dump(int rank, int size, uint64_t done, const std::string& open_state = "",
+                     const std::string& open_op = "all_reduce") {
+  FlightDump d;
+  d.rank = d.global_rank = rank;
+  d.group_size = size;
+  d.pid = 100 + rank;
+  d.host = "node";
+  for (uint64_t s = 1; s <= done; ++s) d.entries.push_back(entry(s, "completed"));
+  if (!open_state.empty()) {
+    FlightEntry e = entry(done + 1, open_state, open_op);
+    e.started_us = kT0 + 1'000'000;  // 6 s before the dump
+    d.entries.push_back(e);
+  }
+  d.recorded = d.entries.size();
+  d.dumped_at_us = kT0 + 7'000'000;
+  return d;
+}
+
+std::string all(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const auto& l : lines) s += l + "\n";
+  return s;
+}
+
+}  // namespace
+
+TEST(HangReport, RankBehindIsNamedWithItsLastAndTheOthersCollective) {
+  const auto lines = analyze_hang(
+      {rank_dump(0, 3, 12, "started"), rank_dump(1, 3, 12), rank_dump(2, 3, 12, "started")});
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines[0],
+            "hang report: rank 1 is behind: its last collective was all_reduce #12 (float32 x "
+            "256, sum, completed); ranks 0,2 wait in all_reduce #13 since 6.0 s")
+      << all(lines);
+  EXPECT_NE(all(lines).find("alive: it wrote its record"), std::string::npos) << all(lines);
+}
+
+TEST(HangReport, MismatchNamesBothCalls) {
+  const auto lines = analyze_hang({rank_dump(0, 3, 12, "failed"), rank_dump(1, 3, 12, "failed"),
+                                   rank_dump(2, 3, 12, "failed", "broadcast")});
+  EXPECT_EQ(lines[0],
+            "hang report: mismatch at collective #13: ranks 0,1 called all_reduce (float32 x 256, "
+            "sum) but rank 2 called broadcast (float32 x 256, root 0); every rank must issue the "
+            "same collectives in the same order")
+      << all(lines);
+}
+
+TEST(HangReport, CountMismatchAtOneSequenceNumber) {
+  FlightDump a = rank_dump(0, 2, 3), b = rank_dump(1, 2, 3);
+  b.entries[1].count = 512;
+  const auto lines = analyze_hang({a, b});
+  EXPECT_NE(lines[0].find("mismatch at collective #2"), std::string::npos) << all(lines);
+  EXPECT_NE(lines[0].find("float32 x 512"), std::string::npos) << all(lines);
+}
+
+TEST(HangReport, RankWithoutDumpDied) {
+  const auto lines = analyze_hang({rank_dump(0, 3, 12, "started"), rank_dump(1, 3, 12, "started")});
+  EXPECT_EQ(lines[0],
+            "hang report: rank 2 wrote no record (died, or could not reach the store); ranks 0,1 "
+            "wait in all_reduce #13 since 6.0 s")
+      << all(lines);
+}
+
+TEST(HangReport, RankFrozenInsideAnOlderCollective) {
+  // Rank 1 started #12 but never finished it while the others completed it and moved on.
+  FlightDump frozen = rank_dump(1, 3, 11, "started");
+  const auto lines =
+      analyze_hang({rank_dump(0, 3, 12, "started"), frozen, rank_dump(2, 3, 12, "started")});
+  EXPECT_NE(lines[0].find("rank 1 is behind"), std::string::npos) << all(lines);
+  EXPECT_NE(all(lines).find("rank 1 is behind and frozen in all_reduce #12"), std::string::npos)
+      << all(lines);
+}
+
+TEST(HangReport, AllRanksStuckInOneCollective) {
+  FlightDump a = rank_dump(0, 2, 4, "failed"), b = rank_dump(1, 2, 4, "failed");
+  a.entries.back().error = "connection reset by peer";
+  const auto lines = analyze_hang({a, b});
+  EXPECT_NE(lines[0].find("no rank is behind"), std::string::npos) << all(lines);
+  EXPECT_NE(lines[0].find("ranks 0,1 wait in all_reduce #5"), std::string::npos) << all(lines);
+  EXPECT_NE(lines[0].find("connection reset by peer"), std::string::npos) << all(lines);
+}
+
+TEST(HangReport, NothingWrong) {
+  const auto lines = analyze_hang({rank_dump(0, 2, 4), rank_dump(1, 2, 4)});
+  EXPECT_EQ(lines[0], "hang report: no hang found: every rank completed collective #4");
+  EXPECT_EQ(analyze_hang({rank_dump(0, 1, 0)})[0], "hang report: no collective recorded");
+}
+
+TEST(HangReport, SeveralGroupsWorstFirst) {
+  FlightDump sub0 = rank_dump(0, 2, 3), sub1 = rank_dump(1, 2, 3);
+  sub0.group = sub1.group = "default_pg/0/sub0/";
+  const auto lines = analyze_hang({sub0, sub1, rank_dump(0, 2, 5, "started"), rank_dump(1, 2, 4)});
+  EXPECT_NE(lines[0].find("rank 1 is behind"), std::string::npos) << all(lines);
+  EXPECT_NE(lines[0].find("(group default_pg/0/)"), std::string::npos) << all(lines);
+  EXPECT_NE(all(lines).find("group default_pg/0/sub0/: no hang found"), std::string::npos)
+      << all(lines);
+}
+
+TEST(HangReport, ParsesTheRecorderFormatAndRejectsOthers) {
+  const std::string json = R"({"format":"ddp-flight-recorder","version":1,"group":"g/0/",
+    "backend":"cpu","rank":1,"global_rank":3,"group_size":2,"global_ranks":[2,3],"pid":7,
+    "host":"h","reason":"r","dumped_at_us":5,"capacity":10,"recorded":1,
+    "entries":[{"seq":1,"op":"broadcast","dtype":"int64","count":4,"root":1,
+    "state":"started","queued_us":1,"started_us":2,"tag":"bucket=0 iter=3"}]})";
+  const FlightDump d = parse_flight_dump(json, "x.json");
+  EXPECT_EQ(d.global_rank, 3);
+  EXPECT_EQ(d.group, "g/0/");
+  ASSERT_EQ(d.entries.size(), 1u);
+  EXPECT_EQ(d.entries[0].root, 1);
+  EXPECT_EQ(d.entries[0].tag, "bucket=0 iter=3");
+  EXPECT_EQ(d.entries[0].reduce_op, "");
+  try {
+    parse_flight_dump(R"({"hello":1})", "bad.json");
+    FAIL() << "no exception";
+  } catch (const ddp::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.json: not a flight recorder dump"),
+              std::string::npos);
+  }
+  EXPECT_THROW(parse_flight_dump("{", "broken.json"), ddp::UsageError);
+  EXPECT_THROW(read_flight_dumps({"/nonexistent/flight"}), ddp::UsageError);
+}
+
+TEST(HangReportCli, TraceSubcommandTakesPaths) {
+  const EnvLookup no_env = [](const std::string&) -> std::optional<std::string> {
+    return std::nullopt;
+  };
+  const ParsedCommandLine p = parse_command_line({"trace", "a.json", "logs/run"}, no_env);
+  ASSERT_TRUE(p.trace.has_value());
+  EXPECT_FALSE(p.options.has_value());
+  EXPECT_EQ(p.trace->paths, (std::vector<std::string>{"a.json", "logs/run"}));
+  EXPECT_THROW(parse_command_line({"trace"}, no_env), ddp::UsageError);
+  EXPECT_NE(parse_command_line({"trace", "--help"}, no_env).help.find("paths"), std::string::npos);
+}
