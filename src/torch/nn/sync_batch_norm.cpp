@@ -50,6 +50,8 @@ struct GroupCapsule : torch::CustomClassHolder {
 
 // y = (x - mean) * invstd * weight + bias with mean and invstd the group's statistics, given;
 // backward differentiates through them (all-reduce of sum(dy), sum(dy * (x - mean))).
+// An absent weight or bias (affine(false)) comes as an empty tensor: autograd Functions take
+// no undefined inputs.
 struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
                                const torch::Tensor& weight, const torch::Tensor& bias,
@@ -57,14 +59,15 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
                                const ProcessGroupPtr& pg) {
     // scale and shift per channel in float64, as torch's CPU kernel folds them (alpha, beta).
     auto scale = invstd;
-    if (weight.defined()) scale = scale * weight.to(torch::kDouble);
+    if (weight.numel() > 0) scale = scale * weight.to(torch::kDouble);
     auto shift = -mean * scale;
-    if (bias.defined()) shift = shift + bias.to(torch::kDouble);
+    if (bias.numel() > 0) shift = shift + bias.to(torch::kDouble);
     const auto shape = channel_shape(input);
     auto output = input * scale.to(input.scalar_type()).view(shape) +
                   shift.to(input.scalar_type()).view(shape);
     ctx->save_for_backward({input, weight, mean, invstd});
     ctx->saved_data["count"] = count;
+    ctx->saved_data["has_bias"] = bias.numel() > 0;
     ctx->saved_data["pg"] = c10::IValue::make_capsule(c10::make_intrusive<GroupCapsule>(pg));
     return output;
   }
@@ -98,17 +101,17 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     auto sum_dy = dy.sum(dims, /*keepdim=*/false, torch::kDouble);
     auto sum_dy_xmu = (dy * xmu).sum(dims, /*keepdim=*/false, torch::kDouble);
     // weight and bias gradients are this rank's (DDP averages them over ranks).
-    if (weight.defined() && ctx->needs_input_grad(1)) {
+    if (weight.numel() > 0 && ctx->needs_input_grad(1)) {
       out[1] = (sum_dy_xmu * invstd).to(weight.scalar_type());
     }
-    if (ctx->needs_input_grad(2)) out[2] = sum_dy.to(dtype);
+    if (ctx->needs_input_grad(2) && ctx->saved_data["has_bias"].toBool()) out[2] = sum_dy.to(dtype);
     if (need_input) {
       auto sums = torch::cat({sum_dy, sum_dy_xmu});
       all_reduce_sum(pg, sums);
       const int64_t C = input.size(1);
       auto mean_dy = sums.narrow(0, 0, C) / count;
       auto mean_dy_xmu = sums.narrow(0, C, C) / count;
-      auto gain = weight.defined() ? invstd * weight.to(torch::kDouble) : invstd;
+      auto gain = weight.numel() > 0 ? invstd * weight.to(torch::kDouble) : invstd;
       auto k = invstd * invstd * mean_dy_xmu;
       out[0] = (dy - mean_dy.to(dtype).view(shape) - xmu * k.to(dtype).view(shape)) *
                gain.to(dtype).view(shape);
@@ -184,7 +187,10 @@ torch::Tensor SyncBatchNormBase::sync_forward(
           .add_((var * (count / (count - 1))).to(running_var.scalar_type()), factor);
     }
   }
-  return SyncBatchNormFunction::apply(input, weight, bias, mean, invstd, count, process_group_);
+  const auto absent = torch::empty({0}, input.options());
+  return SyncBatchNormFunction::apply(input, weight.defined() ? weight : absent,
+                                      bias.defined() ? bias : absent, mean, invstd, count,
+                                      process_group_);
 }
 
 namespace {
