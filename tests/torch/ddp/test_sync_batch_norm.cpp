@@ -182,6 +182,19 @@ TEST(SyncBatchNorm, EvalUsesRunningStatsWithoutCommunication) {
   for (auto& e : errors) EXPECT_FALSE(e) << ddp::test::message_of(e);
 }
 
+TEST(SyncBatchNorm, OneValuePerChannelOverAllRanksIsAnErrorOnEveryRank) {
+  auto errors = ddp::test::run_ranks_collect(2, [&](int r, ddp::ProcessGroupPtr pg) {
+    ddp::SyncBatchNorm1d layer(3);
+    layer->set_process_group(pg);
+    layer(torch::randn({r == 0 ? 1 : 0, 3}));  // one value per channel in all
+  });
+  for (auto& e : errors) {
+    EXPECT_NE(ddp::test::message_of(e).find("expected more than 1 value per channel"),
+              std::string::npos)
+        << ddp::test::message_of(e);
+  }
+}
+
 struct Holder : torch::nn::Module {
   Holder()
       : features(register_module(
