@@ -31,6 +31,9 @@
 #include "ddp/torch/ddp/local_device.hpp"
 #include "ddp/torch/ddp/options.hpp"
 
+// SyncBatchNorm{1,2,3}d and convert_sync_batchnorm.
+#include "ddp/torch/nn/sync_batch_norm.hpp"
+
 // Data: the sampler, datasets and the prefetching loader.
 #include "ddp/torch/data/distributed_sampler.hpp"
 #include "ddp/torch/data/idx_dataset.hpp"

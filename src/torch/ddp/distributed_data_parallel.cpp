@@ -6,6 +6,7 @@
 #include "blas_warning.hpp"
 #include "ddp/torch/ddp/consistency.hpp"
 #include "ddp/torch/ddp/stream_order.hpp"
+#include "ddp/torch/nn/sync_batch_norm.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {
@@ -63,6 +64,12 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   if (!base_) throw UsageError("DistributedDataParallel: the module is null");
   if (!pg_) throw UsageError("DistributedDataParallel: the process group is null");
   timeout_ = options_.timeout().count() > 0 ? options_.timeout() : pg_->timeout();
+  // Every SyncBatchNorm inside synchronizes over this group unless given one explicitly.
+  for (const auto& m : base_->modules(/*include_self=*/true)) {
+    if (auto* sync_bn = dynamic_cast<SyncBatchNormBase*>(m.get())) {
+      sync_bn->adopt_process_group(pg_);
+    }
+  }
   timeline_file_ = timeline_file_for(options_.timeline_path(), pg_->rank(), pg_->size());
   if (!timeline_file_.empty()) timeline_ = std::make_shared<Timeline>(pg_->rank());
 
