@@ -1,9 +1,36 @@
 #include "ddp/torch/ddp/comm_hooks.hpp"
 
+#include <fmt/format.h>
+
 #include "ddp/torch/ddp/stream_order.hpp"
 #include "ddp/torch/ddp/tensor_adapter.hpp"
+#include "ddp/util/error.hpp"
 
 namespace ddp {
+
+std::vector<torch::Tensor> BucketInfo::gradients(const torch::Tensor& buffer) const {
+  std::vector<torch::Tensor> out;
+  out.reserve(offsets.size());
+  for (size_t k = 0; k < offsets.size(); ++k) {
+    int64_t numel = 1;
+    for (int64_t d : shapes[k]) numel *= d;
+    out.push_back(buffer.narrow(0, offsets[k], numel).view(shapes[k]));
+  }
+  return out;
+}
+
+std::unique_ptr<BucketReduction> CommHook::launch(ProcessGroup&, const torch::Tensor&) {
+  throw UsageError(fmt::format(
+      "communication hook '{}' overrides neither launch(pg, bucket) nor launch(pg, bucket, "
+      "info); override one of them",
+      name()));
+}
+
+std::unique_ptr<BucketReduction> CommHook::launch(ProcessGroup& pg, const torch::Tensor& bucket,
+                                                  const BucketInfo&) {
+  return launch(pg, bucket);
+}
+
 namespace {
 
 // Reduces `wire` (a tensor of the hook's choice) and, at finish, writes it back into the

@@ -153,9 +153,9 @@ void DistributedDataParallelBase::before_forward() {
 }
 
 void DistributedDataParallelBase::after_forward(const std::vector<torch::Tensor>& outputs) {
-  if (options_.find_unused_parameters() && torch::GradMode::is_enabled()) {
-    reducer_->mark_unused_from_outputs(outputs);
-  }
+  // As PyTorch, whether the coming backward all-reduces is decided now (no_sync's state at
+  // forward time); a forward without grad mode builds no graph and decides nothing.
+  if (torch::GradMode::is_enabled()) reducer_->prepare_for_backward(outputs);
   if (timeline_) {
     timeline_->add_span("forward", Timeline::Track::kCompute, forward_begin_,
                         Timeline::Clock::now());

@@ -122,8 +122,13 @@ void Reducer::build_buckets(const std::vector<std::vector<size_t>>& assignment) 
     for (size_t i : members) total += params_[i].numel();
     bucket.buffer = torch::zeros({total}, params_[members.front()].options().requires_grad(false));
     int64_t offset = 0;
+    bucket.info.index = buckets.size();
+    bucket.info.bucket_count = assignment.size();
     for (size_t slot = 0; slot < members.size(); ++slot) {
       const size_t i = members[slot];
+      bucket.info.offsets.push_back(offset);
+      bucket.info.shapes.push_back(params_[i].sizes().vec());
+      bucket.info.names.push_back(names_[i]);
       bucket.views.push_back(slice_of(bucket.buffer, offset, params_[i]));
       offset += params_[i].numel();
       locator_[i] = {buckets.size(), slot};
@@ -194,14 +199,19 @@ bool Reducer::sync() const {
   return sync_;
 }
 
-void Reducer::mark_unused_from_outputs(const std::vector<torch::Tensor>& outputs) {
-  if (!config_.find_unused_parameters) return;
+void Reducer::prepare_for_backward(const std::vector<torch::Tensor>& outputs) {
+  bool sync;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    sync = sync_;
+    forward_sync_ = sync;
     known_unused_.clear();
-    // Under no_sync nothing is reduced; the synchronized backward finds its own unused ones.
-    if (!sync_) return;
   }
+  // Under no_sync nothing is reduced; the synchronized backward finds its own unused ones.
+  if (sync && config_.find_unused_parameters) mark_unused_from_outputs(outputs);
+}
+
+void Reducer::mark_unused_from_outputs(const std::vector<torch::Tensor>& outputs) {
   std::unordered_set<const torch::autograd::Node*> seen;
   std::vector<torch::autograd::Node*> stack;
   for (const auto& out : outputs) {
@@ -228,8 +238,8 @@ void Reducer::mark_unused_from_outputs(const std::vector<torch::Tensor>& outputs
 void Reducer::on_gradient_ready(size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
   locally_used_[index] = 1;
-  if (!sync_) return;
-  if (!in_backward_) begin_backward_locked();
+  if (!in_backward_ && !in_local_backward_ && !start_backward_locked()) return;
+  if (in_local_backward_) return;
   if (ready_[index]) {
     throw UsageError(fmt::format(
         "DDP: parameter '{}' received a gradient twice in one backward on rank {}; DDP averages "
@@ -241,6 +251,23 @@ void Reducer::on_gradient_ready(size_t index) {
   mark_ready_locked(index);
   launch_ready_buckets_locked();
   if (config_.timeline) poll_completions_locked();
+}
+
+bool Reducer::start_backward_locked() {
+  const bool sync = forward_sync_.value_or(sync_);
+  forward_sync_.reset();
+  if (sync) {
+    begin_backward_locked();
+    return true;
+  }
+  // Nothing to reduce, but the end of this backward must be known: until then its later
+  // gradients belong to it, not to a new backward with a new decision.
+  in_local_backward_ = true;
+  torch::autograd::Engine::get_default_engine().queue_callback([this] {
+    std::lock_guard<std::mutex> lock(mutex_);
+    in_local_backward_ = false;
+  });
+  return false;
 }
 
 void Reducer::begin_backward_locked() {
@@ -286,7 +313,8 @@ void Reducer::launch_ready_buckets_locked() {
     bucket.launched_at = Timeline::Clock::now();
     bucket.completion_recorded = false;
     try {
-      bucket.reduction = config_.comm_hook->launch(*pg_, bucket.buffer);
+      bucket.info.iteration = iteration_ - 1;
+      bucket.reduction = config_.comm_hook->launch(*pg_, bucket.buffer, bucket.info);
     } catch (...) {
       // Small buckets may reduce inline, so a peer that is missing shows up here.
       rethrow_with_iteration_context(fmt::format("bucket {}'s all-reduce", next_bucket_ - 1));
@@ -322,6 +350,7 @@ void Reducer::poll_completions_locked() {
 
 void Reducer::finalize() {
   std::lock_guard<std::mutex> lock(mutex_);
+  in_local_backward_ = false;
   if (in_backward_) finalize_locked();
 }
 

@@ -168,3 +168,87 @@ TEST(DdpFeatures, FindUnusedParametersWithNothingUnusedIsPointedOutOnce) {
 }
 
 }  // namespace
+
+// no_sync() is decided at forward time, as in PyTorch: what counts is whether the forward ran
+// under the guard, not the backward. Gradients are compared with each rank's local gradient
+// (same weights, its own batch) and with the average over the two ranks.
+TEST(DdpNoSync, DecidedAtForwardTimeNotAtBackward) {
+  torch::set_num_threads(1);
+  torch::manual_seed(5);
+  torch::nn::Linear base(6, 3);
+  const std::vector<torch::Tensor> xs = {torch::randn({4, 6}), torch::randn({4, 6})};
+  std::vector<torch::Tensor> local(2);
+  for (int r = 0; r < 2; ++r) {
+    torch::nn::Linear copy(6, 3);
+    ddp::test::copy_state(*base, *copy);
+    copy(xs[r]).pow(2).sum().backward();
+    local[r] = copy->weight.grad().clone();
+  }
+  const torch::Tensor average = (local[0] + local[1]) / 2;
+  ASSERT_FALSE(torch::allclose(local[0], average)) << "the ranks' batches must differ";
+
+  enum Case {
+    kForwardUnderGuard,
+    kBackwardUnderGuard,
+    kAccumulateThenSync,
+    kDirectUnderGuard,
+    kDirectBackwardUnderGuard,
+    kCases
+  };
+  std::vector<std::vector<torch::Tensor>> got(kCases, std::vector<torch::Tensor>(2));
+  run_ranks(2, [&](int r, ddp::ProcessGroupPtr pg) {
+    torch::nn::Linear net(6, 3);
+    ddp::test::copy_state(*base, *net);
+    DistributedDataParallel model(net, pg);
+    auto loss_of = [&](const torch::Tensor& out) { return out.pow(2).sum(); };
+    torch::Tensor loss;
+    // Forward under the guard, backward after it ended: stays local.
+    {
+      auto guard = model.no_sync();
+      loss = loss_of(model(xs[r]));
+    }
+    loss.backward();
+    got[kForwardUnderGuard][r] = net->weight.grad().clone();
+    // Forward outside, backward under a guard: averaged.
+    net->zero_grad();
+    loss = loss_of(model(xs[r]));
+    {
+      auto guard = model.no_sync();
+      loss.backward();
+    }
+    got[kBackwardUnderGuard][r] = net->weight.grad().clone();
+    // Accumulation: a local backward, then a synchronized one averages both.
+    net->zero_grad();
+    {
+      auto guard = model.no_sync();
+      loss = loss_of(model(xs[r]));
+    }
+    loss.backward();
+    loss_of(model(xs[r])).backward();
+    got[kAccumulateThenSync][r] = net->weight.grad().clone();
+    // module()->forward bypasses the wrapper: no decision is recorded, so the guard's state
+    // when backward starts decides (documented).
+    net->zero_grad();
+    {
+      auto guard = model.no_sync();
+      loss = loss_of(model.module()->forward(xs[r]));
+    }
+    loss.backward();
+    got[kDirectUnderGuard][r] = net->weight.grad().clone();
+    net->zero_grad();
+    loss = loss_of(model.module()->forward(xs[r]));
+    {
+      auto guard = model.no_sync();
+      loss.backward();
+    }
+    got[kDirectBackwardUnderGuard][r] = net->weight.grad().clone();
+  });
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_TRUE(torch::allclose(got[kForwardUnderGuard][r], local[r], 1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(got[kBackwardUnderGuard][r], average, 1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(got[kAccumulateThenSync][r], 2 * average, 1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(got[kDirectUnderGuard][r], average, 1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(got[kDirectBackwardUnderGuard][r], local[r], 1e-5, 1e-6));
+  }
+}

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ddp/comm/process_group.hpp"
 
@@ -31,12 +32,37 @@ class BucketReduction {
   virtual void finish(std::chrono::milliseconds timeout) = 0;
 };
 
+// What DDP tells a hook about a bucket besides its flat buffer, like PyTorch's GradBucket:
+// its place among the buckets, the iteration, and where each member parameter's gradient
+// lies in the buffer. Hooks that compress per parameter or keep state per bucket (PowerSGD)
+// need it; the layout of a bucket can change once, when DDP rebuilds the buckets at the end
+// of the first synchronized backward (state kept per bucket index must not outlive that).
+struct BucketInfo {
+  size_t index = 0;              // launch order: bucket 0 is launched first in every backward
+  size_t bucket_count = 1;       // buckets in this model
+  int64_t iteration = 0;         // synchronized backwards before this one (0 in the first)
+  std::vector<int64_t> offsets;  // per member: first element in the buffer
+  std::vector<std::vector<int64_t>> shapes;  // per member: the parameter's shape
+  std::vector<std::string> names;            // per member: the parameter's name
+
+  // The bucket launched last in an iteration (PyTorch's GradBucket::is_last()).
+  bool is_last() const { return index + 1 == bucket_count; }
+  // The members' gradients as views into `buffer` (the bucket, or a same-sized copy of it),
+  // shaped like the parameters: writing into them writes into the buffer.
+  std::vector<torch::Tensor> gradients(const torch::Tensor& buffer) const;
+};
+
 class CommHook {
  public:
   virtual ~CommHook() = default;
   virtual std::string name() const = 0;
-  virtual std::unique_ptr<BucketReduction> launch(ProcessGroup& pg,
-                                                  const torch::Tensor& bucket) = 0;
+  // The flat bucket alone: hooks that treat it as one vector override this one. The default
+  // throws UsageError (a hook must override one of the two).
+  virtual std::unique_ptr<BucketReduction> launch(ProcessGroup& pg, const torch::Tensor& bucket);
+  // What DDP calls. The default calls launch(pg, bucket); hooks that need the bucket's
+  // layout or keep state per bucket override this one.
+  virtual std::unique_ptr<BucketReduction> launch(ProcessGroup& pg, const torch::Tensor& bucket,
+                                                  const BucketInfo& info);
 };
 
 using CommHookPtr = std::shared_ptr<CommHook>;

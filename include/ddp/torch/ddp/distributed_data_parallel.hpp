@@ -18,9 +18,11 @@
 // with rank 0's parameters and buffers on every rank.
 //
 // forward()/operator() call the module's own forward with the caller's arguments and types,
-// after broadcasting buffers (broadcast_buffers) and, with find_unused_parameters, tracing the
-// outputs' graph. Calling module()->forward() directly also trains correctly (the gradient
-// hooks are always armed), minus those two services.
+// after broadcasting buffers (broadcast_buffers), and then record whether the backward of
+// this forward all-reduces (no_sync's state now, as PyTorch does) and, with
+// find_unused_parameters, trace the outputs' graph. Calling module()->forward() directly also
+// trains correctly (the gradient hooks are always armed), minus those services: its backward
+// all-reduces unless a no_sync() guard is alive when its first gradient is ready.
 //
 // The wrapper is not a torch::nn::Module: its parameters, buffers and state dict use the
 // module's own names, so snapshots of the wrapper and of the bare module are interchangeable.
@@ -44,8 +46,11 @@ namespace ddp {
 
 class DistributedDataParallelBase;
 
-// While alive, backward passes only accumulate gradients locally (no communication); the
-// first backward after it ends averages everything accumulated (gradient accumulation).
+// Gradient accumulation, as PyTorch's no_sync(): the backward of a forward run through the
+// wrapper while the guard is alive only accumulates gradients locally (no communication),
+// wherever that backward runs; the backward of a forward run outside it averages everything
+// accumulated since the last synchronized backward, even when it runs under a guard. The
+// decision is taken at forward time (Reducer::prepare_for_backward).
 class NoSyncGuard {
  public:
   explicit NoSyncGuard(Reducer* reducer);

@@ -30,6 +30,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,13 +60,20 @@ class Reducer {
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
-  // While false (DistributedDataParallel::no_sync), gradients only accumulate locally.
+  // The no_sync state (DistributedDataParallel::no_sync sets it false while its guard lives).
   void set_sync(bool sync);
   bool sync() const;
 
-  // With find_unused_parameters: records which parameters the graph of `outputs` cannot
-  // reach, so they are marked ready as soon as backward starts. No-op otherwise.
-  void mark_unused_from_outputs(const std::vector<torch::Tensor>& outputs);
+  // Called after every forward through the wrapper with grad mode on (PyTorch's
+  // prepare_for_backward): records the no_sync state of this moment as the decision for the
+  // next backward, so a forward under no_sync() is not all-reduced even when its backward
+  // runs after the guard ended, and a forward outside the guard is all-reduced even when its
+  // backward runs under one. The decision is consumed by that backward; a backward with no
+  // recorded decision (the module's forward called directly) follows set_sync's state at
+  // the moment its first gradient is ready. With find_unused_parameters and a synchronized
+  // decision it also records which parameters the graph of `outputs` cannot reach, so they
+  // are marked ready as soon as backward starts.
+  void prepare_for_backward(const std::vector<torch::Tensor>& outputs);
 
   // Completes a backward whose final callback has not run yet; no-op when none is pending.
   void finalize();
@@ -79,6 +87,7 @@ class Reducer {
     torch::Tensor buffer;              // flat, one dtype/device
     std::vector<torch::Tensor> views;  // per member, shaped like the parameter
     size_t pending = 0;                // members not yet ready in this backward
+    BucketInfo info;                   // layout for the comm hook (iteration set at launch)
     std::unique_ptr<BucketReduction> reduction;
     Timeline::Clock::time_point launched_at;
     bool completion_recorded = false;
@@ -86,7 +95,11 @@ class Reducer {
 
   void build_buckets(const std::vector<std::vector<size_t>>& assignment);
   void rebuild_buckets_locked();
+  void mark_unused_from_outputs(const std::vector<torch::Tensor>& outputs);
   void on_gradient_ready(size_t index);
+  // The first gradient of a backward: decides (recorded decision, else sync_) whether this
+  // backward is synchronized; false when it only accumulates locally.
+  bool start_backward_locked();
   void begin_backward_locked();
   void mark_ready_locked(size_t index);
   void launch_ready_buckets_locked();
@@ -115,7 +128,9 @@ class Reducer {
 
   mutable std::mutex mutex_;
   bool sync_ = true;
-  bool in_backward_ = false;
+  std::optional<bool> forward_sync_;  // recorded by prepare_for_backward, consumed by backward
+  bool in_backward_ = false;          // a synchronized backward is running
+  bool in_local_backward_ = false;    // a backward that only accumulates locally is running
   size_t next_bucket_ = 0;
   std::vector<bool> ready_;
   std::vector<int32_t> locally_used_;  // since the last synchronized backward
