@@ -106,6 +106,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   config.bucket_cap_bytes = megabytes_to_bytes(options_.bucket_cap_mb(), "bucket_cap_mb");
   config.find_unused_parameters = options_.find_unused_parameters();
   config.gradient_as_bucket_view = options_.gradient_as_bucket_view();
+  config.static_graph = options_.static_graph();
   config.comm_hook = options_.comm_hook();
   config.timeout = timeout_;
   config.timeline = timeline_;

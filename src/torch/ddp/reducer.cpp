@@ -1,12 +1,14 @@
 #include "ddp/torch/ddp/reducer.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <unordered_set>
 
 #include "ddp/torch/ddp/bucketing.hpp"
@@ -14,6 +16,7 @@
 #include "ddp/torch/ddp/tensor_adapter.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/logging.hpp"
+#include "static_graph.hpp"
 
 namespace ddp {
 namespace {
@@ -85,6 +88,7 @@ Reducer::Reducer(std::vector<torch::Tensor> params, std::vector<std::string> nam
     sizes[i].group = std::string(c10::toString(p.scalar_type())) + "@" + p.device().str();
   }
 
+  if (config_.static_graph) static_graph_ = std::make_unique<StaticGraph>(n);
   sizes_ = std::move(sizes);
   build_buckets(assign_buckets(sizes_, config_.first_bucket_cap_bytes, config_.bucket_cap_bytes));
 
@@ -154,11 +158,13 @@ void Reducer::rebuild_buckets_locked() {
   const size_t n = params_.size();
   std::vector<int64_t> order;
   std::vector<bool> listed(n, false);
-  for (size_t i : ready_order_) {
-    if (listed[i]) continue;
-    order.push_back(static_cast<int64_t>(i));
-    listed[i] = true;
+  // A parameter is ready at its last firing (several only with static_graph).
+  for (auto it = ready_order_.rbegin(); it != ready_order_.rend(); ++it) {
+    if (listed[*it]) continue;
+    order.push_back(static_cast<int64_t>(*it));
+    listed[*it] = true;
   }
+  std::reverse(order.begin(), order.end());
   for (size_t i = n; i-- > 0;) {
     if (!listed[i]) order.push_back(static_cast<int64_t>(i));
   }
@@ -208,7 +214,10 @@ void Reducer::prepare_for_backward(const std::vector<torch::Tensor>& outputs) {
     known_unused_.clear();
   }
   // Under no_sync nothing is reduced; the synchronized backward finds its own unused ones.
-  if (sync && config_.find_unused_parameters) mark_unused_from_outputs(outputs);
+  // With static_graph the unused parameters are those of the first backward: no search.
+  if (sync && config_.find_unused_parameters && !config_.static_graph) {
+    mark_unused_from_outputs(outputs);
+  }
 }
 
 void Reducer::mark_unused_from_outputs(const std::vector<torch::Tensor>& outputs) {
@@ -229,6 +238,7 @@ void Reducer::mark_unused_from_outputs(const std::vector<torch::Tensor>& outputs
     }
   }
   std::lock_guard<std::mutex> lock(mutex_);
+  ++unused_parameter_searches_;
   known_unused_.clear();
   for (size_t i = 0; i < accumulators_.size(); ++i) {
     if (!seen.count(accumulators_[i].get())) known_unused_.push_back(i);
@@ -240,11 +250,21 @@ void Reducer::on_gradient_ready(size_t index) {
   locally_used_[index] = 1;
   if (!in_backward_ && !in_local_backward_ && !start_backward_locked()) return;
   if (in_local_backward_) return;
-  if (ready_[index]) {
+  if (static_graph_) {
+    if (static_graph_->counting()) {
+      // When a gradient is complete is known only when this first backward ends.
+      static_graph_->count(index);
+      if (!buckets_rebuilt_) ready_order_.push_back(index);
+      return;
+    }
+    if (!static_graph_->arrive(index, names_, pg_->rank(), iteration_)) return;
+  } else if (ready_[index]) {
     throw UsageError(fmt::format(
         "DDP: parameter '{}' received a gradient twice in one backward on rank {}; DDP averages "
         "one backward per iteration: call backward once per forward (accumulate over several "
-        "with no_sync()), or mark the shared parameter's module so it is used once",
+        "with no_sync()), or, when the parameter is used several times in every iteration (a "
+        "shared module, activation checkpointing), pass "
+        "DistributedDataParallelOptions().static_graph(true)",
         names_[index], pg_->rank()));
   }
   if (!buckets_rebuilt_) ready_order_.push_back(index);
@@ -274,10 +294,19 @@ void Reducer::begin_backward_locked() {
   in_backward_ = true;
   ++iteration_;
   backward_begin_ = Timeline::Clock::now();
-  // Runs once the engine has finished this backward, on the thread that ran it.
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
-  for (size_t i : known_unused_) {
-    if (!ready_[i]) mark_ready_locked(i);
+  if (static_graph_ && !static_graph_->counting()) {
+    // The final callback is queued when the last bucket is launched (every gradient is then
+    // complete), from whichever backward that happens in: the first hook may run inside a
+    // reentrant backward, which ends before ours.
+    static_graph_->reset();
+    for (size_t i : static_graph_->unused()) mark_ready_locked(i);
+  } else {
+    // Runs once the engine has finished this backward, on the thread that ran it.
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
+    finalize_queued_ = true;
+    for (size_t i : known_unused_) {
+      if (!ready_[i]) mark_ready_locked(i);
+    }
   }
   known_unused_.clear();
 }
@@ -320,6 +349,10 @@ void Reducer::launch_ready_buckets_locked() {
       rethrow_with_iteration_context(fmt::format("bucket {}'s all-reduce", next_bucket_ - 1));
     }
   }
+  if (in_backward_ && !finalize_queued_ && next_bucket_ == buckets_.size()) {
+    finalize_queued_ = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
+  }
 }
 
 void Reducer::rethrow_with_iteration_context(const std::string& what) const {
@@ -355,6 +388,11 @@ void Reducer::finalize() {
 }
 
 void Reducer::finalize_locked() {
+  finalize_queued_ = true;  // may run outside the engine: queue no callback from here on
+  // static_graph: the first backward only counted; a later one must match its counts.
+  const bool counting = static_graph_ && static_graph_->counting();
+  std::vector<std::string> changed;
+  if (static_graph_ && !counting) changed = static_graph_->incomplete(names_);
   std::vector<size_t> missing;
   for (size_t i = 0; i < ready_.size(); ++i) {
     if (!ready_[i]) missing.push_back(i);
@@ -366,7 +404,9 @@ void Reducer::finalize_locked() {
 
   torch::Tensor global_used;
   WorkPtr used_work;
-  if (config_.find_unused_parameters) {
+  // Which parameters some rank used: every iteration with find_unused_parameters; with
+  // static_graph once, in the first iteration, then remembered.
+  if (static_graph_ ? counting : config_.find_unused_parameters) {
     // On the group's device (the GPU for nccl); read back on the host after the wait.
     global_used = torch::tensor(locally_used_, torch::kInt32).to(comm_device(*pg_));
     used_work = all_reduce(*pg_, global_used, ReduceOp::kSum);
@@ -396,7 +436,13 @@ void Reducer::finalize_locked() {
 
   torch::NoGradGuard no_grad;
   const int32_t* used = global_used.defined() ? global_used.data_ptr<int32_t>() : nullptr;
-  if (used && !unused_option_checked_) {
+  if (static_graph_) {
+    if (counting) {
+      static_global_used_.assign(used, used + params_.size());
+      static_graph_->finish_counting();
+    }
+    used = static_global_used_.data();
+  } else if (used && !unused_option_checked_) {
     unused_option_checked_ = true;
     warn_if_unused_option_is_unneeded(used);
   }
@@ -422,7 +468,15 @@ void Reducer::finalize_locked() {
   // report missing gradients below), so the broadcast inside is matched on every rank.
   if (!buckets_rebuilt_) rebuild_buckets_locked();
 
-  if (!missing.empty() && !config_.find_unused_parameters) {
+  if (!changed.empty()) {
+    throw UsageError(fmt::format(
+        "DDP static_graph: {} parameter(s) received fewer gradients in iteration {} on rank {} "
+        "than in the first iteration: {}. The autograd graph changed, which static_graph(true) "
+        "promised it would not; turn static_graph off (with find_unused_parameters(true) for "
+        "parameters used only in some iterations)",
+        changed.size(), iteration_, pg_->rank(), fmt::join(changed, ", ")));
+  }
+  if (!missing.empty() && !config_.find_unused_parameters && !static_graph_) {
     throw UsageError(fmt::format(
         "DDP: {} parameter(s) received no gradient in this backward on rank {}: {}. DDP must "
         "know when every gradient is ready; make every parameter take part in the loss, or "
@@ -446,6 +500,7 @@ void Reducer::warn_if_unused_option_is_unneeded(const int32_t* global_used) cons
 
 void Reducer::reset_iteration_locked() {
   in_backward_ = false;
+  finalize_queued_ = false;
   next_bucket_ = 0;
   std::fill(ready_.begin(), ready_.end(), false);
   std::fill(locally_used_.begin(), locally_used_.end(), 0);
@@ -477,6 +532,15 @@ void Reducer::abandon_iteration_locked() {
   }
   reset_iteration_locked();
   ready_order_.clear();  // a failed backward's partial order says little; record the next one
+  // A first backward that failed counted only part of the graph: count the next one afresh.
+  if (static_graph_ && static_graph_->counting()) {
+    static_graph_ = std::make_unique<StaticGraph>(params_.size());
+  }
+}
+
+int64_t Reducer::unused_parameter_searches() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return unused_parameter_searches_;
 }
 
 std::vector<std::vector<std::string>> Reducer::bucket_names() const {

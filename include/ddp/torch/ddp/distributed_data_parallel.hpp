@@ -105,6 +105,10 @@ class DistributedDataParallelBase {
   // Completes a pending gradient average; a no-op when backward already did.
   void finalize() { reducer_->finalize(); }
 
+  // How many forwards searched their autograd graph for unused parameters
+  // (find_unused_parameters: one per forward with grad mode; static_graph: none).
+  int64_t unused_parameter_searches() const { return reducer_->unused_parameter_searches(); }
+
   // Parameter names per gradient bucket, in launch order.
   std::vector<std::vector<std::string>> bucket_names() const { return reducer_->bucket_names(); }
 

@@ -27,6 +27,14 @@ struct DistributedDataParallelOptions {
   // Allow parameters that get no gradient in some iterations (costs a graph traversal per
   // forward and one small all-reduce per backward).
   TORCH_ARG(bool, find_unused_parameters) = false;
+  // The autograd graph is the same in every iteration (PyTorch's static_graph): the first
+  // synchronized backward counts how often each parameter's gradient hook fires and reduces
+  // everything when it ends; later ones launch a parameter's bucket after its last expected
+  // firing. This allows a parameter used several times in one forward (shared modules) and
+  // reentrant backward (activation checkpointing), and fixes the unused parameters to those of
+  // the first iteration without any graph search (find_unused_parameters then costs nothing
+  // after it). A graph that changes anyway is a UsageError naming the parameter.
+  TORCH_ARG(bool, static_graph) = false;
   // Make param.grad() a view into the bucket buffer: saves a copy each way and the memory of
   // one gradient copy. Code that replaces param.grad() by another tensor defeats it.
   TORCH_ARG(bool, gradient_as_bucket_view) = false;

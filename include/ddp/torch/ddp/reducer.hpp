@@ -41,12 +41,15 @@
 
 namespace ddp {
 
+class StaticGraph;
+
 struct ReducerConfig {
   size_t first_bucket_cap_bytes = 1 << 20;
   size_t bucket_cap_bytes = 25 << 20;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
-  CommHookPtr comm_hook;  // null: allreduce_hook()
+  bool static_graph = false;  // see DistributedDataParallelOptions::static_graph
+  CommHookPtr comm_hook;      // null: allreduce_hook()
   std::chrono::milliseconds timeout{ProcessGroup::kDefaultTimeout};
   std::shared_ptr<Timeline> timeline;  // null: no spans recorded
 };
@@ -77,6 +80,10 @@ class Reducer {
 
   // Completes a backward whose final callback has not run yet; no-op when none is pending.
   void finalize();
+
+  // How many times the autograd graph of a forward's outputs was searched for unused
+  // parameters (find_unused_parameters; never with static_graph).
+  int64_t unused_parameter_searches() const;
 
   // Bucket contents as parameter names, in launch order (diagnostics, tests).
   std::vector<std::vector<std::string>> bucket_names() const;
@@ -142,6 +149,11 @@ class Reducer {
   int64_t iteration_ = 0;  // synchronized backwards begun so far (the current one's number)
   std::vector<size_t> ready_order_;  // gradients in ready order, until the rebuild
   Timeline::Clock::time_point backward_begin_;
+  int64_t unused_parameter_searches_ = 0;
+  // static_graph: hook counts of the first synchronized backward; null without the option.
+  std::unique_ptr<StaticGraph> static_graph_;
+  std::vector<int32_t> static_global_used_;  // static_graph: per parameter, ranks using it
+  bool finalize_queued_ = false;             // this backward's final callback is queued
 };
 
 }  // namespace ddp

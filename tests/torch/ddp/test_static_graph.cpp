@@ -1,0 +1,172 @@
+// static_graph: parameters whose gradient hook fires several times per backward, unused
+// parameters fixed by the first iteration (no graph search), and the errors when the graph
+// changes anyway.
+#include <gtest/gtest.h>
+
+#include <optional>
+
+#include "ddp/torch/ddp/distributed_data_parallel.hpp"
+#include "models.hpp"
+#include "rank_threads.hpp"
+
+namespace {
+
+using ddp::DistributedDataParallel;
+using ddp::DistributedDataParallelOptions;
+using ddp::test::run_ranks;
+
+// `shared` is applied twice in every forward: its hooks fire twice per backward.
+struct SharedTwiceImpl : torch::nn::Module {
+  SharedTwiceImpl()
+      : shared(register_module("shared", torch::nn::Linear(6, 6))),
+        head(register_module("head", torch::nn::Linear(6, 3))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    return head(torch::tanh(shared(torch::tanh(shared(x)))));
+  }
+  torch::nn::Linear shared;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(SharedTwice);
+
+constexpr int kWorld = 2, kBatch = 3, kSteps = 4;
+
+struct Data {
+  std::vector<torch::Tensor> xs, ys;  // per step, the whole batch of kWorld * kBatch rows
+};
+
+Data make_data(int64_t features) {
+  torch::manual_seed(21);
+  Data d;
+  for (int s = 0; s < kSteps; ++s) {
+    d.xs.push_back(torch::randn({kWorld * kBatch, features}));
+    d.ys.push_back(torch::randn({kWorld * kBatch, 3}));
+  }
+  return d;
+}
+
+TEST(StaticGraph, ParameterUsedTwiceTrainsLikeOneProcess) {
+  torch::set_num_threads(1);
+  const Data data = make_data(6);
+  SharedTwice ref;
+  SharedTwice initial;
+  ddp::test::copy_state(*ref, *initial);
+  {
+    torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    for (int s = 0; s < kSteps; ++s) {
+      opt.zero_grad();
+      torch::mse_loss(ref->forward(data.xs[s]), data.ys[s]).backward();
+      opt.step();
+    }
+  }
+  // One parameter per bucket, so each bucket waits for its parameter's second firing; and
+  // the same with the gradients living in the buckets.
+  for (bool as_view : {false, true}) {
+    SCOPED_TRACE(as_view ? "gradient_as_bucket_view" : "default");
+    std::vector<SharedTwice> nets(kWorld);
+    for (auto& n : nets) ddp::test::copy_state(*initial, *n);
+    run_ranks(kWorld, [&](int r, ddp::ProcessGroupPtr pg) {
+      DistributedDataParallel model(nets[r], pg,
+                                    DistributedDataParallelOptions()
+                                        .static_graph(true)
+                                        .bucket_cap_mb(1e-6)
+                                        .first_bucket_cap_mb(1e-6)
+                                        .gradient_as_bucket_view(as_view));
+      torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      for (int s = 0; s < kSteps; ++s) {
+        opt.zero_grad();
+        auto x = data.xs[s].narrow(0, r * kBatch, kBatch);
+        auto y = data.ys[s].narrow(0, r * kBatch, kBatch);
+        torch::mse_loss(model(x), y).backward();
+        model.step(opt);
+      }
+      EXPECT_EQ(model.bucket_names().size(), 4u);
+    });
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_LT(ddp::test::max_relative_error(*nets[r], *ref), 1e-5) << "rank " << r;
+    }
+  }
+}
+
+// Branchy's b and never are unused in every iteration. With static_graph they are found from
+// the first backward's hook counts: no forward searches the graph, yet training equals one
+// process (unused gradients stay undefined); without it every forward searches.
+TEST(StaticGraph, UnusedParametersAreFixedByTheFirstIterationWithoutGraphSearch) {
+  torch::set_num_threads(1);
+  const Data data = make_data(6);
+  ddp::test::Branchy ref;
+  ddp::test::Branchy initial;
+  ddp::test::copy_state(*ref, *initial);
+  const auto mask = torch::ones({kBatch});
+  {
+    torch::optim::Adam opt(ref->parameters(), 1e-2);
+    for (int s = 0; s < kSteps; ++s) {
+      opt.zero_grad();
+      torch::mse_loss(ref->forward(data.xs[s], false, mask), data.ys[s]).backward();
+      opt.step();
+    }
+  }
+  for (bool static_graph : {true, false}) {
+    SCOPED_TRACE(static_graph ? "static_graph" : "dynamic graph");
+    std::vector<ddp::test::Branchy> nets(kWorld);
+    for (auto& n : nets) ddp::test::copy_state(*initial, *n);
+    std::vector<int64_t> searches(kWorld, -1);
+    run_ranks(kWorld, [&](int r, ddp::ProcessGroupPtr pg) {
+      DistributedDataParallel model(
+          nets[r], pg,
+          DistributedDataParallelOptions().find_unused_parameters(true).static_graph(static_graph));
+      torch::optim::Adam opt(model.parameters(), 1e-2);
+      for (int s = 0; s < kSteps; ++s) {
+        opt.zero_grad();
+        auto x = data.xs[s].narrow(0, r * kBatch, kBatch);
+        auto y = data.ys[s].narrow(0, r * kBatch, kBatch);
+        torch::mse_loss(model(x, false, mask), y).backward();
+        model.step(opt);
+      }
+      searches[r] = model.unused_parameter_searches();
+    });
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_EQ(searches[r], static_graph ? 0 : kSteps) << "rank " << r;
+      EXPECT_LT(ddp::test::max_relative_error(*nets[r], *ref), 1e-5) << "rank " << r;
+      EXPECT_FALSE(nets[r]->b->weight.grad().defined()) << "rank " << r;
+      EXPECT_FALSE(nets[r]->never->weight.grad().defined()) << "rank " << r;
+    }
+  }
+}
+
+// Runs two iterations of Branchy with static_graph, b used as `use_b` says per iteration;
+// returns every rank's error message.
+std::vector<std::string> change_graph(bool first, bool second) {
+  std::vector<std::string> messages;
+  auto errors = ddp::test::run_ranks_collect(kWorld, [&](int, ddp::ProcessGroupPtr pg) {
+    ddp::test::Branchy net;
+    DistributedDataParallel model(net, pg, DistributedDataParallelOptions().static_graph(true));
+    torch::optim::SGD opt(model.parameters(), 0.1);
+    for (bool use_b : {first, second}) {
+      opt.zero_grad();
+      model(torch::randn({2, 6}), use_b, torch::ones({2})).sum().backward();
+      model.step(opt);
+    }
+  });
+  for (const auto& e : errors) messages.push_back(ddp::test::message_of(e));
+  return messages;
+}
+
+TEST(StaticGraph, AParameterThatAppearsLaterIsAnError) {
+  for (const auto& message : change_graph(false, true)) {
+    EXPECT_NE(message.find("DDP static_graph: parameter 'b."), std::string::npos) << message;
+    EXPECT_NE(message.find("received a gradient in iteration 2"), std::string::npos) << message;
+    EXPECT_NE(message.find("but none in the first iteration"), std::string::npos) << message;
+  }
+}
+
+TEST(StaticGraph, AParameterThatDisappearsIsAnError) {
+  for (const auto& message : change_graph(true, false)) {
+    EXPECT_NE(message.find("DDP static_graph: 2 parameter(s) received fewer gradients in "
+                           "iteration 2"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("'b.weight' (0 of 1)"), std::string::npos) << message;
+  }
+}
+
+}  // namespace
