@@ -153,14 +153,22 @@ void DistributedDataParallelBase::before_forward() {
   }
 }
 
-void DistributedDataParallelBase::after_forward(const std::vector<torch::Tensor>& outputs) {
+bool DistributedDataParallelBase::after_forward(std::vector<torch::Tensor>& outputs) {
   // As PyTorch, whether the coming backward all-reduces is decided now (no_sync's state at
   // forward time); a forward without grad mode builds no graph and decides nothing.
-  if (torch::GradMode::is_enabled()) reducer_->prepare_for_backward(outputs);
+  bool replaced = false;
+  if (torch::GradMode::is_enabled()) {
+    std::vector<torch::Tensor> replacements = reducer_->prepare_for_backward(outputs);
+    if (!replacements.empty()) {
+      outputs = std::move(replacements);
+      replaced = true;
+    }
+  }
   if (timeline_) {
     timeline_->add_span("forward", Timeline::Track::kCompute, forward_begin_,
                         Timeline::Clock::now());
   }
+  return replaced;
 }
 
 }  // namespace ddp

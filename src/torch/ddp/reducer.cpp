@@ -16,6 +16,7 @@
 #include "ddp/torch/ddp/tensor_adapter.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/logging.hpp"
+#include "output_sink.hpp"
 #include "static_graph.hpp"
 
 namespace ddp {
@@ -205,19 +206,34 @@ bool Reducer::sync() const {
   return sync_;
 }
 
-void Reducer::prepare_for_backward(const std::vector<torch::Tensor>& outputs) {
+std::vector<torch::Tensor> Reducer::prepare_for_backward(
+    const std::vector<torch::Tensor>& outputs) {
   bool sync;
+  bool sink;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     sync = sync_;
     forward_sync_ = sync;
     known_unused_.clear();
+    // static_graph's first backward reduces everything when it ends, so it must end with the
+    // outermost backward, not with a reentrant one inside it.
+    sink = sync && static_graph_ && static_graph_->counting();
   }
   // Under no_sync nothing is reduced; the synchronized backward finds its own unused ones.
   // With static_graph the unused parameters are those of the first backward: no search.
   if (sync && config_.find_unused_parameters && !config_.static_graph) {
     mark_unused_from_outputs(outputs);
   }
+  if (!sink) return {};
+  std::weak_ptr<char> alive = alive_;
+  return pass_through_sink(outputs, [this, alive] {
+    if (alive.lock()) on_outputs_backward();
+  });
+}
+
+void Reducer::on_outputs_backward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!in_backward_ && !in_local_backward_) (void)start_backward_locked();
 }
 
 void Reducer::mark_unused_from_outputs(const std::vector<torch::Tensor>& outputs) {

@@ -28,6 +28,44 @@ struct SharedTwiceImpl : torch::nn::Module {
 };
 TORCH_MODULE(SharedTwice);
 
+// Activation checkpointing as torch.utils.checkpoint(use_reentrant=True) does it: forward runs
+// a Linear without building a graph; backward runs it again with one and calls backward inside
+// backward (a reentrant backward, in which the Linear's gradient hooks fire).
+struct ReentrantCheckpoint : torch::autograd::Function<ReentrantCheckpoint> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               torch::nn::LinearImpl* segment) {
+    ctx->saved_data["segment"] = reinterpret_cast<int64_t>(segment);
+    ctx->save_for_backward({x});
+    return segment->forward(x);  // grad mode is off inside a Function's forward
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* segment = reinterpret_cast<torch::nn::LinearImpl*>(ctx->saved_data["segment"].toInt());
+    auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    torch::Tensor out;
+    {
+      torch::AutoGradMode enable(true);
+      out = segment->forward(x);
+    }
+    torch::autograd::backward({out}, {grads[0]});
+    return {x.grad(), torch::Tensor()};
+  }
+};
+
+// The checkpointed layer is the last one: its hooks fire first, inside the reentrant backward,
+// whose end comes before the other layers' gradients.
+struct CheckpointedImpl : torch::nn::Module {
+  CheckpointedImpl()
+      : body(register_module("body", torch::nn::Linear(6, 6))),
+        segment(register_module("segment", torch::nn::Linear(6, 3))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    return ReentrantCheckpoint::apply(torch::tanh(body(x)), segment.get());
+  }
+  torch::nn::Linear body;
+  torch::nn::Linear segment;
+};
+TORCH_MODULE(Checkpointed);
+
 constexpr int kWorld = 2, kBatch = 3, kSteps = 4;
 
 struct Data {
@@ -84,6 +122,41 @@ TEST(StaticGraph, ParameterUsedTwiceTrainsLikeOneProcess) {
     for (int r = 0; r < kWorld; ++r) {
       EXPECT_LT(ddp::test::max_relative_error(*nets[r], *ref), 1e-5) << "rank " << r;
     }
+  }
+}
+
+TEST(StaticGraph, ReentrantBackwardTrainsLikeOneProcess) {
+  torch::set_num_threads(1);
+  const Data data = make_data(6);
+  Checkpointed ref;
+  Checkpointed initial;
+  ddp::test::copy_state(*ref, *initial);
+  {
+    torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    for (int s = 0; s < kSteps; ++s) {
+      opt.zero_grad();
+      torch::mse_loss(ref->forward(data.xs[s]), data.ys[s]).backward();
+      opt.step();
+    }
+  }
+  std::vector<Checkpointed> nets(kWorld);
+  for (auto& n : nets) ddp::test::copy_state(*initial, *n);
+  run_ranks(kWorld, [&](int r, ddp::ProcessGroupPtr pg) {
+    DistributedDataParallel model(
+        nets[r], pg,
+        DistributedDataParallelOptions().static_graph(true).bucket_cap_mb(1e-6).first_bucket_cap_mb(
+            1e-6));
+    torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    for (int s = 0; s < kSteps; ++s) {
+      opt.zero_grad();
+      auto x = data.xs[s].narrow(0, r * kBatch, kBatch);
+      auto y = data.ys[s].narrow(0, r * kBatch, kBatch);
+      torch::mse_loss(model(x), y).backward();
+      model.step(opt);
+    }
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_LT(ddp::test::max_relative_error(*nets[r], *ref), 1e-5) << "rank " << r;
   }
 }
 

@@ -122,7 +122,9 @@ class DistributedDataParallelBase {
  protected:
   // Around the module's forward: buffers broadcast, timeline span, unused-parameter trace.
   void before_forward();
-  void after_forward(const std::vector<torch::Tensor>& outputs);
+  // True when `outputs` were replaced (static_graph's first iteration: see output_sink.hpp)
+  // and the caller must return the replacements in their places.
+  bool after_forward(std::vector<torch::Tensor>& outputs);
   Timeline::Clock::time_point forward_begin_;
 
  private:
@@ -159,6 +161,28 @@ void collect_tensors(const std::pair<A, B>& pair, std::vector<torch::Tensor>& ou
 template <typename T>
 void collect_tensors(const T&, std::vector<torch::Tensor>&) {}
 
+// Puts `with` back into a forward's result, in collect_tensors' order (next: the position).
+inline void replace_tensors(torch::Tensor& t, const std::vector<torch::Tensor>& with,
+                            size_t& next) {
+  t = with[next++];
+}
+inline void replace_tensors(std::vector<torch::Tensor>& ts, const std::vector<torch::Tensor>& with,
+                            size_t& next) {
+  for (auto& t : ts) t = with[next++];
+}
+template <typename... Ts>
+void replace_tensors(std::tuple<Ts...>& tuple, const std::vector<torch::Tensor>& with,
+                     size_t& next) {
+  std::apply([&](auto&... items) { (replace_tensors(items, with, next), ...); }, tuple);
+}
+template <typename A, typename B>
+void replace_tensors(std::pair<A, B>& pair, const std::vector<torch::Tensor>& with, size_t& next) {
+  replace_tensors(pair.first, with, next);
+  replace_tensors(pair.second, with, next);
+}
+template <typename T>
+void replace_tensors(T&, const std::vector<torch::Tensor>&, size_t&) {}
+
 }  // namespace detail
 
 template <typename ModuleType>
@@ -182,7 +206,10 @@ class DistributedDataParallel : public DistributedDataParallelBase {
     auto out = module_->forward(std::forward<Args>(args)...);
     std::vector<torch::Tensor> tensors;
     detail::collect_tensors(out, tensors);
-    after_forward(tensors);
+    if (after_forward(tensors)) {
+      size_t next = 0;
+      detail::replace_tensors(out, tensors, next);
+    }
     return out;
   }
 

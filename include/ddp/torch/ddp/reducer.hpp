@@ -76,7 +76,12 @@ class Reducer {
   // the moment its first gradient is ready. With find_unused_parameters and a synchronized
   // decision it also records which parameters the graph of `outputs` cannot reach, so they
   // are marked ready as soon as backward starts.
-  void prepare_for_backward(const std::vector<torch::Tensor>& outputs);
+  // Returns replacements for `outputs` when the wrapper must hand those to the caller instead
+  // (static_graph's first synchronized iteration: the outputs pass through a sink whose
+  // backward starts the Reducer's backward in the outermost graph task, see output_sink.hpp);
+  // empty otherwise.
+  [[nodiscard]] std::vector<torch::Tensor> prepare_for_backward(
+      const std::vector<torch::Tensor>& outputs);
 
   // Completes a backward whose final callback has not run yet; no-op when none is pending.
   void finalize();
@@ -103,6 +108,8 @@ class Reducer {
   void build_buckets(const std::vector<std::vector<size_t>>& assignment);
   void rebuild_buckets_locked();
   void mark_unused_from_outputs(const std::vector<torch::Tensor>& outputs);
+  // A backward reached the outputs' sink (before any gradient hook of that backward).
+  void on_outputs_backward();
   void on_gradient_ready(size_t index);
   // The first gradient of a backward: decides (recorded decision, else sync_) whether this
   // backward is synchronized; false when it only accumulates locally.
@@ -154,6 +161,7 @@ class Reducer {
   std::unique_ptr<StaticGraph> static_graph_;
   std::vector<int32_t> static_global_used_;  // static_graph: per parameter, ranks using it
   bool finalize_queued_ = false;             // this backward's final callback is queued
+  std::shared_ptr<char> alive_ = std::make_shared<char>();  // sinks outliving us see it gone
 };
 
 }  // namespace ddp
