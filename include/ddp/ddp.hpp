@@ -30,6 +30,7 @@
 #include "ddp/torch/ddp/distributed_data_parallel.hpp"
 #include "ddp/torch/ddp/local_device.hpp"
 #include "ddp/torch/ddp/options.hpp"
+#include "ddp/torch/ddp/powersgd_hook.hpp"
 
 // SyncBatchNorm{1,2,3}d and convert_sync_batchnorm.
 #include "ddp/torch/nn/sync_batch_norm.hpp"
