@@ -23,6 +23,14 @@
 // in single-process training. Without find_unused_parameters a missing gradient is a
 // UsageError naming the parameters.
 //
+// Whether a backward is synchronized at all is decided by the forward that built its graph
+// (prepare_for_backward, the no_sync state at forward time); a backward that is not only marks
+// which parameters it used.
+//
+// static_graph (static_graph.hpp): the first synchronized backward counts each parameter's
+// hook firings and reduces everything when it ends; later ones mark a parameter ready at its
+// last expected firing and queue the final callback when the last bucket is launched.
+//
 // Thread-safety: hooks may run on autograd worker threads; all state is under one mutex.
 
 #include <torch/torch.h>
