@@ -13,8 +13,12 @@
 //                                         every step faults its freed tensors back in)
 //     --optimizer O                       adam (torch::optim::Adam, default) or fused-adam
 //                                         (ddp::FusedAdam: the same update in one pass)
-//     --comm-hook H                       allreduce (default), fp16, bf16, or a diagnostic
-//                                         that tells DDP's costs apart: `none` reduces
+//     --single-bucket                     all gradients in one bucket (both caps 1 GiB), e.g. to
+//                                         compare powersgd with PyTorch's on gloo, which
+//                                         aborts with several buckets (see README.md)
+//     --comm-hook H                       allreduce (default), fp16, bf16, powersgd (rank 1,
+//                                         compressing from iteration 2, as bench_ddp.py's), or a
+//                                         diagnostic that tells DDP's costs apart: `none` reduces
 //                                         nothing (the bucket copies and hooks alone), `sync`
 //                                         all-reduces one element per bucket (the lockstep
 //                                         of the ranks without moving the gradients)
@@ -38,6 +42,7 @@
 #include "ddp/store/hash_store.hpp"
 #include "ddp/torch/data/idx_dataset.hpp"
 #include "ddp/torch/ddp/distributed_data_parallel.hpp"
+#include "ddp/torch/ddp/powersgd_hook.hpp"
 #include "ddp/torch/ddp/tensor_adapter.hpp"
 #include "ddp/torch/models/mnist_cnn.hpp"
 #include "ddp/torch/optim/fused_adam.hpp"
@@ -91,6 +96,10 @@ ddp::CommHookPtr make_hook(const std::string& name) {
   if (name == "allreduce") return ddp::allreduce_hook();
   if (name == "fp16") return ddp::fp16_compress_hook();
   if (name == "bf16") return ddp::bf16_compress_hook();
+  if (name == "powersgd") {
+    return ddp::powerSGD_hook(
+        ddp::PowerSGDOptions().matrix_approximation_rank(1).start_powerSGD_iter(2));
+  }
   return std::make_shared<DiagnosticHook>(name == "sync");
 }
 
@@ -186,6 +195,7 @@ struct WorkerOptions {
   std::string timeline;
   bool independent = false;     // no DDP wrapper: every process trains alone (ceiling)
   bool bucket_view = false;     // gradient_as_bucket_view
+  bool single_bucket = false;   // bucket caps of 1 GiB: one bucket
   bool default_malloc = false;  // do not call keep_freed_memory()
   bool malloc_tuned = false;    // keep_freed_memory() applied its settings
   std::string comm_hook = "allreduce";
@@ -219,6 +229,8 @@ int run_worker(const WorkerOptions& o) {
                   ddp::DistributedDataParallelOptions()
                       .timeline_path(o.timeline)
                       .gradient_as_bucket_view(o.bucket_view)
+                      .bucket_cap_mb(o.single_bucket ? 1024 : 25)
+                      .first_bucket_cap_mb(o.single_bucket ? 1024 : 1)
                       .comm_hook(make_hook(o.comm_hook)));
   }
   auto opt = make_optimizer(o.optimizer, net->parameters());
@@ -254,6 +266,7 @@ int run_worker(const WorkerOptions& o) {
                           {"impl", o.independent ? "independent" : "ddp"},
                           {"gradient_as_bucket_view", o.bucket_view},
                           {"comm_hook", o.independent ? "" : o.comm_hook},
+                          {"single_bucket", o.single_bucket},
                           {"malloc_tuned", o.malloc_tuned},
                           {"data", source},
                           {"world", world},
@@ -301,6 +314,7 @@ int run_train(int world, const WorkerOptions& o) {
                                      "--optimizer", o.optimizer};
     if (o.independent) args.push_back("--independent");
     if (o.bucket_view) args.push_back("--gradient-as-bucket-view");
+    if (o.single_bucket) args.push_back("--single-bucket");
     if (o.default_malloc) args.push_back("--default-malloc");
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -341,14 +355,16 @@ int main(int argc, char** argv) {
   train->add_option("--timeline", w.timeline, "per-rank DDP timeline, e.g. tl_rank{rank}.json");
   train->add_flag("--independent", w.independent,
                   "no DDP: W processes train alone (this machine's ceiling for W ranks)");
+  train->add_flag("--single-bucket", w.single_bucket, "all gradients in one bucket");
   train->add_flag("--gradient-as-bucket-view", w.bucket_view,
                   "DDP's gradient_as_bucket_view (no gradient copies)");
   train->add_flag("--default-malloc", w.default_malloc,
                   "glibc's malloc defaults instead of ddp::keep_freed_memory()");
-  const std::vector<std::string> hooks = {"allreduce", "fp16", "bf16", "none", "sync"};
+  const std::vector<std::string> hooks = {"allreduce", "fp16", "bf16", "powersgd", "none", "sync"};
   train
       ->add_option("--comm-hook", w.comm_hook,
-                   "allreduce, fp16, bf16; diagnostics: none (no reduction), sync (lockstep only)")
+                   "allreduce, fp16, bf16, powersgd (rank 1 from iteration 2); diagnostics: none "
+                   "(no reduction), sync (lockstep only)")
       ->check(CLI::IsMember(hooks));
   const std::vector<std::string> optimizers = {"adam", "fused-adam"};
   train->add_option("--optimizer", w.optimizer, "adam (torch::optim::Adam) or fused-adam")
@@ -359,6 +375,7 @@ int main(int argc, char** argv) {
   worker->add_option("--timeline", w.timeline);
   worker->add_flag("--independent", w.independent);
   worker->add_flag("--gradient-as-bucket-view", w.bucket_view);
+  worker->add_flag("--single-bucket", w.single_bucket);
   worker->add_flag("--default-malloc", w.default_malloc);
   worker->add_option("--comm-hook", w.comm_hook)->check(CLI::IsMember(hooks));
   worker->add_option("--optimizer", w.optimizer)->check(CLI::IsMember(optimizers));

@@ -3,7 +3,13 @@
 rank, one intra-op thread per rank, gloo, W processes. Prints one JSON line (rank 0).
 
 Usage: /usr/bin/python3 bench_ddp.py --world 2 [--steps 60] [--warmup 5]
-                                     [--gradient-as-bucket-view]
+                                     [--gradient-as-bucket-view] [--comm-hook powersgd]
+                                     [--single-bucket]
+
+--comm-hook powersgd registers powerSGD_hook (matrix_approximation_rank 1, start_powerSGD_iter
+2, as bench_ddp's). --single-bucket puts every gradient in one bucket (both caps 1 GiB): with
+several buckets powerSGD_hook aborts on gloo here (its future callbacks issue the P and Q
+all-reduces of different buckets in different orders on different ranks).
 
 With MALLOC_TRIM_THRESHOLD_ in the environment (glibc then keeps freed memory mapped, as
 ddp::keep_freed_memory() does for the C++ bench) the line says impl "pytorch_malloc_tuned".
@@ -61,7 +67,7 @@ def load_data():
         return torch.randn(60000, 1, 28, 28), torch.randint(0, 10, (60000,)), "random"
 
 
-def worker(rank, world, port, steps, warmup, bucket_view):
+def worker(rank, world, port, steps, warmup, bucket_view, comm_hook, single_bucket):
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -70,7 +76,15 @@ def worker(rank, world, port, steps, warmup, bucket_view):
     images, labels = images[rank::world].contiguous(), labels[rank::world].contiguous()
     batches = images.shape[0] // BATCH
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(Cnn(), gradient_as_bucket_view=bucket_view)
+    if single_bucket:
+        dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30  # read by DDP's constructor
+    model = nn.parallel.DistributedDataParallel(Cnn(), gradient_as_bucket_view=bucket_view,
+                                                bucket_cap_mb=1024 if single_bucket else 25)
+    if comm_hook == "powersgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+        state = ps.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                 start_powerSGD_iter=2)
+        model.register_comm_hook(state, ps.powerSGD_hook)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_sum = 0.0
 
@@ -101,6 +115,7 @@ def worker(rank, world, port, steps, warmup, bucket_view):
         print(json.dumps({"bench": "ddp_cnn",
                           "impl": "pytorch_malloc_tuned" if tuned else "pytorch",
                           "gradient_as_bucket_view": bucket_view,
+                          "comm_hook": comm_hook, "single_bucket": single_bucket,
                           "malloc_tuned": tuned, "data": source,
                           "world": world, "batch_per_rank": BATCH, "threads_per_rank": 1,
                           "optimizer": "adam 1e-3", "steps": steps, "seconds": seconds,
@@ -118,12 +133,15 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--gradient-as-bucket-view", action="store_true",
                         help="DDP's gradient_as_bucket_view=True (no gradient copies)")
+    parser.add_argument("--comm-hook", choices=["allreduce", "powersgd"], default="allreduce")
+    parser.add_argument("--single-bucket", action="store_true")
     args = parser.parse_args()
     with socket.socket() as s:  # port chosen by binding port 0
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(worker, nprocs=args.world,
-             args=(args.world, port, args.steps, args.warmup, args.gradient_as_bucket_view))
+             args=(args.world, port, args.steps, args.warmup, args.gradient_as_bucket_view,
+                   args.comm_hook, args.single_bucket))
 
 
 if __name__ == "__main__":
