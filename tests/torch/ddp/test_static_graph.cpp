@@ -160,6 +160,47 @@ TEST(StaticGraph, ReentrantBackwardTrainsLikeOneProcess) {
   }
 }
 
+// Gradient accumulation under static_graph: a micro-batch under no_sync() (hooks fire twice,
+// nothing is counted or reduced), then a synchronized one, in every step including the first.
+TEST(StaticGraph, NoSyncAccumulationWithASharedParameter) {
+  torch::set_num_threads(1);
+  const Data data = make_data(6);
+  auto micro = [&](int s, int m) { return (s + m) % kSteps; };  // data index of micro-batch m
+  SharedTwice ref;
+  SharedTwice initial;
+  ddp::test::copy_state(*ref, *initial);
+  {
+    torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    for (int s = 0; s < kSteps; ++s) {
+      opt.zero_grad();
+      for (int m = 0; m < 2; ++m) {
+        torch::mse_loss(ref->forward(data.xs[micro(s, m)]), data.ys[micro(s, m)]).backward();
+      }
+      opt.step();
+    }
+  }
+  std::vector<SharedTwice> nets(kWorld);
+  for (auto& n : nets) ddp::test::copy_state(*initial, *n);
+  run_ranks(kWorld, [&](int r, ddp::ProcessGroupPtr pg) {
+    DistributedDataParallel model(nets[r], pg, DistributedDataParallelOptions().static_graph(true));
+    torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    for (int s = 0; s < kSteps; ++s) {
+      opt.zero_grad();
+      for (int m = 0; m < 2; ++m) {
+        std::optional<ddp::NoSyncGuard> guard;
+        if (m == 0) guard.emplace(model.no_sync());
+        auto x = data.xs[micro(s, m)].narrow(0, r * kBatch, kBatch);
+        auto y = data.ys[micro(s, m)].narrow(0, r * kBatch, kBatch);
+        torch::mse_loss(model(x), y).backward();
+      }
+      model.step(opt);
+    }
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_LT(ddp::test::max_relative_error(*nets[r], *ref), 1e-5) << "rank " << r;
+  }
+}
+
 // Branchy's b and never are unused in every iteration. With static_graph they are found from
 // the first backward's hook counts: no forward searches the graph, yet training equals one
 // process (unused gradients stay undefined); without it every forward searches.
