@@ -25,9 +25,11 @@
 #include "ddp/comm/world_info.hpp"
 #include "ddp/util/error.hpp"
 
-// DistributedDataParallel, its options and communication hooks, the device of this rank.
+// DistributedDataParallel, its options and communication hooks, Join for uneven inputs, the
+// device of this rank.
 #include "ddp/torch/ddp/comm_hooks.hpp"
 #include "ddp/torch/ddp/distributed_data_parallel.hpp"
+#include "ddp/torch/ddp/join.hpp"
 #include "ddp/torch/ddp/local_device.hpp"
 #include "ddp/torch/ddp/options.hpp"
 

@@ -1,0 +1,240 @@
+// ddp::Join on uneven inputs (rank 0: 9 batches, rank 1: 6), checked against PyTorch's own
+// torch.distributed.algorithms.Join on the same model, data and optimizer: Debian's
+// /usr/bin/python3 runs the reference (2 processes, gloo) at test time; nothing is checked in.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "../data/python_helper.hpp"
+#include "ddp/torch/ddp/distributed_data_parallel.hpp"
+#include "ddp/torch/ddp/join.hpp"
+#include "ddp/torch/optim/zero_redundancy_optimizer.hpp"
+#include "ddp/util/error.hpp"
+#include "rank_threads.hpp"
+
+namespace {
+
+using ddp::DistributedDataParallel;
+using ddp::Join;
+using ddp::JoinOptions;
+
+constexpr int kBatches[2] = {9, 6};
+
+// The same model, initial values and batches as the Python script below builds.
+struct NetImpl : torch::nn::Module {
+  NetImpl() : fc1(register_module("fc1", torch::nn::Linear(4, 6))),
+              fc2(register_module("fc2", torch::nn::Linear(6, 2))) {
+    torch::NoGradGuard no_grad;
+    int k = 0;
+    for (auto& p : parameters()) {
+      p.copy_((torch::arange(p.numel(), torch::kFloat32) * 0.7 + k * 1.3)
+                  .sin()
+                  .mul(0.5)
+                  .reshape(p.sizes()));
+      ++k;
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc2(torch::tanh(fc1(x))); }
+  torch::nn::Linear fc1;
+  torch::nn::Linear fc2;
+};
+TORCH_MODULE(Net);
+
+std::pair<torch::Tensor, torch::Tensor> batch(int rank, int i) {
+  auto x = (torch::arange(32, torch::kFloat32) * 0.31 + (10 * rank + i * 0.17)).sin().reshape({8, 4});
+  auto y = (torch::arange(16, torch::kFloat32) * 0.23 + (3 * rank + i * 0.11)).cos().reshape({8, 2});
+  return {x, y};
+}
+
+// Prints {"ddp": [...], "ddp_active": [...], "zero": [...]}: rank 0's final parameters, each
+// flattened, after training under Join with SGD (divide_by_initial_world_size true, false) and
+// with ZeroRedundancyOptimizer(Adam). Exits non-zero when the ranks end with different models.
+const char* kReference = R"PY(
+import json, os, sys, tempfile
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.algorithms.join import Join
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 6)
+        self.fc2 = torch.nn.Linear(6, 2)
+        with torch.no_grad():
+            for k, p in enumerate(self.parameters()):
+                p.copy_((torch.arange(p.numel(), dtype=torch.float32) * 0.7 + k * 1.3)
+                        .sin().mul(0.5).reshape(p.shape))
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+def batch(r, i):
+    x = (torch.arange(32, dtype=torch.float32) * 0.31 + (10 * r + i * 0.17)).sin().reshape(8, 4)
+    y = (torch.arange(16, dtype=torch.float32) * 0.23 + (3 * r + i * 0.11)).cos().reshape(8, 2)
+    return x, y
+
+def train(rank, scenario):
+    net = Net()
+    model = DDP(net)
+    if scenario == "zero":
+        opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=0.01)
+        joinables = [model, opt]
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        joinables = [model]
+    with Join(joinables, divide_by_initial_world_size=(scenario != "ddp_active")):
+        for i in range([9, 6][rank]):
+            opt.zero_grad()
+            x, y = batch(rank, i)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    return [p.detach().reshape(-1).tolist() for p in net.parameters()]
+
+def worker(rank, path, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="file://" + path, rank=rank, world_size=2)
+    result = {s: train(rank, s) for s in ("ddp", "ddp_active", "zero")}
+    with open(out + str(rank), "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    d = tempfile.mkdtemp()
+    mp.start_processes(worker, args=(os.path.join(d, "store"), os.path.join(d, "out")),
+                       nprocs=2, start_method="fork")
+    results = [json.load(open(os.path.join(d, "out" + str(r)))) for r in range(2)]
+    if results[0] != results[1]:
+        sys.exit("ranks ended with different parameters")
+    print(json.dumps(results[0]))
+)PY";
+
+// The reference, computed once per test binary; a skip reason when Python cannot run it.
+const nlohmann::json& reference(std::string* skip) {
+  static std::string why = ddp::test::python_torch_unavailable();
+  static nlohmann::json ref = [] {
+    if (!why.empty()) return nlohmann::json();
+    auto r = ddp::test::run_python(kReference);
+    if (r.status != 0) {
+      why = "the PyTorch reference failed (status " + std::to_string(r.status) + ")";
+      return nlohmann::json();
+    }
+    return nlohmann::json::parse(r.out);
+  }();
+  *skip = why;
+  return ref;
+}
+
+// max over parameters of ||got - want|| / ||want||.
+double relative_error(const std::vector<torch::Tensor>& got, const nlohmann::json& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double worst = 0;
+  for (size_t k = 0; k < got.size() && k < want.size(); ++k) {
+    auto ref = torch::tensor(want[k].get<std::vector<double>>(), torch::kFloat64);
+    auto mine = got[k].detach().reshape({-1}).to(torch::kFloat64);
+    worst = std::max(worst, ((mine - ref).norm() / ref.norm()).item<double>());
+  }
+  return worst;
+}
+
+// Trains under Join on 2 rank threads: SGD (or ZeRO-Adam when `zero`); per rank, the final
+// parameters.
+std::vector<std::vector<torch::Tensor>> train_joined(JoinOptions options, bool zero) {
+  std::vector<std::vector<torch::Tensor>> out(2);
+  ddp::test::run_ranks(2, [&](int rank, ddp::ProcessGroupPtr pg) {
+    Net net;
+    DistributedDataParallel model(net, pg);
+    auto step = [&](torch::optim::Optimizer& opt, std::vector<ddp::Joinable*> joinables) {
+      Join joined(joinables, options);
+      for (int i = 0; i < kBatches[rank]; ++i) {
+        opt.zero_grad();
+        auto [x, y] = batch(rank, i);
+        torch::mse_loss(model(x), y).backward();
+        opt.step();
+      }
+    };
+    if (zero) {
+      ddp::ZeroRedundancyOptimizer<torch::optim::Adam> opt(
+          model.parameters(), torch::optim::AdamOptions(0.01), pg);
+      step(opt, {&model, &opt});
+    } else {
+      torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      step(opt, {&model});
+    }
+    for (auto& p : net->parameters()) out[rank].push_back(p.detach().clone());
+  });
+  return out;
+}
+
+void expect_matches_pytorch(const std::vector<std::vector<torch::Tensor>>& ranks,
+                            const char* scenario) {
+  for (size_t k = 0; k < ranks[0].size(); ++k) {
+    EXPECT_TRUE(torch::equal(ranks[0][k], ranks[1][k])) << "ranks differ in parameter " << k;
+  }
+  std::string skip;
+  const auto& ref = reference(&skip);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  const double err = relative_error(ranks[0], ref[scenario]);
+  EXPECT_LT(err, 1e-5) << scenario << ": relative error against PyTorch's Join";
+}
+
+TEST(Join, DdpUnevenInputsMatchPyTorch) {
+  expect_matches_pytorch(train_joined(JoinOptions(), false), "ddp");
+}
+
+TEST(Join, DdpDividesByActiveRanksLikePyTorch) {
+  auto active = train_joined(JoinOptions().divide_by_initial_world_size(false), false);
+  auto initial = train_joined(JoinOptions(), false);
+  // The option matters on these inputs (else the comparison below would prove nothing).
+  EXPECT_FALSE(torch::allclose(active[0][0], initial[0][0]));
+  expect_matches_pytorch(active, "ddp_active");
+}
+
+TEST(Join, DdpWithZeroMatchesPyTorch) {
+  expect_matches_pytorch(train_joined(JoinOptions(), true), "zero");
+}
+
+TEST(Join, ThrowOnEarlyTerminationStopsEveryRank) {
+  auto errors = ddp::test::run_ranks_collect(
+      2,
+      [&](int rank, ddp::ProcessGroupPtr pg) {
+        Net net;
+        DistributedDataParallel model(net, pg);
+        torch::optim::SGD opt(model.parameters(), 0.1);
+        Join joined({&model}, JoinOptions().throw_on_early_termination(true));
+        for (int i = 0; i < kBatches[rank]; ++i) {
+          opt.zero_grad();
+          auto [x, y] = batch(rank, i);
+          torch::mse_loss(model(x), y).backward();
+          opt.step();
+        }
+      },
+      std::chrono::seconds(20));
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(errors[rank]) << "rank " << rank << " should have thrown";
+    try {
+      std::rethrow_exception(errors[rank]);
+    } catch (const ddp::CollectiveError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("throw_on_early_termination"), std::string::npos) << what;
+      EXPECT_NE(what.find(rank == 0 ? "ran out of inputs" : "rank 1 ran out of inputs"),
+                std::string::npos)
+          << what;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << rank << ": expected a CollectiveError, got: " << e.what();
+    }
+  }
+}
+
+TEST(Join, RejectsJoinablesOfDifferentGroups) {
+  ddp::test::run_ranks(1, [&](int, ddp::ProcessGroupPtr pg) {
+    Net a, b;
+    DistributedDataParallel first(a, pg);
+    ddp::test::run_ranks(1, [&](int, ddp::ProcessGroupPtr other) {
+      DistributedDataParallel second(b, other);
+      EXPECT_THROW(Join({&first, &second}), ddp::UsageError);
+    });
+    EXPECT_THROW(Join(std::vector<ddp::Joinable*>{}), ddp::UsageError);
+  });
+}
+
+}  // namespace
