@@ -103,10 +103,10 @@ void Join::finish() {
     if (options_.throw_on_early_termination()) {
       // Matches their "has anyone joined?" all-reduce, which makes them throw.
       sum_over_ranks(*pg_, 1, joinables_.front()->join_timeout(), "the early-termination flag");
-      throw CollectiveError(fmt::format(
-          "Join: rank {} ran out of inputs while {} rank(s) were still training "
-          "(throw_on_early_termination is set, so every rank stops)",
-          pg_->rank(), training));
+      throw CollectiveError(
+          fmt::format("Join: rank {} ran out of inputs while {} rank(s) were still training "
+                      "(throw_on_early_termination is set, so every rank stops)",
+                      pg_->rank(), training));
     }
     for (auto& hook : hooks_) hook->main_hook();
     is_last_joiner = false;

@@ -41,8 +41,8 @@ void Reducer::shadow_backward_for_join() {
     torch::Tensor unused;
     WorkPtr used_work;
     if (config_.find_unused_parameters) {
-      unused = torch::zeros({static_cast<int64_t>(params_.size())}, torch::kInt32)
-                   .to(comm_device(*pg_));
+      unused =
+          torch::zeros({static_cast<int64_t>(params_.size())}, torch::kInt32).to(comm_device(*pg_));
       used_work = all_reduce(*pg_, unused, ReduceOp::kSum);
     }
     for (b = 0; b < reductions.size(); ++b) reductions[b]->finish(config_.timeout);

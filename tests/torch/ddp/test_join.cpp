@@ -22,8 +22,9 @@ constexpr int kBatches[2] = {9, 6};
 
 // The same model, initial values and batches as the Python script below builds.
 struct NetImpl : torch::nn::Module {
-  NetImpl() : fc1(register_module("fc1", torch::nn::Linear(4, 6))),
-              fc2(register_module("fc2", torch::nn::Linear(6, 2))) {
+  NetImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(4, 6))),
+        fc2(register_module("fc2", torch::nn::Linear(6, 2))) {
     torch::NoGradGuard no_grad;
     int k = 0;
     for (auto& p : parameters()) {
@@ -41,8 +42,10 @@ struct NetImpl : torch::nn::Module {
 TORCH_MODULE(Net);
 
 std::pair<torch::Tensor, torch::Tensor> batch(int rank, int i) {
-  auto x = (torch::arange(32, torch::kFloat32) * 0.31 + (10 * rank + i * 0.17)).sin().reshape({8, 4});
-  auto y = (torch::arange(16, torch::kFloat32) * 0.23 + (3 * rank + i * 0.11)).cos().reshape({8, 2});
+  auto x =
+      (torch::arange(32, torch::kFloat32) * 0.31 + (10 * rank + i * 0.17)).sin().reshape({8, 4});
+  auto y =
+      (torch::arange(16, torch::kFloat32) * 0.23 + (3 * rank + i * 0.11)).cos().reshape({8, 2});
   return {x, y};
 }
 
@@ -153,8 +156,8 @@ std::vector<std::vector<torch::Tensor>> train_joined(JoinOptions options, bool z
       }
     };
     if (zero) {
-      ddp::ZeroRedundancyOptimizer<torch::optim::Adam> opt(
-          model.parameters(), torch::optim::AdamOptions(0.01), pg);
+      ddp::ZeroRedundancyOptimizer<torch::optim::Adam> opt(model.parameters(),
+                                                           torch::optim::AdamOptions(0.01), pg);
       step(opt, {&model, &opt});
     } else {
       torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
