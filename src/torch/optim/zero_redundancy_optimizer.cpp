@@ -248,9 +248,6 @@ void ZeroRedundancyOptimizerBase::load(torch::serialize::InputArchive& archive) 
         "groups, as save() after consolidate_state_dict writes): {}",
         pg_->rank(), e.what_without_backtrace()));
   }
-  for (size_t g = 0; g < param_groups_.size(); ++g) {
-    param_groups_[g].set_options(full->param_groups()[g].options().clone());
-  }
   local_->state().clear();
   for (const auto& group : shards_[pg_->rank()]) {
     for (const auto& p : group) {

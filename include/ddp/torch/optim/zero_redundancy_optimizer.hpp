@@ -25,7 +25,8 @@
 // consolidate_state_dict(to_rank) (collective), and writes the archive an unsharded `Optimizer`
 // over the same parameter groups would write: it loads into one, e.g. through
 // ddp::capture_snapshot/restore. load() takes such a full archive on every rank and keeps this
-// rank's shard of it.
+// rank's shard of it. As with LibTorch's own optimizers, the archive carries the per-parameter
+// state; the options (learning rate ...) stay those of the optimizer it is loaded into.
 //
 // Join (join.hpp): a rank that ran out of inputs runs step() once per iteration of the others
 // (as PyTorch's ZeRO join hook: its shard is stepped with the gradients it holds, e.g. the last
