@@ -180,20 +180,25 @@ void expect_matches_pytorch(const std::vector<std::vector<torch::Tensor>>& ranks
   EXPECT_LT(err, 1e-5) << scenario << ": relative error against PyTorch's Join";
 }
 
-TEST(Join, DdpUnevenInputsMatchPyTorch) {
-  expect_matches_pytorch(train_joined(JoinOptions(), false), "ddp");
-}
-
-TEST(Join, DdpDividesByActiveRanksLikePyTorch) {
-  auto active = train_joined(JoinOptions().divide_by_initial_world_size(false), false);
-  auto initial = train_joined(JoinOptions(), false);
-  // The option matters on these inputs (else the comparison below would prove nothing).
-  EXPECT_FALSE(torch::allclose(active[0][0], initial[0][0]));
-  expect_matches_pytorch(active, "ddp_active");
-}
-
-TEST(Join, DdpWithZeroMatchesPyTorch) {
-  expect_matches_pytorch(train_joined(JoinOptions(), true), "zero");
+// One test for the three scenarios: the PyTorch reference (one Python run, several seconds on
+// a loaded machine) is then computed once per ctest invocation.
+TEST(Join, UnevenInputsMatchPyTorchForDdpAndZero) {
+  {
+    SCOPED_TRACE("DDP + SGD, divide_by_initial_world_size (default)");
+    expect_matches_pytorch(train_joined(JoinOptions(), false), "ddp");
+  }
+  {
+    SCOPED_TRACE("DDP + SGD, divide_by_initial_world_size(false)");
+    auto active = train_joined(JoinOptions().divide_by_initial_world_size(false), false);
+    auto initial = train_joined(JoinOptions(), false);
+    // The option matters on these inputs (else the comparison would prove nothing).
+    EXPECT_FALSE(torch::allclose(active[0][0], initial[0][0]));
+    expect_matches_pytorch(active, "ddp_active");
+  }
+  {
+    SCOPED_TRACE("DDP + ZeroRedundancyOptimizer(Adam)");
+    expect_matches_pytorch(train_joined(JoinOptions(), true), "zero");
+  }
 }
 
 TEST(Join, ThrowOnEarlyTerminationStopsEveryRank) {
