@@ -20,11 +20,16 @@ using ddp::JoinOptions;
 
 constexpr int kBatches[2] = {9, 6};
 
-// The same model, initial values and batches as the Python script below builds.
+// The same model, initial values and batches as the Python script below builds. `rich` adds
+// a BatchNorm (buffers broadcast every forward) and a layer forward never uses.
 struct NetImpl : torch::nn::Module {
-  NetImpl()
+  explicit NetImpl(bool rich = false)
       : fc1(register_module("fc1", torch::nn::Linear(4, 6))),
         fc2(register_module("fc2", torch::nn::Linear(6, 2))) {
+    if (rich) {
+      bn = register_module("bn", torch::nn::BatchNorm1d(6));
+      never = register_module("never", torch::nn::Linear(2, 2));
+    }
     torch::NoGradGuard no_grad;
     int k = 0;
     for (auto& p : parameters()) {
@@ -35,9 +40,15 @@ struct NetImpl : torch::nn::Module {
       ++k;
     }
   }
-  torch::Tensor forward(torch::Tensor x) { return fc2(torch::tanh(fc1(x))); }
+  torch::Tensor forward(torch::Tensor x) {
+    x = fc1(x);
+    if (bn) x = bn(x);
+    return fc2(torch::tanh(x));
+  }
   torch::nn::Linear fc1;
   torch::nn::Linear fc2;
+  torch::nn::BatchNorm1d bn{nullptr};
+  torch::nn::Linear never{nullptr};
 };
 TORCH_MODULE(Net);
 
@@ -49,9 +60,11 @@ std::pair<torch::Tensor, torch::Tensor> batch(int rank, int i) {
   return {x, y};
 }
 
-// Prints {"ddp": [...], "ddp_active": [...], "zero": [...]}: rank 0's final parameters, each
-// flattened, after training under Join with SGD (divide_by_initial_world_size true, false) and
-// with ZeroRedundancyOptimizer(Adam). Exits non-zero when the ranks end with different models.
+// Prints {"ddp": [...], "ddp_active": [...], "zero": [...], "ddp_rich": [...]}: rank 0's final
+// parameters and buffers, each flattened, after training under Join with SGD
+// (divide_by_initial_world_size true, false), with ZeroRedundancyOptimizer(Adam), and with SGD
+// on the rich model (find_unused_parameters, gradient_as_bucket_view). Exits non-zero when the
+// ranks end with different models.
 const char* kReference = R"PY(
 import json, os, sys, tempfile
 import torch, torch.distributed as dist, torch.multiprocessing as mp
@@ -60,16 +73,21 @@ from torch.distributed.algorithms.join import Join
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 class Net(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, rich=False):
         super().__init__()
         self.fc1 = torch.nn.Linear(4, 6)
         self.fc2 = torch.nn.Linear(6, 2)
+        self.bn = torch.nn.BatchNorm1d(6) if rich else None
+        self.never = torch.nn.Linear(2, 2) if rich else None
         with torch.no_grad():
             for k, p in enumerate(self.parameters()):
                 p.copy_((torch.arange(p.numel(), dtype=torch.float32) * 0.7 + k * 1.3)
                         .sin().mul(0.5).reshape(p.shape))
     def forward(self, x):
-        return self.fc2(torch.tanh(self.fc1(x)))
+        x = self.fc1(x)
+        if self.bn is not None:
+            x = self.bn(x)
+        return self.fc2(torch.tanh(x))
 
 def batch(r, i):
     x = (torch.arange(32, dtype=torch.float32) * 0.31 + (10 * r + i * 0.17)).sin().reshape(8, 4)
@@ -77,8 +95,11 @@ def batch(r, i):
     return x, y
 
 def train(rank, scenario):
-    net = Net()
-    model = DDP(net)
+    net = Net(rich=(scenario == "ddp_rich"))
+    if scenario == "ddp_rich":
+        model = DDP(net, find_unused_parameters=True, gradient_as_bucket_view=True)
+    else:
+        model = DDP(net)
     if scenario == "zero":
         opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=0.01)
         joinables = [model, opt]
@@ -91,12 +112,12 @@ def train(rank, scenario):
             x, y = batch(rank, i)
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
-    return [p.detach().reshape(-1).tolist() for p in net.parameters()]
+    return [t.detach().reshape(-1).tolist() for t in list(net.parameters()) + list(net.buffers())]
 
 def worker(rank, path, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + path, rank=rank, world_size=2)
-    result = {s: train(rank, s) for s in ("ddp", "ddp_active", "zero")}
+    result = {s: train(rank, s) for s in ("ddp", "ddp_active", "zero", "ddp_rich")}
     with open(out + str(rank), "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()
@@ -134,18 +155,26 @@ double relative_error(const std::vector<torch::Tensor>& got, const nlohmann::jso
   for (size_t k = 0; k < got.size() && k < want.size(); ++k) {
     auto ref = torch::tensor(want[k].get<std::vector<double>>(), torch::kFloat64);
     auto mine = got[k].detach().reshape({-1}).to(torch::kFloat64);
-    worst = std::max(worst, ((mine - ref).norm() / ref.norm()).item<double>());
+    worst = std::max(worst, ((mine - ref).norm() / (ref.norm() + 1e-30)).item<double>());
   }
   return worst;
 }
 
-// Trains under Join on 2 rank threads: SGD (or ZeRO-Adam when `zero`); per rank, the final
-// parameters.
-std::vector<std::vector<torch::Tensor>> train_joined(JoinOptions options, bool zero) {
+enum class Variant { kSgd, kZero, kRich };
+
+// Trains under Join on 2 rank threads: SGD, ZeRO-Adam, or SGD on the rich model with
+// find_unused_parameters and gradient_as_bucket_view; per rank, the final parameters and
+// buffers.
+std::vector<std::vector<torch::Tensor>> train_joined(JoinOptions options, Variant variant) {
   std::vector<std::vector<torch::Tensor>> out(2);
+  const bool zero = variant == Variant::kZero;
   ddp::test::run_ranks(2, [&](int rank, ddp::ProcessGroupPtr pg) {
-    Net net;
-    DistributedDataParallel model(net, pg);
+    Net net(variant == Variant::kRich);
+    auto ddp_options = ddp::DistributedDataParallelOptions();
+    if (variant == Variant::kRich) {
+      ddp_options.find_unused_parameters(true).gradient_as_bucket_view(true);
+    }
+    DistributedDataParallel model(net, pg, ddp_options);
     auto step = [&](torch::optim::Optimizer& opt, std::vector<ddp::Joinable*> joinables) {
       Join joined(joinables, options);
       for (int i = 0; i < kBatches[rank]; ++i) {
@@ -164,6 +193,7 @@ std::vector<std::vector<torch::Tensor>> train_joined(JoinOptions options, bool z
       step(opt, {&model});
     }
     for (auto& p : net->parameters()) out[rank].push_back(p.detach().clone());
+    for (auto& b : net->buffers()) out[rank].push_back(b.detach().clone());
   });
   return out;
 }
@@ -180,24 +210,28 @@ void expect_matches_pytorch(const std::vector<std::vector<torch::Tensor>>& ranks
   EXPECT_LT(err, 1e-5) << scenario << ": relative error against PyTorch's Join";
 }
 
-// One test for the three scenarios: the PyTorch reference (one Python run, several seconds on
+// One test for the four scenarios: the PyTorch reference (one Python run, several seconds on
 // a loaded machine) is then computed once per ctest invocation.
 TEST(Join, UnevenInputsMatchPyTorchForDdpAndZero) {
   {
     SCOPED_TRACE("DDP + SGD, divide_by_initial_world_size (default)");
-    expect_matches_pytorch(train_joined(JoinOptions(), false), "ddp");
+    expect_matches_pytorch(train_joined(JoinOptions(), Variant::kSgd), "ddp");
   }
   {
     SCOPED_TRACE("DDP + SGD, divide_by_initial_world_size(false)");
-    auto active = train_joined(JoinOptions().divide_by_initial_world_size(false), false);
-    auto initial = train_joined(JoinOptions(), false);
+    auto active = train_joined(JoinOptions().divide_by_initial_world_size(false), Variant::kSgd);
+    auto initial = train_joined(JoinOptions(), Variant::kSgd);
     // The option matters on these inputs (else the comparison would prove nothing).
     EXPECT_FALSE(torch::allclose(active[0][0], initial[0][0]));
     expect_matches_pytorch(active, "ddp_active");
   }
   {
     SCOPED_TRACE("DDP + ZeroRedundancyOptimizer(Adam)");
-    expect_matches_pytorch(train_joined(JoinOptions(), true), "zero");
+    expect_matches_pytorch(train_joined(JoinOptions(), Variant::kZero), "zero");
+  }
+  {
+    SCOPED_TRACE("DDP + SGD, BatchNorm buffers, find_unused_parameters, gradient_as_bucket_view");
+    expect_matches_pytorch(train_joined(JoinOptions(), Variant::kRich), "ddp_rich");
   }
 }
 
