@@ -64,11 +64,11 @@ def main():
     ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args()
-    d = tempfile.mkdtemp()
-    out = os.path.join(d, "out")
-    mp.start_processes(worker, args=(args, os.path.join(d, "store"), out), nprocs=args.world,
-                       start_method="fork")
-    ranks = [json.load(open(out + str(r))) for r in range(args.world)]
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "out")
+        mp.start_processes(worker, args=(args, os.path.join(d, "store"), out),
+                           nprocs=args.world, start_method="fork")
+        ranks = [json.load(open(out + str(r))) for r in range(args.world)]
     per_step = [max(r["times"][s] for r in ranks) for s in range(args.steps)]
     params = make_params(args.layers, args.width)
     torch.set_num_threads(1)

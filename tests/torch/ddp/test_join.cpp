@@ -108,43 +108,51 @@ def train(rank, scenario):
         joinables = [model]
     with Join(joinables, divide_by_initial_world_size=(scenario != "ddp_active")):
         for i in range([9, 6][rank]):
-            opt.zero_grad()
             x, y = batch(rank, i)
+            if scenario == "ddp_no_sync" and i % 2 == 0:
+                with model.no_sync():  # accumulate; the next (odd) iteration averages both
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                continue
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
+            opt.zero_grad()
     return [t.detach().reshape(-1).tolist() for t in list(net.parameters()) + list(net.buffers())]
 
 def worker(rank, path, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + path, rank=rank, world_size=2)
-    result = {s: train(rank, s) for s in ("ddp", "ddp_active", "zero", "ddp_rich")}
+    result = {s: train(rank, s) for s in ("ddp", "ddp_active", "zero", "ddp_rich", "ddp_no_sync")}
     with open(out + str(rank), "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()
 
 if __name__ == "__main__":
-    d = tempfile.mkdtemp()
-    mp.start_processes(worker, args=(os.path.join(d, "store"), os.path.join(d, "out")),
-                       nprocs=2, start_method="fork")
-    results = [json.load(open(os.path.join(d, "out" + str(r)))) for r in range(2)]
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(worker, args=(os.path.join(d, "store"), os.path.join(d, "out")),
+                           nprocs=2, start_method="fork")
+        results = [json.load(open(os.path.join(d, "out" + str(r)))) for r in range(2)]
     if results[0] != results[1]:
         sys.exit("ranks ended with different parameters")
     print(json.dumps(results[0]))
 )PY";
 
-// The reference, computed once per test binary; a skip reason when Python cannot run it.
-const nlohmann::json& reference(std::string* skip) {
-  static std::string why = ddp::test::python_torch_unavailable();
-  static nlohmann::json ref = [] {
+// The reference, computed once per test binary. `skip`: why Python cannot run it (the test
+// skips); `failure`: why the reference run failed (the test fails).
+const nlohmann::json& reference(std::string* skip, std::string* failure) {
+  static const std::string why = ddp::test::python_torch_unavailable();
+  static std::string failed;
+  static const nlohmann::json ref = []() -> nlohmann::json {
     if (!why.empty()) return nlohmann::json();
     auto r = ddp::test::run_python(kReference);
     if (r.status != 0) {
-      why = "the PyTorch reference failed (status " + std::to_string(r.status) + ")";
+      failed = "the PyTorch reference script failed (status " + std::to_string(r.status) +
+               "; its stderr is above)";
       return nlohmann::json();
     }
     return nlohmann::json::parse(r.out);
   }();
   *skip = why;
+  *failure = failed;
   return ref;
 }
 
@@ -160,11 +168,11 @@ double relative_error(const std::vector<torch::Tensor>& got, const nlohmann::jso
   return worst;
 }
 
-enum class Variant { kSgd, kZero, kRich };
+enum class Variant { kSgd, kZero, kRich, kNoSync };
 
-// Trains under Join on 2 rank threads: SGD, ZeRO-Adam, or SGD on the rich model with
-// find_unused_parameters and gradient_as_bucket_view; per rank, the final parameters and
-// buffers.
+// Trains under Join on 2 rank threads: SGD, ZeRO-Adam, SGD on the rich model with
+// find_unused_parameters and gradient_as_bucket_view, or SGD with every even iteration's
+// backward under no_sync; per rank, the final parameters and buffers.
 std::vector<std::vector<torch::Tensor>> train_joined(JoinOptions options, Variant variant) {
   std::vector<std::vector<torch::Tensor>> out(2);
   const bool zero = variant == Variant::kZero;
@@ -178,10 +186,15 @@ std::vector<std::vector<torch::Tensor>> train_joined(JoinOptions options, Varian
     auto step = [&](torch::optim::Optimizer& opt, std::vector<ddp::Joinable*> joinables) {
       Join joined(joinables, options);
       for (int i = 0; i < kBatches[rank]; ++i) {
-        opt.zero_grad();
         auto [x, y] = batch(rank, i);
+        if (variant == Variant::kNoSync && i % 2 == 0) {
+          auto no_sync = model.no_sync();  // accumulate; the next iteration averages both
+          torch::mse_loss(model(x), y).backward();
+          continue;
+        }
         torch::mse_loss(model(x), y).backward();
         opt.step();
+        opt.zero_grad();
       }
     };
     if (zero) {
@@ -203,14 +216,15 @@ void expect_matches_pytorch(const std::vector<std::vector<torch::Tensor>>& ranks
   for (size_t k = 0; k < ranks[0].size(); ++k) {
     EXPECT_TRUE(torch::equal(ranks[0][k], ranks[1][k])) << "ranks differ in parameter " << k;
   }
-  std::string skip;
-  const auto& ref = reference(&skip);
+  std::string skip, failure;
+  const auto& ref = reference(&skip, &failure);
   if (!skip.empty()) GTEST_SKIP() << skip;
+  ASSERT_TRUE(failure.empty()) << failure;
   const double err = relative_error(ranks[0], ref[scenario]);
   EXPECT_LT(err, 1e-5) << scenario << ": relative error against PyTorch's Join";
 }
 
-// One test for the four scenarios: the PyTorch reference (one Python run, several seconds on
+// One test for the five scenarios: the PyTorch reference (one Python run, several seconds on
 // a loaded machine) is then computed once per ctest invocation.
 TEST(Join, UnevenInputsMatchPyTorchForDdpAndZero) {
   {
@@ -232,6 +246,11 @@ TEST(Join, UnevenInputsMatchPyTorchForDdpAndZero) {
   {
     SCOPED_TRACE("DDP + SGD, BatchNorm buffers, find_unused_parameters, gradient_as_bucket_view");
     expect_matches_pytorch(train_joined(JoinOptions(), Variant::kRich), "ddp_rich");
+  }
+  {
+    // Rank 0's iterations 6 and 8 run under no_sync: the joined rank must not shadow a backward.
+    SCOPED_TRACE("DDP + SGD, every other iteration under no_sync");
+    expect_matches_pytorch(train_joined(JoinOptions(), Variant::kNoSync), "ddp_no_sync");
   }
 }
 
