@@ -186,6 +186,32 @@ TEST(ZeroRedundancyOptimizer, ConsolidatedStateLoadsIntoUnshardedAdamAndBack) {
   });
 }
 
+// 3 ranks, 2 parameters: rank 2 owns nothing (an empty local optimizer and an empty part of
+// the all-gather) and still ends with the updated parameters.
+TEST(ZeroRedundancyOptimizer, RankWithoutParametersTakesPart) {
+  ddp::test::run_ranks(3, [&](int rank, ddp::ProcessGroupPtr pg) {
+    auto make = [] {
+      return std::vector<torch::Tensor>{torch::linspace(-1, 1, 6).requires_grad_(true),
+                                        torch::linspace(0, 1, 4).requires_grad_(true)};
+    };
+    auto params = make();
+    auto ref = make();
+    ZeroRedundancyOptimizer<torch::optim::Adam> zero(params, torch::optim::AdamOptions(0.1), pg);
+    torch::optim::Adam plain(ref, torch::optim::AdamOptions(0.1));
+    EXPECT_EQ(zero.shards()[2][0].size(), 0u);
+    for (int step = 0; step < 3; ++step) {
+      for (size_t k = 0; k < params.size(); ++k) {
+        params[k].mutable_grad() = torch::cos(params[k].detach() * (step + 1));
+        ref[k].mutable_grad() = torch::cos(ref[k].detach() * (step + 1));
+      }
+      zero.step();
+      plain.step();
+    }
+    expect_close(params, ref, "rank " + std::to_string(rank));
+    if (rank == 2) EXPECT_EQ(zero.local_state_bytes(), 0u);
+  });
+}
+
 TEST(ZeroRedundancyOptimizer, RejectsMixedDtypes) {
   ddp::test::run_ranks(1, [&](int, ddp::ProcessGroupPtr pg) {
     auto a = torch::zeros({3}, torch::requires_grad());
