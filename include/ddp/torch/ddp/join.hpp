@@ -30,8 +30,9 @@
 // Contract: every Joinable of a guard uses the same process group; every rank builds its guard
 // with the same Joinables in the same order and the same options; that order is the order of
 // their collectives within one iteration (the model before its optimizer, as in PyTorch: a
-// joined rank runs the hooks in this order, and the first Joinable counts the ranks). The guard's end is collective
-// and blocks until every rank has joined (each collective bounded by the group's timeout).
+// joined rank runs the hooks in this order, and the first Joinable counts the ranks). The
+// guard's end is collective and blocks until every rank has joined (each collective bounded by
+// the Joinables' timeout: DDP's, else the group's).
 // When the scope is left by an exception the guard does nothing (as PyTorch's __exit__), so the
 // exception propagates; the ranks still training then fail by timeout unless they throw too.
 
