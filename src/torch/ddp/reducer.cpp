@@ -433,6 +433,7 @@ void Reducer::finalize_locked() {
       Bucket& bucket = buckets_[finishing];
       bucket.reduction->finish(config_.timeout);
       bucket.reduction.reset();
+      if (gradient_scale_ != 1.0) bucket.buffer.mul_(gradient_scale_);  // Join, see header
       if (config_.timeline && !bucket.completion_recorded) {
         config_.timeline->add_span(fmt::format("allreduce bucket {}", finishing),
                                    Timeline::Track::kComm, bucket.launched_at,

@@ -6,6 +6,7 @@
 
 #include "../data/python_helper.hpp"
 #include "ddp/torch/ddp/distributed_data_parallel.hpp"
+#include "ddp/torch/ddp/join.hpp"
 #include "ddp/torch/ddp/powersgd_hook.hpp"
 #include "models.hpp"
 #include "rank_threads.hpp"
@@ -280,6 +281,35 @@ TEST(PowerSGD, DdpWithFullRankPowerSGDTrainsLikeOneProcess) {
       EXPECT_GT(error, 1e-4) << "rank-1 PowerSGD should differ from exact averaging";
     }
   }
+}
+
+// Under ddp::Join a rank that ran out of inputs runs the hook on zero buckets (as PyTorch's
+// join hook runs the comm hook), through launch(pg, bucket, info): PowerSGD's three
+// all-reduces per bucket stay matched, and its iteration count follows the ranks still
+// training (rank 0: 5 batches, rank 1: 3; compression from iteration 2).
+TEST(PowerSGD, UnevenInputsUnderJoin) {
+  torch::set_num_threads(1);
+  std::vector<int64_t> iterations(2, -1);
+  run_ranks(2, [&](int r, ddp::ProcessGroupPtr pg) {
+    torch::manual_seed(5);
+    auto net =
+        torch::nn::Sequential(torch::nn::Linear(10, 7), torch::nn::Tanh(), torch::nn::Linear(7, 4));
+    auto hook = ddp::powerSGD_hook(PowerSGDOptions().start_powerSGD_iter(2));
+    ddp::DistributedDataParallel model(net, pg,
+                                       ddp::DistributedDataParallelOptions().comm_hook(hook));
+    torch::optim::SGD opt(model.parameters(), 0.1);
+    {
+      ddp::Join joined({&model});
+      for (int s = 0; s < (r == 0 ? 5 : 3); ++s) {
+        opt.zero_grad();
+        torch::mse_loss(model(torch::randn({3, 10})), torch::randn({3, 4})).backward();
+        opt.step();
+      }
+    }
+    iterations[r] = hook->iteration();
+  });
+  EXPECT_EQ(iterations[0], 5);
+  EXPECT_EQ(iterations[1], 5) << "the joined rank's hook must count the shadowed iterations";
 }
 
 }  // namespace

@@ -98,6 +98,16 @@ class Reducer {
   // parameters (find_unused_parameters; never with static_graph).
   int64_t unused_parameter_searches() const;
 
+  // Join (join.hpp, reducer_join.cpp). The averages of later backwards are multiplied by
+  // `scale` (1 by default): under Join with divide_by_initial_world_size off, world size over
+  // the number of ranks still training, so the average is over those ranks only.
+  void set_gradient_scale(double scale);
+  // On a rank that has joined: issues the collectives of one synchronized backward of the
+  // ranks still training, with zero gradients (every bucket's hook on a zero buffer, the
+  // used-parameter all-reduce, the one-time bucket rebuild), and waits for them. This rank's
+  // gradients are left as they are, as PyTorch leaves them.
+  void shadow_backward_for_join();
+
   // Bucket contents as parameter names, in launch order (diagnostics, tests).
   std::vector<std::vector<std::string>> bucket_names() const;
 
@@ -170,6 +180,8 @@ class Reducer {
   std::vector<int32_t> static_global_used_;  // static_graph: per parameter, ranks using it
   bool finalize_queued_ = false;             // this backward's final callback is queued
   std::shared_ptr<char> alive_ = std::make_shared<char>();  // sinks outliving us see it gone
+
+  double gradient_scale_ = 1.0;  // set_gradient_scale
 };
 
 }  // namespace ddp
