@@ -159,7 +159,9 @@ TEST(ZeroRedundancyOptimizer, ConsolidatedStateLoadsIntoUnshardedAdamAndBack) {
     }
     EXPECT_THROW(archive_bytes(zero), ddp::UsageError) << "not consolidated yet";
     zero.consolidate_state_dict(/*to_rank=*/1);
-    if (rank == 0) EXPECT_THROW(archive_bytes(zero), ddp::UsageError) << "rank 1 holds it";
+    if (rank == 0) {
+      EXPECT_THROW(archive_bytes(zero), ddp::UsageError) << "rank 1 holds it";
+    }
 
     // ZeRO -> full state on rank 1 -> an unsharded Adam with the reference's state.
     if (rank == 1) {
@@ -208,7 +210,9 @@ TEST(ZeroRedundancyOptimizer, RankWithoutParametersTakesPart) {
       plain.step();
     }
     expect_close(params, ref, "rank " + std::to_string(rank));
-    if (rank == 2) EXPECT_EQ(zero.local_state_bytes(), 0u);
+    if (rank == 2) {
+      EXPECT_EQ(zero.local_state_bytes(), 0u);
+    }
   });
 }
 
