@@ -41,7 +41,19 @@ std::string sanitize(const std::string& group) {
   return out.empty() ? "group" : out;
 }
 
+// ScopedThreadTag's tag; empty: the group's tag applies.
+thread_local char t_thread_tag[FlightRecorder::kTagBytes] = {};
+
 }  // namespace
+
+FlightRecorder::ScopedThreadTag::ScopedThreadTag(std::string_view tag) {
+  std::memcpy(saved_, t_thread_tag, kTagBytes);
+  copy_tag(t_thread_tag, tag);
+}
+
+FlightRecorder::ScopedThreadTag::~ScopedThreadTag() {
+  std::memcpy(t_thread_tag, saved_, kTagBytes);
+}
 
 const char* to_string(CollectiveState state) {
   switch (state) {
@@ -97,7 +109,7 @@ uint64_t FlightRecorder::record(const CollectiveRecordInfo& info) {
   e.queued_us = t;
   e.started_us = 0;
   e.ended_us = 0;
-  std::memcpy(e.tag, tag_, kTagBytes);
+  std::memcpy(e.tag, t_thread_tag[0] ? t_thread_tag : tag_, kTagBytes);
   e.error.clear();  // keeps its capacity: no allocation on the success path
   return id;
 }

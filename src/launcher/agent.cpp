@@ -57,16 +57,23 @@ AttemptSpec make_spec(const AgentOptions& options, const WorldAssignment& world,
 }
 
 // After a failed attempt: the hang report from the workers' flight recorder dumps, which they
-// write into the attempt folder when the log dir is kept (worker_group.cpp sets
-// DDP_FLIGHT_RECORDER_DIR). Prints nothing when no collective failed.
-void print_hang_report(int fd, const RunDirectory& run_dir, int attempt) {
-  if (!run_dir.persistent()) return;
-  const std::string dir = fmt::format("{}/attempt_{}", run_dir.root(), attempt);
-  const std::vector<std::string> lines = hang_report_for_directory(dir);
+// write into the attempt folder (worker_group.cpp sets DDP_FLIGHT_RECORDER_DIR; without
+// --log-dir that folder is in ddprun's temporary ROOT, removed when ddprun exits). Prints
+// nothing when no rank wrote a record.
+void print_hang_report(int fd, const RunDirectory& run_dir, const AttemptResult& attempt) {
+  const std::string& dir = attempt.flight_recorder_dir;
+  if (dir.empty()) return;  // the user chose where the dumps go; `ddprun trace` reads them
+  const std::vector<std::string> lines = hang_report_for_directory(dir, attempt.processes);
   if (lines.empty()) return;
   for (const auto& line : lines) notice(fd, line);
-  notice(fd, fmt::format("flight recorder dumps are in {} ('ddprun trace {}' prints this again)",
-                         dir, dir));
+  if (run_dir.persistent()) {
+    notice(fd, fmt::format("flight recorder dumps are in {} ('ddprun trace {}' prints this again)",
+                           dir, dir));
+  } else {
+    notice(fd, fmt::format("flight recorder dumps are in {}, a temporary folder removed when "
+                           "ddprun exits; pass --log-dir DIR to keep them for 'ddprun trace'",
+                           dir));
+  }
 }
 
 AgentResult report_failure(const AgentOptions& options, const AttemptResult& attempt, int restart) {
@@ -112,7 +119,7 @@ AgentResult run_single_node(const AgentOptions& options) {
       case AttemptOutcome::kFailed:
         break;
     }
-    print_hang_report(options.notice_fd, run_dir, restart);
+    print_hang_report(options.notice_fd, run_dir, attempt);
     if (restart < options.max_restarts) {
       notice(options.notice_fd,
              fmt::format("{}; restarting the worker group (restart {} of {})",
@@ -243,7 +250,7 @@ AgentResult run_multi_node(const AgentOptions& options) {
                            reason.value_or("no reason given")));
         continue;
       case AttemptOutcome::kFailed: {
-        print_hang_report(options.notice_fd, run_dir, round.generation);
+        print_hang_report(options.notice_fd, run_dir, attempt);
         std::string why =
             fmt::format("{} on {}", describe_failure(*attempt.root_cause), options.host);
         notice(options.notice_fd, why + "; every node re-joins the rendezvous");

@@ -2,6 +2,7 @@
 // a rank frozen inside a collective, all ranks stuck together, nothing wrong, and parsing.
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <string>
 #include <vector>
@@ -94,6 +95,48 @@ TEST(HangReport, RankWithoutDumpDied) {
             "hang report: rank 2 wrote no record (died, or could not reach the store); ranks 0,1 "
             "wait in all_reduce #13 since 6.0 s")
       << all(lines);
+}
+
+TEST(HangReport, LauncherViewTellsDiedFromFrozen) {
+  RankProcess died;
+  died.global_rank = 2;
+  died.pid = 77;
+  died.host = "node";
+  died.state = RankProcess::State::kExited;
+  died.exit = "was killed by SIGKILL";
+  died.at_us = kT0 + 5'000'000;  // 2 s before the dumps
+  RankProcess stopped = died;
+  stopped.state = RankProcess::State::kStopped;
+  const std::vector<FlightDump> dumps = {rank_dump(0, 3, 12, "started"),
+                                         rank_dump(1, 3, 12, "started")};
+  EXPECT_EQ(analyze_hang(dumps, {died})[0],
+            "hang report: rank 2 died: its process (pid 77 on node) was killed by SIGKILL 2.0 s "
+            "before the first record was written and wrote no record; ranks 0,1 wait in "
+            "all_reduce #13 since 6.0 s");
+  EXPECT_EQ(analyze_hang(dumps, {stopped})[0],
+            "hang report: rank 2 is frozen: its process (pid 77 on node) is alive but stopped "
+            "(SIGSTOP, job control or a debugger), so it could not write its record; ranks 0,1 "
+            "wait in all_reduce #13 since 6.0 s");
+  RankProcess alive = stopped;
+  alive.state = RankProcess::State::kRunning;
+  EXPECT_NE(analyze_hang(dumps, {alive})[0].find("rank 2 is frozen: its process (pid 77 on node) "
+                                                 "is alive but made no progress"),
+            std::string::npos);
+}
+
+TEST(HangReport, CallerTagNamesTheCollective) {
+  FlightDump a = rank_dump(0, 2, 12, "started"), b = rank_dump(1, 2, 12);
+  a.entries.back().tag = "DDP bucket 2, iteration 7";
+  b.entries.back().tag = "DDP bucket 1, iteration 7";
+  EXPECT_EQ(analyze_hang({a, b})[0],
+            "hang report: rank 1 is behind: its last collective was all_reduce #12 (float32 x "
+            "256, sum, completed; DDP bucket 1, iteration 7); rank 0 waits in all_reduce #13 "
+            "(DDP bucket 2, iteration 7) since 6.0 s");
+}
+
+TEST(HangReport, ProcessStateOfThisProcessAndAGoneOne) {
+  EXPECT_EQ(process_state(::getpid()), RankProcess::State::kRunning);
+  EXPECT_EQ(process_state(1 << 30), RankProcess::State::kExited);
 }
 
 TEST(HangReport, RankFrozenInsideAnOlderCollective) {

@@ -67,6 +67,21 @@ class FlightRecorder {
   // The caller tag recorded with every later record() (DDP: "bucket=3 iter=120"); "" clears.
   void set_tag(std::string_view tag);
 
+  // Tags every collective this thread issues, on any group, while the object lives; it wins
+  // over the group's set_tag. Nested scopes restore the outer tag. DDP's Reducer wraps each
+  // bucket launch in one ("DDP bucket 2, iteration 7"): a thread-local tag cannot leak onto a
+  // collective another thread issues on the same group meanwhile. Allocation-free.
+  class ScopedThreadTag {
+   public:
+    explicit ScopedThreadTag(std::string_view tag);
+    ~ScopedThreadTag();
+    ScopedThreadTag(const ScopedThreadTag&) = delete;
+    ScopedThreadTag& operator=(const ScopedThreadTag&) = delete;
+
+   private:
+    char saved_[kTagBytes];
+  };
+
   uint64_t record(const CollectiveRecordInfo& info);
   void started(uint64_t id);
   // error is copied only on failure.
