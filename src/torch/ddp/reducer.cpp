@@ -160,6 +160,7 @@ void Reducer::rebuild_buckets_locked() {
   ready_order_.clear();
   if (pg_->size() > 1) {
     auto wire = torch::tensor(order, torch::kInt64).to(comm_device(*pg_));
+    FlightRecorder::ScopedThreadTag tag(fmt::format("DDP bucket order, iteration {}", iteration_));
     WorkPtr work = broadcast(*pg_, wire, /*root=*/0);
     wait_on_current_stream(*pg_, *work, config_.timeout);
     wire = wire.cpu();
@@ -285,6 +286,9 @@ void Reducer::launch_ready_buckets_locked() {
     Bucket& bucket = buckets_[next_bucket_++];
     bucket.launched_at = Timeline::Clock::now();
     bucket.completion_recorded = false;
+    // The flight recorder names the bucket and iteration of each collective the hook issues.
+    FlightRecorder::ScopedThreadTag tag(
+        fmt::format("DDP bucket {}, iteration {}", next_bucket_ - 1, iteration_));
     try {
       bucket.reduction = config_.comm_hook->launch(*pg_, bucket.buffer);
     } catch (...) {
@@ -340,6 +344,8 @@ void Reducer::finalize_locked() {
   if (config_.find_unused_parameters) {
     // On the group's device (the GPU for nccl); read back on the host after the wait.
     global_used = torch::tensor(locally_used_, torch::kInt32).to(comm_device(*pg_));
+    FlightRecorder::ScopedThreadTag tag(
+        fmt::format("DDP used-parameter counts, iteration {}", iteration_));
     used_work = all_reduce(*pg_, global_used, ReduceOp::kSum);
   }
   size_t finishing = 0;

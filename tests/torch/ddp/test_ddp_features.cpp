@@ -119,6 +119,33 @@ TEST(DdpFeatures, TimelineHasForwardBackwardBucketsAndStep) {
   std::filesystem::remove_all(dir);
 }
 
+// Every collective DDP issues carries a flight recorder tag naming what it is for, so a hang
+// report says "all_reduce #13 (DDP bucket 1, iteration 2)".
+TEST(DdpFeatures, FlightRecorderTagsNameTheBucketAndIteration) {
+  std::vector<std::set<std::string>> tags(2);
+  run_ranks(2, [&](int rank, ddp::ProcessGroupPtr pg) {
+    ASSERT_NE(pg->flight_recorder(), nullptr) << "the recorder is on by default";
+    ddp::test::Cnn net;
+    DistributedDataParallel model(net, pg);
+    torch::optim::SGD opt(model.parameters(), 0.1);
+    for (int step = 0; step < 2; ++step) {
+      opt.zero_grad();
+      torch::nll_loss(model(torch::randn({2, 1, 28, 28})), torch::tensor({1, 2})).backward();
+      model.step(opt);
+    }
+    pg->all_reduce(nullptr, 0, ddp::DataType::kFloat32, ddp::ReduceOp::kSum)->wait();
+    for (const auto& e : nlohmann::json::parse(pg->flight_recorder()->dump_json("test"))["entries"])
+      tags[rank].insert(e.value("tag", ""));
+  });
+  for (int r = 0; r < 2; ++r) {
+    for (const char* want :
+         {"DDP construction", "DDP bucket 0, iteration 1", "DDP bucket order, iteration 1",
+          "DDP bucket 0, iteration 2", "DDP bucket 1, iteration 2", ""}) {
+      EXPECT_EQ(tags[r].count(want), 1u) << "rank " << r << " lacks tag '" << want << "'";
+    }
+  }
+}
+
 // What the "ddp.ddp" logger printed while `fn` ran.
 std::string ddp_log_during(const std::function<void()>& fn) {
   auto logger = ddp::log::get("ddp.ddp");
