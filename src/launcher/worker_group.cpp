@@ -238,7 +238,12 @@ class AttemptRunner {
       if (fds[0].revents != 0) handle_signals();
       if (watch_stop && fds[1].revents != 0) {
         stop_requested_ = true;
-        if (!stopping()) begin_stop(SIGTERM);
+        if (!stopping()) {
+          if (phase_ == Phase::kRunning && root_cause_ == nullptr) {
+            processes_ = snapshot_processes();  // the hang report of a multi-node run
+          }
+          begin_stop(SIGTERM);
+        }
       }
       reap();
       on_clock();
@@ -510,6 +515,8 @@ class AttemptRunner {
     }
     if (root_cause_ == nullptr && stop_requested_ && !all_succeeded()) {
       r.outcome = AttemptOutcome::kStopped;
+      r.processes = processes_;
+      r.flight_recorder_dir = dump_dir_;
       return r;
     }
     if (root_cause_ == nullptr) {

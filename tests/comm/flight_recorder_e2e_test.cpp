@@ -15,6 +15,9 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
+
+#include "ddp/util/socket.hpp"
 
 namespace {
 
@@ -204,4 +207,36 @@ TEST(FlightRecorderE2E, StoreHostThatExitedIsNamedAndTheOthersStillDump) {
   EXPECT_NE(r.trace.find("ddprun: hang report: rank 0 wrote no record"), std::string::npos)
       << r.trace << "\n"
       << r.launch_output;
+}
+
+// Two agents on this machine (c10d rendezvous, --nnodes 2, 2 workers each, separate log dirs):
+// rank 3 on node 1 stops after #12. Each agent shares its records through the rendezvous store,
+// so node 0's report names rank 3 although rank 3's dump is only in node 1's folder.
+TEST(FlightRecorderE2E, TwoNodesOnLocalhostShareTheirRecords) {
+  std::string base = ::testing::TempDir() + "fr_e2e_XXXXXX";
+  ASSERT_NE(::mkdtemp(base.data()), nullptr);
+  const int port = ddp::net::free_tcp_port("127.0.0.1");
+  auto agent = [&](int node) {
+    return std::string("HANG_WORKER_TIMEOUT_MS=3000 timeout -k 2 18 ") + DDPRUN_BIN +
+           " --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:" +
+           std::to_string(port) + " --rdzv-id hang2 --log-dir " + base + "/logs" +
+           std::to_string(node) + " " + HANG_WORKER + " cpu stall 3 12 > " + base + "/node" +
+           std::to_string(node) + ".txt 2>&1";
+  };
+  std::thread node1([&] { EXPECT_NE(std::system(agent(1).c_str()), 0); });
+  EXPECT_NE(std::system(agent(0).c_str()), 0);
+  node1.join();
+  for (int node = 0; node < 2; ++node) {
+    const std::string out = read_file(base + "/node" + std::to_string(node) + ".txt");
+    EXPECT_NE(out.find("ddprun: hang report: rank 3 is behind: its last collective was "
+                       "all_reduce #12 (float32 x 256, sum, completed; iter=12); ranks 0,1,2 "
+                       "wait in all_reduce #13 (iter=13) since "),
+              std::string::npos)
+        << "node " << node << ":\n"
+        << out;
+    EXPECT_NE(out.find("ddprun: hang report from 2 of 2 nodes"), std::string::npos) << out;
+  }
+  // Rank 3's dump exists on node 1 only: node 0 learned it through the store.
+  EXPECT_FALSE(std::filesystem::exists(base + "/logs0/hang2/attempt_0/"
+                                              "flight_recorder.default_pg_0.rank3.json"));
 }

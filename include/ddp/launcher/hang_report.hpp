@@ -77,6 +77,18 @@ std::vector<std::string> analyze_hang(const std::vector<FlightDump>& dumps,
 std::vector<std::string> hang_report_for_directory(const std::string& dir,
                                                    const std::vector<RankProcess>& processes = {});
 
+// Multi-node: one node's share of the report, published through the rendezvous store so the
+// report on every node covers the whole job. encode_node_records packs the dumps found in
+// `dir` (each cut to its last kSharedEntries entries, paths prefixed "HOST:") and `processes`
+// into one JSON text; "" when `dir` holds no dump and `processes` is empty.
+inline constexpr size_t kSharedEntries = 400;
+std::string encode_node_records(const std::string& dir, const std::vector<RankProcess>& processes,
+                                const std::string& host);
+// The analysis of every node's share (encode_node_records texts; "" entries are skipped, a
+// dump seen twice, from a log dir the nodes share, counts once). Empty when no node had a dump.
+// Never throws: a malformed share becomes a line saying so.
+std::vector<std::string> hang_report_for_nodes(const std::vector<std::string>& node_records);
+
 // Reads the state of a live process from /proc/<pid>/stat (kRunning or kStopped); kExited when
 // it is gone or a zombie.
 RankProcess::State process_state(int64_t pid);

@@ -69,10 +69,11 @@ struct AttemptResult {
   std::optional<WorkerFailure> root_cause;  // kFailed: the first worker that failed
   std::vector<WorkerFailure> others;        // other non-zero exits (kFailed)
   int signal = 0;                           // kInterrupted: the signal received
-  // kFailed: every worker's process as ddprun saw it at the first failure (hang report).
+  // kFailed (kStopped): every worker's process as ddprun saw it at the first failure (at the
+  // stop request), for the hang report.
   std::vector<RankProcess> processes;
-  // Where ddprun told the workers to write flight recorder dumps (DDP_FLIGHT_RECORDER_DIR: the
-  // attempt folder); "" when the user chose the directory.
+  // kFailed, kStopped: where ddprun told the workers to write flight recorder dumps
+  // (DDP_FLIGHT_RECORDER_DIR: the attempt folder); "" when the user chose the directory.
   std::string flight_recorder_dir;
 };
 

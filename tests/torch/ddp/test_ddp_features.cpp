@@ -133,7 +133,7 @@ TEST(DdpFeatures, FlightRecorderTagsNameTheBucketAndIteration) {
       torch::nll_loss(model(torch::randn({2, 1, 28, 28})), torch::tensor({1, 2})).backward();
       model.step(opt);
     }
-    pg->all_reduce(nullptr, 0, ddp::DataType::kFloat32, ddp::ReduceOp::kSum)->wait();
+    pg->all_reduce(nullptr, 0, ddp::DataType::kFloat32, ddp::ReduceOp::kSum)->wait(pg->timeout());
     for (const auto& e : nlohmann::json::parse(pg->flight_recorder()->dump_json("test"))["entries"])
       tags[rank].insert(e.value("tag", ""));
   });
