@@ -3,12 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <signal.h>
-
 #include <algorithm>
 #include <sstream>
 
-#include "ddp/util/dump_signal.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/logging.hpp"
 
@@ -32,33 +29,6 @@ CallInfo decode(const std::string& s) {
   c.op = static_cast<ReduceOp>(op);
   c.has_op = has_op != 0;
   return c;
-}
-
-// Dump requests from the launcher (flight_recorder_dump_signal()); every group's watcher
-// compares it with the count it saw when it started. Lock-free, so the handler is
-// async-signal-safe.
-std::atomic<uint64_t> g_dump_signals{0};
-static_assert(std::atomic<uint64_t>::is_always_lock_free);
-
-void on_dump_signal(int) {
-  g_dump_signals.fetch_add(1, std::memory_order_relaxed);
-}
-
-// Once per process, and only over the default disposition: a program that handles the signal
-// itself keeps its handler (ddprun then sees it caught and may send it; the program decides).
-void install_dump_signal_handler() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const int sig = flight_recorder_dump_signal();
-    struct sigaction old {};
-    if (::sigaction(sig, nullptr, &old) != 0) return;
-    if ((old.sa_flags & SA_SIGINFO) != 0 || old.sa_handler != SIG_DFL) return;
-    struct sigaction sa {};
-    sa.sa_handler = on_dump_signal;
-    sa.sa_flags = SA_RESTART;  // interrupted system calls resume: the program never sees EINTR
-    ::sigemptyset(&sa.sa_mask);
-    ::sigaction(sig, &sa, nullptr);
-  });
 }
 
 void check_buffer(const void* p, size_t count, const char* name, const char* op) {
@@ -86,7 +56,7 @@ AsyncProcessGroup::AsyncProcessGroup(GroupConfig config)
     id.global_ranks = config_.global_ranks;
     recorder_ = std::make_unique<FlightRecorder>(std::move(id), config_.flight_recorder_entries);
     if (config_.size > 1 && config_.store) {
-      install_dump_signal_handler();
+      FlightRecorder::install_dump_signal_handler();
       watcher_ = std::thread([this] { watcher_loop(); });
     }
   }
@@ -193,7 +163,7 @@ void AsyncProcessGroup::on_failure(const CallInfo& call, const std::string& what
 
 void AsyncProcessGroup::watcher_loop() {
   const std::string key = config_.prefix + "flight_recorder/dump";
-  const uint64_t signals_seen = g_dump_signals.load(std::memory_order_relaxed);
+  const uint64_t signals_seen = FlightRecorder::dump_signals_received();
   std::unique_lock<std::mutex> lock(watch_mutex_);
   for (;;) {
     if (watch_cv_.wait_for(lock, kWatchInterval, [&] { return watch_stop_; })) return;
@@ -202,7 +172,7 @@ void AsyncProcessGroup::watcher_loop() {
     if (dumped_) return;
     lock.unlock();
     try {
-      if (g_dump_signals.load(std::memory_order_relaxed) != signals_seen) {
+      if (FlightRecorder::dump_signals_received() != signals_seen) {
         // The launcher asks (a rank died): this rank writes its record and passes the request
         // on through the store, so the group's ranks on other nodes write theirs too.
         const std::string why = "requested by the launcher (a rank of the job failed)";

@@ -58,6 +58,13 @@ class FlightRecorder {
   // DDP_FLIGHT_RECORDER_DIR, else "" (dump_to_file then picks a temporary directory).
   static std::string dir_from_env();
 
+  // The launcher's requests for a dump (flight_recorder_dump_signal(), ddp/util/dump_signal.hpp).
+  // install_dump_signal_handler() installs the handler once per process, only over the
+  // default disposition (a program's own handler stays); dump_signals_received() counts the
+  // requests so far (a group's watcher dumps when it changes). Async-signal-safe counter.
+  static void install_dump_signal_handler();
+  static uint64_t dump_signals_received();
+
   FlightRecorder(FlightRecorderIdentity identity, size_t capacity);
 
   bool enabled() const { return capacity_ > 0; }

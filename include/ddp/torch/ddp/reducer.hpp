@@ -36,6 +36,7 @@
 #include "ddp/comm/process_group.hpp"
 #include "ddp/torch/ddp/bucketing.hpp"
 #include "ddp/torch/ddp/comm_hooks.hpp"
+#include "ddp/torch/ddp/straggler.hpp"
 #include "ddp/torch/ddp/timeline.hpp"
 
 namespace ddp {
@@ -48,6 +49,8 @@ struct ReducerConfig {
   CommHookPtr comm_hook;  // null: allreduce_hook()
   std::chrono::milliseconds timeout{ProcessGroup::kDefaultTimeout};
   std::shared_ptr<Timeline> timeline;  // null: no spans recorded
+  // Synchronized iterations per straggler check (straggler.hpp); 0: off.
+  int64_t straggler_window = StragglerMonitor::window_from_env();
 };
 
 class Reducer {
@@ -127,6 +130,7 @@ class Reducer {
   int64_t iteration_ = 0;  // synchronized backwards begun so far (the current one's number)
   std::vector<size_t> ready_order_;  // gradients in ready order, until the rebuild
   Timeline::Clock::time_point backward_begin_;
+  StragglerMonitor stragglers_;  // this rank's waits for its peers in the bucket all-reduces
 };
 
 }  // namespace ddp
