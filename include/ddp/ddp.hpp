@@ -25,9 +25,11 @@
 #include "ddp/comm/world_info.hpp"
 #include "ddp/util/error.hpp"
 
-// DistributedDataParallel, its options and communication hooks, the device of this rank.
+// DistributedDataParallel, its options and communication hooks, Join for uneven inputs, the
+// device of this rank.
 #include "ddp/torch/ddp/comm_hooks.hpp"
 #include "ddp/torch/ddp/distributed_data_parallel.hpp"
+#include "ddp/torch/ddp/join.hpp"
 #include "ddp/torch/ddp/local_device.hpp"
 #include "ddp/torch/ddp/options.hpp"
 
@@ -41,8 +43,10 @@
 #include "ddp/torch/data/synthetic_dataset.hpp"
 #include "ddp/torch/data/tensor_dataset.hpp"
 
-// Optimizers, snapshots, progress.
+// Optimizers (FusedAdam, ZeroRedundancyOptimizer), snapshots, progress.
 #include "ddp/torch/optim/fused_adam.hpp"
+#include "ddp/torch/optim/optimizer_state_bytes.hpp"
+#include "ddp/torch/optim/zero_redundancy_optimizer.hpp"
 #include "ddp/torch/progress/progress.hpp"
 #include "ddp/torch/snapshot/snapshot.hpp"
 #include "ddp/util/malloc_tuning.hpp"

@@ -148,7 +148,9 @@ void DistributedDataParallelBase::before_forward() {
   // A backward that ended outside the engine's callbacks is completed before moving on.
   reducer_->finalize();
   forward_begin_ = Timeline::Clock::now();
-  if (options_.broadcast_buffers() && pg_->size() > 1 && !buffers_.empty()) {
+  if (join_config().enable) {
+    join_before_forward();  // the Join protocol's collectives, buffers included (ddp_join.cpp)
+  } else if (options_.broadcast_buffers() && pg_->size() > 1 && !buffers_.empty()) {
     FlightRecorder::ScopedThreadTag tag("DDP buffer broadcast");
     broadcast_tensors(*pg_, buffers_, /*root=*/0, timeout_);
   }

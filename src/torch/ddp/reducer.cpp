@@ -363,6 +363,7 @@ void Reducer::finalize_locked() {
       Bucket& bucket = buckets_[finishing];
       bucket.reduction->finish(config_.timeout);
       bucket.reduction.reset();
+      if (gradient_scale_ != 1.0) bucket.buffer.mul_(gradient_scale_);  // Join, see header
       if (config_.timeline && !bucket.completion_recorded) {
         config_.timeline->add_span(fmt::format("allreduce bucket {}", finishing),
                                    Timeline::Track::kComm, bucket.launched_at,
@@ -379,15 +380,7 @@ void Reducer::finalize_locked() {
       config_.timeline->add_span("wait for peers", Timeline::Track::kCompute, wait_begin, wait_end);
     }
     ++finishing;  // past the used-parameter counts: names the statistics below if they fail
-    stragglers_.end_iteration(*pg_, iteration_, [&](std::vector<double>& sums) {
-      FlightRecorder::ScopedThreadTag tag(
-          fmt::format("DDP straggler statistics, iteration {}", iteration_));
-      auto wire = torch::tensor(sums, torch::kFloat64).to(comm_device(*pg_));
-      WorkPtr work = all_reduce(*pg_, wire, ReduceOp::kSum);
-      wait_on_current_stream(*pg_, *work, config_.timeout);
-      wire = wire.cpu();
-      std::copy(wire.data_ptr<double>(), wire.data_ptr<double>() + sums.size(), sums.begin());
-    });
+    end_straggler_iteration_locked();
   } catch (...) {
     abandon_iteration_locked();
     rethrow_with_iteration_context(
@@ -432,6 +425,20 @@ void Reducer::finalize_locked() {
         "legitimately unused (conditional branches, frozen heads)",
         missing.size(), pg_->rank(), join_names(names_, missing, 10)));
   }
+}
+
+// Every rank calls this once per synchronized backward, a joined rank from its shadow backward
+// too (reducer_join.cpp), so the window's exchange is issued by every rank at the same point.
+void Reducer::end_straggler_iteration_locked() {
+  stragglers_.end_iteration(*pg_, iteration_, [&](std::vector<double>& sums) {
+    FlightRecorder::ScopedThreadTag tag(
+        fmt::format("DDP straggler statistics, iteration {}", iteration_));
+    auto wire = torch::tensor(sums, torch::kFloat64).to(comm_device(*pg_));
+    WorkPtr work = all_reduce(*pg_, wire, ReduceOp::kSum);
+    wait_on_current_stream(*pg_, *work, config_.timeout);
+    wire = wire.cpu();
+    std::copy(wire.data_ptr<double>(), wire.data_ptr<double>() + sums.size(), sums.begin());
+  });
 }
 
 void Reducer::warn_if_unused_option_is_unneeded(const int32_t* global_used) const {

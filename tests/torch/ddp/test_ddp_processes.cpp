@@ -2,6 +2,7 @@
 // torchrun's environment; the ranks meet through init_process_group's env:// TcpStore on a
 // port found by binding port 0. The test process trains the one-process reference and compares.
 // "--blas-probe" starts one DDP process with a chosen BLAS preloaded, for DDP's BLAS warning.
+// "--worker DIR join" trains uneven inputs under ddp::Join with DDP and ZeroRedundancyOptimizer.
 // "--resume" ranks resume from snapshots (SnapshotManager::load_agreed), each from a path of
 // its own (node-local disks) or all from one (a shared file system).
 #include <fcntl.h>
@@ -22,6 +23,8 @@
 #include "ddp/comm/init.hpp"
 #include "ddp/store/hash_store.hpp"
 #include "ddp/torch/ddp/distributed_data_parallel.hpp"
+#include "ddp/torch/ddp/join.hpp"
+#include "ddp/torch/optim/zero_redundancy_optimizer.hpp"
 #include "ddp/torch/snapshot/snapshot.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/socket.hpp"
@@ -67,6 +70,34 @@ int worker_main(const std::string& dir, bool mismatch) {
     auto out = model(xs[s].narrow(0, rank * kBatch, kBatch));
     torch::nll_loss(out, ys[s].narrow(0, rank * kBatch, kBatch)).backward();
     model.step(opt);
+  }
+  torch::save(net, (fs::path(dir) / ("rank" + std::to_string(rank) + ".pt")).string());
+  return 0;
+}
+
+// "--worker DIR join": rank r trains kSteps - r steps of the CNN (uneven inputs) with DDP and
+// ZeroRedundancyOptimizer under ddp::Join, then saves its parameters like worker_main.
+int join_worker_main(const std::string& dir) {
+  torch::set_num_threads(1);
+  ddp::InitOptions opts;
+  opts.timeout = std::chrono::seconds(60);
+  auto pg = ddp::init_process_group(opts);
+  const int rank = pg->rank(), world = pg->size();
+  std::vector<torch::Tensor> xs, ys;
+  make_data(world, xs, ys);
+  torch::manual_seed(100 + rank);
+  ddp::test::Cnn net;
+  ddp::DistributedDataParallel model(net, pg);
+  ddp::ZeroRedundancyOptimizer<torch::optim::Adam> opt(model.parameters(),
+                                                       torch::optim::AdamOptions(1e-3), pg);
+  {
+    ddp::Join joined({&model, &opt});
+    for (int s = 0; s < kSteps - rank; ++s) {
+      opt.zero_grad();
+      auto out = model(xs[s].narrow(0, rank * kBatch, kBatch));
+      torch::nll_loss(out, ys[s].narrow(0, rank * kBatch, kBatch)).backward();
+      opt.step();
+    }
   }
   torch::save(net, (fs::path(dir) / ("rank" + std::to_string(rank) + ".pt")).string());
   return 0;
@@ -261,6 +292,24 @@ TEST(DdpProcesses, TwoProcessesMatchOneProcessWithTheWholeBatch) {
   fs::remove_all(dir);
 }
 
+// Uneven inputs across real processes (3, 2 and 1 steps): Join with DDP and ZeRO neither hangs
+// nor desynchronizes; every rank ends with the same parameters (the Join tests in
+// test_ddp_multirank compare the values with PyTorch's Join).
+TEST(DdpProcesses, JoinWithZeroOnUnevenInputsEndsIdentical) {
+  const int world = 3;
+  auto dir = temp_dir("ddp_join");
+  auto exits = run_worker_args(world, {"--worker", dir.string(), "join"});
+  for (int r = 0; r < world; ++r) ASSERT_EQ(exits[r].code, 0) << "rank " << r;
+  ddp::test::Cnn first;
+  torch::load(first, (dir / "rank0.pt").string());
+  for (int r = 1; r < world; ++r) {
+    ddp::test::Cnn other;
+    torch::load(other, (dir / ("rank" + std::to_string(r) + ".pt")).string());
+    EXPECT_EQ(ddp::test::max_relative_error(*other, *first), 0.0) << "rank " << r;
+  }
+  fs::remove_all(dir);
+}
+
 TEST(DdpProcesses, MismatchedModelFailsEveryRank) {
   auto dir = temp_dir("ddp_mismatch");
   auto exits = run_workers(2, dir.string(), true);
@@ -370,6 +419,7 @@ int main(int argc, char** argv) {
   if (argc == 4 && std::string(argv[1]) == "--resume") return resume_main(argv[2], argv[3]);
   if (argc == 4 && std::string(argv[1]) == "--worker") {
     try {
+      if (std::string(argv[3]) == "join") return join_worker_main(argv[2]);
       return worker_main(argv[2], std::string(argv[3]) == "mismatch");
     } catch (const std::exception& e) {
       std::fprintf(stderr, "worker: %s\n", e.what());

@@ -35,6 +35,7 @@
 
 #include "ddp/comm/process_group.hpp"
 #include "ddp/torch/ddp/comm_hooks.hpp"
+#include "ddp/torch/ddp/join.hpp"
 #include "ddp/torch/ddp/options.hpp"
 #include "ddp/torch/ddp/reducer.hpp"
 #include "ddp/torch/ddp/state.hpp"
@@ -43,6 +44,7 @@
 namespace ddp {
 
 class DistributedDataParallelBase;
+class DdpJoinHook;
 
 // While alive, backward passes only accumulate gradients locally (no communication); the
 // first backward after it ends averages everything accumulated (gradient accumulation).
@@ -60,8 +62,9 @@ class NoSyncGuard {
   bool previous_ = true;
 };
 
-// Everything that does not depend on the module's type.
-class DistributedDataParallelBase {
+// Everything that does not depend on the module's type. Joinable (join.hpp): a rank that ran
+// out of inputs inside a ddp::Join guard shadows the others' bucket all-reduces with zeros.
+class DistributedDataParallelBase : public Joinable {
  public:
   DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr pg,
                               DistributedDataParallelOptions options);
@@ -103,6 +106,11 @@ class DistributedDataParallelBase {
   // Parameter names per gradient bucket, in launch order.
   std::vector<std::vector<std::string>> bucket_names() const { return reducer_->bucket_names(); }
 
+  // Joinable (ddp_join.cpp).
+  std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override;
+  ProcessGroup& join_process_group() const override { return *pg_; }
+  std::chrono::milliseconds join_timeout() const override { return timeout_; }
+
   // This rank's timeline, or null when options().timeline_path() is empty.
   Timeline* timeline() const { return timeline_.get(); }
   // The file the timeline goes to ("" when disabled).
@@ -125,6 +133,18 @@ class DistributedDataParallelBase {
   std::string timeline_file_;
   std::vector<torch::Tensor> buffers_;
   std::unique_ptr<Reducer> reducer_;
+
+  // Join protocol (ddp_join.cpp). A rank still training, before its forward: the "not joined"
+  // all-reduce, the buffers from the highest rank still training, the "will backward sync"
+  // flag. A joined rank shadows those and the backward; at the end every rank takes the
+  // parameters and buffers of the last rank to join.
+  friend class DdpJoinHook;
+  void join_before_forward();
+  void join_shadow_iteration();
+  void join_sync_final_model(bool is_last_joiner);
+  // The rank every rank agrees on: the highest whose `candidate` is true.
+  int join_common_rank(bool candidate);
+  bool join_divide_by_initial_world_size_ = true;
 };
 
 namespace detail {

@@ -73,6 +73,16 @@ class Reducer {
   // Completes a backward whose final callback has not run yet; no-op when none is pending.
   void finalize();
 
+  // Join (join.hpp, reducer_join.cpp). The averages of later backwards are multiplied by
+  // `scale` (1 by default): under Join with divide_by_initial_world_size off, world size over
+  // the number of ranks still training, so the average is over those ranks only.
+  void set_gradient_scale(double scale);
+  // On a rank that has joined: issues the collectives of one synchronized backward of the
+  // ranks still training, with zero gradients (every bucket's hook on a zero buffer, the
+  // used-parameter all-reduce, the one-time bucket rebuild), and waits for them. This rank's
+  // gradients are left as they are, as PyTorch leaves them.
+  void shadow_backward_for_join();
+
   // Bucket contents as parameter names, in launch order (diagnostics, tests).
   std::vector<std::vector<std::string>> bucket_names() const;
 
@@ -95,6 +105,7 @@ class Reducer {
   void launch_ready_buckets_locked();
   void poll_completions_locked();
   void finalize_locked();
+  void end_straggler_iteration_locked();  // straggler.hpp's exchange point
   void reset_iteration_locked();
   // Rank 0, once: a warning when find_unused_parameters found every parameter used
   // (`global_used`: per parameter, how many ranks produced its gradient).
@@ -130,6 +141,7 @@ class Reducer {
   int64_t iteration_ = 0;  // synchronized backwards begun so far (the current one's number)
   std::vector<size_t> ready_order_;  // gradients in ready order, until the rebuild
   Timeline::Clock::time_point backward_begin_;
+  double gradient_scale_ = 1.0;  // set_gradient_scale
   StragglerMonitor stragglers_;  // this rank's waits for its peers in the bucket all-reduces
 };
 

@@ -1,0 +1,270 @@
+#include "ddp/torch/optim/zero_redundancy_optimizer.hpp"
+
+#include <fmt/format.h>
+#include <torch/serialize/archive.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "ddp/torch/ddp/stream_order.hpp"
+#include "ddp/torch/ddp/tensor_adapter.hpp"
+#include "ddp/torch/optim/optimizer_state_bytes.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp {
+namespace {
+
+std::string state_key(const torch::Tensor& p) {
+  return c10::guts::to_string(p.unsafeGetTensorImpl());  // LibTorch's own state key
+}
+
+std::string archive_bytes(const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void load_bytes(torch::optim::Optimizer& optimizer, const std::string& bytes) {
+  std::istringstream in(bytes);
+  torch::serialize::InputArchive archive;
+  archive.load_from(in);
+  optimizer.load(archive);
+}
+
+// Waits for `work`, naming what timed out.
+void wait_for(ProcessGroup& pg, Work& work, const std::string& what) {
+  try {
+    wait_on_current_stream(pg, work, pg.timeout());
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(fmt::format(
+        "ZeroRedundancyOptimizer: {} did not finish on rank {}: {}. Every rank must call "
+        "step() (and consolidate_state_dict) the same number of times; with uneven inputs "
+        "wrap the loop in ddp::Join",
+        what, pg.rank(), e.what()));
+  }
+}
+
+// `bytes` from `root` to every rank (the others' `bytes` are replaced). Collective.
+void broadcast_bytes(ProcessGroup& pg, std::string& bytes, int root) {
+  const torch::Device device = comm_device(pg);
+  auto size = torch::full({1}, static_cast<int64_t>(bytes.size()), torch::kInt64).to(device);
+  WorkPtr work = broadcast(pg, size, root);
+  wait_for(pg, *work, fmt::format("the state size broadcast from rank {}", root));
+  const int64_t n = size.cpu().item<int64_t>();
+  auto data = torch::empty({std::max<int64_t>(n, 1)}, torch::kUInt8);
+  if (pg.rank() == root && n > 0) std::memcpy(data.data_ptr(), bytes.data(), n);
+  data = data.to(device);
+  work = broadcast(pg, data, root);
+  wait_for(pg, *work, fmt::format("the state broadcast from rank {}", root));
+  data = data.cpu();
+  bytes.assign(reinterpret_cast<const char*>(data.data_ptr()), n);
+}
+
+}  // namespace
+
+class ZeroJoinHook : public JoinHook {
+ public:
+  explicit ZeroJoinHook(ZeroRedundancyOptimizerBase& zero) : zero_(zero) {}
+  // As PyTorch's: step the shard with the gradients at hand and take part in the all-gather.
+  void main_hook() override { zero_.step_and_sync(nullptr); }
+
+ private:
+  ZeroRedundancyOptimizerBase& zero_;
+};
+
+ZeroRedundancyOptimizerBase::ZeroRedundancyOptimizerBase(
+    std::vector<torch::optim::OptimizerParamGroup> groups,
+    std::unique_ptr<torch::optim::OptimizerOptions> defaults, ProcessGroupPtr pg)
+    : torch::optim::Optimizer(std::move(groups), std::move(defaults)), pg_(std::move(pg)) {}
+
+ZeroRedundancyOptimizerBase::~ZeroRedundancyOptimizerBase() = default;
+
+void ZeroRedundancyOptimizerBase::init() {
+  if (!pg_) throw UsageError("ZeroRedundancyOptimizer: the process group is null");
+  const torch::Tensor* first = nullptr;
+  for (const auto& group : param_groups_) {
+    for (const auto& p : group.params()) {
+      if (!first) first = &p;
+      if (p.layout() != c10::kStrided || !to_data_type(p.scalar_type())) {
+        throw UsageError(fmt::format(
+            "ZeroRedundancyOptimizer: a parameter of shape {} is sparse or of dtype {}, which "
+            "cannot be all-gathered; use dense float32/float64/float16/bfloat16 parameters",
+            c10::str(p.sizes()), c10::toString(p.scalar_type())));
+      }
+      if (p.scalar_type() != first->scalar_type() || p.device() != first->device()) {
+        throw UsageError(fmt::format(
+            "ZeroRedundancyOptimizer: parameters must share one dtype and device (the shards "
+            "travel as one buffer), found {} on {} and {} on {}; use one optimizer per dtype",
+            c10::toString(first->scalar_type()), first->device().str(),
+            c10::toString(p.scalar_type()), p.device().str()));
+      }
+      check_tensor_device(*pg_, p, "a ZeroRedundancyOptimizer parameter");
+    }
+  }
+  if (!first) throw UsageError("ZeroRedundancyOptimizer: no parameters to optimize");
+
+  // PyTorch's partition: per group, largest first (stable), each to the least-loaded rank;
+  // the loads carry over from group to group.
+  const int world = pg_->size();
+  shards_.assign(world, std::vector<std::vector<torch::Tensor>>(param_groups_.size()));
+  std::vector<int64_t> load(world, 0);
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    std::vector<torch::Tensor> sorted = param_groups_[g].params();
+    std::stable_sort(sorted.begin(), sorted.end(),
+                     [](const auto& a, const auto& b) { return a.numel() > b.numel(); });
+    for (const auto& p : sorted) {
+      const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+      shards_[r][g].push_back(p);
+      load[r] += p.numel();
+    }
+  }
+  local_ = make_optimizer(groups_with_options(shards_[pg_->rank()]));
+}
+
+std::vector<torch::optim::OptimizerParamGroup> ZeroRedundancyOptimizerBase::groups_with_options(
+    const std::vector<std::vector<torch::Tensor>>& params) const {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (size_t g = 0; g < params.size(); ++g) {
+    groups.emplace_back(params[g], param_groups_[g].options().clone());
+  }
+  return groups;
+}
+
+void ZeroRedundancyOptimizerBase::push_options(torch::optim::Optimizer& optimizer) const {
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    optimizer.param_groups()[g].set_options(param_groups_[g].options().clone());
+  }
+}
+
+torch::Tensor ZeroRedundancyOptimizerBase::step(LossClosure closure) {
+  Join::notify_join_context(*this);
+  return step_and_sync(std::move(closure));
+}
+
+torch::Tensor ZeroRedundancyOptimizerBase::step_and_sync(LossClosure closure) {
+  push_options(*local_);
+  torch::Tensor loss = local_->step(std::move(closure));
+  sync_params();
+  return loss;
+}
+
+// One all_gather_v: rank r contributes its shard's parameters flattened in shard order.
+void ZeroRedundancyOptimizerBase::sync_params() {
+  const int world = pg_->size();
+  if (world == 1) return;
+  torch::NoGradGuard no_grad;
+  const int me = pg_->rank();
+  std::vector<size_t> counts(world, 0);
+  for (int r = 0; r < world; ++r) {
+    for (const auto& group : shards_[r]) {
+      for (const auto& p : group) counts[r] += static_cast<size_t>(p.numel());
+    }
+  }
+  torch::TensorOptions options;
+  for (const auto& group : param_groups_) {
+    if (!group.params().empty()) options = group.params().front().options();
+  }
+  options = options.device(comm_device(*pg_)).requires_grad(false);
+  std::vector<torch::Tensor> mine;
+  for (const auto& group : shards_[me]) {
+    for (const auto& p : group) mine.push_back(p.detach().reshape({-1}));
+  }
+  torch::Tensor in = mine.empty() ? torch::empty({1}, options) : torch::cat(mine).to(options);
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  torch::Tensor out = torch::empty({static_cast<int64_t>(total)}, options);
+  const TensorBuffer in_buf = tensor_buffer(in, "ZeRO's shard");
+  const TensorBuffer out_buf = tensor_buffer(out, "ZeRO's gathered parameters");
+  use_current_stream(*pg_);
+  record_on_comm_stream(*pg_, in);
+  record_on_comm_stream(*pg_, out);
+  WorkPtr work = pg_->all_gather_v(in_buf.data, out_buf.data, counts, in_buf.dtype);
+  wait_for(*pg_, *work, "the parameter all-gather");
+  int64_t offset = 0;
+  for (int r = 0; r < world; ++r) {
+    for (const auto& group : shards_[r]) {
+      for (const auto& p : group) {
+        if (r != me) p.copy_(out.narrow(0, offset, p.numel()).view(p.sizes()));
+        offset += p.numel();
+      }
+    }
+  }
+}
+
+void ZeroRedundancyOptimizerBase::consolidate_state_dict(int to_rank) {
+  const int world = pg_->size();
+  if (to_rank < 0 || to_rank >= world) {
+    throw UsageError(fmt::format(
+        "ZeroRedundancyOptimizer::consolidate_state_dict: to_rank {} is not a rank of this "
+        "group of {}",
+        to_rank, world));
+  }
+  consolidated_.reset();
+  push_options(*local_);
+  const int me = pg_->rank();
+  std::unique_ptr<torch::optim::Optimizer> full;
+  if (me == to_rank) {
+    std::vector<std::vector<torch::Tensor>> all;
+    for (const auto& group : param_groups_) all.push_back(group.params());
+    full = make_optimizer(groups_with_options(all));
+  }
+  for (int r = 0; r < world; ++r) {
+    // The target rank needs every shard's state; through the bytes of LibTorch's archive, so
+    // the consolidated copy shares no tensor with the live state.
+    std::string bytes = r == me ? archive_bytes(*local_) : std::string();
+    if (r != to_rank) broadcast_bytes(*pg_, bytes, r);
+    if (me != to_rank) continue;
+    auto shard = make_optimizer(groups_with_options(shards_[r]));
+    load_bytes(*shard, bytes);
+    for (auto& item : shard->state()) full->state()[item.first] = std::move(item.second);
+  }
+  consolidated_ = std::move(full);
+}
+
+void ZeroRedundancyOptimizerBase::save(torch::serialize::OutputArchive& archive) const {
+  if (!consolidated_) {
+    throw UsageError(fmt::format(
+        "ZeroRedundancyOptimizer::save on rank {}: the optimizer state is sharded over {} "
+        "ranks and has not been consolidated on this rank; call consolidate_state_dict({}) on "
+        "every rank first, then save on rank {} only",
+        pg_->rank(), pg_->size(), pg_->rank(), pg_->rank()));
+  }
+  push_options(*consolidated_);
+  consolidated_->save(archive);
+}
+
+void ZeroRedundancyOptimizerBase::load(torch::serialize::InputArchive& archive) {
+  std::vector<std::vector<torch::Tensor>> all;
+  for (const auto& group : param_groups_) all.push_back(group.params());
+  auto full = make_optimizer(groups_with_options(all));
+  try {
+    full->load(archive);
+  } catch (const c10::Error& e) {
+    throw UsageError(fmt::format(
+        "ZeroRedundancyOptimizer::load on rank {}: the archive does not fit this optimizer "
+        "(it must hold the full state of the same optimizer type over the same parameter "
+        "groups, as save() after consolidate_state_dict writes): {}",
+        pg_->rank(), e.what_without_backtrace()));
+  }
+  local_->state().clear();
+  for (const auto& group : shards_[pg_->rank()]) {
+    for (const auto& p : group) {
+      auto it = full->state().find(state_key(p));
+      if (it != full->state().end()) local_->state()[state_key(p)] = std::move(it->second);
+    }
+  }
+  push_options(*local_);
+  consolidated_.reset();
+}
+
+size_t ZeroRedundancyOptimizerBase::local_state_bytes() const {
+  return optimizer_state_bytes(*local_);
+}
+
+std::unique_ptr<JoinHook> ZeroRedundancyOptimizerBase::join_hook(const JoinOptions&) {
+  return std::make_unique<ZeroJoinHook>(*this);
+}
+
+}  // namespace ddp
