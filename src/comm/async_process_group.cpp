@@ -55,7 +55,10 @@ AsyncProcessGroup::AsyncProcessGroup(GroupConfig config)
     id.group_size = config_.size;
     id.global_ranks = config_.global_ranks;
     recorder_ = std::make_unique<FlightRecorder>(std::move(id), config_.flight_recorder_entries);
-    if (config_.size > 1 && config_.store) watcher_ = std::thread([this] { watcher_loop(); });
+    if (config_.size > 1 && config_.store) {
+      FlightRecorder::install_dump_signal_handler();
+      watcher_ = std::thread([this] { watcher_loop(); });
+    }
   }
   worker_ = std::thread([this] { worker_loop(); });
 }
@@ -160,6 +163,7 @@ void AsyncProcessGroup::on_failure(const CallInfo& call, const std::string& what
 
 void AsyncProcessGroup::watcher_loop() {
   const std::string key = config_.prefix + "flight_recorder/dump";
+  const uint64_t signals_seen = FlightRecorder::dump_signals_received();
   std::unique_lock<std::mutex> lock(watch_mutex_);
   for (;;) {
     if (watch_cv_.wait_for(lock, kWatchInterval, [&] { return watch_stop_; })) return;
@@ -168,6 +172,16 @@ void AsyncProcessGroup::watcher_loop() {
     if (dumped_) return;
     lock.unlock();
     try {
+      if (FlightRecorder::dump_signals_received() != signals_seen) {
+        // The launcher asks (a rank died): this rank writes its record and passes the request
+        // on through the store, so the group's ranks on other nodes write theirs too.
+        const std::string why = "requested by the launcher (a rank of the job failed)";
+        const std::string path = dump_flight_record(why);
+        if (!config_.store->check({key})) config_.store->set(key, why);
+        config_.store->set(fmt::format("{}flight_recorder/dumped/{}", config_.prefix, rank_),
+                           path.empty() ? "-" : path);
+        return;
+      }
       if (config_.store->check({key})) {
         const std::string why = config_.store->get(key);
         const std::string path = dump_flight_record("requested by a peer: " + why);

@@ -1,9 +1,11 @@
 #include "ddp/comm/flight_recorder.hpp"
 
 #include <fmt/format.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "ddp/util/dump_signal.hpp"
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
 
@@ -41,7 +44,45 @@ std::string sanitize(const std::string& group) {
   return out.empty() ? "group" : out;
 }
 
+std::atomic<uint64_t> g_dump_signals{0};
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+void on_dump_signal(int) {
+  g_dump_signals.fetch_add(1, std::memory_order_relaxed);
+}
+
+// ScopedThreadTag's tag; empty: the group's tag applies.
+thread_local char t_thread_tag[FlightRecorder::kTagBytes] = {};
+
 }  // namespace
+
+void FlightRecorder::install_dump_signal_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const int sig = flight_recorder_dump_signal();
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) != 0) return;
+    if ((old.sa_flags & SA_SIGINFO) != 0 || old.sa_handler != SIG_DFL) return;
+    struct sigaction sa {};
+    sa.sa_handler = on_dump_signal;
+    sa.sa_flags = SA_RESTART;  // interrupted system calls resume: the program never sees EINTR
+    ::sigemptyset(&sa.sa_mask);
+    ::sigaction(sig, &sa, nullptr);
+  });
+}
+
+uint64_t FlightRecorder::dump_signals_received() {
+  return g_dump_signals.load(std::memory_order_relaxed);
+}
+
+FlightRecorder::ScopedThreadTag::ScopedThreadTag(std::string_view tag) {
+  std::memcpy(saved_, t_thread_tag, kTagBytes);
+  copy_tag(t_thread_tag, tag);
+}
+
+FlightRecorder::ScopedThreadTag::~ScopedThreadTag() {
+  std::memcpy(t_thread_tag, saved_, kTagBytes);
+}
 
 const char* to_string(CollectiveState state) {
   switch (state) {
@@ -97,7 +138,7 @@ uint64_t FlightRecorder::record(const CollectiveRecordInfo& info) {
   e.queued_us = t;
   e.started_us = 0;
   e.ended_us = 0;
-  std::memcpy(e.tag, tag_, kTagBytes);
+  std::memcpy(e.tag, t_thread_tag[0] ? t_thread_tag : tag_, kTagBytes);
   e.error.clear();  // keeps its capacity: no allocation on the success path
   return id;
 }

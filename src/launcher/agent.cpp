@@ -57,16 +57,53 @@ AttemptSpec make_spec(const AgentOptions& options, const WorldAssignment& world,
 }
 
 // After a failed attempt: the hang report from the workers' flight recorder dumps, which they
-// write into the attempt folder when the log dir is kept (worker_group.cpp sets
-// DDP_FLIGHT_RECORDER_DIR). Prints nothing when no collective failed.
-void print_hang_report(int fd, const RunDirectory& run_dir, int attempt) {
-  if (!run_dir.persistent()) return;
-  const std::string dir = fmt::format("{}/attempt_{}", run_dir.root(), attempt);
-  const std::vector<std::string> lines = hang_report_for_directory(dir);
+// write into the attempt folder (worker_group.cpp sets DDP_FLIGHT_RECORDER_DIR; without
+// --log-dir that folder is in ddprun's temporary ROOT, removed when ddprun exits). Prints
+// nothing when no rank wrote a record.
+void print_hang_report(int fd, const RunDirectory& run_dir, const AttemptResult& attempt) {
+  const std::string& dir = attempt.flight_recorder_dir;
+  if (dir.empty()) return;  // the user chose where the dumps go; `ddprun trace` reads them
+  const std::vector<std::string> lines = hang_report_for_directory(dir, attempt.processes);
   if (lines.empty()) return;
   for (const auto& line : lines) notice(fd, line);
-  notice(fd, fmt::format("flight recorder dumps are in {} ('ddprun trace {}' prints this again)",
-                         dir, dir));
+  if (run_dir.persistent()) {
+    notice(fd, fmt::format("flight recorder dumps are in {} ('ddprun trace {}' prints this again)",
+                           dir, dir));
+  } else {
+    notice(fd, fmt::format("flight recorder dumps are in {}, a temporary folder removed when "
+                           "ddprun exits; pass --log-dir DIR to keep them for 'ddprun trace'",
+                           dir));
+  }
+}
+
+// Multi-node: the hang report over every node's records, exchanged through the rendezvous
+// store. A node whose workers failed waits up to kShareWait for the others' records; a node
+// stopped by a membership change publishes its own and reports only when its workers wrote
+// dumps (a hang), else it moves on at once (a node joining is not a hang).
+constexpr std::chrono::milliseconds kShareWait{5000};
+
+void share_hang_report(const AgentOptions& options, Membership& m, const RunDirectory& run_dir,
+                       int generation, const AttemptResult& attempt) {
+  const std::string& dir = attempt.flight_recorder_dir;
+  if (dir.empty()) return;
+  const std::string mine = encode_node_records(dir, attempt.processes, options.host);
+  const bool failed = attempt.outcome == AttemptOutcome::kFailed;
+  const bool local_dumps = !hang_report_for_directory(dir).empty();
+  const auto records = m.exchange_hang_records(
+      generation, mine, failed || local_dumps ? kShareWait : std::chrono::milliseconds(0));
+  if (!failed && !local_dumps) return;
+  const std::vector<std::string> lines = hang_report_for_nodes(records);
+  if (lines.empty()) return;
+  for (const auto& line : lines) notice(options.notice_fd, line);
+  size_t answered = 0;
+  for (const auto& r : records) answered += r.empty() ? 0 : 1;
+  notice(options.notice_fd,
+         fmt::format("hang report from {} of {} nodes; this node's flight recorder dumps are in "
+                     "{}{}",
+                     answered, records.size(), dir,
+                     run_dir.persistent() ? ""
+                                          : " (a temporary folder removed when ddprun exits; "
+                                            "pass --log-dir DIR to keep them)"));
 }
 
 AgentResult report_failure(const AgentOptions& options, const AttemptResult& attempt, int restart) {
@@ -112,7 +149,7 @@ AgentResult run_single_node(const AgentOptions& options) {
       case AttemptOutcome::kFailed:
         break;
     }
-    print_hang_report(options.notice_fd, run_dir, restart);
+    print_hang_report(options.notice_fd, run_dir, attempt);
     if (restart < options.max_restarts) {
       notice(options.notice_fd,
              fmt::format("{}; restarting the worker group (restart {} of {})",
@@ -241,13 +278,14 @@ AgentResult run_multi_node(const AgentOptions& options) {
         notice(options.notice_fd,
                fmt::format("membership changed ({}); stopped the workers, joining the next round",
                            reason.value_or("no reason given")));
+        share_hang_report(options, m, run_dir, round.generation, attempt);
         continue;
       case AttemptOutcome::kFailed: {
-        print_hang_report(options.notice_fd, run_dir, round.generation);
         std::string why =
             fmt::format("{} on {}", describe_failure(*attempt.root_cause), options.host);
         notice(options.notice_fd, why + "; every node re-joins the rendezvous");
-        m.end_round(why);
+        m.end_round(why);  // first: the other nodes stop their workers and share their records
+        share_hang_report(options, m, run_dir, round.generation, attempt);
         failed = std::move(attempt);
         failed_nodes = round.world.group_world_size;
         continue;

@@ -34,11 +34,19 @@ std::string shape(const FlightEntry& e) {
   return s;
 }
 
-// "all_reduce #12 (float32 x 256, sum, completed)"
+// "all_reduce #12 (float32 x 256, sum, completed; DDP bucket 2, iteration 7)": the caller tag
+// last.
 std::string describe(const FlightEntry& e) {
   std::string inner = shape(e);
   inner += (inner.empty() ? "" : ", ") + e.state;
+  if (!e.tag.empty()) inner += "; " + e.tag;
   return fmt::format("{} #{} ({})", e.op, e.seq, inner);
+}
+
+// "all_reduce #13 (DDP bucket 2, iteration 7)", or "all_reduce #13" without a tag.
+std::string short_name(const FlightEntry& e) {
+  return e.tag.empty() ? fmt::format("{} #{}", e.op, e.seq)
+                       : fmt::format("{} #{} ({})", e.op, e.seq, e.tag);
 }
 
 // "all_reduce (float32 x 256, sum)": what a mismatch compares.
@@ -75,13 +83,53 @@ struct RankView {
   }
 };
 
+const RankProcess* find_process(const std::vector<RankProcess>& processes, int rank) {
+  for (const auto& p : processes) {
+    if (p.global_rank == rank) return &p;
+  }
+  return nullptr;
+}
+
+// Why a rank of the group left no record: the launcher's view of its process when it knows it.
+// `first_dump_us`: when the earliest record was written (0: none).
+std::string missing_text(int rank, const RankProcess* p, int64_t first_dump_us) {
+  if (p == nullptr) {
+    return fmt::format("rank {} wrote no record (died, or could not reach the store)", rank);
+  }
+  const std::string process = p->host.empty()
+                                  ? fmt::format("its process (pid {})", p->pid)
+                                  : fmt::format("its process (pid {} on {})", p->pid, p->host);
+  switch (p->state) {
+    case RankProcess::State::kExited: {
+      std::string when;
+      if (first_dump_us > 0 && p->at_us > 0 && p->at_us <= first_dump_us) {
+        when = fmt::format(" {} before the first record was written",
+                           seconds(first_dump_us - p->at_us));
+      }
+      return fmt::format("rank {} died: {} {}{} and wrote no record", rank, process, p->exit, when);
+    }
+    case RankProcess::State::kStopped:
+      return fmt::format(
+          "rank {} is frozen: {} is alive but stopped (SIGSTOP, job control or a debugger), so "
+          "it could not write its record",
+          rank, process);
+    case RankProcess::State::kRunning:
+      break;
+  }
+  return fmt::format(
+      "rank {} is frozen: {} is alive but made no progress and wrote no record (its watcher did "
+      "not answer the dump request)",
+      rank, process);
+}
+
 struct GroupResult {
   int severity = 0;  // 4 mismatch, 3 missing ranks, 2 behind, 1 stalled, 0 nothing found
   std::string summary;
   std::vector<std::string> details;
 };
 
-GroupResult analyze_group(const std::string& group, const std::vector<const FlightDump*>& dumps) {
+GroupResult analyze_group(const std::string& group, const std::vector<const FlightDump*>& dumps,
+                          const std::vector<RankProcess>& processes) {
   GroupResult out;
   int size = 0;
   std::vector<int> global_ranks;
@@ -111,6 +159,24 @@ GroupResult analyze_group(const std::string& group, const std::vector<const Flig
   std::vector<int> missing;
   for (int r = 0; r < size; ++r) {
     if (!present.count(global(r))) missing.push_back(global(r));
+  }
+  int64_t first_dump_us = 0;
+  for (const auto* d : dumps) {
+    if (d->dumped_at_us > 0 && (first_dump_us == 0 || d->dumped_at_us < first_dump_us))
+      first_dump_us = d->dumped_at_us;
+  }
+  // Without the launcher's view the missing ranks share one phrase; with it, one each.
+  std::string missing_summary;
+  if (!missing.empty()) {
+    if (processes.empty()) {
+      missing_summary = fmt::format("{} wrote no record (died, or could not reach the store)",
+                                    ranks_text(missing));
+    } else {
+      for (int r : missing) {
+        missing_summary += (missing_summary.empty() ? "" : "; ") +
+                           missing_text(r, find_process(processes, r), first_dump_us);
+      }
+    }
   }
 
   // The first sequence number at which ranks issued different collectives.
@@ -170,9 +236,9 @@ GroupResult analyze_group(const std::string& group, const std::vector<const Flig
     }
     std::string text;
     for (const auto& w : waits) {
-      text += fmt::format("{}{} {} in {} #{} since {}{}", text.empty() ? "" : "; ",
-                          ranks_text(w.ranks), w.ranks.size() == 1 ? "waits" : "wait", w.entry->op,
-                          w.entry->seq, seconds(w.for_us), w.failed ? " (then failed)" : "");
+      text += fmt::format("{}{} {} in {} since {}{}", text.empty() ? "" : "; ", ranks_text(w.ranks),
+                          w.ranks.size() == 1 ? "waits" : "wait", short_name(*w.entry),
+                          seconds(w.for_us), w.failed ? " (then failed)" : "");
     }
     return text;
   };
@@ -194,6 +260,12 @@ GroupResult analyze_group(const std::string& group, const std::vector<const Flig
           fmt::format("rank {} is behind and frozen in {} for {} before its dump", v->rank,
                       describe(v->pending ? *v->pending : *v->last), seconds(v->pending_for_us()));
     }
+    const RankProcess* p = find_process(processes, v->rank);
+    if (p && p->state == RankProcess::State::kStopped) {
+      line += "; its process is stopped now (SIGSTOP, job control or a debugger): frozen";
+    } else if (p && p->state == RankProcess::State::kExited) {
+      line += fmt::format("; its process {} after that", p->exit);
+    }
     behind_lines.push_back(line);
   }
   const std::string leaders_wait = waiting_text(leaders);
@@ -203,8 +275,7 @@ GroupResult analyze_group(const std::string& group, const std::vector<const Flig
     out.summary = mismatch;
   } else if (!missing.empty()) {
     out.severity = 3;
-    out.summary =
-        fmt::format("{} wrote no record (died, or could not reach the store)", ranks_text(missing));
+    out.summary = missing_summary;
     if (!leaders_wait.empty()) out.summary += "; " + leaders_wait;
   } else if (!laggards.empty()) {
     out.severity = 2;
@@ -247,17 +318,13 @@ GroupResult analyze_group(const std::string& group, const std::vector<const Flig
   } else if (laggards.size() > 0) {
     for (const auto& l : behind_lines) out.details.push_back(l);
   }
-  if (!missing.empty() && out.severity != 3) {
-    out.details.push_back(fmt::format("{} wrote no record (died, or could not reach the store)",
-                                      ranks_text(missing)));
-  }
+  if (!missing.empty() && out.severity != 3) out.details.push_back(missing_summary);
   for (const auto& v : views) {
     std::string line = fmt::format("  rank {} (pid {} on {}): {} collectives", v.rank, v.dump->pid,
                                    v.dump->host, v.dump->recorded);
     if (v.last) line += fmt::format(", last {}", describe(*v.last));
     if (v.pending && v.pending != v.last)
       line += fmt::format(", oldest open {}", describe(*v.pending));
-    if (v.last && !v.last->tag.empty()) line += fmt::format(", tag '{}'", v.last->tag);
     if (!v.dump->path.empty()) line += ", " + v.dump->path;
     out.details.push_back(line);
   }
@@ -347,12 +414,13 @@ std::vector<FlightDump> read_flight_dumps(const std::vector<std::string>& paths)
   return dumps;
 }
 
-std::vector<std::string> analyze_hang(const std::vector<FlightDump>& dumps) {
+std::vector<std::string> analyze_hang(const std::vector<FlightDump>& dumps,
+                                      const std::vector<RankProcess>& processes) {
   std::map<std::string, std::vector<const FlightDump*>> groups;
   for (const auto& d : dumps) groups[d.group].push_back(&d);
   std::vector<std::pair<std::string, GroupResult>> results;
   for (const auto& [name, members] : groups)
-    results.emplace_back(name, analyze_group(name, members));
+    results.emplace_back(name, analyze_group(name, members, processes));
   std::stable_sort(results.begin(), results.end(), [](const auto& a, const auto& b) {
     return a.second.severity > b.second.severity;
   });
@@ -369,17 +437,143 @@ std::vector<std::string> analyze_hang(const std::vector<FlightDump>& dumps) {
   return lines;
 }
 
-std::vector<std::string> hang_report_for_directory(const std::string& dir) {
+std::vector<std::string> hang_report_for_directory(const std::string& dir,
+                                                   const std::vector<RankProcess>& processes) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return {};
   try {
-    return analyze_hang(read_flight_dumps({dir}));
+    return analyze_hang(read_flight_dumps({dir}), processes);
   } catch (const UsageError& e) {
     const std::string what = e.what();
     if (what.find("no flight recorder dumps") != std::string::npos) return {};
     return {"hang report: could not read the flight recorder dumps: " + what};
   } catch (const std::exception& e) {
     return {std::string("hang report: could not read the flight recorder dumps: ") + e.what()};
+  }
+}
+
+namespace {
+
+const char* state_name(RankProcess::State s) {
+  switch (s) {
+    case RankProcess::State::kRunning:
+      return "running";
+    case RankProcess::State::kStopped:
+      return "stopped";
+    case RankProcess::State::kExited:
+      return "exited";
+  }
+  return "running";
+}
+
+RankProcess::State state_from(const std::string& s) {
+  if (s == "stopped") return RankProcess::State::kStopped;
+  if (s == "exited") return RankProcess::State::kExited;
+  return RankProcess::State::kRunning;
+}
+
+}  // namespace
+
+std::string encode_node_records(const std::string& dir, const std::vector<RankProcess>& processes,
+                                const std::string& host) {
+  using nlohmann::json;
+  json doc;
+  doc["format"] = "ddp-hang-records";
+  doc["host"] = host;
+  json procs = json::array();
+  for (const auto& p : processes) {
+    procs.push_back({{"global_rank", p.global_rank},
+                     {"pid", p.pid},
+                     {"host", p.host},
+                     {"state", state_name(p.state)},
+                     {"exit", p.exit},
+                     {"at_us", p.at_us}});
+  }
+  doc["processes"] = std::move(procs);
+  json dumps = json::array();
+  std::vector<FlightDump> unused;
+  std::error_code ec;
+  if (!dir.empty() && fs::is_directory(dir, ec)) {
+    std::vector<std::string> files;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("flight_recorder.", 0) == 0 && name.size() > 5 &&
+          name.compare(name.size() - 5, 5, ".json") == 0) {
+        files.push_back(entry.path().string());
+      }
+    }
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      std::ifstream in(f);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      json d = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+      if (d.is_discarded() || !d.contains("entries") || !d["entries"].is_array()) continue;
+      json& entries = d["entries"];
+      if (entries.size() > kSharedEntries) {
+        entries.erase(entries.begin(), entries.end() - static_cast<ptrdiff_t>(kSharedEntries));
+      }
+      dumps.push_back({{"path", host + ":" + f}, {"dump", std::move(d)}});
+    }
+  }
+  if (dumps.empty() && processes.empty()) return "";
+  doc["dumps"] = std::move(dumps);
+  return doc.dump();
+}
+
+std::vector<std::string> hang_report_for_nodes(const std::vector<std::string>& node_records) {
+  using nlohmann::json;
+  std::vector<FlightDump> dumps;
+  std::vector<RankProcess> processes;
+  std::set<std::pair<std::string, int>> seen;  // (group, global rank)
+  std::vector<std::string> problems;
+  for (const auto& text : node_records) {
+    if (text.empty()) continue;
+    try {
+      const json doc = json::parse(text);
+      for (const auto& p : doc.at("processes")) {
+        RankProcess r;
+        r.global_rank = p.at("global_rank").get<int>();
+        r.pid = p.value("pid", int64_t{0});
+        r.host = p.value("host", "");
+        r.state = state_from(p.value("state", ""));
+        r.exit = p.value("exit", "");
+        r.at_us = p.value("at_us", int64_t{0});
+        processes.push_back(std::move(r));
+      }
+      for (const auto& d : doc.at("dumps")) {
+        FlightDump f = parse_flight_dump(d.at("dump").dump(), d.value("path", ""));
+        if (seen.insert({f.group, f.global_rank}).second) dumps.push_back(std::move(f));
+      }
+    } catch (const std::exception& e) {
+      problems.push_back(std::string("hang report: a node's records could not be read: ") +
+                         e.what());
+    }
+  }
+  if (dumps.empty()) return problems;
+  std::vector<std::string> lines = analyze_hang(dumps, processes);
+  lines.insert(lines.end(), problems.begin(), problems.end());
+  return lines;
+}
+
+RankProcess::State process_state(int64_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string stat;
+  std::getline(in, stat);
+  // "pid (comm) S ...": comm may hold spaces and parentheses, so the state follows the last ')'.
+  const size_t close = stat.rfind(')');
+  if (!in || close == std::string::npos || close + 2 >= stat.size()) {
+    return RankProcess::State::kExited;
+  }
+  switch (stat[close + 2]) {
+    case 'T':
+    case 't':
+      return RankProcess::State::kStopped;
+    case 'Z':
+    case 'X':
+      return RankProcess::State::kExited;
+    default:
+      return RankProcess::State::kRunning;
   }
 }
 

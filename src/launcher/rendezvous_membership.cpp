@@ -128,6 +128,35 @@ class RendezvousMembership : public Membership {
     best_effort("shut the run down", [&] { rdzv_->shutdown(reason); });
   }
 
+  // Keys "ddprun_hang/<run id>/<generation>/<node rank>" in the rendezvous store; the agent
+  // calls this after stop_watching(), so it owns the connection.
+  std::vector<std::string> exchange_hang_records(int generation, const std::string& mine,
+                                                 std::chrono::milliseconds limit) override {
+    if (!rdzv_ || !rdzv_->in_round()) return {mine};
+    const rdzv::RoundInfo& round = rdzv_->round();
+    std::vector<std::string> keys;
+    for (int n = 0; n < round.num_nodes; ++n) {
+      keys.push_back(fmt::format("ddprun_hang/{}/{}/{}", options_.rdzv.run_id, generation, n));
+    }
+    std::vector<std::string> out(keys.size());
+    out[round.node_rank] = mine;
+    best_effort("share the hang report records", [&] {
+      Store& store = *store_->store();
+      store.set(keys[round.node_rank], mine.empty() ? std::string("{}") : mine);
+      if (limit.count() <= 0) return;
+      try {
+        store.wait(keys, limit);
+      } catch (const TimeoutError&) {
+      }
+      for (size_t n = 0; n < keys.size(); ++n) {
+        if (static_cast<int>(n) == round.node_rank || !store.check({keys[n]})) continue;
+        const std::string v = store.get(keys[n]);
+        out[n] = v == "{}" ? "" : v;
+      }
+    });
+    return out;
+  }
+
  private:
   void notice(const std::string& text) {
     std::string line = "ddprun: " + text + "\n";

@@ -10,13 +10,16 @@
 #include <cerrno>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <set>
 
+#include "ddp/launcher/hang_report.hpp"
 #include "ddp/launcher/output.hpp"
 #include "ddp/launcher/run_directory.hpp"
 #include "ddp/launcher/worker_env.hpp"
 #include "ddp/util/deadline.hpp"
+#include "ddp/util/dump_signal.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp::launcher {
@@ -42,6 +45,36 @@ void remove_flight_dumps(const std::string& attempt_dir, const WorldAssignment& 
   for (const auto& p : stale) std::filesystem::remove(p, ec);
 }
 
+// Whether attempt_dir holds a flight recorder dump of `global_rank` (any group).
+bool has_flight_dump(const std::string& attempt_dir, int global_rank) {
+  std::error_code ec;
+  const std::string suffix = fmt::format(".rank{}.json", global_rank);
+  for (const auto& e : std::filesystem::directory_iterator(attempt_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("flight_recorder.", 0) == 0 && name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Whether process `pid` has a handler for `sig` (the SigCgt mask of /proc/<pid>/status).
+bool catches_signal(pid_t pid, int sig) {
+  std::ifstream in(fmt::format("/proc/{}/status", pid));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("SigCgt:", 0) != 0) continue;
+    const uint64_t mask = std::strtoull(line.c_str() + 7, nullptr, 16);
+    return sig >= 1 && sig <= 64 && ((mask >> (sig - 1)) & 1) != 0;
+  }
+  return false;
+}
+
+int64_t unix_us(std::chrono::system_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+}
+
 }  // namespace
 
 namespace {
@@ -60,7 +93,10 @@ struct Worker {
   std::unique_ptr<StreamForwarder> streams[2];
 };
 
-enum class Phase { kRunning, kStopping, kKilling };
+// kDumping: a worker failed; the live ones were asked to write their flight records and get
+// kDumpWait to do so before the stop begins.
+enum class Phase { kRunning, kDumping, kStopping, kKilling };
+constexpr std::chrono::milliseconds kDumpWait{2000};
 
 class AttemptRunner {
  public:
@@ -112,7 +148,7 @@ class AttemptRunner {
     bool first = true;
     for (const auto& id : world.workers) {
       std::string dir = spec_.run_dir->rank_dir(spec_.attempt, id.global_rank);
-      if (first && spec_.run_dir->persistent()) {
+      if (first) {
         // Stale dumps of a reused run id must not be reported as this attempt's hang.
         remove_flight_dumps(dir.substr(0, dir.rfind('/')), world);
       }
@@ -136,14 +172,14 @@ class AttemptRunner {
       SpawnOptions so;
       so.argv = spec_.command;
       so.env = build_worker_env(spec_.base_env, env);
-      // Flight recorder dumps go beside the rank folders of this attempt, where `ddprun trace`
-      // finds them; only a kept log dir (a temporary ROOT dies with ddprun) and only when the
-      // user chose no directory.
-      if (spec_.run_dir->persistent() &&
-          std::none_of(so.env.begin(), so.env.end(), [](const std::string& e) {
+      // Flight recorder dumps go beside the rank folders of this attempt, where the hang
+      // report and `ddprun trace` find them (without --log-dir that is ddprun's temporary
+      // ROOT, removed at exit), unless the user chose a directory.
+      if (std::none_of(so.env.begin(), so.env.end(), [](const std::string& e) {
             return e.rfind("DDP_FLIGHT_RECORDER_DIR=", 0) == 0;
           })) {
-        set_env_entry(so.env, "DDP_FLIGHT_RECORDER_DIR", dir.substr(0, dir.rfind('/')));
+        dump_dir_ = dir.substr(0, dir.rfind('/'));
+        set_env_entry(so.env, "DDP_FLIGHT_RECORDER_DIR", dump_dir_);
       }
       SpawnedProcess p = spawn_process(so);
       w->pid = p.pid;
@@ -175,7 +211,7 @@ class AttemptRunner {
         reap();
         if (!children_remain_) break;
         // Workers are done but adopted descendants linger: stop them too.
-        if (phase_ == Phase::kRunning) begin_stop(SIGTERM);
+        if (!stopping()) begin_stop(SIGTERM);
       }
       std::vector<pollfd> fds;
       std::vector<std::pair<Worker*, int>> owners;
@@ -202,7 +238,12 @@ class AttemptRunner {
       if (fds[0].revents != 0) handle_signals();
       if (watch_stop && fds[1].revents != 0) {
         stop_requested_ = true;
-        if (phase_ == Phase::kRunning) begin_stop(SIGTERM);
+        if (!stopping()) {
+          if (phase_ == Phase::kRunning && root_cause_ == nullptr) {
+            processes_ = snapshot_processes();  // the hang report of a multi-node run
+          }
+          begin_stop(SIGTERM);
+        }
       }
       reap();
       on_clock();
@@ -226,6 +267,8 @@ class AttemptRunner {
     switch (phase_) {
       case Phase::kRunning:
         return static_cast<int>(spec_.monitor_interval.count());
+      case Phase::kDumping:
+        return std::min(50, until(dump_until_));
       case Phase::kStopping:
         return until(kill_at_);
       case Phase::kKilling:
@@ -266,7 +309,7 @@ class AttemptRunner {
         notice(fmt::format("received {}; forwarding it to the workers and stopping them",
                            signal_name(sig)));
         forward(sig);
-        if (phase_ == Phase::kRunning) begin_stop(0);
+        if (!stopping()) begin_stop(0);
       }
     }
   }
@@ -277,12 +320,59 @@ class AttemptRunner {
 
   // SIGTERM (or already-forwarded `sig` when 0) to every worker group and adopted descendant;
   // SIGKILL after the grace period.
+  // A stopped worker (SIGSTOP, job control) acts on SIGTERM only once continued: SIGCONT
+  // follows, as a shell's `kill` does, so it does not wait out the grace period.
   void begin_stop(int sig) {
-    if (phase_ != Phase::kRunning) return;
+    if (stopping()) return;
     phase_ = Phase::kStopping;
     kill_at_ = deadline_after(spec_.term_grace);
     if (sig != 0) forward(sig);
+    forward(SIGCONT);
     terminate_adopted(sig == 0 ? SIGTERM : sig);
+  }
+
+  bool stopping() const { return phase_ == Phase::kStopping || phase_ == Phase::kKilling; }
+
+  // What each worker's process is doing now, for the hang report (hang_report.hpp).
+  std::vector<RankProcess> snapshot_processes() const {
+    std::vector<RankProcess> out;
+    const int64_t now = unix_us(std::chrono::system_clock::now());
+    for (const auto& w : workers_) {
+      RankProcess p;
+      p.global_rank = w->id.global_rank;
+      p.pid = w->pid;
+      p.host = spec_.host;
+      if (w->exited) {
+        p.state = RankProcess::State::kExited;
+        p.exit = w->status.signaled ? fmt::format("was killed by {}", signal_name(w->status.code))
+                                    : fmt::format("exited with code {}", w->status.code);
+        p.at_us = unix_us(w->exit_time);
+      } else {
+        p.state = process_state(w->pid);
+        p.at_us = now;
+        if (p.state == RankProcess::State::kExited) p.exit = "exited";
+      }
+      out.push_back(std::move(p));
+    }
+    return out;
+  }
+
+  // After the first failure: asks every live, running worker that handles the dump signal and
+  // has no record yet to write one (a rank that died leaves the others waiting in a collective
+  // they would only give up at their timeout). Returns whether any was asked.
+  bool request_dumps() {
+    if (dump_dir_.empty()) return false;
+    const int sig = flight_recorder_dump_signal();
+    dump_waiting_.clear();
+    for (const auto& w : workers_) {
+      if (w->exited || process_state(w->pid) != RankProcess::State::kRunning) continue;
+      if (has_flight_dump(dump_dir_, w->id.global_rank) || !catches_signal(w->pid, sig)) continue;
+      if (::kill(w->pid, sig) == 0) dump_waiting_.push_back(w->id.global_rank);
+    }
+    if (dump_waiting_.empty()) return false;
+    phase_ = Phase::kDumping;
+    dump_until_ = deadline_after(kDumpWait);
+    return true;
   }
 
   void terminate_adopted(int sig) {
@@ -318,6 +408,16 @@ class AttemptRunner {
 
   void on_clock() {
     auto now = Clock::now();
+    if (phase_ == Phase::kDumping) {
+      const bool all_dumped =
+          std::all_of(dump_waiting_.begin(), dump_waiting_.end(),
+                      [&](int rank) { return has_flight_dump(dump_dir_, rank); });
+      if (all_dumped || now >= dump_until_) {
+        phase_ = Phase::kRunning;
+        begin_stop(SIGTERM);
+      }
+      return;
+    }
     if (phase_ == Phase::kStopping) {
       if (now >= kill_at_) {
         notice(fmt::format("workers still running {:.1f} s after SIGTERM; sending SIGKILL",
@@ -377,7 +477,7 @@ class AttemptRunner {
     w.exited = true;
     w.status = ExitStatus::from_wait_status(status);
     w.exit_time = std::chrono::system_clock::now();
-    w.exited_after_stop = phase_ != Phase::kRunning;
+    w.exited_after_stop = stopping();
     // Its output is in the pipe already; read it now so the report sees the stderr tail.
     for (int s = 0; s < 2; ++s) {
       while (w.fds[s].valid() && read_stream(w, s)) {
@@ -386,7 +486,8 @@ class AttemptRunner {
     if (w.status.success() || phase_ != Phase::kRunning) return;
     root_cause_ = &w;
     notice(fmt::format("{}; stopping the other workers", describe_failure(failure_of(w))));
-    begin_stop(SIGTERM);
+    processes_ = snapshot_processes();  // before the stop changes what they are doing
+    if (!request_dumps()) begin_stop(SIGTERM);
   }
 
   WorkerFailure failure_of(const Worker& w) const {
@@ -414,6 +515,8 @@ class AttemptRunner {
     }
     if (root_cause_ == nullptr && stop_requested_ && !all_succeeded()) {
       r.outcome = AttemptOutcome::kStopped;
+      r.processes = processes_;
+      r.flight_recorder_dir = dump_dir_;
       return r;
     }
     if (root_cause_ == nullptr) {
@@ -422,6 +525,8 @@ class AttemptRunner {
     }
     r.outcome = AttemptOutcome::kFailed;
     r.root_cause = failure_of(*root_cause_);
+    r.processes = processes_;
+    r.flight_recorder_dir = dump_dir_;
     for (const auto& w : workers_) {
       if (w.get() != root_cause_ && !w->status.success()) r.others.push_back(failure_of(*w));
     }
@@ -435,6 +540,10 @@ class AttemptRunner {
   Phase phase_ = Phase::kRunning;
   Clock::time_point kill_at_;
   Clock::time_point give_up_at_;
+  Clock::time_point dump_until_;
+  std::string dump_dir_;           // DDP_FLIGHT_RECORDER_DIR as ddprun set it ("" : the user's)
+  std::vector<int> dump_waiting_;  // ranks asked for a record (kDumping)
+  std::vector<RankProcess> processes_;  // at the first failure
   bool children_remain_ = true;
   bool abandoned_ = false;
   std::set<pid_t> termed_;

@@ -139,6 +139,27 @@ TEST(FlightRecorder, RingKeepsTheLastEntriesAndIgnoresOverwrittenIds) {
   for (const auto& e : d["entries"]) EXPECT_FALSE(e.contains("error"));
 }
 
+TEST(FlightRecorder, ThreadTagWinsOverTheGroupTagOnItsThreadOnly) {
+  FlightRecorder r(identity(), 8);
+  r.set_tag("group");
+  {
+    FlightRecorder::ScopedThreadTag outer("DDP bucket 1, iteration 7");
+    r.record(all_reduce(1));
+    {
+      FlightRecorder::ScopedThreadTag inner("inner");
+      r.record(all_reduce(2));
+    }
+    r.record(all_reduce(3));
+    std::thread([&] { r.record(all_reduce(4)); }).join();  // another thread: the group's tag
+  }
+  r.record(all_reduce(5));
+  const json d = json::parse(r.dump_json("x"));
+  std::vector<std::string> tags;
+  for (const auto& e : d["entries"]) tags.push_back(e["tag"]);
+  EXPECT_EQ(tags, (std::vector<std::string>{"DDP bucket 1, iteration 7", "inner",
+                                            "DDP bucket 1, iteration 7", "group", "group"}));
+}
+
 TEST(FlightRecorder, LongTagsAreTruncated) {
   FlightRecorder r(identity(), 2);
   r.set_tag(std::string(200, 'x'));

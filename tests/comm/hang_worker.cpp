@@ -4,10 +4,14 @@
 //   hang_worker <backend> stall RANK AFTER     RANK stops after collective #AFTER and sleeps
 //   hang_worker <backend> mismatch RANK AT     RANK calls broadcast at collective #AT
 //   hang_worker <backend> exit RANK AFTER      RANK exits 0 after collective #AFTER (no dump)
+//   hang_worker <backend> kill RANK AFTER      RANK dies by SIGKILL after collective #AFTER
+//   hang_worker <backend> sigstop RANK AFTER   RANK stops itself (SIGSTOP) after #AFTER: alive
+//                                              but frozen, until ddprun's SIGCONT
 //
 // The group timeout is HANG_WORKER_TIMEOUT_MS (default 3000). Exit 0 on success, 1 with
 // "rank R: error" on stderr when a collective fails.
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -24,7 +28,7 @@ using namespace ddp;
 
 int main(int argc, char** argv) {
   if (argc != 5) {
-    std::fprintf(stderr, "usage: hang_worker <backend> stall|mismatch|exit RANK N\n");
+    std::fprintf(stderr, "usage: hang_worker <backend> stall|mismatch|exit|kill|sigstop RANK N\n");
     return 2;
   }
   const std::string mode = argv[2];
@@ -45,6 +49,12 @@ int main(int argc, char** argv) {
         return 3;
       }
       if (mode == "exit" && pg->rank() == who && i == at + 1) std::_Exit(0);
+      if (mode == "kill" && pg->rank() == who && i == at + 1) ::raise(SIGKILL);
+      if (mode == "sigstop" && pg->rank() == who && i == at + 1) {
+        ::raise(SIGSTOP);
+        std::this_thread::sleep_for(std::chrono::seconds(60));  // continued only to be stopped
+        return 3;
+      }
       if (mode == "mismatch" && pg->rank() == who && i == at) {
         pg->broadcast(buf.data(), buf.size(), DataType::kFloat32, 0)->wait(pg->timeout());
       } else {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -229,6 +230,32 @@ TEST_P(NcclCollectives, DataMovementMatchesTheReference) {
       EXPECT_TRUE(barrier->is_completed());
     });
   }
+}
+
+// The flight recorder sees every collective (not send/recv) in issue order, with sequence
+// numbers from 1; a barrier's blocking wait observes its completion.
+TEST(NcclFlightRecorder, RecordsCollectivesInIssueOrder) {
+  if (visible_gpus() == 0) GTEST_SKIP() << kNoGpu;
+  run_ranks(1, [&](ProcessGroup& pg) {
+    ASSERT_NE(pg.flight_recorder(), nullptr) << "on by default (DDP_FLIGHT_RECORDER_ENTRIES)";
+    DeviceBuffer buffer(DataType::kFloat32, 256);
+    {
+      FlightRecorder::ScopedThreadTag tag("DDP bucket 0, iteration 1");
+      pg.all_reduce(buffer.data(), 256, DataType::kFloat32, ReduceOp::kSum)->wait(kTimeout);
+    }
+    pg.broadcast(buffer.data(), 256, DataType::kFloat32, 0)->wait(kTimeout);
+    pg.barrier()->wait(kTimeout);
+    const auto doc = nlohmann::json::parse(pg.flight_recorder()->dump_json("test"));
+    ASSERT_EQ(doc["entries"].size(), 3u) << doc.dump(1);
+    EXPECT_EQ(doc["backend"], "nccl");
+    EXPECT_EQ(doc["entries"][0]["op"], "all_reduce");
+    EXPECT_EQ(doc["entries"][0]["tag"], "DDP bucket 0, iteration 1");
+    EXPECT_EQ(doc["entries"][1]["op"], "broadcast");
+    EXPECT_EQ(doc["entries"][1]["root"], 0);
+    EXPECT_EQ(doc["entries"][2]["op"], "barrier");
+    EXPECT_EQ(doc["entries"][2]["seq"], 3);
+    EXPECT_EQ(doc["entries"][2]["state"], "completed");
+  });
 }
 
 std::string dtype_param_name(const ::testing::TestParamInfo<DataType>& info) {

@@ -2,7 +2,11 @@
 // a rank frozen inside a collective, all ranks stuck together, nothing wrong, and parsing.
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -96,6 +100,48 @@ TEST(HangReport, RankWithoutDumpDied) {
       << all(lines);
 }
 
+TEST(HangReport, LauncherViewTellsDiedFromFrozen) {
+  RankProcess died;
+  died.global_rank = 2;
+  died.pid = 77;
+  died.host = "node";
+  died.state = RankProcess::State::kExited;
+  died.exit = "was killed by SIGKILL";
+  died.at_us = kT0 + 5'000'000;  // 2 s before the dumps
+  RankProcess stopped = died;
+  stopped.state = RankProcess::State::kStopped;
+  const std::vector<FlightDump> dumps = {rank_dump(0, 3, 12, "started"),
+                                         rank_dump(1, 3, 12, "started")};
+  EXPECT_EQ(analyze_hang(dumps, {died})[0],
+            "hang report: rank 2 died: its process (pid 77 on node) was killed by SIGKILL 2.0 s "
+            "before the first record was written and wrote no record; ranks 0,1 wait in "
+            "all_reduce #13 since 6.0 s");
+  EXPECT_EQ(analyze_hang(dumps, {stopped})[0],
+            "hang report: rank 2 is frozen: its process (pid 77 on node) is alive but stopped "
+            "(SIGSTOP, job control or a debugger), so it could not write its record; ranks 0,1 "
+            "wait in all_reduce #13 since 6.0 s");
+  RankProcess alive = stopped;
+  alive.state = RankProcess::State::kRunning;
+  EXPECT_NE(analyze_hang(dumps, {alive})[0].find("rank 2 is frozen: its process (pid 77 on node) "
+                                                 "is alive but made no progress"),
+            std::string::npos);
+}
+
+TEST(HangReport, CallerTagNamesTheCollective) {
+  FlightDump a = rank_dump(0, 2, 12, "started"), b = rank_dump(1, 2, 12);
+  a.entries.back().tag = "DDP bucket 2, iteration 7";
+  b.entries.back().tag = "DDP bucket 1, iteration 7";
+  EXPECT_EQ(analyze_hang({a, b})[0],
+            "hang report: rank 1 is behind: its last collective was all_reduce #12 (float32 x "
+            "256, sum, completed; DDP bucket 1, iteration 7); rank 0 waits in all_reduce #13 "
+            "(DDP bucket 2, iteration 7) since 6.0 s");
+}
+
+TEST(HangReport, ProcessStateOfThisProcessAndAGoneOne) {
+  EXPECT_EQ(process_state(::getpid()), RankProcess::State::kRunning);
+  EXPECT_EQ(process_state(1 << 30), RankProcess::State::kExited);
+}
+
 TEST(HangReport, RankFrozenInsideAnOlderCollective) {
   // Rank 1 started #12 but never finished it while the others completed it and moved on.
   FlightDump frozen = rank_dump(1, 3, 11, "started");
@@ -153,6 +199,68 @@ TEST(HangReport, ParsesTheRecorderFormatAndRejectsOthers) {
   }
   EXPECT_THROW(parse_flight_dump("{", "broken.json"), ddp::UsageError);
   EXPECT_THROW(read_flight_dumps({"/nonexistent/flight"}), ddp::UsageError);
+}
+
+namespace {
+
+// A dump file as FlightRecorder writes it: `done` completed all_reduces, then #done+1 started
+// when `open`.
+void write_dump(const std::string& dir, int rank, int size, int done, bool open) {
+  std::string entries;
+  for (int s = 1; s <= done + (open ? 1 : 0); ++s) {
+    const bool last_open = open && s == done + 1;
+    entries += (entries.empty() ? "" : ",") + std::string(R"({"seq":)") + std::to_string(s) +
+               R"(,"op":"all_reduce","dtype":"float32","count":256,"reduce_op":"sum","state":")" +
+               (last_open ? "started" : "completed") + R"(","queued_us":1,"started_us":2})";
+  }
+  std::ofstream(dir + "/flight_recorder.default_pg_0.rank" + std::to_string(rank) + ".json")
+      << R"({"format":"ddp-flight-recorder","version":1,"group":"default_pg/0/","rank":)" << rank
+      << R"(,"global_rank":)" << rank << R"(,"group_size":)" << size
+      << R"(,"pid":1,"host":"h","dumped_at_us":3000000,"recorded":)" << done + (open ? 1 : 0)
+      << R"(,"entries":[)" << entries << "]}";
+}
+
+}  // namespace
+
+// Multi-node: each agent packs its folder's dumps and its processes; the report over both
+// nodes' packs sees every rank, counts a dump two nodes both hold once, and keeps each dump's
+// last kSharedEntries entries.
+TEST(HangReport, NodeRecordsCombineIntoOneReport) {
+  std::string base = ::testing::TempDir() + "hang_nodes_XXXXXX";
+  ASSERT_NE(::mkdtemp(base.data()), nullptr);
+  const std::string a = base + "/a", b = base + "/b";
+  std::filesystem::create_directories(a);
+  std::filesystem::create_directories(b);
+  write_dump(a, 0, 3, 500, true);
+  write_dump(a, 1, 3, 500, true);
+  write_dump(b, 1, 3, 500, true);  // a shared log dir: the same rank seen by both nodes
+  write_dump(b, 2, 3, 500, false);
+  RankProcess p;
+  p.global_rank = 2;
+  p.pid = 9;
+  p.host = "b";
+  p.state = RankProcess::State::kStopped;
+  const std::string pack_a = encode_node_records(a, {}, "a");
+  const std::string pack_b = encode_node_records(b, {p}, "b");
+  EXPECT_EQ(encode_node_records(base + "/none", {}, "c"), "");
+  const auto lines = hang_report_for_nodes({pack_a, pack_b, ""});
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines[0].rfind("hang report: rank 2 is behind: its last collective was all_reduce "
+                           "#500 (float32 x 256, sum, completed); ranks 0,1 wait in all_reduce "
+                           "#501",
+                           0),
+            0u)
+      << all(lines);
+  EXPECT_NE(all(lines).find("its process is stopped now"), std::string::npos) << all(lines);
+  EXPECT_NE(all(lines).find(", b:" + b + "/flight_recorder.default_pg_0.rank2.json"),
+            std::string::npos)
+      << all(lines);
+  size_t rank1_lines = 0;
+  for (const auto& l : lines) rank1_lines += l.rfind("  rank 1 ", 0) == 0 ? 1 : 0;
+  EXPECT_EQ(rank1_lines, 1u) << all(lines);
+  EXPECT_EQ(nlohmann::json::parse(pack_a)["dumps"][0]["dump"]["entries"].size(), kSharedEntries);
+  EXPECT_NE(hang_report_for_nodes({"{not json"})[0].find("could not be read"), std::string::npos);
+  std::filesystem::remove_all(base);
 }
 
 TEST(HangReportCli, TraceSubcommandTakesPaths) {

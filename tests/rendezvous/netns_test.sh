@@ -12,6 +12,9 @@
 #            both in their diagnosis within join_timeout, the cut-off node fails at once
 #   static   --rdzv-backend static with --node-rank and a token file; a node with the wrong
 #            token is refused
+#   hang     2 nodes x 2 hang_worker ranks (gloo, 3 s group timeout; HANG_WORKER is the 4th
+#            argument), rank 3 on node 1 stops after collective #12: each node's hang report
+#            names rank 3 from the records both agents shared through the rendezvous store
 # Exit 77 (ctest: skipped) with the reason when not root or without iproute2. Always removes
 # its namespaces and temp dir; every wait is bounded.
 set -uo pipefail
@@ -238,6 +241,32 @@ static)
   expect_in "$T/node0.log" "env RANK=1 LOCAL_RANK=1 WORLD_SIZE=3 GROUP_RANK=0 MASTER=10.78.0.1:29500"
   expect_in "$T/node1.log" "env RANK=2 LOCAL_RANK=0 WORLD_SIZE=3 GROUP_RANK=1 MASTER=10.78.0.1:29500"
   echo "PASS: static backend with node ranks and a token; the stranger was refused"
+  ;;
+
+hang)
+  HANG_WORKER="${4:?the hang scenario needs the hang_worker binary}"
+  setup_nodes 2
+  for node in 0 1; do
+    start_agent "$node" "node$node" --nnodes 2 --nproc-per-node 2 "${C10D[@]}" \
+      --rdzv-id "hang$TAG" --rdzv-conf "join_timeout=60" --log-dir "$T/logs$node" \
+      --no-python env HANG_WORKER_TIMEOUT_MS=3000 "$HANG_WORKER" gloo stall 3 12
+    pids[node]=$LAST_PID
+  done
+  # Group timeout 3 s + 15 s, after the rendezvous.
+  for node in 0 1; do
+    wait_exit "${pids[node]}" 40 && fail "node $node: ddprun succeeded despite the hang"
+  done
+  for node in 0 1; do
+    f="$T/node$node.log"
+    expect_in "$f" "ddprun: hang report: rank 3 is behind: its last collective was all_reduce #12 (float32 x 256, sum, completed; iter=12); ranks 0,1,2 wait in all_reduce #13 (iter=13) since"
+    expect_in "$f" "ddprun: hang report from 2 of 2 nodes"
+  done
+  # Rank 3's dump is in one node's log dir only (c10d gives node ranks in join order): the
+  # other node's report came through the store.
+  holders=$(ls "$T"/logs0/*/attempt_0/flight_recorder.*.rank3.json \
+    "$T"/logs1/*/attempt_0/flight_recorder.*.rank3.json 2>/dev/null | wc -l)
+  [[ $holders -eq 1 ]] || fail "rank 3's dump is in $holders log dirs, expected 1"
+  echo "PASS: both nodes' hang reports name rank 3 from the records shared through the store"
   ;;
 
 *)

@@ -58,6 +58,13 @@ class FlightRecorder {
   // DDP_FLIGHT_RECORDER_DIR, else "" (dump_to_file then picks a temporary directory).
   static std::string dir_from_env();
 
+  // The launcher's requests for a dump (flight_recorder_dump_signal(), ddp/util/dump_signal.hpp).
+  // install_dump_signal_handler() installs the handler once per process, only over the
+  // default disposition (a program's own handler stays); dump_signals_received() counts the
+  // requests so far (a group's watcher dumps when it changes). Async-signal-safe counter.
+  static void install_dump_signal_handler();
+  static uint64_t dump_signals_received();
+
   FlightRecorder(FlightRecorderIdentity identity, size_t capacity);
 
   bool enabled() const { return capacity_ > 0; }
@@ -66,6 +73,21 @@ class FlightRecorder {
 
   // The caller tag recorded with every later record() (DDP: "bucket=3 iter=120"); "" clears.
   void set_tag(std::string_view tag);
+
+  // Tags every collective this thread issues, on any group, while the object lives; it wins
+  // over the group's set_tag. Nested scopes restore the outer tag. DDP's Reducer wraps each
+  // bucket launch in one ("DDP bucket 2, iteration 7"): a thread-local tag cannot leak onto a
+  // collective another thread issues on the same group meanwhile. Allocation-free.
+  class ScopedThreadTag {
+   public:
+    explicit ScopedThreadTag(std::string_view tag);
+    ~ScopedThreadTag();
+    ScopedThreadTag(const ScopedThreadTag&) = delete;
+    ScopedThreadTag& operator=(const ScopedThreadTag&) = delete;
+
+   private:
+    char saved_[kTagBytes];
+  };
 
   uint64_t record(const CollectiveRecordInfo& info);
   void started(uint64_t id);

@@ -41,6 +41,23 @@ struct FlightDump {
   std::vector<FlightEntry> entries;  // oldest first
 };
 
+// What the launcher saw of a rank's process when the attempt failed (the first worker failure),
+// before it stopped the others. The dumps cannot tell a rank that died from one that is frozen:
+// neither writes a record (a SIGSTOPped process cannot run its watcher). The agent can.
+struct RankProcess {
+  enum class State {
+    kRunning,  // alive, scheduled normally (running or sleeping)
+    kStopped,  // alive but stopped (SIGSTOP, SIGTSTP, a debugger): state T or t in /proc
+    kExited,   // gone before the failure was seen (or is the failure)
+  };
+  int global_rank = 0;
+  int64_t pid = 0;
+  std::string host;
+  State state = State::kRunning;
+  std::string exit;   // kExited: "exited with code 0", "was killed by SIGKILL"
+  int64_t at_us = 0;  // kExited: when it exited; else when it was observed (Unix time)
+};
+
 // Parses one dump (the JSON written by FlightRecorder::dump_json). `path` names it in errors.
 FlightDump parse_flight_dump(const std::string& json_text, const std::string& path);
 
@@ -49,13 +66,32 @@ FlightDump parse_flight_dump(const std::string& json_text, const std::string& pa
 std::vector<FlightDump> read_flight_dumps(const std::vector<std::string>& paths);
 
 // The analysis, one line each. The first line starts with "hang report: " and names the most
-// likely cause; the next lines give the other findings and one line per rank.
-std::vector<std::string> analyze_hang(const std::vector<FlightDump>& dumps);
+// likely cause; the next lines give the other findings and one line per rank. `processes`
+// (from the launcher; empty offline) turns "wrote no record" into "died" or "is frozen".
+std::vector<std::string> analyze_hang(const std::vector<FlightDump>& dumps,
+                                      const std::vector<RankProcess>& processes = {});
 
 // What ddprun prints after a failed attempt: the analysis of the dumps in `dir` (searched
 // recursively), or nothing when there are none. Never throws: an unreadable dump becomes a
 // line saying so.
-std::vector<std::string> hang_report_for_directory(const std::string& dir);
+std::vector<std::string> hang_report_for_directory(const std::string& dir,
+                                                   const std::vector<RankProcess>& processes = {});
+
+// Multi-node: one node's share of the report, published through the rendezvous store so the
+// report on every node covers the whole job. encode_node_records packs the dumps found in
+// `dir` (each cut to its last kSharedEntries entries, paths prefixed "HOST:") and `processes`
+// into one JSON text; "" when `dir` holds no dump and `processes` is empty.
+inline constexpr size_t kSharedEntries = 400;
+std::string encode_node_records(const std::string& dir, const std::vector<RankProcess>& processes,
+                                const std::string& host);
+// The analysis of every node's share (encode_node_records texts; "" entries are skipped, a
+// dump seen twice, from a log dir the nodes share, counts once). Empty when no node had a dump.
+// Never throws: a malformed share becomes a line saying so.
+std::vector<std::string> hang_report_for_nodes(const std::vector<std::string>& node_records);
+
+// Reads the state of a live process from /proc/<pid>/stat (kRunning or kStopped); kExited when
+// it is gone or a zombie.
+RankProcess::State process_state(int64_t pid);
 
 // `ddprun trace FILES...`: reads, analyses and prints each line prefixed "ddprun: " on stdout.
 // Returns the exit code (0; UsageError propagates for bad input).

@@ -13,8 +13,10 @@
 // A round with fewer nodes than the one whose workers failed means a node was lost: that
 // restart is a membership change and does not count against --max-restarts (like torchrun).
 
+#include <chrono>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ddp/launcher/world.hpp"
 
@@ -50,6 +52,17 @@ class Membership {
   virtual void leave(const std::string& reason) = 0;
   // This node gives up (restarts exhausted): the whole run ends on every node.
   virtual void shut_down(const std::string& reason) = 0;
+
+  // After an attempt of round `generation` failed or was stopped: publishes this node's hang
+  // report records (`mine`, encode_node_records in hang_report.hpp) and returns every node's
+  // that arrived within `limit` (this node's included; "" for the others that did not). Never
+  // throws: a store error leaves only this node's records. Default: this node's alone.
+  virtual std::vector<std::string> exchange_hang_records(int generation, const std::string& mine,
+                                                         std::chrono::milliseconds limit) {
+    (void)generation;
+    (void)limit;
+    return {mine};
+  }
 };
 
 }  // namespace ddp::launcher

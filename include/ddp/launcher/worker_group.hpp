@@ -4,8 +4,10 @@
 // run() returns only when every worker and every descendant the launcher adopted (it is a
 // child subreaper) has been reaped and every pipe drained, whatever happened:
 // - all workers exit 0                  -> kSucceeded (leftover descendants are stopped)
-// - a worker exits non-zero or by signal -> kFailed: the others get SIGTERM (to their process
-//   groups), SIGKILL after the grace period
+// - a worker exits non-zero or by signal -> kFailed: ddprun notes every worker's process state
+//   (running, stopped, exited) and asks the live ones that handle it to write their flight
+//   record (flight_recorder_dump_signal(), up to 2 s); then the others get SIGTERM and SIGCONT
+//   (to their process groups), SIGKILL after the grace period
 // - SIGINT/SIGTERM/SIGHUP/SIGQUIT arrive  -> forwarded to every worker group, then the same
 //   stop -> kInterrupted; a second such signal kills at once
 // - SIGUSR1/SIGUSR2 arrive                -> forwarded; monitoring goes on
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/launcher/hang_report.hpp"
 #include "ddp/launcher/root_cause.hpp"
 #include "ddp/launcher/signals.hpp"
 #include "ddp/launcher/std_streams.hpp"
@@ -66,6 +69,12 @@ struct AttemptResult {
   std::optional<WorkerFailure> root_cause;  // kFailed: the first worker that failed
   std::vector<WorkerFailure> others;        // other non-zero exits (kFailed)
   int signal = 0;                           // kInterrupted: the signal received
+  // kFailed (kStopped): every worker's process as ddprun saw it at the first failure (at the
+  // stop request), for the hang report.
+  std::vector<RankProcess> processes;
+  // kFailed, kStopped: where ddprun told the workers to write flight recorder dumps
+  // (DDP_FLIGHT_RECORDER_DIR: the attempt folder); "" when the user chose the directory.
+  std::string flight_recorder_dir;
 };
 
 // Runs one attempt. Throws ddp::Error when workers cannot be started (after stopping those

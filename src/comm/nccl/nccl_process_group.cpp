@@ -14,6 +14,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "ddp/store/store.hpp"
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/logging.hpp"
 #include "nccl_bootstrap.hpp"
 #include "nccl_communicator.hpp"
 #include "nccl_watchdog.hpp"
@@ -75,9 +77,24 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
                  rank_);
       check_cuda(cudaMalloc(&barrier_buffer_, sizeof(float)), "cudaMalloc (barrier buffer)", rank_);
       communicator_ = std::make_unique<NcclCommunicator>(id, rank_, size_, timeout_);
+      if (const size_t entries = FlightRecorder::entries_from_env(); entries > 0) {
+        FlightRecorderIdentity id;
+        id.group = options.group_name + "/";
+        id.backend = "nccl";
+        id.rank = rank_;
+        id.group_size = size_;
+        id.global_ranks = options.member_ranks;
+        if (id.global_ranks.empty()) {
+          for (int r = 0; r < size_; ++r) id.global_ranks.push_back(r);
+        }
+        recorder_ = std::make_shared<FlightRecorder>(std::move(id), entries);
+        FlightRecorder::install_dump_signal_handler();
+        signals_seen_ = FlightRecorder::dump_signals_received();
+      }
       watchdog_ = std::make_unique<NcclWatchdog>(
           *communicator_, device_, rank_, size_, options.watchdog_interval,
-          [this](const std::string& reason) { abort_communicator(reason); });
+          [this](const std::string& reason) { abort_communicator(reason); },
+          [this] { check_dump_request(); });
     } catch (...) {
       release();
       throw;
@@ -87,6 +104,8 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
   ~NcclProcessGroupImpl() override { release(); }
 
   std::string backend_name() const override { return "nccl"; }
+
+  FlightRecorder* flight_recorder() override { return recorder_.get(); }
 
   void set_compute_stream(CUstream_st* stream) override { compute_stream_->store(stream); }
   CUstream_st* compute_stream() const override { return compute_stream_->load(); }
@@ -106,10 +125,11 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
     const ncclDataType_t type = to_nccl(dtype);
     const ncclRedOp_t nccl_op = to_nccl(op);
     check_buffer(data, count * element_size(dtype), "data", what);
-    return launch(what, false, [&](const std::string& label) {
-      if (count == 0) return;
-      nccl(ncclAllReduce(data, data, count, type, nccl_op, comm(), comm_stream_), label);
-    });
+    return launch(
+        what, false, record("all_reduce", dtype, count, op), [&](const std::string& label) {
+          if (count == 0) return;
+          nccl(ncclAllReduce(data, data, count, type, nccl_op, comm(), comm_stream_), label);
+        });
   }
 
   WorkPtr broadcast(void* data, size_t count, DataType dtype, int root) override {
@@ -118,10 +138,11 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
     const ncclDataType_t type = to_nccl(dtype);
     check_rank(root, "root", what);
     check_buffer(data, count * element_size(dtype), "data", what);
-    return launch(what, false, [&](const std::string& label) {
-      if (count == 0) return;
-      nccl(ncclBroadcast(data, data, count, type, root, comm(), comm_stream_), label);
-    });
+    return launch(what, false, record("broadcast", dtype, count, std::nullopt, root),
+                  [&](const std::string& label) {
+                    if (count == 0) return;
+                    nccl(ncclBroadcast(data, data, count, type, root, comm(), comm_stream_), label);
+                  });
   }
 
   WorkPtr reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root) override {
@@ -131,10 +152,11 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
     const ncclRedOp_t nccl_op = to_nccl(op);
     check_rank(root, "root", what);
     check_buffer(data, count * element_size(dtype), "data", what);
-    return launch(what, false, [&](const std::string& label) {
-      if (count == 0) return;
-      nccl(ncclReduce(data, data, count, type, nccl_op, root, comm(), comm_stream_), label);
-    });
+    return launch(
+        what, false, record("reduce", dtype, count, op, root), [&](const std::string& label) {
+          if (count == 0) return;
+          nccl(ncclReduce(data, data, count, type, nccl_op, root, comm(), comm_stream_), label);
+        });
   }
 
   WorkPtr all_gather(const void* in, void* out, size_t count, DataType dtype) override {
@@ -144,7 +166,7 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
     check_buffer(in, block, "in", what);
     check_buffer(out, block * size_, "out", what);
     check_in_place_or_disjoint(in, block, out, block * size_, rank_ * block, what);
-    return launch(what, false, [&](const std::string& label) {
+    return launch(what, false, record("all_gather", dtype, count), [&](const std::string& label) {
       if (count == 0) return;
       nccl(ncclAllGather(in, out, count, type, comm(), comm_stream_), label);
     });
@@ -173,7 +195,7 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
     check_buffer(out, total * element, "out", what);
     check_in_place_or_disjoint(in, mine, out, total * element, offsets[static_cast<size_t>(rank_)],
                                what);
-    return launch(what, false, [&](const std::string& label) {
+    return launch(what, false, record("all_gather_v", dtype, total), [&](const std::string& label) {
       grouped(label, [&] {
         // One broadcast per contributing rank: every rank skips the same empty blocks.
         for (int r = 0; r < size_; ++r) {
@@ -196,18 +218,20 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
       check_buffer(out, block * size_, "out", what);
       check_in_place_or_disjoint(in, block, out, block * size_, root * block, what);
     }
-    return launch(what, false, [&](const std::string& label) {
-      if (count == 0) return;
-      if (rank_ == root) copy(at(out, root * block), in, block);
-      grouped(label, [&] {
-        if (rank_ != root)
-          return nccl(ncclSend(in, count, type, root, comm(), comm_stream_), label);
-        for (int r = 0; r < size_; ++r) {
-          if (r == root) continue;
-          nccl(ncclRecv(at(out, r * block), count, type, r, comm(), comm_stream_), label);
-        }
-      });
-    });
+    return launch(what, false, record("gather", dtype, count, std::nullopt, root),
+                  [&](const std::string& label) {
+                    if (count == 0) return;
+                    if (rank_ == root) copy(at(out, root * block), in, block);
+                    grouped(label, [&] {
+                      if (rank_ != root)
+                        return nccl(ncclSend(in, count, type, root, comm(), comm_stream_), label);
+                      for (int r = 0; r < size_; ++r) {
+                        if (r == root) continue;
+                        nccl(ncclRecv(at(out, r * block), count, type, r, comm(), comm_stream_),
+                             label);
+                      }
+                    });
+                  });
   }
 
   WorkPtr scatter(const void* in, void* out, size_t count, DataType dtype, int root) override {
@@ -221,18 +245,20 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
       check_buffer(in, block * size_, "in", what);
       check_in_place_or_disjoint(out, block, in, block * size_, root * block, what);
     }
-    return launch(what, false, [&](const std::string& label) {
-      if (count == 0) return;
-      if (rank_ == root) copy(out, at(in, root * block), block);
-      grouped(label, [&] {
-        if (rank_ != root)
-          return nccl(ncclRecv(out, count, type, root, comm(), comm_stream_), label);
-        for (int r = 0; r < size_; ++r) {
-          if (r == root) continue;
-          nccl(ncclSend(at(in, r * block), count, type, r, comm(), comm_stream_), label);
-        }
-      });
-    });
+    return launch(what, false, record("scatter", dtype, count, std::nullopt, root),
+                  [&](const std::string& label) {
+                    if (count == 0) return;
+                    if (rank_ == root) copy(out, at(in, root * block), block);
+                    grouped(label, [&] {
+                      if (rank_ != root)
+                        return nccl(ncclRecv(out, count, type, root, comm(), comm_stream_), label);
+                      for (int r = 0; r < size_; ++r) {
+                        if (r == root) continue;
+                        nccl(ncclSend(at(in, r * block), count, type, r, comm(), comm_stream_),
+                             label);
+                      }
+                    });
+                  });
   }
 
   WorkPtr reduce_scatter(const void* in, void* out, size_t count, DataType dtype,
@@ -245,10 +271,11 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
     check_buffer(in, block * size_, "in", what);
     check_buffer(out, block, "out", what);
     check_in_place_or_disjoint(out, block, in, block * size_, rank_ * block, what);
-    return launch(what, false, [&](const std::string& label) {
-      if (count == 0) return;
-      nccl(ncclReduceScatter(in, out, count, type, nccl_op, comm(), comm_stream_), label);
-    });
+    return launch(
+        what, false, record("reduce_scatter", dtype, count, op), [&](const std::string& label) {
+          if (count == 0) return;
+          nccl(ncclReduceScatter(in, out, count, type, nccl_op, comm(), comm_stream_), label);
+        });
   }
 
   WorkPtr all_to_all(const void* in, void* out, size_t count, DataType dtype) override {
@@ -263,7 +290,7 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
           "all_to_all",
           rank_, what));
     }
-    return launch(what, false, [&](const std::string& label) {
+    return launch(what, false, record("all_to_all", dtype, count), [&](const std::string& label) {
       if (count == 0) return;
       copy(at(out, rank_ * block), at(in, rank_ * block), block);
       grouped(label, [&] {
@@ -278,11 +305,12 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
 
   WorkPtr barrier() override {
     // An all-reduce of one scratch element; its Work blocks the host, as a barrier must.
-    return launch("barrier", true, [&](const std::string& label) {
-      nccl(ncclAllReduce(barrier_buffer_, barrier_buffer_, 1, ncclFloat32, ncclSum, comm(),
-                         comm_stream_),
-           label);
-    });
+    return launch("barrier", true, record("barrier", DataType::kFloat32, 0),
+                  [&](const std::string& label) {
+                    nccl(ncclAllReduce(barrier_buffer_, barrier_buffer_, 1, ncclFloat32, ncclSum,
+                                       comm(), comm_stream_),
+                         label);
+                  });
   }
 
   WorkPtr send(const void* data, size_t count, DataType dtype, int dst, int tag) override {
@@ -291,7 +319,7 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
     const ncclDataType_t type = to_nccl(dtype);
     check_peer(dst, "dst", tag, what);
     check_buffer(data, count * element_size(dtype), "data", what);
-    return launch(what, false, [&](const std::string& label) {
+    return launch(what, false, std::nullopt, [&](const std::string& label) {
       if (count == 0) return;
       nccl(ncclSend(data, count, type, dst, comm(), comm_stream_), label);
     });
@@ -303,7 +331,7 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
     const ncclDataType_t type = to_nccl(dtype);
     check_peer(src, "src", tag, what);
     check_buffer(data, count * element_size(dtype), "data", what);
-    return launch(what, false, [&](const std::string& label) {
+    return launch(what, false, std::nullopt, [&](const std::string& label) {
       if (count == 0) return;
       nccl(ncclRecv(data, count, type, src, comm(), comm_stream_), label);
     });
@@ -314,13 +342,23 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
 
   // Queues one operation: the communication stream waits for the compute stream, `body`
   // queues the NCCL calls, and a completion event is recorded for the Work and the watchdog.
+  // `info`: the flight recorder entry of a collective (nullopt for send/recv, whose order
+  // differs between ranks). Its state is "started" once queued on the stream (the host cannot
+  // see the GPU start it) and "completed" when the watchdog or a Work sees its event fire.
   template <class Body>
-  WorkPtr launch(const std::string& what, bool block_host, Body&& body) {
+  WorkPtr launch(const std::string& what, bool block_host, std::optional<CollectiveRecordInfo> info,
+                 Body&& body) {
     std::lock_guard<std::mutex> guard(launch_mutex_);
     communicator_->throw_if_aborting();
     DeviceGuard device(device_, rank_);
     auto state =
         std::make_shared<CollectiveState>(what, ++sequence_, rank_, size_, device_, timeout_);
+    if (recorder_ && info) {
+      info->seq = ++collective_sequence_;
+      state->record_id = recorder_->record(*info);
+      recorder_->started(state->record_id);
+      state->recorder = recorder_;
+    }
     const std::string label = fmt::format("{} (sequence {})", what, state->sequence);
     check_cuda(cudaEventRecord(ready_, compute_stream_->load()),
                "cudaEventRecord on the compute stream", rank_);
@@ -355,7 +393,43 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
                "cudaMemcpyAsync (own block)", rank_);
   }
 
+  static CollectiveRecordInfo record(const char* op, DataType dtype, size_t count,
+                                     std::optional<ReduceOp> reduce = std::nullopt, int root = -1) {
+    CollectiveRecordInfo info;
+    info.op = op;
+    info.dtype = dtype;
+    info.count = count;
+    info.has_reduce_op = reduce.has_value();
+    if (reduce) info.reduce_op = *reduce;
+    info.root = root;
+    return info;
+  }
+
+  // Writes this rank's flight record once (DDP_FLIGHT_RECORDER_DIR, else a temporary folder).
+  // There is no store watcher: a rank dumps when its own watchdog aborts the group, or when
+  // the launcher asks (the dump signal, checked every watchdog round).
+  void dump_record(const std::string& reason) {
+    if (!recorder_ || dumped_.exchange(true)) return;
+    try {
+      const std::string path = recorder_->dump_to_file(reason, FlightRecorder::dir_from_env());
+      log::get("ddp.nccl")
+          ->warn("flight recorder: rank {} of {} (backend nccl) wrote {} ({})", rank_, size_, path,
+                 reason);
+    } catch (const std::exception& e) {
+      log::get("ddp.nccl")
+          ->error("flight recorder: rank {} of {} (backend nccl) could not write its record: {}",
+                  rank_, size_, e.what());
+    }
+  }
+
+  void check_dump_request() {
+    if (recorder_ && FlightRecorder::dump_signals_received() != signals_seen_) {
+      dump_record("requested by the launcher (a rank of the job failed)");
+    }
+  }
+
   void abort_communicator(const std::string& reason) {
+    dump_record(reason);
     communicator_->request_abort(reason);
     std::lock_guard<std::mutex> guard(launch_mutex_);
     communicator_->abort();
@@ -455,6 +529,10 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
   std::unique_ptr<NcclWatchdog> watchdog_;
   std::mutex launch_mutex_;  // one operation queued at a time: NCCL needs one issue order
   uint64_t sequence_ = 0;
+  uint64_t collective_sequence_ = 0;          // flight recorder sequence numbers (no send/recv)
+  std::shared_ptr<FlightRecorder> recorder_;  // null: DDP_FLIGHT_RECORDER_ENTRIES=0
+  uint64_t signals_seen_ = 0;
+  std::atomic<bool> dumped_{false};
 };
 
 int visible_devices(int rank) {

@@ -15,13 +15,14 @@ using Clock = std::chrono::steady_clock;
 }  // namespace
 
 NcclWatchdog::NcclWatchdog(NcclCommunicator& communicator, int device, int rank, int size,
-                           std::chrono::milliseconds interval, AbortFn abort)
+                           std::chrono::milliseconds interval, AbortFn abort, RoundFn on_round)
     : communicator_(communicator),
       device_(device),
       rank_(rank),
       size_(size),
       interval_(interval),
       abort_(std::move(abort)),
+      on_round_(std::move(on_round)),
       thread_([this] { run(); }) {}
 
 NcclWatchdog::~NcclWatchdog() {
@@ -57,8 +58,13 @@ void NcclWatchdog::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
     wake_.wait_until(lock, deadline_after(interval_), [this] { return stop_; });
-    if (stop_ || communicator_.aborted()) continue;
+    if (stop_) continue;
     lock.unlock();
+    if (on_round_) on_round_();
+    if (communicator_.aborted()) {
+      lock.lock();
+      continue;
+    }
     const std::string reason = check();
     if (!reason.empty()) {
       // Also logged: in the default non-blocking mode a failure surfaces only at the next

@@ -24,9 +24,12 @@ namespace ddp::nccl_detail {
 class NcclWatchdog {
  public:
   using AbortFn = std::function<void(const std::string& reason)>;
+  using RoundFn = std::function<void()>;
 
+  // `on_round` (optional) runs on the watchdog thread after every round (the group checks for
+  // the launcher's flight recorder dump requests there).
   NcclWatchdog(NcclCommunicator& communicator, int device, int rank, int size,
-               std::chrono::milliseconds interval, AbortFn abort);
+               std::chrono::milliseconds interval, AbortFn abort, RoundFn on_round = nullptr);
   // Stops and joins the thread.
   ~NcclWatchdog();
   NcclWatchdog(const NcclWatchdog&) = delete;
@@ -48,6 +51,7 @@ class NcclWatchdog {
   const int size_;
   const std::chrono::milliseconds interval_;
   const AbortFn abort_;
+  const RoundFn on_round_;
 
   std::mutex mutex_;
   std::condition_variable wake_;

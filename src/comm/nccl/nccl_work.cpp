@@ -40,7 +40,7 @@ bool CollectiveState::query() {
   if (completed_.load()) return true;
   const cudaError_t result = cudaEventQuery(done);
   if (result == cudaSuccess) {
-    completed_.store(true);
+    if (!completed_.exchange(true) && recorder && !failed()) recorder->finished(record_id, true);
     return true;
   }
   if (result == cudaErrorNotReady) return false;
@@ -53,7 +53,16 @@ bool CollectiveState::query() {
 
 void CollectiveState::fail(std::exception_ptr error) {
   std::lock_guard<std::mutex> guard(mutex_);
-  if (!error_) error_ = std::move(error);
+  if (error_) return;
+  error_ = std::move(error);
+  if (!recorder) return;
+  try {
+    std::rethrow_exception(error_);
+  } catch (const std::exception& e) {
+    recorder->finished(record_id, false, e.what());
+  } catch (...) {
+    recorder->finished(record_id, false, "unknown error");
+  }
 }
 
 bool CollectiveState::failed() {

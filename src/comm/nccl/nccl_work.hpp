@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/work.hpp"
 
 namespace ddp::nccl_detail {
@@ -40,6 +41,10 @@ struct CollectiveState {
   const std::chrono::milliseconds timeout;
   const std::chrono::steady_clock::time_point issued = std::chrono::steady_clock::now();
   cudaEvent_t done = nullptr;  // recorded on the communication stream after the collective
+  // The group's flight recorder and this collective's entry (null for send/recv or when off):
+  // query() marks it completed when the event first fires, fail() marks it failed.
+  std::shared_ptr<FlightRecorder> recorder;
+  uint64_t record_id = 0;
 
  private:
   std::atomic<bool> completed_{false};

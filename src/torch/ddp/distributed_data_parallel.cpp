@@ -97,6 +97,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
     on_cpu = on_cpu || t.tensor.device().is_cpu();
   }
   if (on_cpu) detail::warn_once_if_reference_blas();
+  FlightRecorder::ScopedThreadTag tag("DDP construction");  // names these in a hang report
   verify_same_tensors(*pg_, described, "parameters and buffers", timeout_);
   if (pg_->size() > 1) broadcast_tensors(*pg_, all, /*root=*/0, timeout_);
 
@@ -151,6 +152,7 @@ void DistributedDataParallelBase::before_forward() {
   if (join_config().enable) {
     join_before_forward();  // the Join protocol's collectives, buffers included (ddp_join.cpp)
   } else if (options_.broadcast_buffers() && pg_->size() > 1 && !buffers_.empty()) {
+    FlightRecorder::ScopedThreadTag tag("DDP buffer broadcast");
     broadcast_tensors(*pg_, buffers_, /*root=*/0, timeout_);
   }
 }

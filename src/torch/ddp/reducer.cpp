@@ -66,7 +66,8 @@ Reducer::Reducer(std::vector<torch::Tensor> params, std::vector<std::string> nam
     : params_(std::move(params)),
       names_(std::move(names)),
       pg_(std::move(pg)),
-      config_(std::move(config)) {
+      config_(std::move(config)),
+      stragglers_(config_.straggler_window) {
   if (!config_.comm_hook) config_.comm_hook = allreduce_hook();
   const size_t n = params_.size();
   std::vector<BucketParam> sizes(n);
@@ -172,6 +173,7 @@ void Reducer::rebuild_buckets_locked() {
   ready_order_.clear();
   if (pg_->size() > 1) {
     auto wire = torch::tensor(order, torch::kInt64).to(comm_device(*pg_));
+    FlightRecorder::ScopedThreadTag tag(fmt::format("DDP bucket order, iteration {}", iteration_));
     WorkPtr work = broadcast(*pg_, wire, /*root=*/0);
     wait_on_current_stream(*pg_, *work, config_.timeout);
     wire = wire.cpu();
@@ -357,9 +359,19 @@ void Reducer::launch_ready_buckets_locked() {
     Bucket& bucket = buckets_[next_bucket_++];
     bucket.launched_at = Timeline::Clock::now();
     bucket.completion_recorded = false;
+    // The flight recorder names the bucket and iteration of each collective the hook issues.
+    FlightRecorder::ScopedThreadTag tag(
+        fmt::format("DDP bucket {}, iteration {}", next_bucket_ - 1, iteration_));
     try {
       bucket.info.iteration = iteration_ - 1;
+      const auto begin = Timeline::Clock::now();
       bucket.reduction = config_.comm_hook->launch(*pg_, bucket.buffer, bucket.info);
+      // A small bucket may be reduced inline: the launch then blocks until every peer joined.
+      const auto end = Timeline::Clock::now();
+      stragglers_.add_wait(end - begin);
+      if (config_.timeline && end - begin >= std::chrono::milliseconds(1)) {
+        config_.timeline->add_span("wait for peers", Timeline::Track::kCompute, begin, end);
+      }
     } catch (...) {
       // Small buckets may reduce inline, so a peer that is missing shows up here.
       rethrow_with_iteration_context(fmt::format("bucket {}'s all-reduce", next_bucket_ - 1));
@@ -425,9 +437,12 @@ void Reducer::finalize_locked() {
   if (static_graph_ ? counting : config_.find_unused_parameters) {
     // On the group's device (the GPU for nccl); read back on the host after the wait.
     global_used = torch::tensor(locally_used_, torch::kInt32).to(comm_device(*pg_));
+    FlightRecorder::ScopedThreadTag tag(
+        fmt::format("DDP used-parameter counts, iteration {}", iteration_));
     used_work = all_reduce(*pg_, global_used, ReduceOp::kSum);
   }
   size_t finishing = 0;
+  const auto wait_begin = Timeline::Clock::now();
   try {
     for (; finishing < buckets_.size(); ++finishing) {
       Bucket& bucket = buckets_[finishing];
@@ -444,11 +459,19 @@ void Reducer::finalize_locked() {
       wait_on_current_stream(*pg_, *used_work, config_.timeout);
       global_used = global_used.cpu();
     }
+    const auto wait_end = Timeline::Clock::now();
+    stragglers_.add_wait(wait_end - wait_begin);
+    if (config_.timeline) {
+      config_.timeline->add_span("wait for peers", Timeline::Track::kCompute, wait_begin, wait_end);
+    }
+    ++finishing;  // past the used-parameter counts: names the statistics below if they fail
+    end_straggler_iteration_locked();
   } catch (...) {
     abandon_iteration_locked();
     rethrow_with_iteration_context(
-        finishing < buckets_.size() ? fmt::format("bucket {}'s all-reduce", finishing)
-                                    : std::string("the all-reduce of the used-parameter counts"));
+        finishing < buckets_.size()    ? fmt::format("bucket {}'s all-reduce", finishing)
+        : finishing == buckets_.size() ? std::string("the all-reduce of the used-parameter counts")
+                                       : std::string("the straggler statistics' all-reduce"));
   }
 
   torch::NoGradGuard no_grad;
@@ -501,6 +524,20 @@ void Reducer::finalize_locked() {
         "legitimately unused (conditional branches, frozen heads)",
         missing.size(), pg_->rank(), join_names(names_, missing, 10)));
   }
+}
+
+// Every rank calls this once per synchronized backward, a joined rank from its shadow backward
+// too (reducer_join.cpp), so the window's exchange is issued by every rank at the same point.
+void Reducer::end_straggler_iteration_locked() {
+  stragglers_.end_iteration(*pg_, iteration_, [&](std::vector<double>& sums) {
+    FlightRecorder::ScopedThreadTag tag(
+        fmt::format("DDP straggler statistics, iteration {}", iteration_));
+    auto wire = torch::tensor(sums, torch::kFloat64).to(comm_device(*pg_));
+    WorkPtr work = all_reduce(*pg_, wire, ReduceOp::kSum);
+    wait_on_current_stream(*pg_, *work, config_.timeout);
+    wire = wire.cpu();
+    std::copy(wire.data_ptr<double>(), wire.data_ptr<double>() + sums.size(), sums.begin());
+  });
 }
 
 void Reducer::warn_if_unused_option_is_unneeded(const int32_t* global_used) const {

@@ -62,6 +62,7 @@ void Reducer::shadow_backward_for_join() {
                                  used.data_ptr<int32_t>() + params_.size());
       static_graph_->finish_counting();
     }
+    end_straggler_iteration_locked();  // the training ranks' straggler exchange, when due
   } catch (const TimeoutError& e) {
     // The reductions may still write into `zeros`; keep both alive rather than free memory
     // a collective could still use.

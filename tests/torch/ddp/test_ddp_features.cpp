@@ -8,8 +8,10 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "ddp/torch/ddp/distributed_data_parallel.hpp"
+#include "ddp/torch/ddp/straggler.hpp"
 #include "ddp/util/logging.hpp"
 #include "models.hpp"
 #include "rank_threads.hpp"
@@ -119,6 +121,33 @@ TEST(DdpFeatures, TimelineHasForwardBackwardBucketsAndStep) {
   std::filesystem::remove_all(dir);
 }
 
+// Every collective DDP issues carries a flight recorder tag naming what it is for, so a hang
+// report says "all_reduce #13 (DDP bucket 1, iteration 2)".
+TEST(DdpFeatures, FlightRecorderTagsNameTheBucketAndIteration) {
+  std::vector<std::set<std::string>> tags(2);
+  run_ranks(2, [&](int rank, ddp::ProcessGroupPtr pg) {
+    ASSERT_NE(pg->flight_recorder(), nullptr) << "the recorder is on by default";
+    ddp::test::Cnn net;
+    DistributedDataParallel model(net, pg);
+    torch::optim::SGD opt(model.parameters(), 0.1);
+    for (int step = 0; step < 2; ++step) {
+      opt.zero_grad();
+      torch::nll_loss(model(torch::randn({2, 1, 28, 28})), torch::tensor({1, 2})).backward();
+      model.step(opt);
+    }
+    pg->all_reduce(nullptr, 0, ddp::DataType::kFloat32, ddp::ReduceOp::kSum)->wait(pg->timeout());
+    const auto doc = nlohmann::json::parse(pg->flight_recorder()->dump_json("test"));
+    for (const auto& e : doc["entries"]) tags[rank].insert(e.value("tag", ""));
+  });
+  for (int r = 0; r < 2; ++r) {
+    for (const char* want :
+         {"DDP construction", "DDP bucket 0, iteration 1", "DDP bucket order, iteration 1",
+          "DDP bucket 0, iteration 2", "DDP bucket 1, iteration 2", ""}) {
+      EXPECT_EQ(tags[r].count(want), 1u) << "rank " << r << " lacks tag '" << want << "'";
+    }
+  }
+}
+
 // What the "ddp.ddp" logger printed while `fn` ran.
 std::string ddp_log_during(const std::function<void()>& fn) {
   auto logger = ddp::log::get("ddp.ddp");
@@ -129,6 +158,62 @@ std::string ddp_log_during(const std::function<void()>& fn) {
   auto& sinks = logger->sinks();
   sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
   return captured.str();
+}
+
+TEST(DdpStraggler, FindStragglerNamesTheRankThatWaitedLeast) {
+  // Rank 2 waited 10 ms over the window, the others 60 and 70 ms; steps of 100 ms: 55%.
+  auto f = ddp::find_straggler({0.06, 0.07, 0.01}, {0.1, 0.1, 0.1}, 0.2);
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->rank, 2);
+  EXPECT_NEAR(f->cost_s, 0.055, 1e-9);
+  EXPECT_NEAR(f->fraction, 0.55, 1e-9);
+  EXPECT_FALSE(ddp::find_straggler({0.03, 0.02}, {0.1, 0.1}, 0.2)) << "10% is under 20%";
+  EXPECT_FALSE(ddp::find_straggler({0.5}, {1.0}, 0.2)) << "one rank waits for nobody";
+  f->first_iteration = 101;
+  f->last_iteration = 200;
+  EXPECT_EQ(ddp::describe(*f).rfind("DDP straggler: rank 2 made the other ranks wait 55% of "
+                                    "each step over iterations 101-200 (0.6 ms of 1.0 ms per step",
+                                    0),
+            0u)
+      << ddp::describe(*f);
+}
+
+// Rank 1 sleeps before every backward: rank 0 waits for it in the bucket all-reduces. With a
+// window of 4 iterations rank 0 logs it once (iterations 2-5; the first has no step before it),
+// and the timeline marks the waits.
+TEST(DdpStraggler, SlowRankIsLoggedByRankZeroAndTheTimelineMarksTheWaits) {
+  auto dir =
+      std::filesystem::temp_directory_path() / ("ddp_straggler_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string pattern = (dir / "timeline_rank{rank}.json").string();
+  ::setenv("DDP_STRAGGLER_WINDOW", "4", 1);
+  const std::string log = ddp_log_during([&] {
+    run_ranks(2, [&](int rank, ddp::ProcessGroupPtr pg) {
+      torch::nn::Linear net(8, 4);
+      DistributedDataParallel model(net, pg,
+                                    DistributedDataParallelOptions().timeline_path(pattern));
+      torch::optim::SGD opt(model.parameters(), 0.1);
+      for (int step = 0; step < 5; ++step) {
+        opt.zero_grad();
+        auto loss = model(torch::randn({2, 8})).sum();
+        if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(60));
+        loss.backward();
+        model.step(opt);
+      }
+    });
+  });
+  ::unsetenv("DDP_STRAGGLER_WINDOW");
+  EXPECT_NE(log.find("DDP straggler: rank 1 made the other ranks wait "), std::string::npos) << log;
+  EXPECT_NE(log.find("over iterations 2-5"), std::string::npos) << log;
+  std::ifstream in(dir / "timeline_rank0.json");
+  ASSERT_TRUE(in);
+  int waits = 0;
+  const auto doc = nlohmann::json::parse(in);
+  for (const auto& e : doc.at("traceEvents")) {
+    if (e.at("name") == "wait for peers") ++waits;
+  }
+  EXPECT_GE(waits, 5) << "one wait span per iteration at least";
+  std::filesystem::remove_all(dir);
 }
 
 // Three synchronized iterations with find_unused_parameters on: of a Linear layer (every

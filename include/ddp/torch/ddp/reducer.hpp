@@ -45,6 +45,7 @@
 #include "ddp/comm/process_group.hpp"
 #include "ddp/torch/ddp/bucketing.hpp"
 #include "ddp/torch/ddp/comm_hooks.hpp"
+#include "ddp/torch/ddp/straggler.hpp"
 #include "ddp/torch/ddp/timeline.hpp"
 
 namespace ddp {
@@ -60,6 +61,8 @@ struct ReducerConfig {
   CommHookPtr comm_hook;      // null: allreduce_hook()
   std::chrono::milliseconds timeout{ProcessGroup::kDefaultTimeout};
   std::shared_ptr<Timeline> timeline;  // null: no spans recorded
+  // Synchronized iterations per straggler check (straggler.hpp); 0: off.
+  int64_t straggler_window = StragglerMonitor::window_from_env();
 };
 
 class Reducer {
@@ -137,6 +140,7 @@ class Reducer {
   void launch_ready_buckets_locked();
   void poll_completions_locked();
   void finalize_locked();
+  void end_straggler_iteration_locked();  // straggler.hpp's exchange point
   void reset_iteration_locked();
   // Rank 0, once: a warning when find_unused_parameters found every parameter used
   // (`global_used`: per parameter, how many ranks produced its gradient).
@@ -182,6 +186,7 @@ class Reducer {
   std::shared_ptr<char> alive_ = std::make_shared<char>();  // sinks outliving us see it gone
 
   double gradient_scale_ = 1.0;  // set_gradient_scale
+  StragglerMonitor stragglers_;  // this rank's waits for its peers in the bucket all-reduces
 };
 
 }  // namespace ddp
