@@ -114,10 +114,27 @@ void ShmGroup::arrive() {
   publish(&ctl_[me_].phase, ++phase_, &header_->waiters);
 }
 
+std::chrono::microseconds ShmGroup::spin_now() const {
+  return spin_ / (1 << spin_shift_.load(std::memory_order_relaxed));
+}
+
+void ShmGroup::after_wait(bool slept) {
+  // Halve the spin each time it ran out, double it back each time it sufficed: ranks in
+  // lockstep spin the full time, ranks that arrive far apart (or on a CPU-starved host) soon
+  // go straight to sleep and leave the CPU to others.
+  const int shift = spin_shift_.load(std::memory_order_relaxed);
+  if (slept && shift < kMaxSpinShift) spin_shift_.store(shift + 1, std::memory_order_relaxed);
+  if (!slept && shift > 0) spin_shift_.store(shift - 1, std::memory_order_relaxed);
+}
+
 void ShmGroup::wait_all(const ShmContext& ctx) {
   for (int j = 0; j < n_; ++j) {
     if (j == me_) continue;
-    if (wait_reached(&ctl_[j].phase, phase_, &header_->waiters, ctx.deadline, spin_)) continue;
+    bool slept = false;
+    const bool ok =
+        wait_reached(&ctl_[j].phase, phase_, &header_->waiters, ctx.deadline, spin_now(), &slept);
+    if (spin_.count() > 0) after_wait(slept);
+    if (ok) continue;
     std::vector<int> missing;
     for (int k = 0; k < n_; ++k) {
       if (!reached(ctl_[k].phase.load(), phase_)) missing.push_back(group_ranks_[k]);
@@ -132,7 +149,7 @@ void ShmGroup::wait_all(const ShmContext& ctx) {
 
 void ShmGroup::wait_word(std::atomic<uint32_t>* word, uint32_t target, const ShmContext& ctx,
                          const char* waiting_for, int peer) {
-  if (wait_reached(word, target, &header_->waiters, ctx.deadline, spin_)) return;
+  if (wait_reached(word, target, &header_->waiters, ctx.deadline, spin_now())) return;
   throw TimeoutError(fmt::format("{} on {}: timed out after {} ms waiting for rank {} to {}",
                                  ctx.call->describe(), ctx.where, ctx.timeout.count(),
                                  group_ranks_[peer], waiting_for));
