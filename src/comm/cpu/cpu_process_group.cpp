@@ -4,7 +4,9 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -68,6 +70,15 @@ std::string unique_shm_name() {
 
 CpuProcessGroup::CpuProcessGroup(GroupConfig config, std::string host_id)
     : AsyncProcessGroup(std::move(config)), host_id_(std::move(host_id)) {
+  if (auto v = env::get_int("DDP_CPU_PIPELINE_BYTES")) {
+    if (*v < 0) {
+      throw UsageError(fmt::format(
+          "DDP_CPU_PIPELINE_BYTES={} is negative; use 0 to turn pipelining off or a chunk size "
+          "in bytes",
+          *v));
+    }
+    pipeline_bytes_ = static_cast<size_t>(*v);
+  }
   Store& store = *config_.store;
   topo_ = HostTopology::exchange(store, config_.prefix, rank_, size_, host_id_, timeout_);
   const auto& local = topo_.ranks_of_host[topo_.my_host];
@@ -197,10 +208,92 @@ void CpuProcessGroup::run_all_reduce(void* data, size_t count, DataType dtype, R
   }
   // Hierarchical: sum within the host, combine among leaders, share within the host.
   const ReduceOp partial = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-  if (shm_) shm_->all_reduce(data, count, dtype, partial, ctx);
-  if (leaders_) leaders_->all_reduce(data, count, dtype, partial, call);
-  if (shm_) shm_->broadcast(data, count * element_size(dtype), 0, ctx);
+  const size_t es = element_size(dtype);
+  const size_t chunk = pipeline_chunk_elems(count, es);
+  // Every leader must make the same Gloo calls: the choice depends on count and dtype only.
+  if (chunk < count) {
+    all_reduce_pipelined(static_cast<char*>(data), count, chunk, dtype, partial, call, ctx);
+  } else {
+    if (shm_) shm_->all_reduce(data, count, dtype, partial, ctx);
+    if (leaders_) leaders_->all_reduce(data, count, dtype, partial, call);
+    if (shm_) shm_->broadcast(data, count * es, 0, ctx);
+  }
   if (op == ReduceOp::kAvg) divide_in_place(dtype, data, count, size_);
+}
+
+size_t CpuProcessGroup::pipeline_chunk_elems(size_t count, size_t es) const {
+  // DDP_CPU_PIPELINE_BYTES sets the chunk (0: no pipelining; it must be equal on all ranks, as
+  // the leaders' Gloo calls must match). By default, chunks of at least
+  // kPipelineChunkBytes (a Gloo call costs a few hundred microseconds on its own) and at most
+  // kPipelineChunks of them: enough to hide the shared-memory steps behind the link, few
+  // enough that the per-call cost stays small.
+  const size_t bytes = count * es;
+  size_t chunk_bytes = std::max(kPipelineChunkBytes, bytes / kPipelineChunks);
+  if (pipeline_bytes_) chunk_bytes = *pipeline_bytes_ == 0 ? bytes : *pipeline_bytes_;
+  return std::max<size_t>(chunk_bytes / es, 1);
+}
+
+void CpuProcessGroup::all_reduce_pipelined(char* data, size_t count, size_t chunk, DataType dtype,
+                                           ReduceOp op, const CallInfo& call,
+                                           const ShmContext& ctx) {
+  // Chunk i: reduce within the host (all local ranks), then the leader hands it to its Gloo
+  // thread and goes on reducing chunk i+1 while chunk i crosses the link; the result of chunk
+  // i is shared within the host once chunk i+1 was reduced. Every local rank runs the same
+  // sequence of shared-memory steps: R0 R1 B0 R2 B1 ... B(k-1).
+  const size_t es = element_size(dtype);
+  const size_t chunks = (count + chunk - 1) / chunk;
+  std::vector<std::future<void>> links(chunks);
+  auto part = [&](size_t i) {
+    return std::make_pair(data + i * chunk * es, std::min(chunk, count - i * chunk));
+  };
+  auto wait_link = [&](size_t i) {
+    if (!leaders_) return;
+    // Gloo's own timeout bounds the call; the margin only covers the hand-off.
+    if (links[i].wait_for(timeout_ + std::chrono::seconds(5)) != std::future_status::ready) {
+      throw TimeoutError(
+          fmt::format("{} on {}: chunk {} of {} did not cross to the other hosts within {} ms",
+                      call.describe(), where(), i, chunks, timeout_.count()));
+    }
+    links[i].get();
+  };
+  size_t waited = 0;  // links[0..waited) are settled
+  try {
+    for (size_t i = 0; i <= chunks; ++i) {
+      if (i < chunks) {
+        auto [p, n] = part(i);
+        if (shm_) shm_->all_reduce(p, n, dtype, op, ctx);
+        if (leaders_) {
+          auto done = std::make_shared<std::promise<void>>();
+          links[i] = done->get_future();
+          leader_executor().post([this, p = p, n = n, dtype, op, call, done] {
+            try {
+              leaders_->all_reduce(p, n, dtype, op, call);
+              done->set_value();
+            } catch (...) {
+              done->set_exception(std::current_exception());
+            }
+          });
+        }
+      }
+      if (i >= 1) {
+        wait_link(i - 1);
+        waited = i;
+        auto [p, n] = part(i - 1);
+        if (shm_) shm_->broadcast(p, n * es, 0, ctx);
+      }
+    }
+  } catch (...) {
+    // The Gloo thread still writes into `data`: let it finish before the caller may free it.
+    for (size_t i = waited; i < chunks; ++i) {
+      if (links[i].valid()) links[i].wait_for(timeout_ + std::chrono::seconds(5));
+    }
+    throw;
+  }
+}
+
+SerialExecutor& CpuProcessGroup::leader_executor() {
+  if (!leader_exec_) leader_exec_ = std::make_unique<SerialExecutor>();
+  return *leader_exec_;
 }
 
 void CpuProcessGroup::run_broadcast(void* data, size_t count, DataType dtype, int root,
