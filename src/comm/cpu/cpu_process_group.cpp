@@ -15,6 +15,7 @@
 #include "ddp/util/deadline.hpp"
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
+#include "tcp_ring.hpp"
 
 namespace ddp::detail {
 
@@ -58,6 +59,17 @@ std::chrono::microseconds spin_for(int local_ranks) {
   CPU_ZERO(&set);
   const int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
   return local_ranks <= cpus ? kDefaultSpin : std::chrono::microseconds(0);
+}
+
+// How the host leaders all-reduce: "ring" (ddp's TCP ring, tcp_ring.hpp: payload only, full
+// duplex, reduction overlapped with the transfer) or "gloo". DDP_CPU_LEADER_TRANSPORT; it must
+// be equal on all ranks.
+std::string leader_transport() {
+  const std::string v = env::get_or("DDP_CPU_LEADER_TRANSPORT", "ring");
+  if (v != "ring" && v != "gloo") {
+    throw UsageError(fmt::format("DDP_CPU_LEADER_TRANSPORT={}: expected ring or gloo", v));
+  }
+  return v;
 }
 
 std::string unique_shm_name() {
@@ -122,6 +134,11 @@ CpuProcessGroup::CpuProcessGroup(GroupConfig config, std::string host_id)
       leaders_ =
           std::make_unique<GlooComm>(config_.store, config_.prefix + "gloo_leaders/", topo_.my_host,
                                      topo_.num_hosts(), timeout_, leaders, where());
+      if (leader_transport() == "ring") {
+        ring_ = std::make_unique<TcpRing>(store, config_.prefix + "ring_leaders/", topo_.my_host,
+                                          topo_.num_hosts(), timeout_, leaders, where(),
+                                          advertised_host_address());
+      }
     }
     std::vector<int> ranks(size_);
     for (int r = 0; r < size_; ++r) ranks[r] = r;
@@ -215,7 +232,7 @@ void CpuProcessGroup::run_all_reduce(void* data, size_t count, DataType dtype, R
     all_reduce_pipelined(static_cast<char*>(data), count, chunk, dtype, partial, call, ctx);
   } else {
     if (shm_) shm_->all_reduce(data, count, dtype, partial, ctx);
-    if (leaders_) leaders_->all_reduce(data, count, dtype, partial, call);
+    if (leaders_) leaders_all_reduce(data, count, dtype, partial, call);
     if (shm_) shm_->broadcast(data, count * es, 0, ctx);
   }
   if (op == ReduceOp::kAvg) divide_in_place(dtype, data, count, size_);
@@ -267,7 +284,7 @@ void CpuProcessGroup::all_reduce_pipelined(char* data, size_t count, size_t chun
           links[i] = done->get_future();
           leader_executor().post([this, p = p, n = n, dtype, op, call, done] {
             try {
-              leaders_->all_reduce(p, n, dtype, op, call);
+              leaders_all_reduce(p, n, dtype, op, call);
               done->set_value();
             } catch (...) {
               done->set_exception(std::current_exception());
@@ -289,6 +306,12 @@ void CpuProcessGroup::all_reduce_pipelined(char* data, size_t count, size_t chun
     }
     throw;
   }
+}
+
+void CpuProcessGroup::leaders_all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                                         const CallInfo& call) {
+  if (ring_) return ring_->all_reduce(data, count, dtype, op, call);
+  leaders_->all_reduce(data, count, dtype, op, call);
 }
 
 SerialExecutor& CpuProcessGroup::leader_executor() {

@@ -3,9 +3,11 @@
 //
 // Ranks on one host (equal host ids) run collectives through a ShmGroup. With several hosts
 // it is hierarchical: all_reduce, broadcast and barrier go through shared memory within each
-// host and Gloo (TCP) among one leader per host (a large all_reduce pipelined in chunks, so the
-// shared-memory steps overlap the transfer between hosts); the remaining operations (gathers,
-// scatters, all_to_all, send/recv across hosts) use a Gloo context over all ranks.
+// host and TCP among one leader per host (all_reduce over ddp's own ring, TcpRing, unless
+// DDP_CPU_LEADER_TRANSPORT=gloo; broadcast and barrier over Gloo; a large all_reduce pipelined
+// in chunks, so the shared-memory steps overlap the transfer between hosts); the remaining
+// operations (gathers, scatters, all_to_all, send/recv across hosts) use a Gloo context over all
+// ranks.
 //
 // The shared-memory segment's name comes from the host leader through the store
 // ("<prefix>shm/<host>"); the last rank to map it unlinks it, so nothing is left in /dev/shm
@@ -25,6 +27,7 @@
 namespace ddp::detail {
 
 class GlooComm;
+class TcpRing;
 
 class CpuProcessGroup : public AsyncProcessGroup {
  public:
@@ -68,6 +71,8 @@ class CpuProcessGroup : public AsyncProcessGroup {
   void all_reduce_pipelined(char* data, size_t count, size_t chunk, DataType dtype, ReduceOp op,
                             const CallInfo& call, const ShmContext& ctx);
   SerialExecutor& leader_executor();
+  void leaders_all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                          const CallInfo& call);
   ShmContext context(const CallInfo& call) const;
   SerialExecutor& p2p_executor(int index);
   bool single_host() const { return topo_.num_hosts() == 1; }
@@ -76,8 +81,9 @@ class CpuProcessGroup : public AsyncProcessGroup {
   std::string host_id_;
   std::optional<size_t> pipeline_bytes_;  // DDP_CPU_PIPELINE_BYTES
   HostTopology topo_;
-  std::unique_ptr<ShmGroup> shm_;        // null when this rank is alone on its host
-  std::unique_ptr<GlooComm> leaders_;    // host leaders only, when there are several hosts
+  std::unique_ptr<ShmGroup> shm_;      // null when this rank is alone on its host
+  std::unique_ptr<GlooComm> leaders_;  // host leaders only, when there are several hosts
+  std::unique_ptr<TcpRing> ring_;  // the leaders' all_reduce, unless DDP_CPU_LEADER_TRANSPORT=gloo
   std::unique_ptr<GlooComm> all_ranks_;  // every rank, when there are several hosts
   // Runs the leaders' Gloo calls of a pipelined all_reduce; declared after leaders_ so it is
   // drained first. Only used from the collective thread, one all_reduce at a time.
