@@ -38,15 +38,18 @@ ShmLayout layout_for(int local_size) {
 }
 
 // How long a shared-memory wait polls before it sleeps in futex(2). DDP_SHM_SPIN_US sets it;
-// the default polls up to kDefaultSpin when every rank of this host can have a CPU of its own
-// (local ranks <= CPUs this process may run on) and never otherwise: with more ranks than
-// CPUs a poller takes the CPU from the very peer it waits for (measured: 4 ranks on 2 vCPUs,
-// 4 KB all_reduce 10x slower with a 100 us pure spin). Polling turns a 4 KB all_reduce of 2
-// ranks from a futex wake-up (15-20 us here) into a few cache-line transfers (1-2 us); the
-// poll yields every few microseconds and backs off when it keeps running out (ShmGroup).
+// the default polls up to kDefaultSpin when the group lives on one host and every rank of it
+// can have a CPU of its own (local ranks <= CPUs this process may run on), and never
+// otherwise. With more ranks than CPUs a poller takes the CPU from the very peer it waits for
+// (measured: 4 ranks on 2 vCPUs, 4 KB all_reduce 10x slower with a 100 us pure spin); across
+// hosts the link dominates the latency anyway and the CPU is better left to the leader's
+// network thread (measured at 10 Gbit/s, 2 hosts x 2 ranks on 2 vCPUs: 10 % more bandwidth
+// without the spin). Polling turns a 4 KB all_reduce of 2 ranks from a futex wake-up (15-20 us
+// here) into a few cache-line transfers (1-2 us); the poll yields every few microseconds and
+// backs off when it keeps running out (ShmGroup).
 constexpr std::chrono::microseconds kDefaultSpin{50};
 
-std::chrono::microseconds spin_for(int local_ranks) {
+std::chrono::microseconds spin_for(int local_ranks, bool single_host) {
   if (auto v = env::get_int("DDP_SHM_SPIN_US")) {
     if (*v < 0) {
       throw UsageError(fmt::format(
@@ -55,6 +58,7 @@ std::chrono::microseconds spin_for(int local_ranks) {
     }
     return std::chrono::microseconds(*v);
   }
+  if (!single_host) return std::chrono::microseconds(0);
   cpu_set_t set;
   CPU_ZERO(&set);
   const int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
@@ -125,8 +129,9 @@ CpuProcessGroup::CpuProcessGroup(GroupConfig config, std::string host_id)
           where(), store.add(mapped_key, 0), local.size(), seg.name(), timeout_.count()));
     }
     seg.release_name();
-    shm_ = std::make_unique<ShmGroup>(std::move(seg), layout, topo_.local_rank, local,
-                                      spin_for(static_cast<int>(local.size())));
+    shm_ = std::make_unique<ShmGroup>(
+        std::move(seg), layout, topo_.local_rank, local,
+        spin_for(static_cast<int>(local.size()), topo_.num_hosts() == 1));
   }
   if (topo_.num_hosts() > 1) {
     if (topo_.is_leader()) {
