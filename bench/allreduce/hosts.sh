@@ -226,7 +226,7 @@ for (impl, nodes, rpn, nbytes, link), bw in sorted(med.items()):
     if impl != "ddp" or nbytes != 16 << 20:
         continue
     out = {"bench": "allreduce_hosts_summary", "nodes": nodes, "ranks_per_node": rpn,
-           "bytes": nbytes, "link_gbps": link, "ddp_busbw_gbps": bw}
+           "bytes": nbytes, "link_gbps": link, "ddp_busbw_gbps": round(bw, 4)}
     for other in ("ddp_gloo", "gloo", "mpi"):
         o = med.get((other, nodes, rpn, nbytes, link))
         if o:

@@ -47,7 +47,7 @@ ShmLayout layout_for(int local_size) {
 // without the spin). Polling turns a 4 KB all_reduce of 2 ranks from a futex wake-up (15-20 us
 // here) into a few cache-line transfers (1-2 us); the poll yields every few microseconds and
 // backs off when it keeps running out (ShmGroup).
-constexpr std::chrono::microseconds kDefaultSpin{50};
+constexpr std::chrono::microseconds kDefaultSpin{200};
 
 std::chrono::microseconds spin_for(int local_ranks, bool single_host) {
   if (auto v = env::get_int("DDP_SHM_SPIN_US")) {
