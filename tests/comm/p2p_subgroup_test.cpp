@@ -122,6 +122,33 @@ TEST_P(Backends, HierarchicalAcrossSimulatedHosts) {
       customize);
 }
 
+TEST(CpuHierarchy, PipelinedAllReduceInOddChunks) {
+  // DDP_CPU_PIPELINE_BYTES=4100 cuts every hierarchical all_reduce of more than 4100 bytes into
+  // chunks that do not divide the buffer (nor, for 8-byte types, the chunk); 5 ranks on 3 hosts
+  // (2 + 2 + 1): the lone rank's host has no shared memory but must make the same leader calls.
+  ::setenv("DDP_CPU_PIPELINE_BYTES", "4100", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("DDP_CPU_PIPELINE_BYTES"); }
+  } unset;
+  auto customize = [](int rank, InitOptions& o) { o.host_id = "host" + std::to_string(rank / 2); };
+  run_ranks(
+      5, thread_options("cpu"),
+      [](ProcessGroup& pg) {
+        for (DataType t : kAllDtypes) {
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kAvg}) {
+            const size_t count = 10007;
+            auto buf = make_input(t, count, pg.rank(), op);
+            wait(pg.all_reduce(buf.data(), count, t, op));
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(get(t, buf.data(), i), expected_reduction(t, op, pg.size(), i))
+                  << to_string(t) << " " << to_string(op) << " i " << i;
+            }
+          }
+        }
+      },
+      customize);
+}
+
 TEST_P(Backends, DebugModeNamesBothMismatchedCalls) {
   InitOptions o = thread_options(GetParam(), milliseconds(5000));
   o.debug_collectives = true;

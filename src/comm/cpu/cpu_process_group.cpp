@@ -1,9 +1,12 @@
 #include "cpu_process_group.hpp"
 
 #include <fmt/format.h>
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -12,6 +15,7 @@
 #include "ddp/util/deadline.hpp"
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
+#include "tcp_ring.hpp"
 
 namespace ddp::detail {
 
@@ -33,15 +37,43 @@ ShmLayout layout_for(int local_size) {
   return l;
 }
 
-std::chrono::microseconds spin_for() {
+// How long a shared-memory wait polls before it sleeps in futex(2). DDP_SHM_SPIN_US sets it;
+// the default polls up to kDefaultSpin when the group lives on one host and every rank of it
+// can have a CPU of its own (local ranks <= CPUs this process may run on), and never
+// otherwise. With more ranks than CPUs a poller takes the CPU from the very peer it waits for
+// (measured: 4 ranks on 2 vCPUs, 4 KB all_reduce 10x slower with a 100 us pure spin); across
+// hosts the link dominates the latency anyway and the CPU is better left to the leader's
+// network thread (measured at 10 Gbit/s, 2 hosts x 2 ranks on 2 vCPUs: 10 % more bandwidth
+// without the spin). Polling turns a 4 KB all_reduce of 2 ranks from a futex wake-up (15-20 us
+// here) into a few cache-line transfers (1-2 us); the poll yields every few microseconds and
+// backs off when it keeps running out (ShmGroup).
+constexpr std::chrono::microseconds kDefaultSpin{200};
+
+std::chrono::microseconds spin_for(int local_ranks, bool single_host) {
   if (auto v = env::get_int("DDP_SHM_SPIN_US")) {
-    if (*v < 0) throw UsageError(fmt::format("DDP_SHM_SPIN_US={} is negative", *v));
+    if (*v < 0) {
+      throw UsageError(fmt::format(
+          "DDP_SHM_SPIN_US={} is negative; use 0 to sleep at once or a number of microseconds",
+          *v));
+    }
     return std::chrono::microseconds(*v);
   }
-  // Default: no spinning, sleep in futex at once. Measured on a 2-vCPU virtual machine, a
-  // 50 us spin made a 4 KB all_reduce 10x slower (a spinning vCPU steals time from the peer
-  // it waits for); on dedicated cores a few microseconds of spinning can cut latency.
-  return std::chrono::microseconds(0);
+  if (!single_host) return std::chrono::microseconds(0);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  return local_ranks <= cpus ? kDefaultSpin : std::chrono::microseconds(0);
+}
+
+// How the host leaders all-reduce: "ring" (ddp's TCP ring, tcp_ring.hpp: payload only, full
+// duplex, reduction overlapped with the transfer) or "gloo". DDP_CPU_LEADER_TRANSPORT; it must
+// be equal on all ranks.
+std::string leader_transport() {
+  const std::string v = env::get_or("DDP_CPU_LEADER_TRANSPORT", "ring");
+  if (v != "ring" && v != "gloo") {
+    throw UsageError(fmt::format("DDP_CPU_LEADER_TRANSPORT={}: expected ring or gloo", v));
+  }
+  return v;
 }
 
 std::string unique_shm_name() {
@@ -54,6 +86,15 @@ std::string unique_shm_name() {
 
 CpuProcessGroup::CpuProcessGroup(GroupConfig config, std::string host_id)
     : AsyncProcessGroup(std::move(config)), host_id_(std::move(host_id)) {
+  if (auto v = env::get_int("DDP_CPU_PIPELINE_BYTES")) {
+    if (*v < 0) {
+      throw UsageError(fmt::format(
+          "DDP_CPU_PIPELINE_BYTES={} is negative; use 0 to turn pipelining off or a chunk size "
+          "in bytes",
+          *v));
+    }
+    pipeline_bytes_ = static_cast<size_t>(*v);
+  }
   Store& store = *config_.store;
   topo_ = HostTopology::exchange(store, config_.prefix, rank_, size_, host_id_, timeout_);
   const auto& local = topo_.ranks_of_host[topo_.my_host];
@@ -88,7 +129,9 @@ CpuProcessGroup::CpuProcessGroup(GroupConfig config, std::string host_id)
           where(), store.add(mapped_key, 0), local.size(), seg.name(), timeout_.count()));
     }
     seg.release_name();
-    shm_ = std::make_unique<ShmGroup>(std::move(seg), layout, topo_.local_rank, local, spin_for());
+    shm_ = std::make_unique<ShmGroup>(
+        std::move(seg), layout, topo_.local_rank, local,
+        spin_for(static_cast<int>(local.size()), topo_.num_hosts() == 1));
   }
   if (topo_.num_hosts() > 1) {
     if (topo_.is_leader()) {
@@ -96,6 +139,11 @@ CpuProcessGroup::CpuProcessGroup(GroupConfig config, std::string host_id)
       leaders_ =
           std::make_unique<GlooComm>(config_.store, config_.prefix + "gloo_leaders/", topo_.my_host,
                                      topo_.num_hosts(), timeout_, leaders, where());
+      if (leader_transport() == "ring") {
+        ring_ = std::make_unique<TcpRing>(store, config_.prefix + "ring_leaders/", topo_.my_host,
+                                          topo_.num_hosts(), timeout_, leaders, where(),
+                                          advertised_host_address());
+      }
     }
     std::vector<int> ranks(size_);
     for (int r = 0; r < size_; ++r) ranks[r] = r;
@@ -182,10 +230,98 @@ void CpuProcessGroup::run_all_reduce(void* data, size_t count, DataType dtype, R
   }
   // Hierarchical: sum within the host, combine among leaders, share within the host.
   const ReduceOp partial = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-  if (shm_) shm_->all_reduce(data, count, dtype, partial, ctx);
-  if (leaders_) leaders_->all_reduce(data, count, dtype, partial, call);
-  if (shm_) shm_->broadcast(data, count * element_size(dtype), 0, ctx);
+  const size_t es = element_size(dtype);
+  const size_t chunk = pipeline_chunk_elems(count, es);
+  // Every leader must make the same Gloo calls: the choice depends on count and dtype only.
+  if (chunk < count) {
+    all_reduce_pipelined(static_cast<char*>(data), count, chunk, dtype, partial, call, ctx);
+  } else {
+    if (shm_) shm_->all_reduce(data, count, dtype, partial, ctx);
+    if (leaders_) leaders_all_reduce(data, count, dtype, partial, call);
+    if (shm_) shm_->broadcast(data, count * es, 0, ctx);
+  }
   if (op == ReduceOp::kAvg) divide_in_place(dtype, data, count, size_);
+}
+
+size_t CpuProcessGroup::pipeline_chunk_elems(size_t count, size_t es) const {
+  // DDP_CPU_PIPELINE_BYTES sets the chunk (0: no pipelining; it must be equal on all ranks, as
+  // the leaders' Gloo calls must match). By default, chunks of at least
+  // kPipelineChunkBytes (a Gloo call costs a few hundred microseconds on its own) and at most
+  // kPipelineChunks of them: enough to hide the shared-memory steps behind the link, few
+  // enough that the per-call cost stays small.
+  const size_t bytes = count * es;
+  size_t chunk_bytes = std::max(kPipelineChunkBytes, bytes / kPipelineChunks);
+  if (pipeline_bytes_) chunk_bytes = *pipeline_bytes_ == 0 ? bytes : *pipeline_bytes_;
+  return std::max<size_t>(chunk_bytes / es, 1);
+}
+
+void CpuProcessGroup::all_reduce_pipelined(char* data, size_t count, size_t chunk, DataType dtype,
+                                           ReduceOp op, const CallInfo& call,
+                                           const ShmContext& ctx) {
+  // Chunk i: reduce within the host (all local ranks), then the leader hands it to its Gloo
+  // thread and goes on reducing chunk i+1 while chunk i crosses the link; the result of chunk
+  // i is shared within the host once chunk i+1 was reduced. Every local rank runs the same
+  // sequence of shared-memory steps: R0 R1 B0 R2 B1 ... B(k-1).
+  const size_t es = element_size(dtype);
+  const size_t chunks = (count + chunk - 1) / chunk;
+  std::vector<std::future<void>> links(chunks);
+  auto part = [&](size_t i) {
+    return std::make_pair(data + i * chunk * es, std::min(chunk, count - i * chunk));
+  };
+  auto wait_link = [&](size_t i) {
+    if (!leaders_) return;
+    // Gloo's own timeout bounds the call; the margin only covers the hand-off.
+    if (links[i].wait_for(timeout_ + std::chrono::seconds(5)) != std::future_status::ready) {
+      throw TimeoutError(
+          fmt::format("{} on {}: chunk {} of {} did not cross to the other hosts within {} ms",
+                      call.describe(), where(), i, chunks, timeout_.count()));
+    }
+    links[i].get();
+  };
+  size_t waited = 0;  // links[0..waited) are settled
+  try {
+    for (size_t i = 0; i <= chunks; ++i) {
+      if (i < chunks) {
+        auto [p, n] = part(i);
+        if (shm_) shm_->all_reduce(p, n, dtype, op, ctx);
+        if (leaders_) {
+          auto done = std::make_shared<std::promise<void>>();
+          links[i] = done->get_future();
+          leader_executor().post([this, p = p, n = n, dtype, op, call, done] {
+            try {
+              leaders_all_reduce(p, n, dtype, op, call);
+              done->set_value();
+            } catch (...) {
+              done->set_exception(std::current_exception());
+            }
+          });
+        }
+      }
+      if (i >= 1) {
+        wait_link(i - 1);
+        waited = i;
+        auto [p, n] = part(i - 1);
+        if (shm_) shm_->broadcast(p, n * es, 0, ctx);
+      }
+    }
+  } catch (...) {
+    // The Gloo thread still writes into `data`: let it finish before the caller may free it.
+    for (size_t i = waited; i < chunks; ++i) {
+      if (links[i].valid()) links[i].wait_for(timeout_ + std::chrono::seconds(5));
+    }
+    throw;
+  }
+}
+
+void CpuProcessGroup::leaders_all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                                         const CallInfo& call) {
+  if (ring_) return ring_->all_reduce(data, count, dtype, op, call);
+  leaders_->all_reduce(data, count, dtype, op, call);
+}
+
+SerialExecutor& CpuProcessGroup::leader_executor() {
+  if (!leader_exec_) leader_exec_ = std::make_unique<SerialExecutor>();
+  return *leader_exec_;
 }
 
 void CpuProcessGroup::run_broadcast(void* data, size_t count, DataType dtype, int root,

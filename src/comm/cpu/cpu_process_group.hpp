@@ -3,8 +3,11 @@
 //
 // Ranks on one host (equal host ids) run collectives through a ShmGroup. With several hosts
 // it is hierarchical: all_reduce, broadcast and barrier go through shared memory within each
-// host and Gloo (TCP) among one leader per host; the remaining operations (gathers, scatters,
-// all_to_all, send/recv across hosts) use a Gloo context over all ranks.
+// host and TCP among one leader per host (all_reduce over ddp's own ring, TcpRing, unless
+// DDP_CPU_LEADER_TRANSPORT=gloo; broadcast and barrier over Gloo; a large all_reduce pipelined
+// in chunks, so the shared-memory steps overlap the transfer between hosts); the remaining
+// operations (gathers, scatters, all_to_all, send/recv across hosts) use a Gloo context over all
+// ranks.
 //
 // The shared-memory segment's name comes from the host leader through the store
 // ("<prefix>shm/<host>"); the last rank to map it unlinks it, so nothing is left in /dev/shm
@@ -12,6 +15,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +27,7 @@
 namespace ddp::detail {
 
 class GlooComm;
+class TcpRing;
 
 class CpuProcessGroup : public AsyncProcessGroup {
  public:
@@ -59,16 +64,30 @@ class CpuProcessGroup : public AsyncProcessGroup {
   ProcessGroupPtr make_same_backend(GroupConfig config) override;
 
  private:
+  // Hierarchical all_reduce of large buffers is pipelined in chunks (all_reduce_pipelined).
+  static constexpr size_t kPipelineChunkBytes = size_t{2} << 20;
+  static constexpr size_t kPipelineChunks = 8;
+  size_t pipeline_chunk_elems(size_t count, size_t es) const;
+  void all_reduce_pipelined(char* data, size_t count, size_t chunk, DataType dtype, ReduceOp op,
+                            const CallInfo& call, const ShmContext& ctx);
+  SerialExecutor& leader_executor();
+  void leaders_all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                          const CallInfo& call);
   ShmContext context(const CallInfo& call) const;
   SerialExecutor& p2p_executor(int index);
   bool single_host() const { return topo_.num_hosts() == 1; }
   GlooComm& all_ranks(const CallInfo& call);
 
   std::string host_id_;
+  std::optional<size_t> pipeline_bytes_;  // DDP_CPU_PIPELINE_BYTES
   HostTopology topo_;
-  std::unique_ptr<ShmGroup> shm_;        // null when this rank is alone on its host
-  std::unique_ptr<GlooComm> leaders_;    // host leaders only, when there are several hosts
+  std::unique_ptr<ShmGroup> shm_;      // null when this rank is alone on its host
+  std::unique_ptr<GlooComm> leaders_;  // host leaders only, when there are several hosts
+  std::unique_ptr<TcpRing> ring_;  // the leaders' all_reduce, unless DDP_CPU_LEADER_TRANSPORT=gloo
   std::unique_ptr<GlooComm> all_ranks_;  // every rank, when there are several hosts
+  // Runs the leaders' Gloo calls of a pipelined all_reduce; declared after leaders_ so it is
+  // drained first. Only used from the collective thread, one all_reduce at a time.
+  std::unique_ptr<SerialExecutor> leader_exec_;
   std::mutex p2p_mutex_;
   // Lazily created, per peer: [peer] sends, [size + peer] receives. Destroyed (drained)
   // before the shared memory they use.

@@ -1,6 +1,7 @@
 #include "futex_wait.hpp"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -19,6 +20,10 @@ namespace ddp::detail {
 
 namespace {
 
+// Short enough that a peer sharing this CPU loses little; a yield with nothing else runnable
+// costs a fraction of a microsecond.
+constexpr std::chrono::microseconds kYieldEvery{4};
+
 // Not FUTEX_PRIVATE: the word may be mapped by other processes.
 void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds ns) {
   timespec ts{};
@@ -30,15 +35,29 @@ void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nan
 }  // namespace
 
 bool wait_reached(std::atomic<uint32_t>* word, uint32_t target, std::atomic<uint32_t>* waiters,
-                  Clock::time_point deadline, std::chrono::microseconds spin) {
+                  Clock::time_point deadline, std::chrono::microseconds spin, bool* slept) {
+  if (slept) *slept = false;
   if (reached(word->load(std::memory_order_acquire), target)) return true;
-  const auto start = Clock::now();
-  const auto spin_until = start + spin;
-  for (unsigned i = 1;; ++i) {
-    if (reached(word->load(std::memory_order_acquire), target)) return true;
-    DDP_CPU_RELAX();
-    if ((i & 63) == 0 && Clock::now() >= spin_until) break;
+  if (spin.count() > 0) {
+    // Poll with pause; every kYieldEvery give the CPU to whatever else is runnable on it (a
+    // peer rank sharing this CPU must never wait for our time slice to end).
+    const auto start = Clock::now();
+    const auto spin_until = start + spin;
+    auto next_yield = start + kYieldEvery;
+    for (unsigned i = 1;; ++i) {
+      if (reached(word->load(std::memory_order_acquire), target)) return true;
+      DDP_CPU_RELAX();
+      if ((i & 31) == 0) {
+        const auto now = Clock::now();
+        if (now >= spin_until) break;
+        if (now >= next_yield) {
+          ::sched_yield();
+          next_yield = Clock::now() + kYieldEvery;
+        }
+      }
+    }
   }
+  if (slept) *slept = true;
   for (;;) {
     const uint32_t seen = word->load(std::memory_order_seq_cst);
     if (reached(seen, target)) return true;

@@ -1,6 +1,7 @@
 #pragma once
-// Waiting on a 32-bit counter in shared memory (internal header): spin briefly, then sleep
-// in futex(2), always bounded by a deadline. Counters only grow (modulo 2^32); "reached" means
+// Waiting on a 32-bit counter in shared memory (internal header): spin briefly (polling, and
+// yielding the CPU every few microseconds so a peer sharing it still runs), then sleep in
+// futex(2), always bounded by a deadline. Counters only grow (modulo 2^32); "reached" means
 // the signed distance to the target is >= 0, so wrap-around is harmless.
 //
 // Wake-ups are cheap when nobody sleeps: a sleeper registers in `waiters` before sleeping and
@@ -19,9 +20,11 @@ inline bool reached(uint32_t value, uint32_t target) {
   return static_cast<int32_t>(value - target) >= 0;
 }
 
-// Waits until *word reaches target. Returns false when the deadline passed first.
+// Waits until *word reaches target, spinning at most `spin` first. Returns false when the
+// deadline passed first. `slept` (optional) tells whether the spin ran out.
 bool wait_reached(std::atomic<uint32_t>* word, uint32_t target, std::atomic<uint32_t>* waiters,
-                  Clock::time_point deadline, std::chrono::microseconds spin);
+                  Clock::time_point deadline, std::chrono::microseconds spin,
+                  bool* slept = nullptr);
 
 // Stores value into *word and wakes its sleepers.
 void publish(std::atomic<uint32_t>* word, uint32_t value, std::atomic<uint32_t>* waiters);

@@ -16,6 +16,7 @@
 // parts of its data the others reduce, reduces its own part (1/n) from the peers' slots and
 // publishes it, then copies the others' reduced parts.
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -82,6 +83,8 @@ class ShmGroup {
 
   void arrive();
   void wait_all(const ShmContext& ctx);
+  std::chrono::microseconds spin_now() const;
+  void after_wait(bool slept);
   void wait_word(std::atomic<uint32_t>* word, uint32_t target, const ShmContext& ctx,
                  const char* waiting_for, int peer);
   char* slot(int set, int rank) const;
@@ -94,7 +97,11 @@ class ShmGroup {
   int me_;
   int n_;
   std::vector<int> group_ranks_;
-  std::chrono::microseconds spin_;
+  std::chrono::microseconds spin_;  // the most a wait spins before sleeping
+  // The current spin is spin_ / 2^spin_shift_ (adapted by the collectives' waits; also read by
+  // the point-to-point threads, hence atomic).
+  static constexpr int kMaxSpinShift = 5;
+  std::atomic<int> spin_shift_{0};
   Header* header_;
   RankCtl* ctl_;
   Channel* channels_;

@@ -1,0 +1,272 @@
+#include "tcp_ring.hpp"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "../reduce_kernels.hpp"
+#include "ddp/util/deadline.hpp"
+#include "ddp/util/env.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp::detail {
+
+namespace {
+
+// Received bytes are reduced in grains of at least this much (fewer, longer kernel calls),
+// and one recv() takes at most kRecvBytes so the reduction starts while the rest arrives.
+constexpr size_t kReduceGrain = 64 << 10;
+constexpr size_t kRecvBytes = 256 << 10;
+
+bool is_half(DataType d) {
+  return d == DataType::kFloat16 || d == DataType::kBFloat16;
+}
+
+std::string ipv4_of_interface(const std::string& ifname) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) {
+    throw NetworkError(fmt::format("cannot list network interfaces for DDP_GLOO_IFNAME={}: {}",
+                                   ifname, std::strerror(errno)));
+  }
+  std::string found;
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || ifname != a->ifa_name) {
+      continue;
+    }
+    char buf[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf, sizeof(buf));
+    found = buf;
+    break;
+  }
+  ::freeifaddrs(list);
+  if (found.empty()) {
+    throw NetworkError(fmt::format(
+        "DDP_GLOO_IFNAME={}: no interface of that name with an IPv4 address; set it to the "
+        "interface that reaches the other hosts (see `ip addr`)",
+        ifname));
+  }
+  return found;
+}
+
+// The local address whose route reaches host (a UDP connect sends nothing).
+std::string address_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || res == nullptr) {
+    throw NetworkError(fmt::format(
+        "cannot resolve MASTER_ADDR={} to choose the local address; set DDP_GLOO_IFNAME to an "
+        "interface name instead",
+        host));
+  }
+  const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in local{};
+  socklen_t len = sizeof(local);
+  const bool ok = fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  if (!ok) {
+    throw NetworkError(fmt::format(
+        "no route to MASTER_ADDR={}; set DDP_GLOO_IFNAME to the interface that reaches the "
+        "other hosts",
+        host));
+  }
+  char buf[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf));
+  return buf;
+}
+
+}  // namespace
+
+std::string advertised_host_address() {
+  if (auto ifname = env::get("DDP_GLOO_IFNAME"); ifname && !ifname->empty()) {
+    return ipv4_of_interface(*ifname);
+  }
+  if (auto master = env::get("MASTER_ADDR"); master && !master->empty()) {
+    return address_towards(*master);
+  }
+  return "127.0.0.1";
+}
+
+TcpRing::TcpRing(Store& store, const std::string& prefix, int rank, int size,
+                 std::chrono::milliseconds timeout, std::vector<int> group_ranks, std::string where,
+                 const std::string& host)
+    : rank_(rank),
+      size_(size),
+      timeout_(timeout),
+      group_ranks_(std::move(group_ranks)),
+      where_(std::move(where)) {
+  if (size_ == 1) return;
+  const auto deadline = deadline_after(timeout_);
+  net::Socket listener = net::listen_tcp(host, 0, 4);
+  const uint16_t port = net::local_port(listener.fd());
+  store.set(fmt::format("{}addr/{}", prefix, rank_), fmt::format("{} {}", host, port));
+
+  const int next = (rank_ + 1) % size_;
+  const int prev = (rank_ + size_ - 1) % size_;
+  const std::string next_key = fmt::format("{}addr/{}", prefix, next);
+  store.wait({next_key}, timeout_);
+  const std::string addr = store.get(next_key);
+  const auto space = addr.rfind(' ');
+  if (space == std::string::npos) {
+    throw ProtocolError(fmt::format("{}: malformed ring address '{}' of rank {} in the store",
+                                    where_, addr, group_ranks_[next]));
+  }
+  const std::string next_host = addr.substr(0, space);
+  const auto next_port = static_cast<uint16_t>(std::stoul(addr.substr(space + 1)));
+  next_name_ =
+      fmt::format("rank {} at {}", group_ranks_[next], net::format_endpoint(next_host, next_port));
+  next_ = net::connect_tcp(next_host, next_port, deadline);
+  const int64_t hello = rank_;
+  net::write_all(next_.fd(), &hello, sizeof(hello), deadline, next_name_);
+
+  // Accept the previous rank (it connects to us the same way).
+  for (;;) {
+    pollfd p{listener.fd(), POLLIN, 0};
+    const int rc = ::poll(&p, 1, net::millis_until(deadline));
+    if (rc == 0) {
+      throw TimeoutError(fmt::format(
+          "{}: rank {} did not connect to this rank's ring port {} within {} ms (is it alive, "
+          "and can it reach {}?)",
+          where_, group_ranks_[prev], port, timeout_.count(), host));
+    }
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0) throw NetworkError(fmt::format("{}: poll: {}", where_, std::strerror(errno)));
+    const int fd = ::accept(listener.fd(), nullptr, nullptr);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+      throw NetworkError(fmt::format("{}: accept: {}", where_, std::strerror(errno)));
+    }
+    prev_ = net::Socket(fd);
+    break;
+  }
+  net::set_nonblocking(prev_.fd());
+  net::set_nodelay(prev_.fd());
+  prev_name_ = fmt::format("rank {} at {}", group_ranks_[prev], net::peer_address(prev_.fd()));
+  int64_t who = -1;
+  net::read_exact(prev_.fd(), &who, sizeof(who), deadline, prev_name_);
+  if (who != prev) {
+    throw ProtocolError(fmt::format(
+        "{}: expected ring rank {} to connect but rank {} did; do all ranks use the same "
+        "group?",
+        where_, prev, who));
+  }
+}
+
+template <typename OnRecv>
+void TcpRing::exchange(const char* out, size_t out_len, char* in, size_t in_len,
+                       const CallInfo& call, OnRecv&& on_recv) {
+  const auto deadline = deadline_after(timeout_);
+  size_t sent = 0, got = 0;
+  while (sent < out_len || got < in_len) {
+    // Optimistic non-blocking calls first; poll only when neither side could move.
+    bool moved = false;
+    if (sent < out_len) {
+      const ssize_t n = ::send(next_.fd(), out + sent, out_len - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        sent += static_cast<size_t>(n);
+        moved = true;
+      } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        throw NetworkError(fmt::format("{} on {}: sending to {} failed: {}; the peer probably died",
+                                       call.describe(), where_, next_name_, std::strerror(errno)));
+      }
+    }
+    if (got < in_len) {
+      const ssize_t n =
+          ::recv(prev_.fd(), in + got, std::min(in_len - got, kRecvBytes), MSG_DONTWAIT);
+      if (n > 0) {
+        got += static_cast<size_t>(n);
+        moved = true;
+        on_recv(got);
+      } else if (n == 0) {
+        throw NetworkError(fmt::format(
+            "{} on {}: {} closed the connection after {} of {} bytes; the peer probably died",
+            call.describe(), where_, prev_name_, got, in_len));
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        throw NetworkError(fmt::format("{} on {}: receiving from {} failed: {}", call.describe(),
+                                       where_, prev_name_, std::strerror(errno)));
+      }
+    }
+    if (moved) continue;
+    pollfd fds[2];
+    int nf = 0;
+    if (sent < out_len) fds[nf++] = {next_.fd(), POLLOUT, 0};
+    if (got < in_len) fds[nf++] = {prev_.fd(), POLLIN, 0};
+    const int rc = ::poll(fds, nf, net::millis_until(deadline));
+    if (rc == 0) {
+      throw TimeoutError(fmt::format(
+          "{} on {}: timed out after {} ms in the leaders' ring ({} of {} bytes sent to {}, {} "
+          "of {} received from {}); a peer host is stuck or slow",
+          call.describe(), where_, timeout_.count(), sent, out_len, next_name_, got, in_len,
+          prev_name_));
+    }
+    if (rc < 0 && errno != EINTR) {
+      throw NetworkError(
+          fmt::format("{} on {}: poll: {}", call.describe(), where_, std::strerror(errno)));
+    }
+  }
+}
+
+void TcpRing::all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                         const CallInfo& call) {
+  if (size_ == 1 || count == 0) return;
+  if (op == ReduceOp::kAvg) {
+    throw UsageError(fmt::format("{} on {}: internal error: the leaders' ring does not average",
+                                 call.describe(), where_));
+  }
+  if (!is_half(dtype)) return ring_float_like(static_cast<char*>(data), count, dtype, op, call);
+  std::vector<float> wide(count);
+  auto* h = static_cast<uint16_t*>(data);
+  for (size_t i = 0; i < count; ++i) {
+    wide[i] = dtype == DataType::kFloat16 ? half_to_float(h[i]) : bfloat16_to_float(h[i]);
+  }
+  ring_float_like(reinterpret_cast<char*>(wide.data()), count, DataType::kFloat32, op, call);
+  for (size_t i = 0; i < count; ++i) {
+    h[i] = dtype == DataType::kFloat16 ? float_to_half(wide[i]) : float_to_bfloat16(wide[i]);
+  }
+}
+
+void TcpRing::ring_float_like(char* d, size_t count, DataType dtype, ReduceOp op,
+                              const CallInfo& call) {
+  const size_t es = element_size(dtype);
+  const int n = size_;
+  auto start = [&](int block) { return count * static_cast<size_t>(block) / n; };
+  auto bytes_of = [&](int block) { return (start(block + 1) - start(block)) * es; };
+  auto at = [&](int block) { return d + start(block) * es; };
+  auto mod = [&](int v) { return ((v % n) + n) % n; };
+  tmp_.resize(bytes_of(n - 1) + es);  // the last block is the largest
+  // Reduce-scatter: at step s send block r-s, receive block r-s-1 and reduce it as it arrives.
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_block = mod(rank_ - s), recv_block = mod(rank_ - s - 1);
+    char* dst = at(recv_block);
+    const size_t in_len = bytes_of(recv_block);
+    size_t reduced = 0;
+    exchange(at(send_block), bytes_of(send_block), tmp_.data(), in_len, call, [&](size_t got) {
+      const size_t ready = got / es * es;
+      if (ready - reduced < kReduceGrain && ready != in_len) return;
+      const void* srcs[2] = {dst + reduced, tmp_.data() + reduced};
+      reduce_buffers(dtype, op, dst + reduced, srcs, 2, (ready - reduced) / es, 0);
+      reduced = ready;
+    });
+  }
+  // All-gather: at step s send block r+1-s (complete), receive block r-s in place.
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_block = mod(rank_ + 1 - s), recv_block = mod(rank_ - s);
+    exchange(at(send_block), bytes_of(send_block), at(recv_block), bytes_of(recv_block), call,
+             [](size_t) {});
+  }
+}
+
+}  // namespace ddp::detail

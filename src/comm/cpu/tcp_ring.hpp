@@ -1,0 +1,71 @@
+#pragma once
+// TcpRing: all_reduce among the host leaders of the cpu backend over ddp's own TCP ring
+// (internal header).
+//
+// Why not Gloo here: Gloo's unbound-buffer protocol precedes every segment with a
+// ready/ready handshake and runs each call as a fresh set of buffers, so a pipeline of calls
+// leaves the link idle between them, and every receive goes through Gloo's event thread. The
+// ring keeps one connection to the next leader and one from the previous one for the whole
+// life of the group, so the schedule is known to both ends: nothing but payload crosses the
+// link, each step is full duplex (send to next while receiving from previous, in one poll
+// loop), received bytes are reduced into the caller's buffer as they arrive (the reduction
+// overlaps the transfer), and the all-gather receives straight into the caller's buffer.
+//
+// Algorithm: reduce-scatter then all-gather over n blocks (n-1 steps each); every block is
+// reduced exactly once and then copied, so all ranks hold the same bits. float16/bfloat16 are
+// reduced in float32 (widened before, narrowed after), as GlooComm does.
+//
+// Setup: every rank listens on an ephemeral port of `host` and publishes host:port under
+// "<prefix>addr/<rank>"; it connects to rank+1 and accepts rank-1 (who identifies itself in an
+// 8-byte hello). Every blocking step is bounded by the group timeout; a peer that vanishes is
+// a NetworkError naming it.
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../call_info.hpp"
+#include "ddp/comm/types.hpp"
+#include "ddp/store/store.hpp"
+#include "ddp/util/socket.hpp"
+
+namespace ddp::detail {
+
+class TcpRing {
+ public:
+  // `group_ranks[i]` names ring rank i in messages; `host` is the address peers reach us at.
+  TcpRing(Store& store, const std::string& prefix, int rank, int size,
+          std::chrono::milliseconds timeout, std::vector<int> group_ranks, std::string where,
+          const std::string& host);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // In place; kAvg is not accepted (the caller divides once at the end).
+  void all_reduce(void* data, size_t count, DataType dtype, ReduceOp op, const CallInfo& call);
+
+ private:
+  // Sends [out, out+out_len) to next_ while receiving in_len bytes from prev_ into `in`;
+  // on_recv(done) is called whenever the received prefix grew (done = bytes received so far).
+  template <typename OnRecv>
+  void exchange(const char* out, size_t out_len, char* in, size_t in_len, const CallInfo& call,
+                OnRecv&& on_recv);
+  void ring_float_like(char* data, size_t count, DataType dtype, ReduceOp op, const CallInfo& call);
+
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+  std::vector<int> group_ranks_;
+  std::string where_;
+  net::Socket next_;  // to rank + 1
+  net::Socket prev_;  // from rank - 1
+  std::string next_name_, prev_name_;
+  std::vector<char> tmp_;  // receive buffer of the reduce-scatter
+};
+
+// The address other hosts reach this one at: DDP_GLOO_IFNAME's IPv4 address if set, else the
+// local address that routes to MASTER_ADDR, else 127.0.0.1 (as GlooComm chooses).
+std::string advertised_host_address();
+
+}  // namespace ddp::detail
