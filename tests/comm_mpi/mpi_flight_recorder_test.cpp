@@ -4,14 +4,17 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "../support/throws_with.hpp"
+#include "ddp/util/dump_signal.hpp"
 #include "ddp/util/error.hpp"
 #include "mpi_world.hpp"
 
@@ -74,6 +77,43 @@ TEST(MpiFlightRecorder, RecordsCollectivesAndDumpsOnTimeout) {
     pg->send(&go, 1, DataType::kInt32, 1, 77)->wait(kTimeout);
   }
   barrier->wait(kTimeout);
+}
+
+// ddprun sends the dump signal to the survivors when a rank dies: an MPI rank, which has no
+// store to watch, must write its record from its watcher thread although it is in no
+// collective at that moment.
+TEST(MpiFlightRecorder, DumpsWhenTheLauncherSendsTheDumpSignal) {
+  const char* dir = std::getenv("DDP_FLIGHT_RECORDER_DIR");
+  if (dir == nullptr)
+    GTEST_SKIP() << "DDP_FLIGHT_RECORDER_DIR unset (the ctest registration sets it)";
+  ProcessGroupPtr pg = make_mpi_process_group(kTimeout);
+  ASSERT_NE(pg->flight_recorder(), nullptr);
+  float x = 1.0f;
+  pg->all_reduce(&x, 1, DataType::kFloat32, ReduceOp::kSum)->wait(kTimeout);
+  std::string group = pg->flight_recorder()->identity().group;
+  for (char& c : group) c = c == '/' ? '_' : c;
+  group.pop_back();
+  const std::filesystem::path path =
+      std::filesystem::path(dir) /
+      ("flight_recorder." + group + ".rank" + std::to_string(pg->rank()) + ".json");
+  ASSERT_FALSE(std::filesystem::exists(path)) << path;
+
+  ASSERT_EQ(std::raise(flight_recorder_dump_signal()), 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!std::filesystem::exists(path) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  ASSERT_TRUE(in.good()) << "no record at " << path << " 5 s after the dump signal";
+  const json dump = json::parse(ss.str());
+  EXPECT_NE(dump["reason"].get<std::string>().find("requested by the launcher"), std::string::npos)
+      << dump["reason"];
+  ASSERT_EQ(dump["entries"].size(), 1u) << dump.dump();
+  EXPECT_EQ(dump["entries"][0]["op"], "all_reduce");
+  EXPECT_EQ(dump["entries"][0]["state"], "completed");
+  pg->barrier()->wait(kTimeout);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
+#include "dump_request_watcher.hpp"
 #include "mpi_arith.hpp"
 #include "mpi_runtime.hpp"
 #include "mpi_work.hpp"
@@ -49,6 +50,9 @@ class MpiProcessGroup final : public ProcessGroup {
       for (int r = 0; r < size; ++r) id.global_ranks.push_back(r);
       recorder_->recorder = std::make_unique<FlightRecorder>(std::move(id), entries);
       recorder_->dir = FlightRecorder::dir_from_env();
+      dump_watcher_ = std::make_unique<DumpRequestWatcher>([handle = recorder_] {
+        handle->dump("requested by the launcher (a rank of the job failed)");
+      });
     }
     int* tag_ub = nullptr;
     int found = 0;
@@ -398,6 +402,8 @@ class MpiProcessGroup final : public ProcessGroup {
   std::atomic<uint64_t> sequence_{0};
   std::atomic<uint64_t> collective_sequence_{0};  // flight recorder sequence numbers
   std::shared_ptr<RecorderHandle> recorder_;
+  // Writes the record when ddprun sends the dump signal (null without a recorder).
+  std::unique_ptr<DumpRequestWatcher> dump_watcher_;
 };
 
 // Refuses a torchrun environment that contradicts MPI: workers started by ddprun or torchrun
