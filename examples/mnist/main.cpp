@@ -29,7 +29,18 @@ struct Args {
   std::string data_dir = ddp::MnistOptions::kDirectory;
   std::string backend = "auto";
   uint64_t seed = 0;
+  std::string comm_hook = "allreduce";
+  std::string timeline;
 };
+
+// The --comm-hook choices: how DDP averages a gradient bucket (comm_hooks.hpp).
+ddp::CommHookPtr comm_hook_named(const std::string& name) {
+  if (name == "allreduce") return ddp::allreduce_hook();
+  if (name == "fp16") return ddp::fp16_compress_hook();
+  if (name == "bf16") return ddp::bf16_compress_hook();
+  throw ddp::UsageError(
+      fmt::format("--comm-hook {}: unknown hook; use allreduce, fp16 or bf16", name));
+}
 
 // Correct predictions and count over this rank's share of the test set (rank::world, no
 // padding, so the sum over ranks covers each test image exactly once).
@@ -85,7 +96,10 @@ int run(const Args& args) {
       first_epoch = resume->snapshot.epochs_run + 1;
     }
   }
-  ddp::DistributedDataParallel ddp_model(model, pg);
+  ddp::DistributedDataParallel ddp_model(model, pg,
+                                         ddp::DistributedDataParallelOptions()
+                                             .comm_hook(comm_hook_named(args.comm_hook))
+                                             .timeline_path(args.timeline));
 
   ddp::DistributedSampler sampler(train.size(),
                                   ddp::DistributedSamplerOptions(world, rank).seed(args.seed));
@@ -176,6 +190,13 @@ int main(int argc, char** argv) {
                  "Process-group backend: cpu, gloo, mpi, nccl, or auto: nccl on CUDA, cpu "
                  "otherwise (default: auto)");
   app.add_option("--seed", args.seed, "Seed of the model and the sampler (default: 0)");
+  app.add_option("--comm-hook", args.comm_hook,
+                 "How DDP averages gradients: allreduce, or fp16/bf16 compression (half the "
+                 "bytes on the wire; default: allreduce)")
+      ->check(CLI::IsMember({"allreduce", "fp16", "bf16"}));
+  app.add_option("--timeline", args.timeline,
+                 "Write each rank's Chrome trace of forward, backward, bucket all-reduces and "
+                 "optimizer steps here; {rank} becomes the rank (default: none)");
   CLI11_PARSE(app, argc, argv);
   // Freed activations stay mapped between steps: without this glibc returns them to the kernel
   // and every step faults them back in (about 15 % of a CPU step; malloc_tuning.hpp).

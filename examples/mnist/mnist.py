@@ -60,6 +60,7 @@ def main():
     ap.add_argument("--max-steps", type=int, default=-1)
     ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--comm-hook", choices=["allreduce", "fp16", "bf16"], default="allreduce")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -67,6 +68,11 @@ def main():
     train, test = load(args.data_dir, "train"), load(args.data_dir, "t10k")
     torch.manual_seed(args.seed)
     model = DDP(CNN())
+    if args.comm_hook != "allreduce":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        hook = {"fp16": default_hooks.fp16_compress_hook,
+                "bf16": default_hooks.bf16_compress_hook}[args.comm_hook]
+        model.register_comm_hook(None, hook)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     sampler = DistributedSampler(train, num_replicas=world, rank=rank, seed=args.seed)
     loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler, drop_last=True)
