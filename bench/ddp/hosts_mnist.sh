@@ -69,7 +69,8 @@ rate_of() {  # the samples/s of a "Training time" line in the given file
   grep -o 'Training time = .*samples/s' "$1" | grep -o '[0-9.]* samples/s' | grep -o '^[0-9.]*' |
     head -1
 }
-emit() {  # emit IMPL HOSTS RPH HOOK RATE
+emit() {  # emit IMPL HOSTS RPH HOOK RATE (nothing while EMIT=0: the timeline runs)
+  [ "${EMIT:-1}" = 1 ] || return 0
   printf '{"bench":"mnist_hosts","impl":"%s","hosts":%s,"ranks_per_host":%s,"comm_hook":"%s","link_gbps":%s,"batch_per_rank":%s,"max_steps":%s,"samples_per_s":%s,"load1":%s}\n' \
     "$1" "$2" "$3" "$4" "$($PY -c "print(round($LINK / 8, 4))")" "$BATCH" "$MAX_STEPS" "$5" \
     "$(load1)" | tee -a "$WORK/rows"
@@ -123,10 +124,12 @@ for ((round = 1; round <= ROUNDS; round++)); do
   two_hosts pytorch allreduce
   two_hosts pytorch fp16
 done
-# One more ddp run with the timeline, for one step's picture.
-two_hosts ddp allreduce --timeline "$WORK/timeline.{rank}.json" >/dev/null
+# One more ddp run per hook with the timeline, for one step's picture (not in the figures).
+for hook in allreduce fp16; do
+  EMIT=0 two_hosts ddp "$hook" --timeline "$WORK/timeline.$hook.{rank}.json"
+done
 
-$PY - "$WORK/rows" "$WORK/timeline.0.json" <<'PY'
+$PY - "$WORK/rows" "$WORK/timeline.allreduce.0.json" "$WORK/timeline.fp16.0.json" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 def med(impl, hosts, hook):
@@ -146,12 +149,14 @@ s["target_fp16_of_one_host"] = 0.9
 s["ddp_over_pytorch_allreduce"] = round(s["ddp_allreduce"] / s["pytorch_allreduce"], 2)
 s["ddp_over_pytorch_fp16"] = round(s["ddp_fp16"] / s["pytorch_fp16"], 2)
 print(json.dumps(s))
-# One step in the middle of the run: the spans from one forward to the next, in ms.
-ev = [e for e in json.load(open(sys.argv[2]))["traceEvents"] if e.get("ph") == "X"]
-fwd = sorted(e["ts"] for e in ev if e["name"] == "forward")
-if len(fwd) >= 3:
+# One step in the middle of each run: the spans from one forward to the next, in ms.
+for hook, path in (("allreduce", sys.argv[2]), ("fp16", sys.argv[3])):
+    ev = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
+    fwd = sorted(e["ts"] for e in ev if e["name"] == "forward")
+    if len(fwd) < 3:
+        continue
     t0, t1 = fwd[len(fwd) // 2], fwd[len(fwd) // 2 + 1]
-    print(f"one step of rank 0 across 2 hosts (allreduce hook), {(t1 - t0) / 1000:.1f} ms:")
+    print(f"one step of rank 0 across 2 hosts ({hook} hook), {(t1 - t0) / 1000:.1f} ms:")
     for e in sorted((e for e in ev if t0 <= e["ts"] < t1), key=lambda e: e["ts"]):
         track = "comm   " if e.get("cat") == "comm" else "compute"
         print(f"  {track} {(e['ts'] - t0) / 1000:7.2f} .. {(e['ts'] + e['dur'] - t0) / 1000:7.2f}"

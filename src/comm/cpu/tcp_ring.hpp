@@ -12,8 +12,10 @@
 // overlaps the transfer), and the all-gather receives straight into the caller's buffer.
 //
 // Algorithm: reduce-scatter then all-gather over n blocks (n-1 steps each); every block is
-// reduced exactly once and then copied, so all ranks hold the same bits. float16/bfloat16 are
-// reduced in float32 (widened before, narrowed after), as GlooComm does.
+// reduced exactly once and then copied, so all ranks hold the same bits. float16/bfloat16 go
+// on the wire as they are (a compression hook's bytes stay halved); each reduce-scatter step
+// adds in float32 and rounds once to the wire type (n-1 roundings for n leaders, as in Gloo's
+// and NCCL's rings).
 //
 // Setup: every rank listens on an ephemeral port of `host` and publishes host:port under
 // "<prefix>addr/<rank>"; it connects to rank+1 and accepts rank-1 (who identifies itself in an
@@ -45,13 +47,17 @@ class TcpRing {
   // In place; kAvg is not accepted (the caller divides once at the end).
   void all_reduce(void* data, size_t count, DataType dtype, ReduceOp op, const CallInfo& call);
 
+  // Payload bytes this rank has sent to its successor so far (2 (n-1)/n of the buffer per
+  // all_reduce, in the caller's dtype).
+  uint64_t bytes_sent() const { return bytes_sent_; }
+
  private:
   // Sends [out, out+out_len) to next_ while receiving in_len bytes from prev_ into `in`;
   // on_recv(done) is called whenever the received prefix grew (done = bytes received so far).
   template <typename OnRecv>
   void exchange(const char* out, size_t out_len, char* in, size_t in_len, const CallInfo& call,
                 OnRecv&& on_recv);
-  void ring_float_like(char* data, size_t count, DataType dtype, ReduceOp op, const CallInfo& call);
+  void ring_all_reduce(char* data, size_t count, DataType dtype, ReduceOp op, const CallInfo& call);
 
   int rank_;
   int size_;
@@ -62,6 +68,7 @@ class TcpRing {
   net::Socket prev_;  // from rank - 1
   std::string next_name_, prev_name_;
   std::vector<char> tmp_;  // receive buffer of the reduce-scatter
+  uint64_t bytes_sent_ = 0;
 };
 
 // The address other hosts reach this one at: DDP_GLOO_IFNAME's IPv4 address if set, else the
