@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "../support/free_port_range.hpp"
 #include "ddp/util/socket.hpp"
 
 namespace {
@@ -215,7 +216,9 @@ TEST(FlightRecorderE2E, StoreHostThatExitedIsNamedAndTheOthersStillDump) {
 TEST(FlightRecorderE2E, TwoNodesOnLocalhostShareTheirRecords) {
   std::string base = ::testing::TempDir() + "fr_e2e_XXXXXX";
   ASSERT_NE(::mkdtemp(base.data()), nullptr);
-  const int port = ddp::net::free_tcp_port("127.0.0.1");
+  // The store's port must not be taken by an outgoing connection before the agents bind it
+  // (both agents then found it "in use" and joined an absent store as clients).
+  const int port = ddp::test::free_ports_below_ephemeral_range();
   auto agent = [&](int node) {
     return std::string("HANG_WORKER_TIMEOUT_MS=3000 timeout -k 2 18 ") + DDPRUN_BIN +
            " --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:" +

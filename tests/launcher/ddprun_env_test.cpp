@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 
+#include "../support/free_port_range.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/socket.hpp"
 #include "launcher_fixture.hpp"
@@ -31,22 +32,6 @@ std::map<int, std::map<std::string, std::string>> env_lines(const std::string& o
 }
 
 using DdprunEnv = LauncherTest;
-
-// A port P with P and P + 1 free (the static rendezvous serves the agents' store at
-// MASTER_PORT + 1), below Linux's ephemeral range (32768 and up by default): a port bound to 0
-// comes from that range, and any process's outgoing connection may take P + 1 as its local
-// port before the agent binds it, which made the agent join an absent store as a client.
-int free_port_pair_below_ephemeral_range() {
-  for (int p = 20000 + ::getpid() % 10000 / 2 * 2; p < 32000; p += 2) {
-    try {
-      net::Socket a = net::listen_tcp("127.0.0.1", static_cast<uint16_t>(p), 1);
-      net::Socket b = net::listen_tcp("127.0.0.1", static_cast<uint16_t>(p + 1), 1);
-      return p;
-    } catch (const NetworkError&) {
-    }
-  }
-  throw NetworkError("no free pair of TCP ports in 20000-32000 on 127.0.0.1");
-}
 
 TEST_F(DdprunEnv, ThreeWorkersGetTheTorchrunContract) {
   RunResult r =
@@ -113,7 +98,7 @@ TEST_F(DdprunEnv, RendezvousTokenFileReachesTheWorkers) {
 // own name, or Debian's "127.0.1.1 hostname" line in /etc/hosts, and remote workers would then
 // connect to themselves). Two agents on this machine stand for two nodes.
 TEST_F(DdprunEnv, StaticMultiNodeKeepsTheExplicitMasterAddr) {
-  const int port = free_port_pair_below_ephemeral_range();
+  const int port = ddp::test::free_ports_below_ephemeral_range(2);
   std::vector<pid_t> agents;
   for (int node = 0; node < 2; ++node) {
     agents.push_back(start({"--nnodes", "2", "--node-rank", std::to_string(node), "--master-addr",
