@@ -24,6 +24,7 @@
 #include <mutex>
 #include <thread>
 
+#include "../local_address.hpp"
 #include "../reduce_kernels.hpp"
 #include "ddp/util/deadline.hpp"
 #include "ddp/util/env.hpp"
@@ -34,42 +35,12 @@ namespace ddp::detail {
 
 namespace {
 
-// The local address whose route reaches host:port (a UDP connect sends nothing).
-std::string address_towards(const std::string& host, const std::string& port) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || res == nullptr) {
-    throw NetworkError(
-        fmt::format("gloo: cannot resolve MASTER_ADDR={} to choose the local "
-                    "address; set DDP_GLOO_IFNAME to an interface name instead",
-                    host));
-  }
-  const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
-  sockaddr_in local{};
-  socklen_t len = sizeof(local);
-  const bool ok = fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
-  if (fd >= 0) ::close(fd);
-  ::freeaddrinfo(res);
-  if (!ok) {
-    throw NetworkError(
-        fmt::format("gloo: no route to MASTER_ADDR={}; set DDP_GLOO_IFNAME to "
-                    "the interface that reaches the other hosts",
-                    host));
-  }
-  char buf[INET_ADDRSTRLEN] = {};
-  ::inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf));
-  return buf;
-}
-
 std::shared_ptr<gloo::transport::Device> make_device() {
   gloo::transport::tcp::attr attr;
   if (auto ifname = env::get("DDP_GLOO_IFNAME"); ifname && !ifname->empty()) {
     attr.iface = *ifname;
   } else if (auto master = env::get("MASTER_ADDR"); master && !master->empty()) {
-    attr.hostname = address_towards(*master, env::get_or("MASTER_PORT", "29500"));
+    attr.hostname = ipv4_towards(*master);
   } else {
     attr.hostname = "127.0.0.1";
   }
