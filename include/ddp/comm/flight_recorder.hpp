@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,6 +37,20 @@ struct CollectiveRecordInfo {
   int root = -1;  // root, or peer for send/recv; -1 when none
   uint64_t count = 0;
   uint64_t seq = 0;  // the group's collective sequence number
+
+  // The record of a collective `op` (a static string) on `count` elements; `reduce` for the
+  // reducing ones, `root` for rooted ones. seq is left for the group to set.
+  static CollectiveRecordInfo of(const char* op, DataType dtype, uint64_t count,
+                                 std::optional<ReduceOp> reduce = std::nullopt, int root = -1) {
+    CollectiveRecordInfo info;
+    info.op = op;
+    info.dtype = dtype;
+    info.count = count;
+    info.has_reduce_op = reduce.has_value();
+    if (reduce) info.reduce_op = *reduce;
+    info.root = root;
+    return info;
+  }
 };
 
 // Identity written at the top of a dump.

@@ -326,14 +326,7 @@ class MpiProcessGroup final : public ProcessGroup {
   void track(Operation& operation, const char* op, DataType dtype, size_t count,
              std::optional<ReduceOp> reduce = std::nullopt, int root = -1) const {
     if (!recorder_->recorder) return;
-    CollectiveRecordInfo info;
-    info.op = op;
-    info.dtype = dtype;
-    info.count = count;
-    info.has_reduce_op = reduce.has_value();
-    if (reduce) info.reduce_op = *reduce;
-    info.root = root;
-    operation.record_info = info;
+    operation.record_info = CollectiveRecordInfo::of(op, dtype, count, reduce, root);
   }
 
   // MPI counts are int: a larger count cannot be expressed in one call.

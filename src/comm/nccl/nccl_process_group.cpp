@@ -395,14 +395,7 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
 
   static CollectiveRecordInfo record(const char* op, DataType dtype, size_t count,
                                      std::optional<ReduceOp> reduce = std::nullopt, int root = -1) {
-    CollectiveRecordInfo info;
-    info.op = op;
-    info.dtype = dtype;
-    info.count = count;
-    info.has_reduce_op = reduce.has_value();
-    if (reduce) info.reduce_op = *reduce;
-    info.root = root;
-    return info;
+    return CollectiveRecordInfo::of(op, dtype, count, reduce, root);
   }
 
   // Writes this rank's flight record once (DDP_FLIGHT_RECORDER_DIR, else a temporary folder).
