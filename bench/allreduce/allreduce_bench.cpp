@@ -7,8 +7,8 @@
 // percentiles of every timed call on rank 0 (each call timed alone: the tail that a mean hides).
 // With --memcpy, rank 0 also prints the time of a memcpy of the same bytes (the yardstick).
 // --max-iters caps the iterations per loop (quick runs); DDP_BENCH_MAX_ITERS does the same.
-// --budget-ms B (slow links): 2 warm-up calls instead of 20, and rank 0 picks (and broadcasts)
-// the iterations so that the 3 loops take about B ms in all, at least 1 call each.
+// --budget-ms B (slow links): 2 warm-up calls instead of half the timed ones, and rank 0 picks (and
+// broadcasts) the iterations so that the 3 loops take about B ms in all, at least 1 call each.
 //
 //   allreduce_bench <backend> [--sizes 4096,1048576,...] [--memcpy] [--max-iters N]
 //                   [--budget-ms B]
@@ -35,6 +35,11 @@ int iterations_for(size_t bytes, int max_iters) {
   const size_t n = (size_t{256} << 20) / std::max<size_t>(bytes, 1);
   const int iters = static_cast<int>(std::min<size_t>(5000, std::max<size_t>(10, n)));
   return max_iters > 0 ? std::min(iters, max_iters) : iters;
+}
+
+// The same rule as torch_allreduce.py, so every backend warms up alike.
+int warmup_calls(int iters) {
+  return std::max(std::min(iters, 20), iters / 2);
 }
 
 struct Timing {
@@ -122,7 +127,10 @@ int main(int argc, char** argv) {
         pg->broadcast(&chosen, 1, DataType::kInt64, 0)->wait(std::chrono::seconds(120));
         iters = static_cast<int>(chosen);
       } else {
-        for (int i = 0; i < std::min(iters, 20); ++i) once();  // warm up: page faults, caches
+        // Warm up (page faults, caches) for half the timed calls: on this VM a fresh process's
+        // first milliseconds are noisy (about 300 of the first 5000 4 KB calls took ~50 us,
+        // flight recorder on or off), which is start-up, not the steady state the p99 reports.
+        for (int i = 0; i < warmup_calls(iters); ++i) once();
       }
       pg->barrier()->wait(std::chrono::seconds(120));
       const Timing t = time_calls(iters, 3, once);

@@ -8,7 +8,7 @@ one JSON object per line from rank 0, in allreduce_bench's format (backend "torc
                                                  MASTER_PORT (bench/allreduce/hosts.sh; set
                                                  GLOO_SOCKET_IFNAME to the link's interface)
 
-With a budget (slow links), 2 warm-up calls instead of 20, and rank 0 picks the iterations so
+With a budget (slow links), 2 warm-up calls instead of half the timed ones, and rank 0 picks the iterations so
 that the 3 timed loops take about budget_ms in all (allreduce_bench's --budget-ms).
 """
 import json
@@ -46,7 +46,7 @@ def measure_allreduce(label, sizes, max_iters=5000, budget_ms=0):
             dist.broadcast(chosen, 0)  # every rank loops as often as rank 0 says
             iters = int(chosen.item())
         else:
-            for _ in range(min(iters, 20)):
+            for _ in range(max(min(iters, 20), iters // 2)):  # allreduce_bench's warm-up
                 dist.all_reduce(t)
         dist.barrier()
         results, calls = [], []

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <sstream>
@@ -57,10 +58,16 @@ AsyncProcessGroup::AsyncProcessGroup(GroupConfig config)
     recorder_ = std::make_unique<FlightRecorder>(std::move(id), config_.flight_recorder_entries);
     if (config_.size > 1 && config_.store) {
       FlightRecorder::install_dump_signal_handler();
-      watcher_ = std::thread([this] { watcher_loop(); });
+      watcher_ = std::thread([this] {
+        ::pthread_setname_np(::pthread_self(), kWatcherThreadName);
+        watcher_loop();
+      });
     }
   }
-  worker_ = std::thread([this] { worker_loop(); });
+  worker_ = std::thread([this] {
+    ::pthread_setname_np(::pthread_self(), kWorkerThreadName);
+    worker_loop();
+  });
 }
 
 AsyncProcessGroup::~AsyncProcessGroup() {
@@ -232,13 +239,17 @@ WorkPtr AsyncProcessGroup::submit(CallInfo call, std::function<void(const CallIn
     execute(job);
     lock.lock();
     running_ = false;
+    // Wake the worker only when another thread queued a job meanwhile: a wake-up per inline
+    // call lands the worker on this CPU and preempts the caller (a 4 KB all-reduce's p99 went
+    // from about 8 to 30 us).
+    const bool queued = !queue_.empty();
     lock.unlock();
-    cv_.notify_all();
+    if (queued) cv_.notify_one();
     return work;
   }
   queue_.push_back(std::move(job));
   lock.unlock();
-  cv_.notify_all();
+  cv_.notify_one();  // the worker is the only thread that waits on cv_
   return work;
 }
 
@@ -254,7 +265,6 @@ void AsyncProcessGroup::worker_loop() {
     execute(job);
     lock.lock();
     running_ = false;
-    cv_.notify_all();
   }
 }
 

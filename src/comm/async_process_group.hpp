@@ -85,6 +85,10 @@ class AsyncProcessGroup : public ProcessGroup {
   // path. Returns the path, or "" when nothing was written.
   std::string dump_flight_record(const std::string& reason);
 
+  // Thread names (ps -L, top -H, gdb) of the worker and the flight recorder's watcher.
+  static constexpr const char* kWorkerThreadName = "ddp-pg-worker";
+  static constexpr const char* kWatcherThreadName = "ddp-pg-watcher";
+
   static constexpr std::chrono::milliseconds kWatchInterval{200};
   static constexpr std::chrono::milliseconds kDumpAckTimeout{3000};
 

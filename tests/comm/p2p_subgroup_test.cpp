@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 
 #include "buffers.hpp"
@@ -333,6 +336,50 @@ TEST(Init, JoinTimeoutSaysHowManyJoined) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Voluntary context switches summed over this process's threads named `name` (each group's
+// worker is "ddp-pg-worker"): how often those threads went to sleep.
+long voluntary_switches_of_threads_named(const std::string& name) {
+  long total = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string thread_name;
+    std::getline(comm, thread_name);
+    if (thread_name != name) continue;
+    std::ifstream status(task.path() / "status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0) total += std::stol(line.substr(24));
+    }
+  }
+  return total;
+}
+
+TEST(CpuBackend, InlineCollectivesLeaveTheWorkerThreadAsleep) {
+  // Small collectives run in the caller's thread. Waking the idle worker after each one cost a
+  // context switch per call and preempted the caller (4 KB all-reduce p99: 30 us instead of 2).
+  constexpr int kCalls = 2000;
+  std::atomic<int> ready{0};
+  std::atomic<long> before{0}, after{0};
+  run_ranks(2, thread_options("cpu"), [&](ProcessGroup& pg) {
+    std::vector<float> x(1024, 1.0f);  // 4 KB: under the inline limit
+    pg.barrier()->wait(std::chrono::seconds(30));
+    if (pg.rank() == 0) before = voluntary_switches_of_threads_named("ddp-pg-worker");
+    pg.barrier()->wait(std::chrono::seconds(30));
+    for (int i = 0; i < kCalls; ++i) {
+      pg.all_reduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum)
+          ->wait(std::chrono::seconds(30));
+    }
+    pg.barrier()->wait(std::chrono::seconds(30));
+    if (pg.rank() == 0) after = voluntary_switches_of_threads_named("ddp-pg-worker");
+    ++ready;
+  });
+  ASSERT_EQ(ready, 2);
+  ASSERT_GT(before + after, 0) << "no thread named ddp-pg-worker: the worker lost its name";
+  // The barriers also run inline; a handful of wake-ups may come from elsewhere (the group's
+  // construction), none per call.
+  EXPECT_LT(after - before, 20) << "the workers woke " << (after - before) << " times for "
+                                << 2 * kCalls << " inline all-reduces";
 }
 
 }  // namespace
