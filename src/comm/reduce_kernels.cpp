@@ -2,78 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "ddp/util/error.hpp"
 
 namespace ddp::detail {
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);  // inf / nan
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;
-  } else {
-    // Subnormal half: normalise into a float.
-    exp = 113;
-    while ((mant & 0x400u) == 0) {
-      mant <<= 1;
-      --exp;
-    }
-    bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-uint16_t float_to_half(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  const uint32_t absx = x & 0x7fffffffu;
-  if (absx >= 0x7f800000u) {  // inf or nan
-    return static_cast<uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0u));
-  }
-  if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
-  if (absx < 0x38800000u) {
-    // Result is subnormal or zero: shift the mantissa with the implicit bit, round to even.
-    if (absx < 0x33000000u) return sign;
-    const uint32_t e = absx >> 23;
-    const uint32_t m = (absx & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - e;  // 14..24
-    uint32_t r = m >> shift;
-    const uint32_t rem = m & ((1u << shift) - 1);
-    const uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (r & 1u))) ++r;
-    return static_cast<uint16_t>(sign | r);
-  }
-  uint32_t r = absx - 0x38000000u;  // rebias exponent from 127 to 15
-  const uint32_t rem = r & 0x1fffu;
-  r >>= 13;
-  if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;
-  return static_cast<uint16_t>(sign | r);
-}
-
-float bfloat16_to_float(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-uint16_t float_to_bfloat16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // nan
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>(x >> 16);
-}
 
 namespace {
 
@@ -85,18 +18,29 @@ struct Native {
   static A load(S v) { return static_cast<A>(v); }
   static S store(A v) { return static_cast<S>(v); }
 };
+// The half types convert a block at a time (the bulk conversions vectorise).
 struct Half {
   using Storage = uint16_t;
   using Acc = float;
-  static float load(uint16_t v) { return half_to_float(v); }
-  static uint16_t store(float v) { return float_to_half(v); }
+  static void load_block(const uint16_t* in, float* out, size_t n) { halves_to_floats(in, out, n); }
+  static void store_block(const float* in, uint16_t* out, size_t n) {
+    floats_to_halves(in, out, n);
+  }
 };
 struct BFloat {
   using Storage = uint16_t;
   using Acc = float;
-  static float load(uint16_t v) { return bfloat16_to_float(v); }
-  static uint16_t store(float v) { return float_to_bfloat16(v); }
+  static void load_block(const uint16_t* in, float* out, size_t n) {
+    bfloat16s_to_floats(in, out, n);
+  }
+  static void store_block(const float* in, uint16_t* out, size_t n) {
+    floats_to_bfloat16s(in, out, n);
+  }
 };
+
+template <typename Tr>
+constexpr bool kConvertsByBlock = !std::is_same_v<typename Tr::Storage, typename Tr::Acc> &&
+                                  std::is_same_v<typename Tr::Storage, uint16_t>;
 
 template <typename A>
 inline A apply(ReduceOp op, A a, A b) {
@@ -125,17 +69,31 @@ void reduce_blocks(F f, typename Tr::Storage* dst, typename Tr::Storage* dst2,
   for (size_t base = 0; base < count; base += kBlock) {
     const size_t n = std::min(kBlock, count - base);
     const S* s0 = static_cast<const S*>(srcs[0]) + base;
-    for (size_t i = 0; i < n; ++i) acc[i] = Tr::load(s0[i]);
+    if constexpr (kConvertsByBlock<Tr>) {
+      Tr::load_block(s0, acc, n);
+    } else {
+      for (size_t i = 0; i < n; ++i) acc[i] = Tr::load(s0[i]);
+    }
     for (size_t k = 1; k < nsrc; ++k) {
       const S* sk = static_cast<const S*>(srcs[k]) + base;
-      for (size_t i = 0; i < n; ++i) acc[i] = f(acc[i], Tr::load(sk[i]));
+      if constexpr (kConvertsByBlock<Tr>) {
+        A widened[kBlock];
+        Tr::load_block(sk, widened, n);
+        for (size_t i = 0; i < n; ++i) acc[i] = f(acc[i], widened[i]);
+      } else {
+        for (size_t i = 0; i < n; ++i) acc[i] = f(acc[i], Tr::load(sk[i]));
+      }
     }
     if (avg_divisor > 0) {
       const A d = static_cast<A>(avg_divisor);
       for (size_t i = 0; i < n; ++i) acc[i] = acc[i] / d;
     }
     S* out = dst + base;
-    for (size_t i = 0; i < n; ++i) out[i] = Tr::store(acc[i]);
+    if constexpr (kConvertsByBlock<Tr>) {
+      Tr::store_block(acc, out, n);
+    } else {
+      for (size_t i = 0; i < n; ++i) out[i] = Tr::store(acc[i]);
+    }
     if (dst2 != nullptr) std::memcpy(dst2 + base, out, n * sizeof(S));
   }
 }

@@ -8,13 +8,9 @@
 #include <cstdint>
 
 #include "ddp/comm/types.hpp"
+#include "half_convert.hpp"
 
 namespace ddp::detail {
-
-float half_to_float(uint16_t h);
-uint16_t float_to_half(float f);
-float bfloat16_to_float(uint16_t b);
-uint16_t float_to_bfloat16(float f);
 
 // dst[i] = op(srcs[0][i], ..., srcs[nsrc-1][i]) for i < count, nsrc >= 1. For kAvg the sum is
 // divided by `avg_divisor` (integers: truncating). dst may alias any source exactly (same

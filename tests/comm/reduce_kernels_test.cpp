@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <iostream>
 #include <limits>
 
 #include "buffers.hpp"
@@ -38,6 +40,51 @@ TEST(BFloat16Conversion, RoundsToNearestEven) {
   EXPECT_EQ(float_to_bfloat16(257.0f), 0x4380);  // 256.0: tie to even
   EXPECT_EQ(float_to_bfloat16(259.0f), 0x4382);  // 260.0: tie to even
   EXPECT_TRUE(std::isnan(bfloat16_to_float(float_to_bfloat16(std::nanf("")))));
+}
+
+// The bulk conversions (F16C on x86-64 CPUs that have it) give the scalar conversions' bits for
+// every float16 value and for float32 values spread over the whole bit range, the rounding
+// ties and the subnormal boundaries included; a NaN stays a NaN. Odd lengths cover the tails.
+TEST(HalfConversion, BulkConversionsMatchTheScalarOnes) {
+  std::cout << "bulk float16 conversions use F16C: "
+            << (half_conversions_use_f16c() ? "yes" : "no (scalar path)") << "\n";
+  std::vector<uint16_t> halves(0x10000 + 5);
+  for (size_t i = 0; i < halves.size(); ++i) halves[i] = static_cast<uint16_t>(i * 7919u);
+  std::vector<float> widened(halves.size());
+  halves_to_floats(halves.data(), widened.data(), halves.size());
+  for (size_t i = 0; i < halves.size(); ++i) {
+    const float expected = half_to_float(halves[i]);
+    if (std::isnan(expected)) {
+      ASSERT_TRUE(std::isnan(widened[i])) << std::hex << halves[i];
+    } else {
+      ASSERT_EQ(std::memcmp(&widened[i], &expected, 4), 0) << std::hex << halves[i];
+    }
+  }
+  std::vector<float> floats;
+  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 65521) {
+    uint32_t b = static_cast<uint32_t>(bits);
+    float f;
+    std::memcpy(&f, &b, 4);
+    floats.push_back(f);
+  }
+  for (float f : {2049.0f, 2051.0f, 65504.0f, 65519.0f, 65520.0f, std::ldexp(1.0f, -24),
+                  std::ldexp(1.0f, -25), std::ldexp(3.0f, -26), std::ldexp(1.0f, -14),
+                  std::ldexp(1023.5f, -24), -0.0f, std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::denorm_min()}) {
+    floats.push_back(f);
+    floats.push_back(-f);
+  }
+  for (const float h : widened) floats.push_back(std::nextafter(h, 0.0f));  // just under ties
+  std::vector<uint16_t> narrowed(floats.size());
+  floats_to_halves(floats.data(), narrowed.data(), floats.size());
+  for (size_t i = 0; i < floats.size(); ++i) {
+    const uint16_t expected = float_to_half(floats[i]);
+    if (std::isnan(floats[i])) {
+      ASSERT_TRUE(std::isnan(half_to_float(narrowed[i]))) << floats[i];
+    } else {
+      ASSERT_EQ(narrowed[i], expected) << std::hexfloat << floats[i];
+    }
+  }
 }
 
 TEST(ReduceBuffers, HalfAccumulatesInFloat32) {

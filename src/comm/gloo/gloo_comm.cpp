@@ -78,16 +78,20 @@ bool is_half(DataType d) {
 std::vector<float> widen(const void* data, size_t count, DataType dtype) {
   std::vector<float> out(count);
   const auto* h = static_cast<const uint16_t*>(data);
-  for (size_t i = 0; i < count; ++i) {
-    out[i] = dtype == DataType::kFloat16 ? half_to_float(h[i]) : bfloat16_to_float(h[i]);
+  if (dtype == DataType::kFloat16) {
+    halves_to_floats(h, out.data(), count);
+  } else {
+    bfloat16s_to_floats(h, out.data(), count);
   }
   return out;
 }
 
 void narrow(const std::vector<float>& in, void* data, DataType dtype) {
   auto* h = static_cast<uint16_t*>(data);
-  for (size_t i = 0; i < in.size(); ++i) {
-    h[i] = dtype == DataType::kFloat16 ? float_to_half(in[i]) : float_to_bfloat16(in[i]);
+  if (dtype == DataType::kFloat16) {
+    floats_to_halves(in.data(), h, in.size());
+  } else {
+    floats_to_bfloat16s(in.data(), h, in.size());
   }
 }
 

@@ -1,0 +1,139 @@
+#include "half_convert.hpp"
+
+#include <cstring>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define DDP_HAVE_F16C_PATH 1
+#endif
+
+namespace ddp::detail {
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // inf / nan
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else {
+    // Subnormal half: normalise into a float.
+    exp = 113;
+    while ((mant & 0x400u) == 0) {
+      mant <<= 1;
+      --exp;
+    }
+    bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u) {  // inf or nan
+    return static_cast<uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0u));
+  }
+  if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (absx < 0x38800000u) {
+    // Result is subnormal or zero: shift the mantissa with the implicit bit, round to even.
+    if (absx < 0x33000000u) return sign;
+    const uint32_t e = absx >> 23;
+    const uint32_t m = (absx & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - e;  // 14..24
+    uint32_t r = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1);
+    const uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1u))) ++r;
+    return static_cast<uint16_t>(sign | r);
+  }
+  uint32_t r = absx - 0x38000000u;  // rebias exponent from 127 to 15
+  const uint32_t rem = r & 0x1fffu;
+  r >>= 13;
+  if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;
+  return static_cast<uint16_t>(sign | r);
+}
+
+float bfloat16_to_float(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t float_to_bfloat16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // nan
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+namespace {
+
+#ifdef DDP_HAVE_F16C_PATH
+// Eight elements per instruction; the tail goes through the scalar conversion.
+__attribute__((target("avx,f16c"))) void halves_to_floats_f16c(const uint16_t* in, float* out,
+                                                               size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) out[i] = half_to_float(in[i]);
+}
+
+__attribute__((target("avx,f16c"))) void floats_to_halves_f16c(const float* in, uint16_t* out,
+                                                               size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 f = _mm256_loadu_ps(in + i);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  for (; i < n; ++i) out[i] = float_to_half(in[i]);
+}
+#endif
+
+}  // namespace
+
+bool half_conversions_use_f16c() {
+#ifdef DDP_HAVE_F16C_PATH
+  static const bool f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return f16c;
+#else
+  return false;
+#endif
+}
+
+void halves_to_floats(const uint16_t* in, float* out, size_t n) {
+#ifdef DDP_HAVE_F16C_PATH
+  if (half_conversions_use_f16c()) return halves_to_floats_f16c(in, out, n);
+#endif
+  for (size_t i = 0; i < n; ++i) out[i] = half_to_float(in[i]);
+}
+
+void floats_to_halves(const float* in, uint16_t* out, size_t n) {
+#ifdef DDP_HAVE_F16C_PATH
+  if (half_conversions_use_f16c()) return floats_to_halves_f16c(in, out, n);
+#endif
+  for (size_t i = 0; i < n; ++i) out[i] = float_to_half(in[i]);
+}
+
+void bfloat16s_to_floats(const uint16_t* in, float* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = bfloat16_to_float(in[i]);
+}
+
+void floats_to_bfloat16s(const float* in, uint16_t* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = float_to_bfloat16(in[i]);
+}
+
+}  // namespace ddp::detail
