@@ -70,6 +70,36 @@ TEST(TcpRing, AllReduceMatchesReferenceForOddSizesDtypesOps) {
   }
 }
 
+// Buffers far larger than the sockets' buffers, on rings of 2 to 4 ranks, several calls in a
+// row: each block is forwarded while it is still being reduced (the steps run as one stream),
+// and every rank must still end with the reference result in every element.
+TEST(TcpRing, LargeBuffersStreamThroughEveryStepCorrectly) {
+  for (int n : {2, 3, 4}) {
+    auto rings = make_rings(n, milliseconds(60000));
+    for (DataType t : {DataType::kFloat32, DataType::kFloat16}) {
+      for (size_t count : {size_t{3} << 20, (size_t{1} << 20) + 7}) {
+        std::vector<std::vector<uint8_t>> bufs(n);
+        std::vector<std::thread> threads;
+        for (int r = 0; r < n; ++r) {
+          bufs[r] = make_input(t, count, r, ReduceOp::kSum);
+          threads.emplace_back([&, r] {
+            rings[r]->all_reduce(bufs[r].data(), count, t, ReduceOp::kSum,
+                                 call_for(t, ReduceOp::kSum, count));
+          });
+        }
+        for (auto& th : threads) th.join();
+        for (int r = 0; r < n; ++r) {
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(get(t, bufs[r].data(), i), expected_reduction(t, ReduceOp::kSum, n, i))
+                << "n " << n << " " << to_string(t) << " count " << count << " rank " << r << " i "
+                << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 // A compression hook hands the ring float16 so that half the bytes cross the link: the ring must
 // send them as they are, not widened to float32.
 TEST(TcpRing, HalfTypesTravelAtTwoBytesPerElement) {
