@@ -249,12 +249,8 @@ size_t CpuProcessGroup::pipeline_chunk_elems(size_t count, size_t es) const {
   // kPipelineChunkBytes (a Gloo call costs a few hundred microseconds on its own) and at most
   // kPipelineChunks of them: enough to hide the shared-memory steps behind the link, few
   // enough that the per-call cost stays small.
-  // With one rank on every host there are no shared-memory steps to hide, and each chunk
-  // would only add a pause between the ring's calls: one call then (all ranks see the same
-  // topology, so the leaders still agree).
   const size_t bytes = count * es;
   size_t chunk_bytes = std::max(kPipelineChunkBytes, bytes / kPipelineChunks);
-  if (topo_.num_hosts() == size_) chunk_bytes = bytes;
   if (pipeline_bytes_) chunk_bytes = *pipeline_bytes_ == 0 ? bytes : *pipeline_bytes_;
   return std::max<size_t>(chunk_bytes / es, 1);
 }

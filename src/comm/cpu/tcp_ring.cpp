@@ -106,30 +106,18 @@ TcpRing::TcpRing(Store& store, const std::string& prefix, int rank, int size,
   }
 }
 
-void TcpRing::stream(const std::vector<RingStep>& steps, DataType dtype, ReduceOp op,
-                     const CallInfo& call) {
-  const size_t es = element_size(dtype);
-  const size_t total = steps.size();
+template <typename OnRecv>
+void TcpRing::exchange(const char* out, size_t out_len, char* in, size_t in_len,
+                       const CallInfo& call, OnRecv&& on_recv) {
   const auto deadline = deadline_after(timeout_);
-  size_t so = 0, xo = 0;            // out: step and bytes of it sent
-  size_t si = 0, xi = 0, done = 0;  // in: step, bytes of it received, bytes of it complete
-  // Out step s sends the block that in step s-1 completes (reduced, or received in place), so
-  // it may send as far as that step got; out step 0 sends this rank's own data.
-  auto sendable = [&]() -> size_t {
-    if (so == 0 || so - 1 < si) return steps[so].out_len;
-    return so - 1 == si ? done : 0;
-  };
-  for (;;) {
-    while (so < total && xo == steps[so].out_len) ++so, xo = 0;
-    while (si < total && done == steps[si].in_len) ++si, xi = done = 0;
-    if (so == total && si == total) return;
+  size_t sent = 0, got = 0;
+  while (sent < out_len || got < in_len) {
+    // Optimistic non-blocking calls first; poll only when neither side could move.
     bool moved = false;
-    const size_t limit = so < total ? sendable() : 0;
-    if (xo < limit) {
-      const ssize_t n =
-          ::send(next_.fd(), steps[so].out + xo, limit - xo, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent < out_len) {
+      const ssize_t n = ::send(next_.fd(), out + sent, out_len - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) {
-        xo += static_cast<size_t>(n);
+        sent += static_cast<size_t>(n);
         bytes_sent_ += static_cast<uint64_t>(n);
         moved = true;
       } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
@@ -137,30 +125,17 @@ void TcpRing::stream(const std::vector<RingStep>& steps, DataType dtype, ReduceO
                                        call.describe(), where_, next_name_, std::strerror(errno)));
       }
     }
-    if (si < total) {
-      const RingStep& step = steps[si];
-      char* into = step.reduce ? tmp_.data() : step.in;
+    if (got < in_len) {
       const ssize_t n =
-          ::recv(prev_.fd(), into + xi, std::min(step.in_len - xi, kRecvBytes), MSG_DONTWAIT);
+          ::recv(prev_.fd(), in + got, std::min(in_len - got, kRecvBytes), MSG_DONTWAIT);
       if (n > 0) {
-        xi += static_cast<size_t>(n);
+        got += static_cast<size_t>(n);
         moved = true;
-        if (!step.reduce) {
-          done = xi;
-        } else {
-          // Reduce whole elements in grains, and the rest once the step's block is complete.
-          const size_t ready = xi / es * es;
-          if (ready - done >= kReduceGrain || ready == step.in_len) {
-            const void* srcs[2] = {step.in + done, tmp_.data() + done};
-            reduce_buffers(dtype, op, step.in + done, srcs, 2, (ready - done) / es, 0);
-            done = ready;
-          }
-        }
+        on_recv(got);
       } else if (n == 0) {
         throw NetworkError(fmt::format(
-            "{} on {}: {} closed the connection in step {} of {} of the leaders' ring; the peer "
-            "probably died",
-            call.describe(), where_, prev_name_, si + 1, total));
+            "{} on {}: {} closed the connection after {} of {} bytes; the peer probably died",
+            call.describe(), where_, prev_name_, got, in_len));
       } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         throw NetworkError(fmt::format("{} on {}: receiving from {} failed: {}", call.describe(),
                                        where_, prev_name_, std::strerror(errno)));
@@ -169,15 +144,15 @@ void TcpRing::stream(const std::vector<RingStep>& steps, DataType dtype, ReduceO
     if (moved) continue;
     pollfd fds[2];
     int nf = 0;
-    if (xo < limit) fds[nf++] = {next_.fd(), POLLOUT, 0};
-    if (si < total) fds[nf++] = {prev_.fd(), POLLIN, 0};
+    if (sent < out_len) fds[nf++] = {next_.fd(), POLLOUT, 0};
+    if (got < in_len) fds[nf++] = {prev_.fd(), POLLIN, 0};
     const int rc = ::poll(fds, nf, net::millis_until(deadline));
     if (rc == 0) {
       throw TimeoutError(fmt::format(
-          "{} on {}: timed out after {} ms in the leaders' ring (sending step {} of {} to {}, "
-          "receiving step {} of {} from {}); a peer host is stuck or slow",
-          call.describe(), where_, timeout_.count(), std::min(so + 1, total), total, next_name_,
-          std::min(si + 1, total), total, prev_name_));
+          "{} on {}: timed out after {} ms in the leaders' ring ({} of {} bytes sent to {}, {} "
+          "of {} received from {}); a peer host is stuck or slow",
+          call.describe(), where_, timeout_.count(), sent, out_len, next_name_, got, in_len,
+          prev_name_));
     }
     if (rc < 0 && errno != EINTR) {
       throw NetworkError(
@@ -208,18 +183,26 @@ void TcpRing::ring_all_reduce(char* d, size_t count, DataType dtype, ReduceOp op
   auto at = [&](int block) { return d + start(block) * es; };
   auto mod = [&](int v) { return ((v % n) + n) % n; };
   tmp_.resize(bytes_of(n - 1) + es);  // the last block is the largest
-  steps_.clear();
-  // Reduce-scatter: at step s send block r-s, receive block r-s-1 and reduce it.
+  // Reduce-scatter: at step s send block r-s, receive block r-s-1 and reduce it as it arrives.
   for (int s = 0; s < n - 1; ++s) {
-    const int out = mod(rank_ - s), in = mod(rank_ - s - 1);
-    steps_.push_back({at(out), bytes_of(out), at(in), bytes_of(in), true});
+    const int send_block = mod(rank_ - s), recv_block = mod(rank_ - s - 1);
+    char* dst = at(recv_block);
+    const size_t in_len = bytes_of(recv_block);
+    size_t reduced = 0;
+    exchange(at(send_block), bytes_of(send_block), tmp_.data(), in_len, call, [&](size_t got) {
+      const size_t ready = got / es * es;
+      if (ready - reduced < kReduceGrain && ready != in_len) return;
+      const void* srcs[2] = {dst + reduced, tmp_.data() + reduced};
+      reduce_buffers(dtype, op, dst + reduced, srcs, 2, (ready - reduced) / es, 0);
+      reduced = ready;
+    });
   }
   // All-gather: at step s send block r+1-s (complete), receive block r-s in place.
   for (int s = 0; s < n - 1; ++s) {
-    const int out = mod(rank_ + 1 - s), in = mod(rank_ - s);
-    steps_.push_back({at(out), bytes_of(out), at(in), bytes_of(in), false});
+    const int send_block = mod(rank_ + 1 - s), recv_block = mod(rank_ - s);
+    exchange(at(send_block), bytes_of(send_block), at(recv_block), bytes_of(recv_block), call,
+             [](size_t) {});
   }
-  stream(steps_, dtype, op, call);
 }
 
 }  // namespace ddp::detail

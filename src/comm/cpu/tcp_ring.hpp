@@ -7,16 +7,12 @@
 // leaves the link idle between them, and every receive goes through Gloo's event thread. The
 // ring keeps one connection to the next leader and one from the previous one for the whole
 // life of the group, so the schedule is known to both ends: nothing but payload crosses the
-// link, sending and receiving run together (one poll loop), received bytes are reduced into
-// the caller's buffer as they arrive (the reduction overlaps the transfer), and the all-gather
-// receives straight into the caller's buffer.
+// link, each step is full duplex (send to next while receiving from previous, in one poll
+// loop), received bytes are reduced into the caller's buffer as they arrive (the reduction
+// overlaps the transfer), and the all-gather receives straight into the caller's buffer.
 //
 // Algorithm: reduce-scatter then all-gather over n blocks (n-1 steps each); every block is
-// reduced exactly once and then copied, so all ranks hold the same bits. The 2(n-1) steps run
-// as one continuous stream each way: a block is forwarded as soon as its first bytes are
-// reduced (or received), not once all of it is, so no step boundary leaves the link idle for a
-// round trip and a wake-up of this thread (on a CPU busy with backward, that wake-up can take
-// milliseconds). float16/bfloat16 go
+// reduced exactly once and then copied, so all ranks hold the same bits. float16/bfloat16 go
 // on the wire as they are (a compression hook's bytes stay halved); each reduce-scatter step
 // adds in float32 and rounds once to the wire type (n-1 roundings for n leaders, as in Gloo's
 // and NCCL's rings).
@@ -56,21 +52,11 @@ class TcpRing {
   uint64_t bytes_sent() const { return bytes_sent_; }
 
  private:
-  // One step of the ring: send out_len bytes from `out` to next_, receive in_len bytes from
-  // prev_ into `in` (reduce: into tmp_ and then reduced into `in`).
-  struct RingStep {
-    const char* out;
-    size_t out_len;
-    char* in;
-    size_t in_len;
-    bool reduce;
-  };
-  // Runs the steps as one stream each way: out step s (s >= 1) sends the block in step s-1
-  // completes, byte by byte as it completes, so reduce-scatter and all-gather follow each
-  // other on the link without a pause (no step waits for a whole block). Needs
-  // steps[s].out_len == steps[s-1].in_len and out step s reading what in step s-1 wrote.
-  void stream(const std::vector<RingStep>& steps, DataType dtype, ReduceOp op,
-              const CallInfo& call);
+  // Sends [out, out+out_len) to next_ while receiving in_len bytes from prev_ into `in`;
+  // on_recv(done) is called whenever the received prefix grew (done = bytes received so far).
+  template <typename OnRecv>
+  void exchange(const char* out, size_t out_len, char* in, size_t in_len, const CallInfo& call,
+                OnRecv&& on_recv);
   void ring_all_reduce(char* data, size_t count, DataType dtype, ReduceOp op, const CallInfo& call);
 
   int rank_;
@@ -82,7 +68,6 @@ class TcpRing {
   net::Socket prev_;  // from rank - 1
   std::string next_name_, prev_name_;
   std::vector<char> tmp_;  // receive buffer of the reduce-scatter
-  std::vector<RingStep> steps_;
   uint64_t bytes_sent_ = 0;
 };
 
