@@ -240,8 +240,8 @@ WorkPtr AsyncProcessGroup::submit(CallInfo call, std::function<void(const CallIn
     lock.lock();
     running_ = false;
     // Wake the worker only when another thread queued a job meanwhile: a wake-up per inline
-    // call lands the worker on this CPU and preempts the caller (a 4 KB all-reduce's p99 went
-    // from about 8 to 30 us).
+    // call lands the worker on this CPU and preempts the caller (with it, a 4 KB cpu
+    // all-reduce's p99 was 24-37 us; without it, about 2 us).
     const bool queued = !queue_.empty();
     lock.unlock();
     if (queued) cv_.notify_one();
