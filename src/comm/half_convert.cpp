@@ -9,6 +9,23 @@
 
 namespace ddp::detail {
 
+namespace {
+
+// The bits of a float32 and back (std::bit_cast before C++20).
+uint32_t bits_of(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  return x;
+}
+
+float float_of(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace
+
 float half_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;
@@ -29,14 +46,11 @@ float half_to_float(uint16_t h) {
     }
     bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
   }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+  return float_of(bits);
 }
 
 uint16_t float_to_half(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
+  const uint32_t x = bits_of(f);
   const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
   const uint32_t absx = x & 0x7fffffffu;
   if (absx >= 0x7f800000u) {  // inf or nan
@@ -63,15 +77,11 @@ uint16_t float_to_half(float f) {
 }
 
 float bfloat16_to_float(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+  return float_of(static_cast<uint32_t>(b) << 16);
 }
 
 uint16_t float_to_bfloat16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
+  uint32_t x = bits_of(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // nan
   x += 0x7fffu + ((x >> 16) & 1u);
   return static_cast<uint16_t>(x >> 16);
