@@ -72,6 +72,10 @@ check_tree() {
     fail "$name: ddprun --version says '$("$prefix/bin/ddprun" --version)'"
   gzip -dc "$prefix/share/man/man1/ddprun.1.gz" | grep -q "^\.TH DDPRUN 1 .*ddp $VERSION" ||
     fail "$name: the man page does not carry version $VERSION"
+  for sub in doctor trace; do
+    gzip -dc "$prefix/share/man/man1/ddprun.1.gz" | grep -q "^\.B ddprun $sub" ||
+      fail "$name: the man page's synopsis lacks 'ddprun $sub'"
+  done
 }
 
 echo "== cmake --install into a fresh prefix"
