@@ -82,46 +82,72 @@ Data make_data(int64_t features) {
   return d;
 }
 
+// kSteps of SGD with momentum on each whole batch: the single-process reference.
+template <typename Net>
+void train_reference(Net ref, const Data& data) {
+  torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int s = 0; s < kSteps; ++s) {
+    opt.zero_grad();
+    torch::mse_loss(ref->forward(data.xs[s]), data.ys[s]).backward();
+    opt.step();
+  }
+}
+
+// The same steps under DDP, rank r on its slice of each batch; returns the number of buckets.
+template <typename Net>
+size_t train_under_ddp(Net net, ddp::ProcessGroupPtr pg,
+                       const DistributedDataParallelOptions& options, const Data& data, int r) {
+  DistributedDataParallel model(net, pg, options);
+  torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int s = 0; s < kSteps; ++s) {
+    opt.zero_grad();
+    auto x = data.xs[s].narrow(0, r * kBatch, kBatch);
+    auto y = data.ys[s].narrow(0, r * kBatch, kBatch);
+    torch::mse_loss(model(x), y).backward();
+    model.step(opt);
+  }
+  return model.bucket_names().size();
+}
+
+// kWorld replicas of `initial` (each rank trains its own).
+template <typename Net>
+std::vector<Net> replicas_of(Net initial) {  // a module holder: a handle, not a copy
+  std::vector<Net> nets(kWorld);
+  for (auto& n : nets) ddp::test::copy_state(*initial, *n);
+  return nets;
+}
+
+// Every rank's parameters equal the single-process reference's.
+template <typename Net>
+void expect_ranks_match(std::vector<Net> nets, Net ref) {  // handles, as above
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_LT(ddp::test::max_relative_error(*nets[r], *ref), 1e-5) << "rank " << r;
+  }
+}
+
 TEST(StaticGraph, ParameterUsedTwiceTrainsLikeOneProcess) {
   torch::set_num_threads(1);
   const Data data = make_data(6);
   SharedTwice ref;
   SharedTwice initial;
   ddp::test::copy_state(*ref, *initial);
-  {
-    torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-    for (int s = 0; s < kSteps; ++s) {
-      opt.zero_grad();
-      torch::mse_loss(ref->forward(data.xs[s]), data.ys[s]).backward();
-      opt.step();
-    }
-  }
+  train_reference(ref, data);
   // One parameter per bucket, so each bucket waits for its parameter's second firing; and
   // the same with the gradients living in the buckets.
   for (bool as_view : {false, true}) {
     SCOPED_TRACE(as_view ? "gradient_as_bucket_view" : "default");
-    std::vector<SharedTwice> nets(kWorld);
-    for (auto& n : nets) ddp::test::copy_state(*initial, *n);
+    auto nets = replicas_of(initial);
     run_ranks(kWorld, [&](int r, ddp::ProcessGroupPtr pg) {
-      DistributedDataParallel model(nets[r], pg,
-                                    DistributedDataParallelOptions()
-                                        .static_graph(true)
-                                        .bucket_cap_mb(1e-6)
-                                        .first_bucket_cap_mb(1e-6)
-                                        .gradient_as_bucket_view(as_view));
-      torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-      for (int s = 0; s < kSteps; ++s) {
-        opt.zero_grad();
-        auto x = data.xs[s].narrow(0, r * kBatch, kBatch);
-        auto y = data.ys[s].narrow(0, r * kBatch, kBatch);
-        torch::mse_loss(model(x), y).backward();
-        model.step(opt);
-      }
-      EXPECT_EQ(model.bucket_names().size(), 4u);
+      const size_t buckets = train_under_ddp(nets[r], pg,
+                                             DistributedDataParallelOptions()
+                                                 .static_graph(true)
+                                                 .bucket_cap_mb(1e-6)
+                                                 .first_bucket_cap_mb(1e-6)
+                                                 .gradient_as_bucket_view(as_view),
+                                             data, r);
+      EXPECT_EQ(buckets, 4u);
     });
-    for (int r = 0; r < kWorld; ++r) {
-      EXPECT_LT(ddp::test::max_relative_error(*nets[r], *ref), 1e-5) << "rank " << r;
-    }
+    expect_ranks_match(nets, ref);
   }
 }
 
@@ -131,33 +157,16 @@ TEST(StaticGraph, ReentrantBackwardTrainsLikeOneProcess) {
   Checkpointed ref;
   Checkpointed initial;
   ddp::test::copy_state(*ref, *initial);
-  {
-    torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-    for (int s = 0; s < kSteps; ++s) {
-      opt.zero_grad();
-      torch::mse_loss(ref->forward(data.xs[s]), data.ys[s]).backward();
-      opt.step();
-    }
-  }
-  std::vector<Checkpointed> nets(kWorld);
-  for (auto& n : nets) ddp::test::copy_state(*initial, *n);
+  train_reference(ref, data);
+  auto nets = replicas_of(initial);
   run_ranks(kWorld, [&](int r, ddp::ProcessGroupPtr pg) {
-    DistributedDataParallel model(
+    train_under_ddp(
         nets[r], pg,
         DistributedDataParallelOptions().static_graph(true).bucket_cap_mb(1e-6).first_bucket_cap_mb(
-            1e-6));
-    torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-    for (int s = 0; s < kSteps; ++s) {
-      opt.zero_grad();
-      auto x = data.xs[s].narrow(0, r * kBatch, kBatch);
-      auto y = data.ys[s].narrow(0, r * kBatch, kBatch);
-      torch::mse_loss(model(x), y).backward();
-      model.step(opt);
-    }
+            1e-6),
+        data, r);
   });
-  for (int r = 0; r < kWorld; ++r) {
-    EXPECT_LT(ddp::test::max_relative_error(*nets[r], *ref), 1e-5) << "rank " << r;
-  }
+  expect_ranks_match(nets, ref);
 }
 
 // Gradient accumulation under static_graph: a micro-batch under no_sync() (hooks fire twice,
@@ -179,8 +188,7 @@ TEST(StaticGraph, NoSyncAccumulationWithASharedParameter) {
       opt.step();
     }
   }
-  std::vector<SharedTwice> nets(kWorld);
-  for (auto& n : nets) ddp::test::copy_state(*initial, *n);
+  auto nets = replicas_of(initial);
   run_ranks(kWorld, [&](int r, ddp::ProcessGroupPtr pg) {
     DistributedDataParallel model(nets[r], pg, DistributedDataParallelOptions().static_graph(true));
     torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
@@ -196,9 +204,7 @@ TEST(StaticGraph, NoSyncAccumulationWithASharedParameter) {
       model.step(opt);
     }
   });
-  for (int r = 0; r < kWorld; ++r) {
-    EXPECT_LT(ddp::test::max_relative_error(*nets[r], *ref), 1e-5) << "rank " << r;
-  }
+  expect_ranks_match(nets, ref);
 }
 
 // Branchy's b and never are unused in every iteration. With static_graph they are found from
@@ -221,8 +227,7 @@ TEST(StaticGraph, UnusedParametersAreFixedByTheFirstIterationWithoutGraphSearch)
   }
   for (bool static_graph : {true, false}) {
     SCOPED_TRACE(static_graph ? "static_graph" : "dynamic graph");
-    std::vector<ddp::test::Branchy> nets(kWorld);
-    for (auto& n : nets) ddp::test::copy_state(*initial, *n);
+    auto nets = replicas_of(initial);
     std::vector<int64_t> searches(kWorld, -1);
     run_ranks(kWorld, [&](int r, ddp::ProcessGroupPtr pg) {
       DistributedDataParallel model(
