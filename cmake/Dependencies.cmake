@@ -1,4 +1,5 @@
-# All dependencies come from Debian packages (scripts/install-deps.sh installs them).
+# Dependencies: Debian packages, and torch from the package index in a virtual environment
+# (scripts/install-deps.sh installs both).
 find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)
 find_package(spdlog REQUIRED)
@@ -16,15 +17,46 @@ set(MPI_CXX_SKIP_MPICXX ON)
 find_package(MPI QUIET COMPONENTS CXX)
 set(DDP_HAVE_MPI ${MPI_CXX_FOUND})
 
-# LibTorch: Debian's libtorch-dev (1.13, CPU) by default; a CUDA LibTorch (for example the one
-# inside a PyTorch 2.x wheel, CMAKE_PREFIX_PATH=$(python3 -c "import torch;
-# print(torch.utils.cmake_prefix_path)")) turns on DDP_TORCH_CUDA (docs/gpu.md).
+# The one Python interpreter of the build: the Python extension is built for it, and the Python
+# tests, the cross-checks against PyTorch and the benchmarks' PyTorch peers run it. Default: the
+# virtual environment scripts/install-deps.sh makes ($DDP_VENV, else .venv/ in the checkout),
+# else the python3 on PATH.
+# Under pip (scikit-build-core, pyproject.toml): the interpreter pip runs, whose environment
+# the package is installed into.
+if(SKBUILD AND Python_EXECUTABLE)
+  set(DDP_PYTHON_DEFAULT "${Python_EXECUTABLE}")
+elseif(DEFINED ENV{DDP_VENV} AND EXISTS "$ENV{DDP_VENV}/bin/python")
+  set(DDP_PYTHON_DEFAULT "$ENV{DDP_VENV}/bin/python")
+elseif(EXISTS "${PROJECT_SOURCE_DIR}/.venv/bin/python")
+  set(DDP_PYTHON_DEFAULT "${PROJECT_SOURCE_DIR}/.venv/bin/python")
+else()
+  find_program(DDP_PYTHON_DEFAULT python3)
+endif()
+set(DDP_PYTHON "${DDP_PYTHON_DEFAULT}" CACHE FILEPATH
+    "Interpreter (with torch) the ddp Python package is built for and the tests run")
+
+# LibTorch: the one inside DDP_PYTHON's torch wheel (torch.utils.cmake_prefix_path), unless
+# Torch_DIR or CMAKE_PREFIX_PATH names another (a LibTorch archive, a CUDA build: docs/gpu.md).
+# A CUDA LibTorch turns on DDP_TORCH_CUDA.
+if(DDP_WITH_TORCH AND NOT Torch_DIR AND DDP_PYTHON)
+  # -I: the user's environment as it is, also inside pip's isolated build environment, which
+  # hides the site-packages that hold torch (pyproject.toml).
+  execute_process(
+    COMMAND ${DDP_PYTHON} -I -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
+    RESULT_VARIABLE ddp_torch_rc OUTPUT_VARIABLE ddp_torch_prefix ERROR_QUIET
+    OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(ddp_torch_rc EQUAL 0)
+    list(APPEND CMAKE_PREFIX_PATH "${ddp_torch_prefix}")
+  endif()
+endif()
 set(DDP_TORCH_CUDA OFF)
 if(DDP_WITH_TORCH)
   find_package(Torch QUIET)
   if(NOT Torch_FOUND)
-    message(WARNING "LibTorch not found (or its TorchConfig.cmake failed: a CUDA LibTorch also "
-                    "needs the CUDA toolkit): the torch layer, DDP and the examples are not built")
+    message(WARNING "LibTorch not found in ${DDP_PYTHON}'s torch nor on CMAKE_PREFIX_PATH (or its "
+                    "TorchConfig.cmake failed: a CUDA LibTorch also needs the CUDA toolkit): the "
+                    "torch layer, DDP and the examples are not built. Run scripts/install-deps.sh "
+                    "(it makes .venv/ with torch), or pass -DDDP_PYTHON=/path/to/python")
     set(DDP_WITH_TORCH OFF)
   endif()
 endif()
@@ -40,9 +72,24 @@ if(DDP_WITH_TORCH)
       "(TORCH_CXX_FLAGS: ${TORCH_CXX_FLAGS}; in Python: torch._C._GLIBCXX_USE_CXX11_ABI is "
       "False). ddp and the Debian libraries it links (fmt, spdlog, Gloo, GoogleTest) use the "
       "C++11 ABI, and the two cannot be mixed. Use a LibTorch with the C++11 ABI: a PyTorch "
-      "wheel from 2.7 on, the 'cxx11-abi' LibTorch archive, or Debian's libtorch-dev; or "
+      "wheel from 2.7 on, the 'cxx11-abi' LibTorch archive; or "
       "configure with -DDDP_WITH_TORCH=OFF to build everything below the torch layer.")
   endif()
+  # LibTorch 2.x ships fmt 12's headers in its include directory; ddp (and Debian's spdlog) are
+  # built against Debian's fmt 9, whose compiled library they link. A translation unit that
+  # sees both include paths would pick torch's fmt (LibTorch's directories come first) and
+  # then fail to compile, or link against a library of another fmt. So every target searches
+  # a directory holding only Debian's fmt/ before LibTorch's. Torch's own inline headers use
+  # fmt's stable API only and compile against either.
+  get_target_property(ddp_fmt_include fmt::fmt INTERFACE_INCLUDE_DIRECTORIES)
+  if(NOT ddp_fmt_include)
+    set(ddp_fmt_include /usr/include)
+  endif()
+  list(GET ddp_fmt_include 0 ddp_fmt_include)
+  set(DDP_FMT_SHIM_DIR ${PROJECT_BINARY_DIR}/fmt-before-torch)
+  file(MAKE_DIRECTORY ${DDP_FMT_SHIM_DIR})
+  file(CREATE_LINK ${ddp_fmt_include}/fmt ${DDP_FMT_SHIM_DIR}/fmt SYMBOLIC)
+  include_directories(BEFORE SYSTEM ${DDP_FMT_SHIM_DIR})
   # TorchConfig.cmake of CUDA builds adds c10_cuda (and the CUDA libraries) to
   # TORCH_CUDA_LIBRARIES; 2.x also imports the torch_cuda target. CPU builds have neither.
   if(TORCH_CUDA_LIBRARIES OR TARGET torch_cuda)

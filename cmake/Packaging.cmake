@@ -30,8 +30,8 @@ endif()
 if(DDP_HAVE_MPI)
   list(APPEND DDP_DEB_DEPENDS libopenmpi-dev)
 endif()
-if(DDP_WITH_TORCH)
-  list(APPEND DDP_DEB_DEPENDS libtorch-dev)
-endif()
+# LibTorch is not a Debian dependency: Debian's libtorch-dev is 1.13, and ddp is built against a
+# PyTorch 2.x wheel's LibTorch, which the CMake package finds through CMAKE_PREFIX_PATH or the
+# python3 on PATH (cmake/ddpConfig.cmake.in).
 list(JOIN DDP_DEB_DEPENDS ", " CPACK_DEBIAN_PACKAGE_DEPENDS)
 include(CPack)

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Installs every Debian package ddp needs that is missing. Idempotent: when everything is
-# present it touches neither the network nor dpkg. Usage: install-deps.sh [main|test]
+# Installs every Debian package ddp needs that is missing, then makes the Python environment:
+# a virtual environment at $DDP_VENV (default .venv/ in the checkout) with the exact pins of
+# scripts/requirements.txt (torch 2.13.0 from the package index; its LibTorch is the one the C++
+# build uses). Idempotent: when everything is present it touches neither the network, dpkg nor
+# pip. Usage: install-deps.sh [main|test]
 set -euo pipefail
 
 profile="${1:-main}"
+root="$(cd "$(dirname "$0")/.." && pwd)"
+venv="${DDP_VENV:-$root/.venv}"
+requirements="$root/scripts/requirements.txt"
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config
-  libtorch-dev libgloo-dev libopenmpi-dev openmpi-bin
+  libgloo-dev libopenmpi-dev openmpi-bin
   libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libssl-dev zlib1g-dev
-  dataset-fashion-mnist python3-torch
-  # The Python layer (`import ddp`, the "ddp" torch.distributed backend): pybind11 and the
-  # headers of the interpreter python3-torch is built for.
-  pybind11-dev python3-dev
+  dataset-fashion-mnist
   libgtest-dev libgmock-dev libbenchmark-dev
   # LibTorch's Linear layers call libblas.so.3. Without an optimized BLAS (libtorch Recommends
   # one; --no-install-recommends drops it) that is the reference BLAS, and the CNN's step takes
@@ -26,6 +29,20 @@ if [[ "$profile" == "test" ]]; then
   packages+=(iproute2 clang libclang-rt-14-dev procps psmisc slurm-wlm munge)
 fi
 
+# The virtual environment's base interpreter: $DDP_PYTHON_BASE, else the python3 on PATH, when it
+# is CPython 3.11 (the torch wheel is cp311) with the venv module and Python's headers (the
+# extension compiles against them); else Debian's python3.11 with python3-venv and python3-dev.
+base_python="${DDP_PYTHON_BASE:-$(command -v python3 || true)}"
+usable_base() {
+  [[ -n "$1" ]] && "$1" -c 'import sys, sysconfig, os, venv, ensurepip
+assert sys.version_info[:2] == (3, 11)
+assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' 2>/dev/null
+}
+if [[ ! -x "$venv/bin/python" ]] && ! usable_base "$base_python"; then
+  packages+=(python3 python3-venv python3-dev)
+  base_python=/usr/bin/python3
+fi
+
 missing=()
 for pkg in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
@@ -35,15 +52,30 @@ done
 
 if ((${#missing[@]} == 0)); then
   echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
+else
+  echo "install-deps: installing ${missing[*]}"
+  if [[ $(id -u) -ne 0 ]]; then
+    SUDO=sudo
+  else
+    SUDO=
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq
+  $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "install-deps: installing ${missing[*]}"
-if [[ $(id -u) -ne 0 ]]; then
-  SUDO=sudo
-else
-  SUDO=
+# The venv records the requirements it was made from; the same file again installs nothing.
+stamp="$venv/.ddp-requirements.txt"
+if [[ -x "$venv/bin/python" ]] && cmp -s "$requirements" "$stamp"; then
+  echo "install-deps: $venv has scripts/requirements.txt"
+  exit 0
 fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq
-$SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}"
+if [[ ! -x "$venv/bin/python" ]]; then
+  echo "install-deps: making the virtual environment $venv with $base_python"
+  "$base_python" -m venv "$venv"
+fi
+echo "install-deps: installing scripts/requirements.txt into $venv"
+# torch first, alone: with 2.13.0 present, nothing after it can pull another torch.
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "$(grep -m1 '^torch==' "$requirements")"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"
+cp "$requirements" "$stamp"

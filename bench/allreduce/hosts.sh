@@ -5,7 +5,7 @@
 # sum all-reduce of each size for:
 #   ddp       ddp's cpu backend (hierarchical: shared memory in a host, TCP among host leaders)
 #   ddp_gloo  ddp's gloo backend (flat Gloo ring over all ranks)
-#   gloo      PyTorch's torch.distributed on gloo (/usr/bin/python3, Debian's python3-torch)
+#   gloo      PyTorch's torch.distributed on gloo ($PY: the .venv's PyTorch 2.13, bench/python.sh)
 #   mpi       OpenMPI (ddp's mpi backend, TCP between hosts, shared memory within one), launched
 #             across the namespaces by mpirun through an rsh agent that runs `ip netns exec`
 # and prints one JSON line per measurement:
@@ -28,6 +28,7 @@
 # removed on exit, even on Ctrl-C.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/../python.sh"  # PY: the interpreter with PyTorch 2.13
 BUILD=${1:-$ROOT/build}
 LAYOUTS=${LAYOUTS:-"2x2 4x1"}
 LINKS=${LINKS:-"1 10"}
@@ -35,7 +36,6 @@ IMPLS=${IMPLS:-"ddp ddp_gloo gloo mpi"}
 SIZES=${SIZES:-65536,1048576,16777216,67108864}
 BUDGET_MS=${BUDGET_MS:-1500}
 ROUNDS=${ROUNDS:-1}
-PY=/usr/bin/python3
 
 skip() { echo "hosts.sh: skipped: $*" >&2; exit 77; }
 [ "$(id -u)" = 0 ] || skip "needs root to create network namespaces (run as root)"

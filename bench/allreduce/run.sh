@@ -7,6 +7,7 @@
 #   bench/allreduce/run.sh [BUILD_DIR]     (default: build; builds target allreduce_bench)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/../python.sh"  # PY: the interpreter with PyTorch 2.13
 BUILD=${1:-$ROOT/build}
 WORLD=2
 SIZES=${SIZES:-4096,65536,1048576,16777216,67108864}
@@ -39,7 +40,7 @@ run_ddp() {  # backend [extra args]
     mpirun --allow-run-as-root --oversubscribe -np $WORLD -x OMP_NUM_THREADS=1 \
       "$BIN" mpi --sizes "$SIZES"
   fi
-  /usr/bin/python3 "$ROOT/bench/allreduce/torch_allreduce.py" $WORLD "$SIZES" 2>/dev/null
+  "$PY" "$ROOT/bench/allreduce/torch_allreduce.py" $WORLD "$SIZES" 2>/dev/null
 } | tee "$OUT"
 
 python3 - "$OUT" <<'PY'

@@ -1,6 +1,6 @@
 """PyTorch's gloo all_reduce at the same sizes, as the yardstick for allreduce_bench.
 
-Run with /usr/bin/python3 (Debian's python3-torch). Spawns `world` processes itself and prints
+Run with the .venv's interpreter (PyTorch 2.13; bench/python.sh). Spawns `world` processes itself and prints
 one JSON object per line from rank 0, in allreduce_bench's format (backend "torch-gloo").
 
     torch_allreduce.py [world] [sizes]

@@ -1,8 +1,8 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch DDP reference for bench_ddp: the same CNN on Fashion-MNIST, Adam 1e-3, batch 64 per
 rank, one intra-op thread per rank, gloo, W processes. Prints one JSON line (rank 0).
 
-Usage: /usr/bin/python3 bench_ddp.py --world 2 [--steps 60] [--warmup 5]
+Usage: .venv/bin/python bench_ddp.py --world 2 [--steps 60] [--warmup 5]
                                      [--gradient-as-bucket-view] [--comm-hook powersgd]
                                      [--single-bucket]
 

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch reference for bench_zero: torch.distributed.optim.ZeroRedundancyOptimizer over
 torch.optim.Adam (lr 1e-3), `layers` weight matrices of width x width with biases and fixed
 gradients, one intra-op thread per rank, gloo, W processes. Only step() is timed (the local
@@ -7,7 +7,7 @@ step and the parameter broadcasts). Prints one JSON line, the same fields as ben
 unsharded_adam_step_ms: a plain torch.optim.Adam's median step over the same parameters in the
 main process (one thread, no communication), for scale.
 
-Usage: /usr/bin/python3 bench_zero.py --world 2 [--layers 8] [--width 512] [--steps 20]
+Usage: .venv/bin/python bench_zero.py --world 2 [--layers 8] [--width 512] [--steps 20]
 
 state_bytes_max_rank counts the tensors in the largest rank's zero.optim.state (PyTorch 1.13
 keeps Adam's step as a one-element tensor: 4 bytes per parameter tensor more than LibTorch).

@@ -18,12 +18,12 @@
 # Environment: LINK (Gbit/s, default 1). Needs root (namespaces); exits 77 otherwise.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/../python.sh"  # PY: the interpreter with PyTorch 2.13
 BUILD=${1:-$ROOT/build}
 MAX_STEPS=${2:-200}
 ROUNDS=${3:-3}
 LINK=${LINK:-1}
 BATCH=64
-PY=/usr/bin/python3
 DDPRUN=$BUILD/apps/ddprun/ddprun
 MNIST=$BUILD/examples/mnist/mnist
 
@@ -33,7 +33,7 @@ command -v tc >/dev/null || skip "tc (iproute2) is not installed"
 for b in "$DDPRUN" "$MNIST"; do
   [ -x "$b" ] || { echo "hosts_mnist.sh: $b not built (targets ddprun mnist)" >&2; exit 1; }
 done
-[ -x /usr/bin/torchrun ] || skip "/usr/bin/torchrun missing (apt install python3-torch)"
+[ -x "$TORCHRUN" ] || skip "$TORCHRUN missing (scripts/install-deps.sh makes .venv/ with torch)"
 
 TAG=ddpmh$$
 NET=10.77.0
@@ -91,7 +91,7 @@ two_hosts() {
         --batch-size "$BATCH" --max-steps "$MAX_STEPS" --comm-hook "$hook" "$@" \
         >"$WORK/out$h" 2>&1 &
     else
-      ip netns exec "${TAG}h$h" "${env[@]}" timeout 600 /usr/bin/torchrun --nnodes 2 \
+      ip netns exec "${TAG}h$h" "${env[@]}" timeout 600 "$TORCHRUN" --nnodes 2 \
         --node_rank "$h" --nproc_per_node 1 --master_addr "$NET.1" --master_port "$PORT" \
         --redirects 1 --tee 1 --log_dir "$WORK/torchrun.$PORT.$h" \
         "$ROOT/examples/mnist/mnist.py" --batch-size "$BATCH" --max-steps "$MAX_STEPS" \

@@ -7,6 +7,7 @@
 #   bench/ddp/mnist_example.sh [BUILD_DIR] [MAX_STEPS=300] [ROUNDS=3]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/../python.sh"  # PY: the interpreter with PyTorch 2.13
 root=$here/../..
 build=${1:-$root/build}
 max_steps=${2:-300}
@@ -44,7 +45,7 @@ py() {
     if ((round % 2 == 0)); then cpp; py; else py; cpp; fi
   done
 } | tee "$out"
-/usr/bin/python3 - "$out" <<'PY'
+"$PY" - "$out" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 rate = {i: statistics.median(r["samples_per_s"] for r in rows if r["impl"] == i)

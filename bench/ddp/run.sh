@@ -25,6 +25,7 @@
 # one round, then the median over rounds) are reported beside them.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/../python.sh"  # PY: the interpreter with PyTorch 2.13
 build=${1:-$here/../../build}
 steps=${2:-40}
 rounds=${3:-3}
@@ -66,20 +67,20 @@ measure() {
           measure "$impl" "$world" "$bin" train --world "$world" --steps "$steps" \
             --gradient-as-bucket-view
         elif [ "$impl" = pytorch_bucket_view ]; then
-          measure "$impl" "$world" /usr/bin/python3 "$here/bench_ddp.py" --world "$world" \
+          measure "$impl" "$world" "$PY" "$here/bench_ddp.py" --world "$world" \
             --steps "$steps" --gradient-as-bucket-view
         elif [ "$impl" = tuned ]; then
           MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_MMAP_THRESHOLD_=33554432 \
-            measure pytorch_malloc_tuned "$world" /usr/bin/python3 "$here/bench_ddp.py" \
+            measure pytorch_malloc_tuned "$world" "$PY" "$here/bench_ddp.py" \
             --world "$world" --steps "$steps"
         else
-          measure pytorch "$world" /usr/bin/python3 "$here/bench_ddp.py" --world "$world" --steps "$steps"
+          measure pytorch "$world" "$PY" "$here/bench_ddp.py" --world "$world" --steps "$steps"
         fi
       done
     done
   done
 } | tee "$out"
-/usr/bin/python3 - "$out" "$(nproc)" <<'PY'
+"$PY" - "$out" "$(nproc)" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 cores = int(sys.argv[2])

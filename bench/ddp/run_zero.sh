@@ -7,6 +7,7 @@
 #   bench/ddp/run_zero.sh [BUILD_DIR] [ROUNDS] [STEPS]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/../python.sh"  # PY: the interpreter with PyTorch 2.13
 build=${1:-$here/../../build}
 rounds=${2:-3}
 steps=${3:-20}
@@ -32,13 +33,13 @@ measure() {
         if [ "$impl" = ddp ]; then
           measure ddp "$world" "$bin" --world "$world" --steps "$steps"
         else
-          measure pytorch "$world" /usr/bin/python3 "$here/bench_zero.py" --world "$world" --steps "$steps"
+          measure pytorch "$world" "$PY" "$here/bench_zero.py" --world "$world" --steps "$steps"
         fi
       done
     done
   done
 } | tee "$out"
-/usr/bin/python3 - "$out" "$(nproc)" <<'PY'
+"$PY" - "$out" "$(nproc)" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 runs, mem, adam = {}, {}, {}

@@ -14,6 +14,7 @@
 #   bench/flight_recorder/ddp_step.sh [BUILD_DIR] [STEPS] [ROUNDS]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/../python.sh"  # PY: the interpreter with PyTorch 2.13
 build=${1:-$here/../../build}
 steps=${2:-60}
 rounds=${3:-5}
@@ -36,14 +37,14 @@ run() {  # run LABEL CMD...: prefixes the JSON line with the label
       case $what in
         on) DDP_FLIGHT_RECORDER_ENTRIES=2000 run on "$bin" train --world 2 --steps "$steps" ;;
         off) DDP_FLIGHT_RECORDER_ENTRIES=0 run off "$bin" train --world 2 --steps "$steps" ;;
-        pytorch) run pytorch /usr/bin/python3 "$here/../ddp/bench_ddp.py" --world 2 --steps "$steps" ;;
+        pytorch) run pytorch "$PY" "$here/../ddp/bench_ddp.py" --world 2 --steps "$steps" ;;
       esac
     done
   done
   "$build/bench/flight_recorder/flight_recorder_bench"
   tl=$(mktemp -d)
   "$bin" train --world 2 --steps 10 --warmup 5 --timeline "$tl/tl_rank{rank}.json" >/dev/null
-  /usr/bin/python3 -c '
+  "$PY" -c '
 import json, sys
 events = json.load(open(sys.argv[1]))["traceEvents"]
 n = sum(1 for e in events if e.get("name", "").startswith("allreduce bucket"))
@@ -52,7 +53,7 @@ print(json.dumps({"bench": "ddp_timeline_count", "bucket_allreduces": n, "backwa
     "$tl/tl_rank0.json"
   rm -rf "$tl"
 } | tee "$out"
-/usr/bin/python3 - "$out" "$steps" <<'PY'
+"$PY" - "$out" "$steps" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 runs, cpu = {}, {}

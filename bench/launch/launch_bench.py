@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Wall time to launch and reap 2 no-op workers: ddprun beside torchrun, in the same run.
 
-    /usr/bin/python3 bench/launch/launch_bench.py [--ddprun PATH] [--reps 50] [--torchrun-reps 3]
+    .venv/bin/python bench/launch/launch_bench.py [--ddprun PATH] [--reps 50] [--torchrun-reps 3]
 
 Prints one JSON object per line: one per launcher with the median (and min, max) wall time
 in milliseconds, then the ratio torchrun/ddprun. Each timing covers starting the launcher
@@ -78,15 +78,15 @@ def main():
 
     if args.torchrun_reps <= 0:
         return
-    if subprocess.run(["/usr/bin/python3", "-c", "import torch.distributed.run"],
+    if subprocess.run([sys.executable, "-c", "import torch.distributed.run"],
                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode != 0:
         print(json.dumps({"bench": "launch", "tool": "torchrun",
-                          "skipped": "/usr/bin/python3 cannot import torch.distributed.run"}))
+                          "skipped": sys.executable + " cannot import torch.distributed.run"}))
         return
     log_dir = tempfile.mkdtemp(prefix="launch_bench_torchrun_")
     try:
         # torchrun under Python 3.11 fails with the default --redirects 0 (DESIGN.md).
-        torchrun_cmd = ["/usr/bin/python3", "-m", "torch.distributed.run", "--standalone",
+        torchrun_cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                         "--nproc-per-node", "2", "--redirects", "1", "--tee", "1", "--log-dir",
                         log_dir, "--no-python", "/bin/true"]
         # torchrun 1.13 spells flags with underscores only.

@@ -1,10 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """torch.distributed all_reduce (float32, sum) from Python on one backend; run one process per
 rank under ddprun (or torchrun). Rank 0 prints one JSON object per size, in allreduce_bench's
 format, with backend "torch-<backend>". The timing loop is bench/allreduce/torch_allreduce.py's,
 so these figures compare one to one with that script's gloo yardstick.
 
-    ddprun --standalone --nproc-per-node 2 /usr/bin/python3 allreduce.py ddp [SIZES]
+    ddprun --standalone --nproc-per-node 2 .venv/bin/python allreduce.py ddp [SIZES]
 """
 import os
 import sys

@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch's DistributedDataParallel on the tutorials' CNN (Fashion-MNIST, batch 64 per rank,
 Adam 1e-3, one intra-op thread per rank) on one backend, one process per rank under ddprun.
 The model, data and step are bench/ddp/bench_ddp.py's. Rank 0 prints one JSON object.
 
-    ddprun --standalone --nproc-per-node 2 /usr/bin/python3 ddp_cnn.py ddp [STEPS] [WARMUP]
+    ddprun --standalone --nproc-per-node 2 .venv/bin/python ddp_cnn.py ddp [STEPS] [WARMUP]
 """
 import json
 import os

@@ -13,6 +13,7 @@
 #   bench/python/run.sh [BUILD_DIR]     (default: build; builds what it needs)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/../python.sh"  # PY: the interpreter with PyTorch 2.13
 BUILD=${1:-$ROOT/build}
 WORLD=2
 SIZES=${SIZES:-4096,1048576,16777216,67108864}
@@ -28,14 +29,14 @@ trap 'rm -f "$OUT"' EXIT
 launch() { "$DDPRUN" --standalone --nproc-per-node $WORLD "$@" 2> >(grep -v OMP_NUM_THREADS >&2); }
 
 for ((rep = 0; rep < REPEAT; rep++)); do
-  launch /usr/bin/python3 "$ROOT/bench/python/allreduce.py" ddp "$SIZES"
-  launch /usr/bin/python3 "$ROOT/bench/python/allreduce.py" gloo "$SIZES"
+  launch "$PY" "$ROOT/bench/python/allreduce.py" ddp "$SIZES"
+  launch "$PY" "$ROOT/bench/python/allreduce.py" gloo "$SIZES"
   launch --no-python "$BIN" cpu --sizes "$SIZES"
-  launch /usr/bin/python3 "$ROOT/bench/python/ddp_cnn.py" ddp "$STEPS"
-  launch /usr/bin/python3 "$ROOT/bench/python/ddp_cnn.py" gloo "$STEPS"
+  launch "$PY" "$ROOT/bench/python/ddp_cnn.py" ddp "$STEPS"
+  launch "$PY" "$ROOT/bench/python/ddp_cnn.py" gloo "$STEPS"
 done | tee "$OUT"
 
-/usr/bin/python3 - "$OUT" <<'PY'
+"$PY" - "$OUT" <<'PY'
 import json, sys
 from statistics import median
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]

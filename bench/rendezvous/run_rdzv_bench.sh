@@ -6,6 +6,7 @@
 #           to every agent exited ("exit_s"), next to ddprun's exit_s at the same N
 # Usage: run_rdzv_bench.sh BUILD_DIR [SIZES...]
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../python.sh"  # PY: the interpreter with PyTorch 2.13
 BUILD="${1:?usage: run_rdzv_bench.sh BUILD_DIR [SIZES...]}"
 shift
 SIZES=("${@:-64 256 1024}")
@@ -18,7 +19,7 @@ for n in "${SIZES[@]}"; do
   "$BENCH" --ddprun "$DDPRUN" --agents "$n" --repeat 2
 done
 
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 now() { date +%s.%N; }
 for n in 4 8; do
   for impl in torchrun ddprun; do
@@ -29,7 +30,7 @@ for n in 4 8; do
     for ((i = 0; i < n; i++)); do
       if [[ $impl == torchrun ]]; then
         # torch 1.13 spells its flags with underscores only.
-        /usr/bin/python3 -m torch.distributed.run --nnodes "$n" --nproc_per_node 1 \
+        "$PY" -m torch.distributed.run --nnodes "$n" --nproc_per_node 1 \
           --rdzv_backend c10d --rdzv_endpoint "127.0.0.1:$port" --rdzv_id "b$n" \
           --redirects 1 --tee 1 --log_dir "$logs/$i" --no_python /bin/true >/dev/null 2>&1 &
       else

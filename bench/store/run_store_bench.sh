@@ -4,6 +4,7 @@
 # BUILD_DIR defaults to ${DDP_BUILD_DIR:-build}; it must contain bench/store/store_bench.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/../python.sh"  # PY: the interpreter with PyTorch 2.13
 root="$(cd "$here/../.." && pwd)"
 build="${DDP_BUILD_DIR:-build}"
 if [[ $# -gt 0 && "$1" != --* ]]; then build="$1"; shift; fi
@@ -15,8 +16,8 @@ if [[ ! -x "$bin" ]]; then
 fi
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 "$bin" "$@"
-if /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
-  /usr/bin/python3 "$here/torch_store_bench.py" "$@"
+if "$PY" -c 'import torch.distributed' 2>/dev/null; then
+  "$PY" "$here/torch_store_bench.py" "$@"
 else
-  echo '{"bench":"store_roundtrip","impl":"torch","skipped":"python3-torch not installed (/usr/bin/python3 cannot import torch.distributed)"}'
+  echo '{"bench":"store_roundtrip","impl":"torch","skipped":"'"$PY"' cannot import torch.distributed (scripts/install-deps.sh makes .venv/)"}'
 fi

@@ -1,6 +1,6 @@
 """PyTorch's TCPStore doing what store_bench does, printing the same JSON lines (impl "torch").
 
-Run with /usr/bin/python3 (Debian's python3-torch). Usage:
+Run with the .venv's interpreter (PyTorch 2.13; bench/python.sh). Usage:
   torch_store_bench.py [--iters N] [--clients N]
 """
 import argparse

@@ -12,7 +12,23 @@ rendezvouses through the store torch.distributed hands it. See docs/python.md.
 import torch
 import torch.distributed as _dist
 
-from . import _C
+from ._build_info import TORCH_VERSION as _BUILT_FOR_TORCH
+
+
+def _check_torch_version():
+    # The extension is compiled against one torch release's C++ ABI: another torch fails to load
+    # it with an undefined symbol at best. Say which two versions met instead.
+    found = torch.__version__.split("+")[0]
+    if found != _BUILT_FOR_TORCH:
+        raise ImportError(
+            f"ddp was built against torch {_BUILT_FOR_TORCH}, but this environment has torch "
+            f"{torch.__version__} ({torch.__file__}); rebuild ddp for it: pip install "
+            f"--force-reinstall --no-deps <ddp checkout> (or scripts/build.sh in the checkout)")
+
+
+_check_torch_version()
+
+from . import _C  # noqa: E402  (after the version check, which names the mismatch)
 
 __all__ = ["BACKEND_NAME"]
 

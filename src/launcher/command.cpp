@@ -18,11 +18,20 @@ bool is_executable_file(const std::string& path) {
   return ::access(path.c_str(), X_OK) == 0;
 }
 
-std::string python_interpreter(const EnvLookup& env) {
+// The interpreter a shell would run for `python3`: the first on PATH, so that a user in an
+// activated virtual environment gets that environment's Python and packages (torch included),
+// as torchrun does by running sys.executable. $DDPRUN_PYTHON overrides.
+std::string python_interpreter(const EnvLookup& env, const std::string& what) {
   auto chosen = env("DDPRUN_PYTHON");
   if (chosen && !chosen->empty()) return resolve_executable(*chosen, env);
-  if (is_executable_file("/usr/bin/python3")) return "/usr/bin/python3";
-  return resolve_executable("python3", env);
+  try {
+    return resolve_executable("python3", env);
+  } catch (const UsageError&) {
+    throw UsageError(fmt::format(
+        "no python3 on PATH to run {}; activate the virtual environment that has torch, or set "
+        "DDPRUN_PYTHON to an interpreter's path (PATH={})",
+        what, env("PATH").value_or("<unset>")));
+  }
 }
 
 }  // namespace
@@ -66,13 +75,13 @@ std::vector<std::string> worker_command(const LaunchOptions& options, const EnvL
   }
   std::vector<std::string> argv;
   if (options.module) {
-    argv = {python_interpreter(env), "-u", "-m", options.program};
+    argv = {python_interpreter(env, "-m " + options.program), "-u", "-m", options.program};
   } else if (!options.no_python && ends_with(options.program, ".py")) {
     if (::access(options.program.c_str(), R_OK) != 0) {
       throw UsageError(
           fmt::format("Python script '{}' does not exist or is not readable", options.program));
     }
-    argv = {python_interpreter(env), "-u", options.program};
+    argv = {python_interpreter(env, options.program), "-u", options.program};
   } else {
     argv = {resolve_executable(options.program, env)};
   }

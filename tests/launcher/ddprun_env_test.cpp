@@ -1,7 +1,10 @@
 // ddprun end to end: the worker environment contract, flag spellings, PET_* fallbacks, and
 // bad command lines.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cstdlib>
 
 #include <fstream>
 #include <map>
@@ -223,8 +226,40 @@ TEST_F(DdprunEnv, HelpExitsZero) {
   EXPECT_NE(r.out.find("PET_NPROC_PER_NODE"), std::string::npos) << r.out;
 }
 
+// A stand-in `python3` that prints who it is and its arguments.
+std::string fake_python(const std::string& dir, const std::string& name) {
+  ::mkdir(dir.c_str(), 0755);
+  const std::string path = dir + "/python3";
+  { std::ofstream(path) << "#!/bin/sh\necho \"" << name << " ran: $*\"\n"; }
+  ::chmod(path.c_str(), 0755);
+  return path;
+}
+
+// A .py runs with the python3 a shell would run: the first on PATH (an activated virtual
+// environment's), not a system interpreter without the user's torch; DDPRUN_PYTHON overrides.
+TEST_F(DdprunEnv, PythonScriptRunsWithTheFirstPython3OnPath) {
+  const std::string script = dir() + "/train.py";
+  { std::ofstream(script) << "print('never run by a real python here')\n"; }
+  fake_python(dir() + "/venv-bin", "venv-python");
+  const std::string other = fake_python(dir() + "/other-bin", "chosen-python");
+  const char* path = std::getenv("PATH");
+  const std::string venv_path = dir() + "/venv-bin:" + (path ? path : "/usr/bin:/bin");
+
+  RunResult r = run({"--nproc-per-node", "1", script, "--lr", "3"}, {{"PATH", venv_path}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("venv-python ran: -u " + script + " --lr 3"), std::string::npos) << r.out;
+
+  r = run({"--nproc-per-node", "1", script}, {{"PATH", venv_path}, {"DDPRUN_PYTHON", other}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("chosen-python ran: -u " + script), std::string::npos) << r.out;
+
+  r = run({"--nproc-per-node", "1", script}, {{"PATH", dir() + "/nothing-here"}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no python3 on PATH to run " + script), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("DDPRUN_PYTHON"), std::string::npos) << r.err;
+}
+
 TEST_F(DdprunEnv, PythonModuleRunsUnderPython) {
-  if (!file_exists("/usr/bin/python3")) GTEST_SKIP() << "/usr/bin/python3 is not installed";
   RunResult r = run({"-m", "json.tool", "--help"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("json.tool"), std::string::npos) << r.out;

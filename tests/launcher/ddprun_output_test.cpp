@@ -2,6 +2,8 @@
 // the --log-dir layout, and an unmodified PyTorch script.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "launcher_fixture.hpp"
 
 namespace ddp::launcher::testing {
@@ -119,13 +121,19 @@ TEST_F(DdprunOutput, PartialLastLineIsForwarded) {
   EXPECT_EQ(r.out, "[default0]:no newline\n");
 }
 
+// As a user in the activated virtual environment runs it: ddprun takes that python3 from PATH.
 TEST_F(DdprunOutput, UnmodifiedPytorchScriptRunsWithGloo) {
-  if (::system("/usr/bin/python3 -c 'import torch.distributed' >/dev/null 2>&1") != 0) {
-    GTEST_SKIP() << "/usr/bin/python3 cannot import torch (install python3-torch)";
+  const std::string python = DDP_TEST_PYTHON;
+  if (python.empty() ||
+      ::system((python + " -c 'import torch.distributed' >/dev/null 2>&1").c_str()) != 0) {
+    GTEST_SKIP() << "'" << python << "' cannot import torch (run scripts/install-deps.sh)";
   }
+  const char* path = std::getenv("PATH");
+  const std::string venv_path =
+      python.substr(0, python.rfind('/')) + ":" + (path ? path : "/usr/bin:/bin");
   RunResult r = run({"--standalone", "--nproc-per-node", "2",
                      std::string(DDP_LAUNCHER_WORKERS_DIR) + "/torch_allreduce.py"},
-                    {}, 120);
+                    {{"PATH", venv_path}}, 120);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("rank 0/2: all_reduce ok 3.0"), std::string::npos) << r.out << r.err;
   EXPECT_NE(r.out.find("rank 1/2: all_reduce ok 3.0"), std::string::npos) << r.out << r.err;

@@ -5,10 +5,11 @@
 # `cpack -G DEB`, checks the package's metadata, unpacks it with `dpkg-deb -x` and does the
 # same against its contents.
 #
-# Usage: package_test.sh BUILD_DIR SOURCE_DIR
+# Usage: package_test.sh BUILD_DIR SOURCE_DIR [PYTHON]   (PYTHON: the build's interpreter with torch)
 set -euo pipefail
 BUILD="$(realpath "${1:?usage: package_test.sh BUILD_DIR SOURCE_DIR}")"
 SOURCE="$(realpath "${2:?usage: package_test.sh BUILD_DIR SOURCE_DIR}")"
+PYTHON="${3:-python3}"
 VERSION="$(sed -n 's/^#define DDP_VERSION_STRING "\(.*\)"/\1/p' "$BUILD/include/ddp/version.hpp")"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
@@ -18,6 +19,9 @@ fail() { echo "FAIL: $*"; exit 1; }
 build_and_run_consumer() {
   local prefix="$1" name="$2"
   echo "== consumer against $name ($prefix)"
+  # As a user whose virtual environment holds torch: its python3 first on PATH, through which
+  # find_package(ddp) finds the wheel's LibTorch.
+  PATH="$(dirname "$PYTHON"):$PATH" \
   cmake -S "$SOURCE/tests/package/consumer" -B "$WORK/consumer-$name" -G Ninja \
         -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" >"$WORK/configure-$name.log" 2>&1 ||
     { cat "$WORK/configure-$name.log"; fail "configuring the consumer against $name"; }
@@ -41,9 +45,9 @@ check_python() {
   local prefix="$1" name="$2"
   [[ -d "$BUILD/python/ddp" ]] || { echo "$name: no Python package in this build (skipped)"; return; }
   local init
-  init="$(find "$prefix" -path '*/dist-packages/ddp/__init__.py' | head -n 1)"
+  init="$(find "$prefix" -path '*-packages/ddp/__init__.py' | head -n 1)"
   [[ -n "$init" ]] || fail "$name: the ddp Python package is not installed under $prefix"
-  PYTHONPATH="$(dirname "$(dirname "$init")")" /usr/bin/python3 -c '
+  PYTHONPATH="$(dirname "$(dirname "$init")")" "$PYTHON" -c '
 import os, ddp, torch, torch.distributed as dist
 assert ddp.__file__.startswith(os.environ["PYTHONPATH"]), ddp.__file__
 dist.init_process_group("ddp", store=dist.HashStore(), rank=0, world_size=1)
@@ -99,7 +103,7 @@ if grep -q "^  ;" <<<"$info"; then fail "CMake list separators in the package de
 grep -q "^ Depends: .*libc6 (>= " <<<"$info" || fail "no shlibdeps-computed libc6 dependency"
 grep -q "^ Depends: .*libstdc++6 (>= " <<<"$info" || fail "no shlibdeps-computed libstdc++6 dependency"
 # ... and the -dev packages the CMake package's find_dependency calls need are there too.
-for dep in libtorch-dev libgloo-dev libfmt-dev libspdlog-dev; do
+for dep in libgloo-dev libfmt-dev libspdlog-dev; do
   grep -q "^ Depends: .*$dep" <<<"$info" || fail "Depends lacks $dep"
 done
 dpkg-deb -x "$deb" "$WORK/root"

@@ -1,7 +1,7 @@
 """Error messages of the ddp backend: bad tensors, unsupported operations, mismatched
 collectives (DDP_DEBUG_COLLECTIVES=1) and timeouts naming the ranks that never arrived. Each
 error is a RuntimeError; the interpreter survives it.
-Run: ddprun --standalone --nproc-per-node N /usr/bin/python3 errors.py usage|mismatch"""
+Run: ddprun --standalone --nproc-per-node N .venv/bin/python errors.py usage|mismatch"""
 import datetime
 import os
 import sys
@@ -20,10 +20,11 @@ store = dist.distributed_c10d._get_default_store()
 R = dist.ReduceOp
 
 if mode == "usage":
+    # A meta tensor never reaches a backend in torch 2.x: torch's own meta kernels of the c10d
+    # ops serve it (shape propagation, no data, gloo alike). The call must not raise or
+    # communicate, and the group stays usable (checked below).
     meta = torch.empty(4, device="meta")
-    expect_error("meta tensor", lambda: dist.all_gather_into_tensor(torch.empty(8, device="meta"),
-                                                                    meta),
-                 "the ddp backend takes CPU tensors")
+    dist.all_gather_into_tensor(torch.empty(4 * n, device="meta"), meta)
     expect_error("recv without src", lambda: dist.recv(torch.zeros(2)),
                  "backend ddp does not support recv from any source")
     expect_error("int16 all_reduce", lambda: dist.all_reduce(torch.zeros(2, dtype=torch.int16)),

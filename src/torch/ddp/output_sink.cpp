@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/functions/utils.h>
 
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace ddp {
@@ -24,6 +25,21 @@ class OutputSinkBackward : public torch::autograd::Node {
   std::function<void()> on_backward_;
 };
 
+// A new node in the smart pointer this LibTorch holds autograd nodes in: std::shared_ptr (with
+// deleteNode, which frees long chains without deep recursion) before 2.1x, c10::intrusive_ptr
+// in 2.13.
+template <class NodeType, class... Args>
+decltype(torch::autograd::Edge::function) make_node(Args&&... args) {
+  using Ptr = decltype(torch::autograd::Edge::function);
+  if constexpr (std::is_same_v<Ptr, std::shared_ptr<torch::autograd::Node>>) {
+    // Unqualified, found through the argument's namespace when instantiated: LibTorch 2.13
+    // has no deleteNode, and this branch is not instantiated there.
+    return Ptr(new NodeType(std::forward<Args>(args)...), [](NodeType* n) { deleteNode(n); });
+  } else {
+    return c10::make_intrusive<NodeType>(std::forward<Args>(args)...);
+  }
+}
+
 }  // namespace
 
 std::vector<torch::Tensor> pass_through_sink(const std::vector<torch::Tensor>& outputs,
@@ -33,8 +49,7 @@ std::vector<torch::Tensor> pass_through_sink(const std::vector<torch::Tensor>& o
     if (t.defined() && t.requires_grad()) differentiable.push_back(t);
   }
   if (differentiable.empty()) return {};
-  std::shared_ptr<OutputSinkBackward> node(new OutputSinkBackward(std::move(on_backward)),
-                                           torch::autograd::deleteNode);
+  auto node = make_node<OutputSinkBackward>(std::move(on_backward));
   node->set_next_edges(torch::autograd::collect_next_edges(differentiable));
   std::vector<torch::Tensor> out;
   out.reserve(outputs.size());

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "adam_kernel.hpp"
+#include "ddp/torch/optim/optimizer_state_key.hpp"
 
 namespace ddp {
 
@@ -89,7 +90,7 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
                   "FusedAdam does not support sparse gradients (nor does torch::optim::Adam); "
                   "use SparseAdam");
       // The key and the state's layout are torch::optim::Adam's, so saved states interchange.
-      const std::string key = c10::guts::to_string(param.unsafeGetTensorImpl());
+      const OptimizerStateKey key = optimizer_state_key(param);
       auto it = state_.find(key);
       if (it == state_.end()) {
         auto fresh = std::make_unique<AdamParamState>();

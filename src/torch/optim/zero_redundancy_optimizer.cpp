@@ -9,14 +9,11 @@
 #include "ddp/torch/ddp/stream_order.hpp"
 #include "ddp/torch/ddp/tensor_adapter.hpp"
 #include "ddp/torch/optim/optimizer_state_bytes.hpp"
+#include "ddp/torch/optim/optimizer_state_key.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {
 namespace {
-
-std::string state_key(const torch::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());  // LibTorch's own state key
-}
 
 std::string archive_bytes(const torch::optim::Optimizer& optimizer) {
   torch::serialize::OutputArchive archive;
@@ -251,8 +248,8 @@ void ZeroRedundancyOptimizerBase::load(torch::serialize::InputArchive& archive) 
   local_->state().clear();
   for (const auto& group : shards_[pg_->rank()]) {
     for (const auto& p : group) {
-      auto it = full->state().find(state_key(p));
-      if (it != full->state().end()) local_->state()[state_key(p)] = std::move(it->second);
+      auto it = full->state().find(optimizer_state_key(p));
+      if (it != full->state().end()) local_->state()[optimizer_state_key(p)] = std::move(it->second);
     }
   }
   push_options(*local_);

@@ -1,5 +1,6 @@
 #pragma once
-// Runs Debian's /usr/bin/python3 with torch for cross-checks against PyTorch itself. The
+// Runs DDP_TEST_PYTHON (the build's interpreter with torch, .venv/bin/python) for cross-checks
+// against PyTorch itself. The
 // expected values are computed by PyTorch at test time, never checked in.
 
 #include <unistd.h>
@@ -25,7 +26,7 @@ inline PythonResult run_python(const std::string& script, const std::string& arg
   ::close(fd);
   std::ofstream(path) << script;
   PythonResult r;
-  FILE* p = ::popen(("/usr/bin/python3 " + std::string(path) + " " + args).c_str(), "r");
+  FILE* p = ::popen((std::string(DDP_TEST_PYTHON) + " " + std::string(path) + " " + args).c_str(), "r");
   if (p) {
     std::array<char, 65536> buf{};
     size_t n;
@@ -36,13 +37,16 @@ inline PythonResult run_python(const std::string& script, const std::string& arg
   return r;
 }
 
-// Empty when /usr/bin/python3 can import torch; else why not (for GTEST_SKIP).
+// Empty when DDP_TEST_PYTHON can import torch; else why not (for GTEST_SKIP).
 inline std::string python_torch_unavailable() {
   static const std::string reason = [] {
-    if (::access("/usr/bin/python3", X_OK) != 0) return std::string("/usr/bin/python3 is absent");
+    const std::string python = DDP_TEST_PYTHON;
+    if (python.empty() || ::access(python.c_str(), X_OK) != 0) {
+      return "no interpreter '" + python + "' (run scripts/install-deps.sh, which makes .venv/)";
+    }
     PythonResult r = run_python("import torch\nprint(torch.__version__)\n");
     if (r.status != 0) {
-      return std::string("/usr/bin/python3 cannot import torch (install python3-torch)");
+      return python + " cannot import torch (run scripts/install-deps.sh)";
     }
     return std::string();
   }();

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/torch/optim/optimizer_state_key.hpp"
 #include "ddp/torch/optim/fused_adam.hpp"
 
 namespace {
@@ -65,9 +66,9 @@ void expect_same_state(const std::vector<torch::Tensor>& expected, const Adam& e
     const std::string name = "parameter " + std::to_string(i);
     expect_close(expected[i], actual[i], name);
     const auto& se = static_cast<const AdamParamState&>(
-        *expected_opt.state().at(c10::guts::to_string(expected[i].unsafeGetTensorImpl())));
+        *expected_opt.state().at(ddp::optimizer_state_key(expected[i])));
     const auto& sa = static_cast<const AdamParamState&>(
-        *actual_opt.state().at(c10::guts::to_string(actual[i].unsafeGetTensorImpl())));
+        *actual_opt.state().at(ddp::optimizer_state_key(actual[i])));
     EXPECT_EQ(se.step(), sa.step()) << name;
     expect_close(se.exp_avg(), sa.exp_avg(), name + " exp_avg");
     expect_close(se.exp_avg_sq(), sa.exp_avg_sq(), name + " exp_avg_sq");
@@ -170,7 +171,7 @@ TEST(FusedAdam, LeavesParametersWithoutGradientAlone) {
   fused.step();
   EXPECT_EQ(fused.last_step_paths().fused, static_cast<int64_t>(params.size()) - 1);
   EXPECT_TRUE(torch::equal(params[2], untouched));
-  EXPECT_EQ(fused.state().count(c10::guts::to_string(params[2].unsafeGetTensorImpl())), 0u);
+  EXPECT_EQ(fused.state().count(ddp::optimizer_state_key(params[2])), 0u);
   EXPECT_EQ(fused.state().size(), params.size() - 1);
 }
 

@@ -5,6 +5,7 @@
 
 #include <sstream>
 
+#include "ddp/torch/optim/optimizer_state_key.hpp"
 #include "ddp/torch/ddp/distributed_data_parallel.hpp"
 #include "ddp/torch/optim/fused_adam.hpp"
 #include "ddp/torch/optim/optimizer_state_bytes.hpp"
@@ -129,7 +130,7 @@ void expect_same_adam_state(torch::optim::Optimizer& a, const std::vector<torch:
                             torch::optim::Optimizer& b, const std::vector<torch::Tensor>& pb) {
   ASSERT_EQ(pa.size(), pb.size());
   for (size_t k = 0; k < pa.size(); ++k) {
-    auto key = [](const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); };
+    auto key = [](const torch::Tensor& p) { return ddp::optimizer_state_key(p); };
     ASSERT_TRUE(a.state().count(key(pa[k]))) << "parameter " << k;
     ASSERT_TRUE(b.state().count(key(pb[k]))) << "parameter " << k;
     auto& sa = static_cast<torch::optim::AdamParamState&>(*a.state()[key(pa[k])]);

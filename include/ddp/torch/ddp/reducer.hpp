@@ -156,7 +156,9 @@ class Reducer {
   ProcessGroupPtr pg_;
   ReducerConfig config_;
 
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  // Each parameter's AccumulateGrad node, in LibTorch's own smart pointer (std::shared_ptr up
+  // to 2.x, c10::intrusive_ptr in 2.13): Edge::function names whichever this LibTorch uses.
+  std::vector<decltype(torch::autograd::Edge::function)> accumulators_;
   std::vector<uintptr_t> hook_keys_;
   std::vector<BucketParam> sizes_;  // per parameter, for assign_buckets
   std::vector<Bucket> buckets_;

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# ddp for a Python user: `pip wheel` and `pip install <checkout>` into a fresh virtual
+# environment that holds only torch, then a 2-rank job with the environment's own ddprun and
+# `import ddp`, as the user runs it (the environment's bin/ first on PATH, as after `activate`).
+#
+#   1. pip wheel --no-build-isolation, run by the build's interpreter (PYTHON, the .venv with
+#      torch and scikit-build-core): the wheel installs into the fresh environment (same torch).
+#   2. pip uninstall, then pip install SOURCE_DIR into the fresh environment with pip's build
+#      isolation (scikit-build-core from the package index): the build finds the environment's
+#      torch, not the .venv's.
+#
+# Usage: pip_install_test.sh BUILD_DIR SOURCE_DIR PYTHON
+set -euo pipefail
+BUILD="$(realpath "${1:?usage: pip_install_test.sh BUILD_DIR SOURCE_DIR PYTHON}")"
+SOURCE="$(realpath "${2:?usage: pip_install_test.sh BUILD_DIR SOURCE_DIR PYTHON}")"
+PYTHON="${3:?usage: pip_install_test.sh BUILD_DIR SOURCE_DIR PYTHON}"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+TORCH_PIN="$(grep -m1 '^torch==' "$SOURCE/scripts/requirements.txt")"
+# pip's build trees stay inside the build directory (inside the checkout: ccache reuses the
+# objects of the main build), not in SOURCE/build/pip where a user's `pip install .` builds.
+PIP_BUILD="$BUILD/pip-test"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+echo "== a fresh virtual environment with only $TORCH_PIN"
+base="$("$PYTHON" -c 'import sys; print(sys._base_executable)')"
+"$base" -m venv "$WORK/venv"
+"$WORK/venv/bin/python" -m pip install -q "$TORCH_PIN" >"$WORK/torch.log" 2>&1 ||
+  { cat "$WORK/torch.log"; fail "installing $TORCH_PIN"; }
+installed="$("$WORK/venv/bin/python" -m pip list --format=freeze 2>/dev/null | cut -d= -f1 | sort | tr '\n' ' ')"
+echo "packages: $installed"
+[[ " $installed " == *" torch "* ]] || fail "torch is not in the fresh environment"
+[[ " $installed " != *" ddp "* ]] || fail "ddp is already in the fresh environment"
+
+# The job: the environment's ddprun, its python3 (first on PATH), its ddp.
+run_job() {
+  local what="$1" out
+  echo "== 2 ranks with the environment's ddprun and ddp ($what)"
+  [[ -x "$WORK/venv/bin/ddprun" ]] || fail "$what: no ddprun in the environment's bin/"
+  out=$(cd "$WORK" && PATH="$WORK/venv/bin:$PATH" timeout 120 ddprun --standalone \
+          --nproc-per-node 2 "$SOURCE/tests/package/pip/job.py" "$WORK/venv" 2>&1) ||
+    { echo "$out"; fail "$what: the 2-rank job"; }
+  echo "$out"
+  for rank in 0 1; do
+    grep -q "rank $rank of 2: ddp from the environment, all_reduce and DDP ok" <<<"$out" ||
+      fail "$what: rank $rank did not report success"
+  done
+}
+
+echo "== pip wheel (built by $PYTHON, without build isolation)"
+"$PYTHON" -m pip wheel --no-build-isolation --no-deps -w "$WORK/wheels" \
+  --config-settings=build-dir="$PIP_BUILD/wheel" "$SOURCE" >"$WORK/wheel.log" 2>&1 ||
+  { tail -n 60 "$WORK/wheel.log"; fail "pip wheel"; }
+wheel="$(ls "$WORK"/wheels/ddp-*.whl)"
+echo "wheel: $(basename "$wheel")"
+"$PYTHON" -m zipfile -l "$wheel" | awk '{print $1}' >"$WORK/wheel.files"
+for f in ddp/__init__.py ddp/_build_info.py ddp-0.1.0.data/scripts/ddprun; do
+  grep -qx "$f" "$WORK/wheel.files" || { cat "$WORK/wheel.files"; fail "the wheel lacks $f"; }
+done
+grep -q '^ddp/_C\..*\.so$' "$WORK/wheel.files" || fail "the wheel lacks the extension ddp/_C"
+"$WORK/venv/bin/python" -m pip install -q --no-deps "$wheel" || fail "installing the wheel"
+run_job "pip wheel"
+
+echo "== pip install $SOURCE (with pip's build isolation)"
+"$WORK/venv/bin/python" -m pip uninstall -q -y ddp
+"$WORK/venv/bin/python" -m pip install -v --config-settings=build-dir="$PIP_BUILD/install" \
+  "$SOURCE" >"$WORK/install.log" 2>&1 || { tail -n 60 "$WORK/install.log"; fail "pip install"; }
+grep -q "ddp python: building the 'ddp' torch.distributed backend for $WORK/venv/bin/python" \
+  "$WORK/install.log" || { grep "ddp python" "$WORK/install.log"; fail "pip install did not build for the environment's own Python"; }
+run_job "pip install"
+echo "PASS: pip wheel and pip install put ddprun and ddp into a fresh environment; 2 ranks ran"
