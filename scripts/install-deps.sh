@@ -17,16 +17,15 @@ packages=(
   libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libssl-dev zlib1g-dev
   dataset-fashion-mnist
   libgtest-dev libgmock-dev libbenchmark-dev
-  # LibTorch's Linear layers call libblas.so.3. Without an optimized BLAS (libtorch Recommends
-  # one; --no-install-recommends drops it) that is the reference BLAS, and the CNN's step takes
-  # 117 ms instead of 40 ms. The OpenMP build follows torch::set_num_threads and
-  # OMP_NUM_THREADS, so ranks do not oversubscribe the cores.
-  libopenblas0-openmp
 )
 if [[ "$profile" == "test" ]]; then
   # Multi-host tests (ip netns), the fuzz target, the SLURM cluster test. The sanitizer stage's
   # runtimes (libasan8, libubsan1, libtsan2) come with build-essential's g++-12.
   packages+=(iproute2 clang libclang-rt-14-dev procps psmisc slurm-wlm munge)
+  # Debian's two BLAS builds, for the tests of ddp's BLAS check (`ddprun doctor`, DDP's warning
+  # about the reference BLAS), which preload each. The PyTorch wheel's LibTorch carries its own
+  # BLAS (MKL) and loads neither; a LibTorch linked against the system's libblas.so.3 does.
+  packages+=(libblas3 libopenblas0-openmp)
 fi
 
 # The virtual environment's base interpreter: $DDP_PYTHON_BASE, else the python3 on PATH, when it

@@ -1,4 +1,6 @@
-// Doctor check "blas": which BLAS libblas.so.3 is (ddp/util/blas_info.hpp).
+// Doctor check "blas": which BLAS libblas.so.3 is (ddp/util/blas_info.hpp). It matters to a
+// LibTorch linked against the system's libblas.so.3 (Debian's); a PyTorch wheel's LibTorch
+// carries MKL and never loads it.
 #include <fmt/format.h>
 
 #include "ddp/util/blas_info.hpp"
@@ -11,8 +13,9 @@ CheckResult check_blas(const std::string& library) {
   const BlasInfo info = inspect_blas(library);
   if (!info.available()) {
     return {name, CheckStatus::kSkip,
-            fmt::format("{} cannot be loaded ({}); LibTorch needs it for CPU training", library,
-                        info.load_error)};
+            fmt::format("{} cannot be loaded ({}); only a LibTorch linked against the system "
+                        "BLAS (Debian's libtorch) needs it, PyTorch wheels carry their own",
+                        library, info.load_error)};
   }
   if (info.file.empty()) {
     return {name, CheckStatus::kWarn,

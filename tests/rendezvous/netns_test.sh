@@ -3,7 +3,7 @@
 # to a bridge (in a hub namespace of its own, so the host's firewall never sees the traffic),
 # addresses 10.78.0.<i+1>/24. No packet leaves loopback and these namespaces.
 #
-# Usage: netns_test.sh SCENARIO DDPRUN WORKERS_DIR
+# Usage: netns_test.sh SCENARIO DDPRUN WORKERS_DIR [PYTHON]   (PYTHON: an interpreter with torch)
 #   train    3 nodes (2+1+2 workers, c10d) train a PyTorch gloo job to the end
 #   elastic  --nnodes 2:3: SIGKILL one agent, the others go on with 4 workers; a node arriving
 #            later is admitted and the job finishes with 6 (membership changes do not use
@@ -19,10 +19,10 @@
 # its namespaces and temp dir; every wait is bounded.
 set -uo pipefail
 
-SCENARIO="${1:?usage: netns_test.sh SCENARIO DDPRUN WORKERS_DIR}"
+SCENARIO="${1:?usage: netns_test.sh SCENARIO DDPRUN WORKERS_DIR [PYTHON]}"
 DDPRUN="${2:?}"
 WORKERS="${3:?}"
-PY=/usr/bin/python3
+PY="${4:-python3}"  # the build's interpreter with torch (DDP_PYTHON): the trainer imports it
 
 skip() { echo "SKIP: $*"; exit 77; }
 [[ $(id -u) -eq 0 ]] || skip "network namespaces need root (run the suite as root)"

@@ -11,6 +11,7 @@
 
 #include "ddp/torch/snapshot/snapshot_file.hpp"
 #include "ddp/torch/snapshot/torch_pickle.hpp"
+#include "ddp/torch/snapshot/torch_save.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {
@@ -121,7 +122,7 @@ std::vector<char> encode_snapshot(const Snapshot& s) {
   d.insert("SAMPLER_EPOCH", s.sampler_epoch);
   if (s.rng_state.defined()) d.insert("RNG_STATE", s.rng_state);
   d.insert("FORMAT", std::string(kFormat));
-  return add_zip_checksum(torch::pickle_save(d));
+  return add_zip_checksum(torch_save_bytes(d));
 }
 
 Snapshot decode_snapshot(const std::vector<char>& bytes, const std::string& source) {

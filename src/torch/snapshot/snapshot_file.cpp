@@ -62,7 +62,7 @@ std::vector<char> add_zip_checksum(std::vector<char> zip) {
       comment_length(zip.data() + zip.size() - kEocdSize) != 0) {
     throw UsageError(
         "add_zip_checksum: the bytes do not end with a zip end-of-central-directory "
-        "record without comment (expected torch::pickle_save output)");
+        "record without comment (expected torch_save_bytes output)");
   }
   const std::string comment = kPrefix + sha256_hex(zip.data(), zip.size());
   char* eocd = zip.data() + zip.size() - kEocdSize;
