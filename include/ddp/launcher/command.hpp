@@ -2,8 +2,9 @@
 // Turns PROGRAM [ARGS...] into the argv each worker execs, like torchrun: a Python script
 // (PROGRAM ends in .py) runs as `PYTHON -u PROGRAM ARGS`, -m runs `PYTHON -u -m MODULE ARGS`,
 // --no-python and any other program exec PROGRAM directly. PYTHON is $DDPRUN_PYTHON, else
-// the first python3 on PATH (an activated virtual environment's, as a shell would run). argv[0] is resolved to a path here
-// (in the launcher) so a missing program is a UsageError before any worker starts.
+// the first python3 on PATH (an activated virtual environment's, as a shell would run). argv[0] is
+// resolved to a path here (in the launcher) so a missing program is a UsageError before any worker
+// starts.
 
 #include <string>
 #include <vector>

@@ -249,7 +249,8 @@ void ZeroRedundancyOptimizerBase::load(torch::serialize::InputArchive& archive) 
   for (const auto& group : shards_[pg_->rank()]) {
     for (const auto& p : group) {
       auto it = full->state().find(optimizer_state_key(p));
-      if (it != full->state().end()) local_->state()[optimizer_state_key(p)] = std::move(it->second);
+      if (it != full->state().end())
+        local_->state()[optimizer_state_key(p)] = std::move(it->second);
     }
   }
   push_options(*local_);

@@ -26,7 +26,8 @@ inline PythonResult run_python(const std::string& script, const std::string& arg
   ::close(fd);
   std::ofstream(path) << script;
   PythonResult r;
-  FILE* p = ::popen((std::string(DDP_TEST_PYTHON) + " " + std::string(path) + " " + args).c_str(), "r");
+  FILE* p =
+      ::popen((std::string(DDP_TEST_PYTHON) + " " + std::string(path) + " " + args).c_str(), "r");
   if (p) {
     std::array<char, 65536> buf{};
     size_t n;

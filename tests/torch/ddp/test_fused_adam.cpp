@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "ddp/torch/optim/optimizer_state_key.hpp"
 #include "ddp/torch/optim/fused_adam.hpp"
+#include "ddp/torch/optim/optimizer_state_key.hpp"
 
 namespace {
 

@@ -1,6 +1,7 @@
 // ddp::Join on uneven inputs (rank 0: 9 batches, rank 1: 6), checked against PyTorch's own
 // torch.distributed.algorithms.Join on the same model, data and optimizer: Debian's
-// DDP_TEST_PYTHON (the .venv's interpreter) runs the reference (2 processes, gloo) at test time; nothing is checked in.
+// DDP_TEST_PYTHON (the .venv's interpreter) runs the reference (2 processes, gloo) at test time;
+// nothing is checked in.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>

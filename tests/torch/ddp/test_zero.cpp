@@ -5,10 +5,10 @@
 
 #include <sstream>
 
-#include "ddp/torch/optim/optimizer_state_key.hpp"
 #include "ddp/torch/ddp/distributed_data_parallel.hpp"
 #include "ddp/torch/optim/fused_adam.hpp"
 #include "ddp/torch/optim/optimizer_state_bytes.hpp"
+#include "ddp/torch/optim/optimizer_state_key.hpp"
 #include "ddp/torch/optim/zero_redundancy_optimizer.hpp"
 #include "ddp/util/error.hpp"
 #include "models.hpp"

@@ -16,8 +16,8 @@
 
 namespace ddp {
 
-using OptimizerStateKey = typename std::decay_t<
-    decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+using OptimizerStateKey =
+    typename std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
 
 // A template so that only the branch of this LibTorch's key type is instantiated.
 template <class Key = OptimizerStateKey>

@@ -1,8 +1,8 @@
 #pragma once
 // Snapshot files on disk: checksummed zip archives written atomically.
 //
-// Checksum: a snapshot is the zip archive torch_save_bytes produces (torch.save's format), and the SHA-256 of
-// those bytes is stored in the archive's own comment field (the last field of the zip's
+// Checksum: a snapshot is the zip archive torch_save_bytes produces (torch.save's format), and the
+// SHA-256 of those bytes is stored in the archive's own comment field (the last field of the zip's
 // end-of-central-directory record) as "ddp-snapshot sha256=<64 hex digits>". A zip comment
 // is part of the format, so Python's torch.load, unzip and zipfile read the file unchanged;
 // the checksum travels inside the one file that is renamed into place, so data and checksum
