@@ -39,8 +39,12 @@ struct BasicBlockImpl : torch::nn::Module {
     auto shortcut = down_conv ? down_bn(down_conv(x)) : x;
     return torch::relu(y + shortcut);
   }
-  torch::nn::Conv2d conv1, conv2;
-  torch::nn::BatchNorm2d bn1, bn2;
+  // Declared in registration order (torchvision's BasicBlock: conv1, bn1, conv2, bn2), which the
+  // initializer list follows: members are initialized in declaration order.
+  torch::nn::Conv2d conv1;
+  torch::nn::BatchNorm2d bn1;
+  torch::nn::Conv2d conv2;
+  torch::nn::BatchNorm2d bn2;
   torch::nn::Conv2d down_conv{nullptr};
   torch::nn::BatchNorm2d down_bn{nullptr};
 };
