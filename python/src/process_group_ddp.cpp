@@ -131,6 +131,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::make_work(c10d::OpType type,
                                                           std::vector<WorkPtr> inner,
                                                           std::function<void()> epilogue,
                                                           std::vector<at::Tensor> outputs) {
+  if (type != c10d::OpType::SEND && type != c10d::OpType::RECV) ++seq_;
   bool finished = true;
   for (auto& w : inner) finished = finished && w->is_completed();
   auto work = c10::make_intrusive<WorkDDP>(rank_, type, std::move(inner), std::move(epilogue),
@@ -583,8 +584,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::barrier(const c10d::BarrierOptio
 }
 
 void ProcessGroupDDP::monitoredBarrier(const c10d::BarrierOptions& opts, bool /*wait_all_ranks*/) {
-  // ddp's barrier already names the ranks that never arrived when it times out.
-  const auto limit = opts.timeout.count() > 0 ? opts.timeout : timeout_;
+  // ddp's barrier already names the ranks that never arrived when it times out. An unset
+  // timeout (-1) means the group's; 0 is a timeout of 0 ms, as for gloo.
+  const auto limit = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
   pg_->barrier()->wait(limit);
 }
 

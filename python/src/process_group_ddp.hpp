@@ -89,6 +89,14 @@ class ProcessGroupDDP : public ProcessGroupBase {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
+  // The number of collectives this group issued (sends and receives not counted), equal on
+  // every rank of a group used correctly. torch's ProcessGroupWrapper, which wraps every group
+  // under TORCH_DISTRIBUTED_DEBUG=DETAIL, calls setSequenceNumberForGroup() when it is made and
+  // compares getSequenceNumberForGroup() across ranks before each collective. Every rank starts
+  // at 0 (making a group is collective), so setting it is a no-op.
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+
  private:
   // Wraps ddp Works into the c10d Work returned to torch; keeps it (and so the buffers its
   // epilogue holds) alive while the operation is in flight, even if the caller drops it.
@@ -108,6 +116,7 @@ class ProcessGroupDDP : public ProcessGroupBase {
   std::mutex in_flight_mutex_;
   std::deque<c10::intrusive_ptr<WorkDDP>> in_flight_;
   int64_t exchange_seq_ = 0;  // numbers the send/recv exchanges of uneven all_to_all
+  std::atomic<uint64_t> seq_{0};  // collectives issued (getSequenceNumberForGroup)
 };
 
 }  // namespace ddp::python
