@@ -14,7 +14,11 @@ killed and fails). tests/python/torch_suite.sh sets them and compares two backen
 -k PATTERN: a shell-style pattern matched against the test's name (test_all_reduce_*); a pattern
 without wildcards matches the names that contain it; "=NAME" matches NAME exactly. Several -k
 select the union. Each test's outcome (passed, failed, error, skipped) goes to --results as one
-JSON line, written as soon as the test ends.
+JSON line, written as soon as the test ends; --label names the backend there.
+
+TORCH_SUITE_LIFT_SKIPS=name,... runs those tests without their import-time skips (diagnosis of
+tests the suite runs for gloo only). TORCH_SUITE_SPAWN_ALL=1 spawns the ranks even for tests
+whose skip this process can tell in advance (see _skip_in_parent).
 """
 
 import os
@@ -34,7 +38,6 @@ os.environ.setdefault("INIT_METHOD", "file://" + os.path.join(tempfile.gettempdi
 BACKEND = os.environ["BACKEND"]
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
 
 if BACKEND == "ddp":
@@ -231,7 +234,11 @@ def _main():
             m = exc_line.match(line.strip())
             if m and m.group(1) not in found:
                 found.append(m.group(1))
-        return "\n".join(found[-3:]) + "\n----\n" + text[-4000:] if found else text[-4000:]
+        # "RuntimeError: Process 0 exited with error code 10 ..." only frames the ranks' errors.
+        inner = [f for f in found if not re.match(r"RuntimeError: Process \d+ (exited|terminated)", f)]
+        found = inner or found
+        # The last exception of a traceback is the one that ended the test: it leads.
+        return "\n".join(reversed(found[-3:])) + "\n----\n" + text[-4000:] if found else text[-4000:]
 
     suite = unittest.TestSuite(TestDistBackendWithSpawn(n) for n in names)
     runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=2, resultclass=Result)
