@@ -115,7 +115,7 @@ class ProcessGroupDDP : public ProcessGroupBase {
   std::chrono::milliseconds timeout_;
   std::mutex in_flight_mutex_;
   std::deque<c10::intrusive_ptr<WorkDDP>> in_flight_;
-  int64_t exchange_seq_ = 0;  // numbers the send/recv exchanges of uneven all_to_all
+  int64_t exchange_seq_ = 0;      // numbers the send/recv exchanges of uneven all_to_all
   std::atomic<uint64_t> seq_{0};  // collectives issued (getSequenceNumberForGroup)
 };
 
