@@ -3,6 +3,8 @@
 // bench/gpu/verify.sh runs both in one run.
 //
 //   ddprun --standalone --nproc-per-node 1 bench_gpu_step --model resnet18 --mode ddp
+//   ddprun --standalone --nproc-per-node 2 bench_gpu_step --device cuda:0 --backend cpu
+//   bench_gpu_step --mode data_parallel     (one process, LibTorch's data_parallel over all GPUs)
 //
 // Each rank trains on one fixed random batch kept on its device (no data loading in the
 // timing), SGD lr 0.01 momentum 0.9. After `warmup` steps, `blocks` blocks of `steps` steps are
@@ -21,6 +23,10 @@
 #include "ddp/torch/ddp/local_device.hpp"
 #include "ddp/util/error.hpp"
 #include "models.hpp"
+#if DDP_WITH_CUDA_TORCH
+// Includes c10/cuda headers (CUDA's runtime API): only with a CUDA LibTorch.
+#include <torch/nn/parallel/data_parallel.h>
+#endif
 
 namespace {
 
@@ -28,6 +34,7 @@ struct Args {
   std::string model = "resnet18";
   std::string mode = "ddp";
   std::string device = "auto";
+  std::string backend = "auto";  // auto: nccl on CUDA, cpu otherwise
   int64_t batch = 0;  // 0: 64 for cnn, 32 for resnet18
   int warmup = 10;
   int steps = 20;
@@ -64,6 +71,19 @@ std::vector<double> run_model(const Args& args, Net net, const torch::Device& de
   parameters = 0;
   for (const auto& p : net->parameters()) parameters += p.numel();
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  if (args.mode == "data_parallel") {
+#if DDP_WITH_CUDA_TORCH
+    // The tutorials' single-process alternative: replicate the module on every visible GPU in
+    // each step, scatter the batch, gather the outputs on `device` (docs/gpu.md).
+    return time_blocks(args, device, [&] {
+      opt.zero_grad();
+      torch::nll_loss(torch::nn::parallel::data_parallel(net, x), y).backward();
+      opt.step();
+    });
+#else
+    throw ddp::UsageError("--mode data_parallel needs a CUDA LibTorch (this one is CPU-only)");
+#endif
+  }
   if (!pg) {
     return time_blocks(args, device, [&] {
       opt.zero_grad();
@@ -85,8 +105,8 @@ int run(const Args& args) {
   if (args.model != "cnn" && args.model != "resnet18") {
     throw ddp::UsageError("--model " + args.model + ": use cnn or resnet18");
   }
-  if (args.mode != "ddp" && args.mode != "plain") {
-    throw ddp::UsageError("--mode " + args.mode + ": use ddp or plain");
+  if (args.mode != "ddp" && args.mode != "plain" && args.mode != "data_parallel") {
+    throw ddp::UsageError("--mode " + args.mode + ": use ddp, plain or data_parallel");
   }
   const torch::Device device = ddp::local_device(args.device);
   ddp::ProcessGroupPtr pg;
@@ -94,7 +114,7 @@ int run(const Args& args) {
   std::string backend = "none";
   if (args.mode == "ddp") {
     ddp::InitOptions init;
-    init.backend = ddp::default_backend(device);
+    init.backend = args.backend == "auto" ? ddp::default_backend(device) : args.backend;
     if (device.is_cuda()) init.device = device.index();
     pg = ddp::init_process_group(init);
     rank = pg->rank();
@@ -119,15 +139,17 @@ int run(const Args& args) {
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted[sorted.size() / 2];
     nlohmann::json out = {{"bench", "gpu_step"},
-                          {"impl", args.mode != "ddp"      ? "libtorch"
-                                   : args.always_allreduce ? "ddp-allreduce"
-                                                           : "ddp"},
+                          {"impl", args.mode == "data_parallel" ? "libtorch-data_parallel"
+                                   : args.mode != "ddp"         ? "libtorch"
+                                   : args.always_allreduce      ? "ddp-allreduce"
+                                                                : "ddp"},
                           {"mode", args.mode},
                           {"model", args.model},
                           {"parameters", parameters},
                           {"world", world},
                           {"batch", batch},
                           {"device", device.str()},
+                          {"gpus", device.is_cuda() ? torch::cuda::device_count() : 0},
                           {"backend", backend},
                           {"ms_per_step", median},
                           {"ms_per_step_blocks", ms},
@@ -143,8 +165,14 @@ int main(int argc, char** argv) {
   CLI::App app{"training step time of ddp DDP or plain LibTorch (GPU benchmark)"};
   Args args;
   app.add_option("--model", args.model, "cnn or resnet18 (default: resnet18)");
-  app.add_option("--mode", args.mode, "ddp (DistributedDataParallel) or plain (default: ddp)");
-  app.add_option("--device", args.device, "cpu, cuda, cuda:N or auto (default: auto)");
+  app.add_option("--mode", args.mode,
+                 "ddp (DistributedDataParallel), plain, or data_parallel (LibTorch's "
+                 "torch::nn::parallel::data_parallel over all visible GPUs) (default: ddp)");
+  app.add_option("--device", args.device,
+                 "cpu, cuda (cuda:LOCAL_RANK), cuda:N (every rank on GPU N) or auto (default: auto)");
+  app.add_option("--backend", args.backend,
+                 "ddp backend: auto (nccl on CUDA, cpu otherwise), nccl, cpu or gloo; cpu and gloo "
+                 "stage CUDA buckets through host memory (default: auto)");
   app.add_option("--batch", args.batch, "batch per rank (default: 64 cnn, 32 resnet18)");
   app.add_option("--warmup", args.warmup, "untimed steps (default: 10)");
   app.add_option("--steps", args.steps, "steps per timed block (default: 20)")

@@ -68,8 +68,11 @@ class ResNet18(nn.Module):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="resnet18", choices=["cnn", "resnet18"])
-    p.add_argument("--mode", default="ddp", choices=["ddp", "plain"])
-    p.add_argument("--device", default="auto")
+    p.add_argument("--mode", default="ddp", choices=["ddp", "plain", "data_parallel"])
+    p.add_argument("--device", default="auto",
+                   help="cpu, cuda (cuda:LOCAL_RANK), cuda:N (every rank on GPU N) or auto")
+    p.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"],
+                   help="auto: nccl on CUDA, gloo otherwise (gloo stages CUDA tensors)")
     p.add_argument("--batch", type=int, default=0)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--steps", type=int, default=20)
@@ -84,8 +87,8 @@ def main():
         torch.cuda.set_device(device)
     rank, world, backend = 0, 1, "none"
     if a.mode == "ddp":
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend)
+        backend = a.backend if a.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
         rank, world = dist.get_rank(), dist.get_world_size()
 
     cnn = a.model == "cnn"
@@ -101,6 +104,8 @@ def main():
     if a.mode == "ddp":
         ids = [device.index] if device.type == "cuda" else None
         model = nn.parallel.DistributedDataParallel(net, device_ids=ids)
+    elif a.mode == "data_parallel":
+        model = nn.DataParallel(net)  # one process over every visible GPU
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def sync():
@@ -127,7 +132,8 @@ def main():
     if rank == 0:
         median = sorted(ms)[len(ms) // 2]
         print(json.dumps({
-            "bench": "gpu_step", "impl": "pytorch" if a.mode == "ddp" else "pytorch-plain",
+            "bench": "gpu_step", "impl": {"ddp": "pytorch", "plain": "pytorch-plain",
+                     "data_parallel": "pytorch-data_parallel"}[a.mode],
             "mode": a.mode, "model": a.model, "parameters": parameters, "world": world,
             "batch": batch, "device": str(device), "backend": backend, "ms_per_step": median,
             "ms_per_step_blocks": ms, "samples_per_s": 1000.0 * batch * world / median,

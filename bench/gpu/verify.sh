@@ -10,7 +10,9 @@
 # rounds, default 2), CPU_WORLDS (default "2 4 8"), CPU_STEPS (CNN steps per CPU run, default
 # 30), FASHION_MNIST_DIR (default /usr/share/datasets/fashion-mnist), STEP_DEVICE (default cuda;
 # "cpu" runs the step-time section on the CPU: a smoke test of this script without a GPU),
-# STEP_ARGS (extra arguments of both step benchmarks, e.g. "--steps 5 --blocks 3").
+# STEP_ARGS (extra arguments of both step benchmarks, e.g. "--steps 5 --blocks 3"), DEPS_DIR
+# (default <repo>/.gpu-deps when present: the Debian packages bench/gpu/pack_deps.sh unpacked,
+# for a machine without them and without a registry).
 #
 # Steps (each one JSON status line in results.jsonl, "status": ok | failed | skipped + reason):
 #   env        GPU, driver, torch/CUDA/NCCL versions, ABI of the wheel
@@ -37,7 +39,10 @@ CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 ROUNDS=${ROUNDS:-2}
 CPU_WORLDS=${CPU_WORLDS-"2 4 8"}  # empty: no CPU benchmarks
 CPU_STEPS=${CPU_STEPS:-30}
+DEPS_DIR=${DEPS_DIR:-}
+[ -z "$DEPS_DIR" ] && [ -d "$ROOT/.gpu-deps/root" ] && DEPS_DIR=$ROOT/.gpu-deps
 MNIST_DIR=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
+[ ! -d "$MNIST_DIR" ] && [ -n "$DEPS_DIR" ] && [ -d "$DEPS_DIR/fashion-mnist" ] && MNIST_DIR=$DEPS_DIR/fashion-mnist
 STEP_DEVICE=${STEP_DEVICE:-cuda}
 STEP_ARGS=${STEP_ARGS:-}
 mkdir -p "$OUT_DIR/logs"
@@ -85,11 +90,12 @@ except Exception as e:  # CPU wheel
 if info["gpus"]:
     info["gpu_names"] = [torch.cuda.get_device_name(i) for i in range(info["gpus"])]
 nccl_root = None
-try:
-    import nvidia.nccl
-    cand = list(nvidia.nccl.__path__)[0]
-    if os.path.exists(os.path.join(cand, "include", "nccl.h")):
-        nccl_root = cand
+try:  # pip's NCCL beside torch: nvidia/nccl (cu12 wheels) or another folder under nvidia/ (cu13)
+    import glob, nvidia
+    for base in nvidia.__path__:
+        for header in sorted(glob.glob(os.path.join(base, "**", "include", "nccl.h"), recursive=True)):
+            nccl_root = os.path.dirname(os.path.dirname(header))
+            break
 except Exception:
     pass
 info["pip_nccl_root"] = nccl_root
@@ -114,10 +120,29 @@ record env ok python="$PYTHON" torch_info="$pyinfo" nvcc="${nvcc_version:-none}"
 generator=()
 have ninja && generator=(-G Ninja)
 cmake_args=(-S "$ROOT" -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release
-            -DCUDAToolkit_ROOT="$CUDA_HOME")
+            -DCUDAToolkit_ROOT="$CUDA_HOME" -DDDP_PYTHON="$(command -v "$PYTHON")")
+prefix_path=()
+if [ -n "$DEPS_DIR" ]; then
+  # The unpacked Debian packages come first on CMake's search path, except OpenSSL and zlib
+  # when the machine has its own (their libraries are already loaded by Python and must not be
+  # shadowed). At run time, only the libraries the machine lacks are put on LD_LIBRARY_PATH
+  # (a folder of links): the build tree's RUNPATH covers direct dependencies but not
+  # libgloo's own (hiredis, ibverbs).
+  prefix_path+=("$DEPS_DIR/root/usr")
+  [ -e /usr/include/openssl/ssl.h ] && cmake_args+=(-DOpenSSL_ROOT=/usr -DOPENSSL_ROOT_DIR=/usr)
+  [ -e /usr/include/zlib.h ] && cmake_args+=(-DZLIB_ROOT=/usr)
+  mkdir -p "$BUILD/deps-runtime"
+  known_libs=$(ldconfig -p 2>/dev/null)
+  for lib in "$DEPS_DIR"/root/usr/lib/x86_64-linux-gnu/*.so.* "$DEPS_DIR"/root/usr/lib/*.so.* \
+    "$DEPS_DIR"/root/lib/x86_64-linux-gnu/*.so.*; do
+    [ -e "$lib" ] || continue
+    grep -q " $(basename "$lib") " <<<"$known_libs" || ln -sfn "$lib" "$BUILD/deps-runtime/"
+  done
+  export LD_LIBRARY_PATH=$BUILD/deps-runtime${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
 [ -n "$NCCL_ROOT" ] && cmake_args+=(-DNCCL_ROOT="$NCCL_ROOT")
 if [ "$ABI" = True ]; then
-  cmake_args+=(-DCMAKE_PREFIX_PATH="$TORCH_PREFIX")
+  prefix_path+=("$TORCH_PREFIX")
   torch_note="LibTorch of the wheel"
 else
   # An old-ABI wheel cannot be linked with ddp (docs/gpu.md): build the layers below torch.
@@ -125,6 +150,7 @@ else
   torch_note="wheel uses the pre-C++11 ABI: torch layer off"
   record configure skipped reason="torch._C._GLIBCXX_USE_CXX11_ABI is False: ddp refuses old-ABI LibTorch; building without the torch layer (CPU all-reduce only)"
 fi
+cmake_args+=(-DCMAKE_PREFIX_PATH="$(IFS=';'; echo "${prefix_path[*]}")")
 if cmake "${cmake_args[@]}" >"$LOGS/configure.log" 2>&1; then
   summary=$(grep -E 'ddp: (gloo|nccl)' "$LOGS/configure.log" | paste -sd ';')
   record configure ok torch="$torch_note" summary="$summary"
@@ -141,7 +167,7 @@ fi
 
 # ---------------------------------------------------------------- build
 targets=(comm_nccl_test test_ddp_cuda test_ddp_units test_ddp_multirank test_ddp_processes
-         bench_gpu_step bench_ddp allreduce_bench ddprun mnist)
+         bench_gpu_step bench_ddp allreduce_bench ddprun mnist ddp_python_ext)
 built=()
 # Read once: `cmake ... | grep -q` would fail under pipefail when grep exits early (SIGPIPE).
 known_targets=$(cmake --build "$BUILD" --target help 2>/dev/null)
@@ -251,6 +277,59 @@ PY
     record step failed log=logs/step.log
 else
   record step skipped reason="needs bench_gpu_step, ddprun and a GPU"
+fi
+
+# ---------------------------------------------------------------- one GPU, two ranks
+# NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); the tutorials' users with one
+# GPU train world 2 through a host backend: ddp's cpu backend (CUDA buckets staged through the
+# host) against PyTorch's gloo. Both ranks use cuda:0 (--device cuda:0).
+if is_built bench_gpu_step && is_built ddprun && [ "$GPUS" = 1 ]; then
+  for ((round = 0; round < ROUNDS; ++round)); do
+    for model in cnn resnet18; do
+      "$(bin ddprun)" --standalone --nproc-per-node 2 "$(bin bench_gpu_step)" --model "$model" \
+        --device cuda:0 --backend cpu $STEP_ARGS 2>>"$LOGS/one_gpu.log" | keep_json
+      "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 2 \
+        "$ROOT/bench/gpu/torch_step.py" --model "$model" --device cuda:0 --backend gloo \
+        $STEP_ARGS 2>>"$LOGS/one_gpu.log" | keep_json
+    done
+  done
+  # Two ranks on one GPU over NCCL: expected to fail at once with NCCL's duplicate-GPU error.
+  for impl in ddp pytorch; do
+    if [ $impl = ddp ]; then
+      cmd=("$(bin ddprun)" --standalone --nproc-per-node 2 "$(bin bench_gpu_step)" --model cnn
+           --device cuda:0 --backend nccl --warmup 1 --steps 1 --blocks 1)
+    else
+      cmd=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 2
+           "$ROOT/bench/gpu/torch_step.py" --model cnn --device cuda:0 --backend nccl
+           --warmup 1 --steps 1 --blocks 1)
+    fi
+    start=$(date +%s)
+    NCCL_DEBUG=WARN timeout 300 "${cmd[@]}" >"$LOGS/nccl_one_gpu_$impl.log" 2>&1
+    rc=$?
+    msg=$(grep -a -m1 -iE 'duplicate gpu|invalid usage|ncclInvalidUsage' "$LOGS/nccl_one_gpu_$impl.log" | cut -c1-400)
+    record one_gpu_nccl "$([ $rc != 0 ] && echo ok || echo failed)" impl=$impl exit="$rc" \
+      seconds=$(($(date +%s) - start)) error="${msg:-none found, see logs/nccl_one_gpu_$impl.log}" \
+      expect="non-zero exit naming NCCL's duplicate-GPU refusal"
+  done
+fi
+
+# ---------------------------------------------------------------- DataParallel (one process)
+if is_built bench_gpu_step && [ "$GPUS" -ge 1 ]; then
+  for model in cnn resnet18; do
+    "$(bin bench_gpu_step)" --model "$model" --mode data_parallel --device cuda:0 $STEP_ARGS \
+      2>>"$LOGS/data_parallel.log" | keep_json
+    "$PYTHON" "$ROOT/bench/gpu/torch_step.py" --model "$model" --mode data_parallel \
+      --device cuda:0 $STEP_ARGS 2>>"$LOGS/data_parallel.log" | keep_json
+  done
+  grep -q '"libtorch-data_parallel"' "$RESULTS" && record data_parallel ok ||
+    record data_parallel failed log=logs/data_parallel.log
+fi
+
+# ---------------------------------------------------------------- Python and frameworks
+if [ "$GPUS" -ge 1 ] && is_built ddprun; then
+  PYTHON="$PYTHON" DDPRUN="$(bin ddprun)" DDP_PYTHONPATH="$BUILD/python" SEEDS="${DEPS_DIR:+$DEPS_DIR/seeds}" \
+    "$ROOT/bench/gpu/verify_python.sh" "$OUT_DIR" 2>>"$LOGS/python.log" | tee -a "$RESULTS"
+  grep -q '"step": "python", "status": "failed"' "$RESULTS" && FAILED=1
 fi
 
 # ---------------------------------------------------------------- CPU benchmarks
