@@ -55,7 +55,7 @@ cp -n "$DEST"/root/usr/include/x86_64-linux-gnu/openssl/* "$DEST"/root/usr/inclu
 # dynamically; GoogleTest's are kept) only add to what travels.
 rm -rf "$DEST"/root/usr/share/doc "$DEST"/root/usr/share/man "$DEST"/root/usr/src
 find "$DEST/root" \( -name 'libcrypto.a' -o -name 'libssl.a' -o -name 'libz.a' \
-  -o -name 'libhiredis.a' -o -name 'libbenchmark_main.a' \) -delete
+  -o -name 'libhiredis.a' \) -delete
 
 if [ -d "$MNIST_DIR" ]; then
   mkdir -p "$DEST/fashion-mnist" && cp "$MNIST_DIR"/*.gz "$DEST/fashion-mnist/"

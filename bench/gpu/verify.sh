@@ -167,7 +167,8 @@ fi
 
 # ---------------------------------------------------------------- build
 targets=(comm_nccl_test test_ddp_cuda test_ddp_units test_ddp_multirank test_ddp_processes
-         bench_gpu_step bench_ddp allreduce_bench ddprun mnist ddp_python_ext)
+         bench_gpu_step bench_ddp allreduce_bench ddprun mnist gpt ddp_python_ext)
+[ -n "${TARGETS:-}" ] && read -ra targets <<<"$TARGETS"  # a subset, for a short run
 built=()
 # Read once: `cmake ... | grep -q` would fail under pipefail when grep exits early (SIGPIPE).
 known_targets=$(cmake --build "$BUILD" --target help 2>/dev/null)
@@ -200,7 +201,7 @@ gtest() {  # name binary
 }
 gtest comm_nccl comm_nccl_test
 gtest ddp_cuda test_ddp_cuda
-if is_built test_ddp_units && is_built test_ddp_multirank; then
+if is_built test_ddp_units && is_built test_ddp_multirank && is_built test_ddp_processes && is_built gpt; then
   if ctest --test-dir "$BUILD" -L ddp -j "$JOBS" --timeout 600 --output-on-failure >"$LOGS/ctest-ddp.log" 2>&1; then
     record tests ok test="ctest -L ddp" summary="$(grep -E 'tests passed' "$LOGS/ctest-ddp.log")"
   else

@@ -3,8 +3,18 @@
 // world size 1 (buckets really all-reduced through NCCL by a hook that never skips) and 2 (with
 // 2 GPUs), on a side stream, and over the cpu backend with CUDA tensors (host staging).
 // Without a usable GPU every test here skips with the reason.
+//
+// Two ranks on one GPU run as two processes (this binary re-executed with "--cpu-backend-worker
+// DIR"), as ddprun runs them: ranks as threads of one process would share LibTorch's one
+// autograd thread per GPU, where one rank's backward (its gradient hooks, the final callback
+// that waits for the all-reduces) blocks the other's, so they would wait for each other until
+// the group timeout.
 #include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <functional>
 #include <thread>
 
@@ -13,8 +23,11 @@
 #include "ddp/torch/ddp/distributed_data_parallel.hpp"
 #include "ddp/torch/ddp/stream_order.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/socket.hpp"
 #include "models.hpp"
 #include "rank_threads.hpp"
+
+extern char** environ;
 
 #if defined(DDP_WITH_CUDA_TORCH)
 #include <c10/cuda/CUDAGuard.h>
@@ -216,22 +229,109 @@ TEST(CudaDdp, NcclWorld2MatchesOneProcessWithTheWholeBatch) {
 }
 
 // CUDA tensors over a host backend go through host copies (needs_host_staging).
+constexpr int kCpuBackendSteps = 3, kCpuBackendRowsPerRank = 3;
+
+// One rank of CpuBackendWithCudaTensorsWorld2, in its own process (torchrun's environment set
+// by the test): trains its share on cuda:0 over the cpu backend, saves its parameters to
+// DIR/rank<r>.pt.
+int cpu_backend_worker_main(const std::string& dir) {
+  ddp::InitOptions init;
+  init.backend = "cpu";
+  init.timeout = kTimeout;
+  auto pg = ddp::init_process_group(init);
+  const int rank = pg->rank(), world = pg->size();
+  const torch::Device cuda(torch::kCUDA, 0);
+  const Data d = make_data(kCpuBackendSteps, world * kCpuBackendRowsPerRank);
+  torch::manual_seed(7);
+  Cnn net;
+  net->to(cuda);
+  DistributedDataParallel model(net, pg);
+  train_rank(model, d, rank, kCpuBackendRowsPerRank, cuda);
+  std::vector<torch::Tensor> params;
+  for (const auto& p : net->parameters()) params.push_back(p.detach().cpu());
+  torch::save(params, dir + "/rank" + std::to_string(rank) + ".pt");
+  return 0;
+}
+
+// Starts this binary as rank `rank` of `world` with torchrun's variables; its pid.
+pid_t spawn_cpu_backend_worker(int rank, int world, int port, const std::string& dir) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv(*e);
+    bool ours = false;
+    for (const char* name : {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=",
+                             "MASTER_ADDR=", "MASTER_PORT="}) {
+      ours = ours || kv.rfind(name, 0) == 0;
+    }
+    if (!ours) env.push_back(kv);
+  }
+  for (std::string kv : {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world),
+                         "LOCAL_RANK=" + std::to_string(rank),
+                         "LOCAL_WORLD_SIZE=" + std::to_string(world),
+                         std::string("MASTER_ADDR=127.0.0.1"),
+                         "MASTER_PORT=" + std::to_string(port)}) {
+    env.push_back(kv);
+  }
+  std::vector<char*> envp;
+  for (auto& kv : env) envp.push_back(kv.data());
+  envp.push_back(nullptr);
+  std::string arg0 = "test_ddp_cuda", arg1 = "--cpu-backend-worker", arg2 = dir;
+  char* argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
+  pid_t pid = -1;
+  if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) != 0) return -1;
+  return pid;
+}
+
+// Exit code of `pid`, or -1 when it was killed at `deadline` (or died of a signal).
+int wait_or_kill(pid_t pid, std::chrono::steady_clock::time_point deadline) {
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 TEST(CudaDdp, CpuBackendWithCudaTensorsWorld2) {
   SKIP_WITHOUT_GPUS(1);
-  const int world = 2, B = 3;
+  const int world = 2;
   const torch::Device cuda(torch::kCUDA, 0);
-  const Data d = make_data(3, world * B);
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("ddp_cuda_cpu_backend_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto listener = ddp::net::listen_tcp("127.0.0.1", 0, 1);
+  const int port = ddp::net::local_port(listener.fd());
+  listener.close();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) pids.push_back(spawn_cpu_backend_worker(r, world, port, dir));
+  const auto deadline = std::chrono::steady_clock::now() + kTimeout + std::chrono::seconds(30);
+  for (int r = 0; r < world; ++r) {
+    ASSERT_GT(pids[r], 0) << "posix_spawn failed for rank " << r;
+    EXPECT_EQ(wait_or_kill(pids[r], deadline), 0) << "rank " << r << " failed (its stderr above)";
+  }
+
+  const Data d = make_data(kCpuBackendSteps, world * kCpuBackendRowsPerRank);
   torch::manual_seed(7);
   Cnn ref;
-  std::vector<Cnn> nets(world);
-  ddp::test::copy_state(*nets[0], *ref);
   train_reference(ref, d, cuda);
-  for (auto& n : nets) n->to(cuda);
-  ddp::test::run_ranks(world, [&](int rank, ddp::ProcessGroupPtr pg) {
-    DistributedDataParallel model(nets[rank], pg);
-    train_rank(model, d, rank, B, cuda);
-  });
-  for (int r = 0; r < world; ++r) EXPECT_LT(error_against(nets[r], ref), kTolerance) << r;
+  for (int r = 0; r < world; ++r) {
+    const fs::path file = dir / ("rank" + std::to_string(r) + ".pt");
+    ASSERT_TRUE(fs::exists(file)) << file;
+    std::vector<torch::Tensor> params;
+    torch::load(params, file.string());
+    Cnn net;
+    ASSERT_EQ(params.size(), net->parameters().size());
+    {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < params.size(); ++i) net->parameters()[i].copy_(params[i]);
+    }
+    EXPECT_LT(error_against(net, ref), kTolerance) << "rank " << r;
+  }
+  fs::remove_all(dir);
 }
 
 TEST(CudaDdp, NcclRejectsAModelOnTheCpu) {
@@ -251,3 +351,16 @@ TEST(CudaDdp, NcclRejectsAModelOnTheCpu) {
 }
 
 }  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--cpu-backend-worker") {
+    try {
+      return cpu_backend_worker_main(argv[2]);
+    } catch (const std::exception& e) {
+      std::cerr << "cpu backend worker: " << e.what() << "\n";
+      return 1;
+    }
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

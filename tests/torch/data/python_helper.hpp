@@ -26,8 +26,13 @@ inline PythonResult run_python(const std::string& script, const std::string& arg
   ::close(fd);
   std::ofstream(path) << script;
   PythonResult r;
-  FILE* p =
-      ::popen((std::string(DDP_TEST_PYTHON) + " " + std::string(path) + " " + args).c_str(), "r");
+  // The references compute on the CPU. GPUs are hidden from them: with a CUDA torch on a GPU
+  // machine some of PyTorch's CPU paths call CUDA APIs with the CPU device (the PowerSGD hook's
+  // torch.cuda.synchronize(cpu) fails "Expected a cuda device, but got: cpu").
+  FILE* p = ::popen(("CUDA_VISIBLE_DEVICES= " + std::string(DDP_TEST_PYTHON) + " " +
+                     std::string(path) + " " + args)
+                        .c_str(),
+                    "r");
   if (p) {
     std::array<char, 65536> buf{};
     size_t n;
