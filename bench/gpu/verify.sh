@@ -201,7 +201,11 @@ gtest() {  # name binary
 }
 gtest comm_nccl comm_nccl_test
 gtest ddp_cuda test_ddp_cuda
-if is_built test_ddp_units && is_built test_ddp_multirank && is_built test_ddp_processes && is_built gpt; then
+if ! { is_built test_ddp_units && is_built gpt; }; then
+  # A short run (TARGETS): no whole suite, but the multi-rank and multi-process binaries.
+  gtest ddp_multirank test_ddp_multirank
+  gtest ddp_processes test_ddp_processes
+elif is_built test_ddp_multirank && is_built test_ddp_processes; then
   if ctest --test-dir "$BUILD" -L ddp -j "$JOBS" --timeout 600 --output-on-failure >"$LOGS/ctest-ddp.log" 2>&1; then
     record tests ok test="ctest -L ddp" summary="$(grep -E 'tests passed' "$LOGS/ctest-ddp.log")"
   else

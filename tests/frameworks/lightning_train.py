@@ -61,8 +61,9 @@ def main():
                         enable_model_summary=False)
     trainer.fit(model, loader)
 
+    # fit() ends by moving the module back to the CPU; NCCL gathers only from the GPU.
     flat = torch.cat([q.detach().reshape(-1) for q in model.parameters()])
-    gathered = trainer.strategy.all_gather(flat)
+    gathered = trainer.strategy.all_gather(flat.to(trainer.strategy.root_device))
     gathered = gathered.reshape(trainer.world_size, -1)
     same = bool((gathered - gathered[0]).abs().max().item() == 0.0)
     losses = model.losses
