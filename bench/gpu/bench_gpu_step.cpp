@@ -35,7 +35,7 @@ struct Args {
   std::string mode = "ddp";
   std::string device = "auto";
   std::string backend = "auto";  // auto: nccl on CUDA, cpu otherwise
-  int64_t batch = 0;  // 0: 64 for cnn, 32 for resnet18
+  int64_t batch = 0;             // 0: 64 for cnn, 32 for resnet18
   int warmup = 10;
   int steps = 20;
   int blocks = 5;
@@ -168,8 +168,9 @@ int main(int argc, char** argv) {
   app.add_option("--mode", args.mode,
                  "ddp (DistributedDataParallel), plain, or data_parallel (LibTorch's "
                  "torch::nn::parallel::data_parallel over all visible GPUs) (default: ddp)");
-  app.add_option("--device", args.device,
-                 "cpu, cuda (cuda:LOCAL_RANK), cuda:N (every rank on GPU N) or auto (default: auto)");
+  app.add_option(
+      "--device", args.device,
+      "cpu, cuda (cuda:LOCAL_RANK), cuda:N (every rank on GPU N) or auto (default: auto)");
   app.add_option("--backend", args.backend,
                  "ddp backend: auto (nccl on CUDA, cpu otherwise), nccl, cpu or gloo; cpu and gloo "
                  "stage CUDA buckets through host memory (default: auto)");

@@ -453,6 +453,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_reduce_scatter_base(
                    [out, dst, src] { copy_back(out, dst); }, {out});
 }
 
+bool ProcessGroupDDP::all_ranks_even(int64_t block_elements) {
+  int64_t bounds[2] = {block_elements, -block_elements};
+  // Waits up to the group timeout; a rank that never calls `op` makes this throw, naming it.
+  pg_->all_reduce(bounds, 2, DataType::kInt64, ReduceOp::kMax)->wait(timeout_);
+  // max == -min: every rank passed the same value; >= 0: none was uneven.
+  return bounds[0] >= 0 && bounds[0] == -bounds[1];
+}
+
 std::vector<WorkPtr> ProcessGroupDDP::exchange(const std::vector<at::Tensor>& send_blocks,
                                                const std::vector<at::Tensor>& recv_blocks) {
   // Negative tags never collide with the user's (torch.distributed tags are >= 0); every rank
@@ -505,11 +513,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall_base(
   auto dst = contiguous(output);
   const int64_t in_row = input.size(0) ? input.numel() / input.size(0) : 0;
   const int64_t out_row = output.size(0) ? output.numel() / output.size(0) : 0;
-  const bool even = std::all_of(in_splits.begin(), in_splits.end(),
-                                [&](int64_t s) { return s == in_splits[0]; }) &&
-                    in_splits == out_splits && in_row == out_row;
+  const bool even_here = std::all_of(in_splits.begin(), in_splits.end(),
+                                     [&](int64_t s) { return s == in_splits[0]; }) &&
+                         in_splits == out_splits && in_row == out_row;
   std::vector<WorkPtr> works;
-  if (even) {
+  if (all_ranks_even(even_here ? in_splits[0] * in_row : -1)) {
     const auto e = move_elements(input.scalar_type(), in_splits[0] * in_row);
     works.push_back(pg_->all_to_all(src.data_ptr(), dst.data_ptr(), e.count, e.dtype));
   } else {
@@ -551,7 +559,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall(std::vector<at::Tensor>
     even = even && inputs[p].numel() == n && outputs[p].numel() == n;
   }
   std::vector<at::Tensor> outs = outputs;
-  if (even) {
+  if (all_ranks_even(even ? n : -1)) {
     auto src = pack(inputs);
     auto flat = at::empty({n * size_}, inputs[0].options());
     const auto e = move_elements(dtype, n);

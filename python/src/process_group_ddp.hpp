@@ -106,6 +106,12 @@ class ProcessGroupDDP : public ProcessGroupBase {
   c10::intrusive_ptr<c10d::Work> all_reduce_tensor(const at::Tensor& t, const c10d::ReduceOp& op);
   c10::intrusive_ptr<c10d::Work> bitwise_all_reduce(const at::Tensor& t, const c10d::ReduceOp& op);
   // Blocks of possibly different sizes to and from every rank, as sends and receives.
+  // True when every rank's all_to_all moves blocks of `block_elements` elements (this rank
+  // passes -1 when its own blocks are uneven): the precondition of the single all_to_all
+  // collective. Each rank sees only its own split sizes, so they agree through one small
+  // all-reduce (MAX of the block size and of its negation); deciding alone would let ranks
+  // run different algorithms and wait for each other until the group timeout.
+  bool all_ranks_even(int64_t block_elements);
   std::vector<WorkPtr> exchange(const std::vector<at::Tensor>& send_blocks,
                                 const std::vector<at::Tensor>& recv_blocks);
   void check_root(int64_t root, const char* op) const;

@@ -122,6 +122,25 @@ for dt in DTYPES:
     check_equal(f"all_to_all_single uneven {tag}", out,
                 torch.cat([full((rank + 1, 2), 10 * p + rank, dt) for p in range(n)]))
 
+    # Mixed: rank 0's own splits are even (1 row to and from everyone), every other rank's are
+    # not (1 row to rank 0, 2 to each other rank). Valid for PyTorch (gloo completes it); a
+    # backend choosing its algorithm from the local splits alone would hang here.
+    def rows(i, j):
+        return 1 if i == 0 or j == 0 else 2
+    in_splits = [rows(rank, p) for p in range(n)]
+    out_splits = [rows(p, rank) for p in range(n)]
+    src = torch.cat([full((rows(rank, p),), 100 * rank + p, dt) for p in range(n)])
+    out = torch.zeros(sum(out_splits), dtype=dt)
+    dist.all_to_all_single(out, src, out_splits, in_splits)
+    check_equal(f"all_to_all_single mixed even/uneven {tag}", out,
+                torch.cat([full((rows(p, rank),), 100 * p + rank, dt) for p in range(n)]))
+    ins = [full((rows(rank, p),), 100 * rank + p, dt) for p in range(n)]
+    outs = [torch.zeros(rows(p, rank), dtype=dt) for p in range(n)]
+    dist.all_to_all(outs, ins)
+    for p in range(n):
+        check_equal(f"all_to_all mixed even/uneven {tag} [{p}]", outs[p],
+                    full((rows(p, rank),), 100 * p + rank, dt))
+
     # send / recv around a ring, blocking and non-blocking
     right, left = (rank + 1) % n, (rank - 1) % n
     t = torch.zeros(4, dtype=dt)

@@ -68,6 +68,7 @@ Reducer::Reducer(std::vector<torch::Tensor> params, std::vector<std::string> nam
       pg_(std::move(pg)),
       config_(std::move(config)),
       stragglers_(config_.straggler_window) {
+  has_user_comm_hook_ = config_.comm_hook != nullptr;
   if (!config_.comm_hook) config_.comm_hook = allreduce_hook();
   const size_t n = params_.size();
   std::vector<BucketParam> sizes(n);
@@ -448,7 +449,8 @@ void Reducer::finalize_locked() {
       Bucket& bucket = buckets_[finishing];
       bucket.reduction->finish(config_.timeout);
       bucket.reduction.reset();
-      if (gradient_scale_ != 1.0) bucket.buffer.mul_(gradient_scale_);  // Join, see header
+      // Join, see header. As in PyTorch, only without a comm hook: a hook's result is final.
+      if (gradient_scale_ != 1.0 && !has_user_comm_hook_) bucket.buffer.mul_(gradient_scale_);
       if (config_.timeline && !bucket.completion_recorded) {
         config_.timeline->add_span(fmt::format("allreduce bucket {}", finishing),
                                    Timeline::Track::kComm, bucket.launched_at,

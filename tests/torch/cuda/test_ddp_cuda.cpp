@@ -265,11 +265,10 @@ pid_t spawn_cpu_backend_worker(int rank, int world, int port, const std::string&
     }
     if (!ours) env.push_back(kv);
   }
-  for (std::string kv : {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world),
-                         "LOCAL_RANK=" + std::to_string(rank),
-                         "LOCAL_WORLD_SIZE=" + std::to_string(world),
-                         std::string("MASTER_ADDR=127.0.0.1"),
-                         "MASTER_PORT=" + std::to_string(port)}) {
+  for (std::string kv :
+       {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world),
+        "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(world),
+        std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port)}) {
     env.push_back(kv);
   }
   std::vector<char*> envp;
@@ -301,7 +300,8 @@ TEST(CudaDdp, CpuBackendWithCudaTensorsWorld2) {
   const int world = 2;
   const torch::Device cuda(torch::kCUDA, 0);
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("ddp_cuda_cpu_backend_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("ddp_cuda_cpu_backend_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   auto listener = ddp::net::listen_tcp("127.0.0.1", 0, 1);
   const int port = ddp::net::local_port(listener.fd());

@@ -103,7 +103,8 @@ class Reducer {
 
   // Join (join.hpp, reducer_join.cpp). The averages of later backwards are multiplied by
   // `scale` (1 by default): under Join with divide_by_initial_world_size off, world size over
-  // the number of ranks still training, so the average is over those ranks only.
+  // the number of ranks still training, so the average is over those ranks only. Not with a
+  // comm hook passed in ReducerConfig: its output is used as it is, as in PyTorch.
   void set_gradient_scale(double scale);
   // On a rank that has joined: issues the collectives of one synchronized backward of the
   // ranks still training, with zero gradients (every bucket's hook on a zero buffer, the
@@ -188,6 +189,10 @@ class Reducer {
   std::shared_ptr<char> alive_ = std::make_shared<char>();  // sinks outliving us see it gone
 
   double gradient_scale_ = 1.0;  // set_gradient_scale
+  // A hook was passed in ReducerConfig (else allreduce_hook() is the default): the Join
+  // gradient scale then does not apply, as PyTorch applies divide_by_initial_world_size=false
+  // only to its built-in all-reduce (a registered hook's output is used as it is).
+  bool has_user_comm_hook_ = false;
   StragglerMonitor stragglers_;  // this rank's waits for its peers in the bucket all-reduces
 };
 
