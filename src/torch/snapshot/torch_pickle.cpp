@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -46,6 +47,10 @@ struct Node {
   std::vector<NodePtr> items;                      // tuple, list
   std::vector<std::pair<NodePtr, NodePtr>> pairs;  // dict, in insertion order
   torch::Tensor tensor;                            // storage (flat) or tensor
+  // Containers: 1 + the deepest item when it was added (a lower bound once items nested in
+  // this one grow later through the memo; to_ivalue's own limit catches those).
+  uint32_t depth = 0;
+  bool registered = false;  // in Parser::containers_ (torn down by the parser)
 };
 
 NodePtr make(Node::Kind k) {
@@ -60,10 +65,38 @@ const char* kind_name(Node::Kind k) {
   return names[k];
 }
 
+bool is_container(Node::Kind k) {
+  return k == Node::kTuple || k == Node::kList || k == Node::kDict;
+}
+
+// Parses one pickle into Nodes. The Nodes stay owned by the parser until it is destroyed:
+// values nested thousands deep (a crafted "((((...l" stream) or containing themselves (a list
+// appended to itself through the memo) would otherwise be destroyed recursively, overflowing
+// the stack, or never (a shared_ptr cycle).
 class Parser {
  public:
   Parser(const uint8_t* p, size_t n, const StorageLoader& storages, const std::string& source)
       : p_(p), n_(n), storages_(storages), source_(source) {}
+  Parser(const Parser&) = delete;
+  Parser& operator=(const Parser&) = delete;
+  // Tears the values down without recursion: every container's items are moved out first, so
+  // no Node's destructor finds another Node to destroy.
+  ~Parser() {
+    std::vector<NodePtr> detached;
+    for (auto& c : containers_) {
+      for (auto& x : c->items) detached.push_back(std::move(x));
+      for (auto& kv : c->pairs) {
+        detached.push_back(std::move(kv.first));
+        detached.push_back(std::move(kv.second));
+      }
+      c->items.clear();
+      c->pairs.clear();
+    }
+    detached.clear();
+    memo_.clear();
+    stack_.clear();
+    containers_.clear();
+  }
 
   NodePtr run();
 
@@ -118,7 +151,24 @@ class Parser {
   }
   void push(NodePtr n) {
     if (stack_.size() > kMaxStack) throw fail("stack deeper than 100000 entries");
+    if (is_container(n->kind) && !n->registered) {
+      n->registered = true;
+      containers_.push_back(n);
+      for (const auto& x : n->items) deepen(*n, *x);
+      for (const auto& kv : n->pairs) {
+        deepen(*n, *kv.first);
+        deepen(*n, *kv.second);
+      }
+    }
     stack_.push_back(std::move(n));
+  }
+  // `container` now holds `item`: bounds the nesting while parsing, at the limit to_ivalue
+  // applies, so a deep stream fails at once with the byte where it went too deep.
+  void deepen(Node& container, const Node& item) {
+    container.depth = std::max(container.depth, item.depth + 1);
+    if (container.depth > kMaxDepth) {
+      throw fail(fmt::format("values nest deeper than {} levels", kMaxDepth));
+    }
   }
   void memo_put(uint64_t id) {
     if (id > kMaxMemo) throw fail(fmt::format("memo index {} too large", id));
@@ -133,11 +183,20 @@ class Parser {
     if (dict->kind != Node::kDict)
       throw fail(std::string("SETITEMS on a ") + kind_name(dict->kind));
     if (kv.size() % 2) throw fail("odd number of items for a dict");
-    for (size_t j = 0; j < kv.size(); j += 2) dict->pairs.emplace_back(kv[j], kv[j + 1]);
+    for (size_t j = 0; j < kv.size(); j += 2) {
+      dict->pairs.emplace_back(kv[j], kv[j + 1]);
+      if (dict->registered) {
+        deepen(*dict, *kv[j]);
+        deepen(*dict, *kv[j + 1]);
+      }
+    }
   }
   void append(const NodePtr& list, const std::vector<NodePtr>& items) {
     if (list->kind != Node::kList) throw fail(std::string("APPEND on a ") + kind_name(list->kind));
     list->items.insert(list->items.end(), items.begin(), items.end());
+    if (list->registered) {
+      for (const auto& x : items) deepen(*list, *x);
+    }
   }
   NodePtr tuple(std::vector<NodePtr> items) {
     auto t = make(Node::kTuple);
@@ -155,6 +214,7 @@ class Parser {
   NodePtr rebuild_tensor(const std::vector<NodePtr>& a);
 
   static constexpr size_t kMaxStack = 100000;
+  static constexpr uint32_t kMaxDepth = 1000;  // as to_ivalue
   static constexpr uint64_t kMaxMemo = 1u << 24;
 
   const uint8_t* p_;
@@ -165,6 +225,7 @@ class Parser {
   std::vector<NodePtr> stack_;
   std::unordered_map<uint64_t, NodePtr> memo_;
   std::map<std::string, torch::Tensor> storage_cache_;  // tensors sharing a storage share it
+  std::vector<NodePtr> containers_;                     // every container pushed (see ~Parser)
 };
 
 NodePtr Parser::run() {

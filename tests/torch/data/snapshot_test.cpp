@@ -299,6 +299,43 @@ torch.save(odd, d + "/odd.pt")
   EXPECT_EQ(opt.at("param_groups").toList().get(0).toGenericDict().at("lr").toDouble(), 1e-3);
 }
 
+// A pickle nesting 99,999 lists ("(" x N, then "l" x N) is refused while it is parsed, with the
+// byte where it went too deep, and the partial values are torn down without recursion (the
+// parser once built the whole structure, refused it afterwards and then overflowed the stack
+// destroying it).
+TEST_F(SnapshotTest, PickleReaderRefusesDeepNestingWhileParsing) {
+  const size_t n = 99999;
+  std::vector<uint8_t> pkl = {0x80, 0x02};
+  pkl.insert(pkl.end(), n, '(');
+  pkl.insert(pkl.end(), n, 'l');
+  pkl.push_back('.');
+  auto no_storage = [](const std::string&) { return std::vector<uint8_t>(); };
+  try {
+    ddp::parse_torch_pickle(pkl.data(), pkl.size(), no_storage, "deep.pkl");
+    FAIL() << "a pickle nested 99999 deep was accepted";
+  } catch (const ddp::UsageError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("nest deeper than 1000 levels"), std::string::npos) << what;
+    // Refused at the "l" that wraps the innermost (empty) list in its 1001st level, not after
+    // reading the whole stream: the error names the byte after that opcode.
+    EXPECT_NE(what.find("at byte " + std::to_string(2 + n + 1002)), std::string::npos) << what;
+  }
+}
+
+// A list appended to itself through the memo ("]" BINPUT 0, BINGET 0, APPEND) is refused by the
+// depth limit of the conversion; the parser breaks the cycle when it tears the values down
+// (the ASan stage's leak check fails if it does not).
+TEST_F(SnapshotTest, PickleReaderRefusesASelfContainingListWithoutLeaking) {
+  const std::vector<uint8_t> pkl = {0x80, 0x02, ']', 'q', 0x00, 'h', 0x00, 'a', '.'};
+  auto no_storage = [](const std::string&) { return std::vector<uint8_t>(); };
+  try {
+    ddp::parse_torch_pickle(pkl.data(), pkl.size(), no_storage, "cycle.pkl");
+    FAIL() << "a list containing itself was accepted";
+  } catch (const ddp::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("deeper than 1000"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(SnapshotTest, PickleReaderRejectsCodeAndSurvivesMutations) {
   if (auto why = ddp::test::python_torch_unavailable(); !why.empty()) GTEST_SKIP() << why;
   auto py = ddp::test::run_python(R"(
