@@ -78,12 +78,12 @@ ZeroRedundancyOptimizerBase::ZeroRedundancyOptimizerBase(
 
 ZeroRedundancyOptimizerBase::~ZeroRedundancyOptimizerBase() = default;
 
-void ZeroRedundancyOptimizerBase::init() {
-  if (!pg_) throw UsageError("ZeroRedundancyOptimizer: the process group is null");
+void ZeroRedundancyOptimizerBase::check_params(size_t from_group) const {
   const torch::Tensor* first = nullptr;
-  for (const auto& group : param_groups_) {
-    for (const auto& p : group.params()) {
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    for (const auto& p : param_groups_[g].params()) {
       if (!first) first = &p;
+      if (g < from_group) break;  // checked before; `first` is all it is needed for
       if (p.layout() != c10::kStrided || !to_data_type(p.scalar_type())) {
         throw UsageError(fmt::format(
             "ZeroRedundancyOptimizer: a parameter of shape {} is sparse or of dtype {}, which "
@@ -101,13 +101,23 @@ void ZeroRedundancyOptimizerBase::init() {
     }
   }
   if (!first) throw UsageError("ZeroRedundancyOptimizer: no parameters to optimize");
+}
 
+void ZeroRedundancyOptimizerBase::partition_groups(size_t from_group) {
   // PyTorch's partition: per group, largest first (stable), each to the least-loaded rank;
-  // the loads carry over from group to group.
+  // the loads carry over from group to group (so earlier groups keep their ranks when a group
+  // is added).
   const int world = pg_->size();
-  shards_.assign(world, std::vector<std::vector<torch::Tensor>>(param_groups_.size()));
+  shards_.resize(world);
   std::vector<int64_t> load(world, 0);
-  for (size_t g = 0; g < param_groups_.size(); ++g) {
+  for (int r = 0; r < world; ++r) {
+    shards_[r].resize(from_group);
+    for (const auto& group : shards_[r]) {
+      for (const auto& p : group) load[r] += p.numel();
+    }
+  }
+  for (size_t g = from_group; g < param_groups_.size(); ++g) {
+    for (auto& shard : shards_) shard.emplace_back();
     std::vector<torch::Tensor> sorted = param_groups_[g].params();
     std::stable_sort(sorted.begin(), sorted.end(),
                      [](const auto& a, const auto& b) { return a.numel() > b.numel(); });
@@ -117,7 +127,27 @@ void ZeroRedundancyOptimizerBase::init() {
       load[r] += p.numel();
     }
   }
+}
+
+void ZeroRedundancyOptimizerBase::init() {
+  if (!pg_) throw UsageError("ZeroRedundancyOptimizer: the process group is null");
+  check_params(0);
+  partition_groups(0);
   local_ = make_optimizer(groups_with_options(shards_[pg_->rank()]));
+}
+
+void ZeroRedundancyOptimizerBase::adopt_added_groups() {
+  const size_t known = shards_.empty() ? 0 : shards_[0].size();
+  if (param_groups_.size() == known) return;
+  // add_param_group (LibTorch's, not virtual) added groups since the last call: partition
+  // them as PyTorch's ZeroRedundancyOptimizer.add_param_group does, and give the local
+  // optimizer this rank's shard of each; the existing shards and their state stay.
+  check_params(known);
+  partition_groups(known);
+  for (size_t g = known; g < param_groups_.size(); ++g) {
+    local_->add_param_group(torch::optim::OptimizerParamGroup(shards_[pg_->rank()][g],
+                                                              param_groups_[g].options().clone()));
+  }
 }
 
 std::vector<torch::optim::OptimizerParamGroup> ZeroRedundancyOptimizerBase::groups_with_options(
@@ -141,6 +171,7 @@ torch::Tensor ZeroRedundancyOptimizerBase::step(LossClosure closure) {
 }
 
 torch::Tensor ZeroRedundancyOptimizerBase::step_and_sync(LossClosure closure) {
+  adopt_added_groups();
   push_options(*local_);
   torch::Tensor loss = local_->step(std::move(closure));
   sync_params();
@@ -199,6 +230,7 @@ void ZeroRedundancyOptimizerBase::consolidate_state_dict(int to_rank) {
         to_rank, world));
   }
   consolidated_.reset();
+  adopt_added_groups();
   push_options(*local_);
   const int me = pg_->rank();
   std::unique_ptr<torch::optim::Optimizer> full;
@@ -233,6 +265,7 @@ void ZeroRedundancyOptimizerBase::save(torch::serialize::OutputArchive& archive)
 }
 
 void ZeroRedundancyOptimizerBase::load(torch::serialize::InputArchive& archive) {
+  adopt_added_groups();
   std::vector<std::vector<torch::Tensor>> all;
   for (const auto& group : param_groups_) all.push_back(group.params());
   auto full = make_optimizer(groups_with_options(all));

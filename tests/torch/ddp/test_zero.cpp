@@ -217,6 +217,47 @@ TEST(ZeroRedundancyOptimizer, RankWithoutParametersTakesPart) {
   });
 }
 
+// add_param_group after some steps (fine-tuning unfreezes a layer): the new group is
+// partitioned at the next step and trained, the first group's shards and state carry on;
+// the result equals an unsharded optimizer given the same group at the same time. (Before,
+// step() read past the local optimizer's groups.)
+TEST(ZeroRedundancyOptimizer, AddParamGroupIsPartitionedAndTrained) {
+  ddp::test::run_ranks(2, [&](int rank, ddp::ProcessGroupPtr pg) {
+    auto net = make_mlp();
+    auto ref = make_mlp();
+    ddp::DistributedDataParallel model(net, pg);
+    auto first_layers = [](torch::nn::Sequential& n) {
+      std::vector<torch::Tensor> p = n[0]->parameters();
+      for (auto& q : n[2]->parameters()) p.push_back(q);
+      return p;
+    };
+    const auto options = torch::optim::SGDOptions(0.1).momentum(0.9);
+    ZeroRedundancyOptimizer<torch::optim::SGD> zero(first_layers(net), options, pg);
+    torch::optim::SGD plain(first_layers(ref), options);
+    const auto last_before = net[4]->parameters()[0].detach().clone();
+    for (int step = 0; step < kSteps; ++step) {
+      if (step == 2) {
+        zero.add_param_group(torch::optim::OptimizerParamGroup(
+            net[4]->parameters(), std::make_unique<torch::optim::SGDOptions>(0.05)));
+        plain.add_param_group(torch::optim::OptimizerParamGroup(
+            ref[4]->parameters(), std::make_unique<torch::optim::SGDOptions>(0.05)));
+      }
+      zero.zero_grad();
+      auto [x, y] = batch(rank, step);
+      torch::mse_loss(model(x), y).backward();
+      zero.step();
+      plain.zero_grad();
+      reference_backward(ref, step);
+      plain.step();
+    }
+    // The added layer trained, and every rank owns some of the new group's parameters or none.
+    EXPECT_FALSE(torch::equal(net[4]->parameters()[0], last_before)) << "rank " << rank;
+    ASSERT_EQ(zero.shards()[0].size(), 2u);
+    EXPECT_EQ(zero.local_optimizer().param_groups().size(), 2u);
+    expect_close(net->parameters(), ref->parameters(), "rank " + std::to_string(rank));
+  });
+}
+
 TEST(ZeroRedundancyOptimizer, RejectsMixedDtypes) {
   ddp::test::run_ranks(1, [&](int, ddp::ProcessGroupPtr pg) {
     auto a = torch::zeros({3}, torch::requires_grad());

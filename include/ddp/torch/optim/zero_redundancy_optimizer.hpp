@@ -19,7 +19,9 @@
 // Optimizer: torch::optim::Adam, AdamW, SGD, RMSprop, Adagrad or a class derived from one of
 // them (ddp::FusedAdam); its options type is deduced. All parameters must share one dtype and
 // device (as PyTorch's). Learning-rate changes through param_groups()[g].options() reach the
-// shards at the next step(). add_param_group after construction is not supported.
+// shards at the next step(). Groups added with add_param_group (every rank the same) are
+// partitioned at the next step(), consolidate_state_dict() or load(), as PyTorch's
+// add_param_group does at once: the earlier groups keep their ranks and state.
 //
 // Snapshots: the state is sharded, so save() works only on the rank given to the last
 // consolidate_state_dict(to_rank) (collective), and writes the archive an unsharded `Optimizer`
@@ -110,6 +112,15 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   // Groups over `params` [group] with the exposed groups' current options.
   std::vector<torch::optim::OptimizerParamGroup> groups_with_options(
       const std::vector<std::vector<torch::Tensor>>& params) const;
+  // UsageError unless the parameters of groups [from_group, end) are dense, of an all-gatherable
+  // dtype, on the group's device, and share dtype and device with the first parameter.
+  void check_params(size_t from_group) const;
+  // Assigns the parameters of groups [from_group, end) to ranks (shards_), continuing from the
+  // loads of the groups before.
+  void partition_groups(size_t from_group);
+  // Partitions groups added by add_param_group since the last call and adds this rank's shard
+  // of each to the local optimizer.
+  void adopt_added_groups();
   // Copies the exposed groups' options (learning rate ...) into `optimizer`'s groups.
   void push_options(torch::optim::Optimizer& optimizer) const;
 
