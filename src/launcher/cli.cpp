@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <random>
@@ -153,6 +154,24 @@ std::vector<int> parse_rank_list(const Sourced& s) {
     start = comma + 1;
   }
   return ranks;
+}
+
+enum class Seconds { kZeroOrMore, kPositive };
+
+// A ddprun knob in seconds from the environment (fractions allowed); nullopt when unset or
+// empty. UsageError naming the variable when the value is not a number in range.
+std::optional<std::chrono::milliseconds> env_seconds(const EnvLookup& env, const char* name,
+                                                     Seconds range) {
+  auto text = env(name);
+  if (!text || text->empty()) return std::nullopt;
+  char* end = nullptr;
+  const double seconds = std::strtod(text->c_str(), &end);
+  const bool positive = range == Seconds::kPositive;
+  if (end == text->c_str() || *end != '\0' || !(positive ? seconds > 0 : seconds >= 0)) {
+    throw UsageError(fmt::format("{}={}: expected seconds ({}, e.g. 30 or 0.5)", name, *text,
+                                 positive ? "more than 0" : "0 or more"));
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
 rdzv::NodeRange parse_nnodes(const Sourced& s) {
@@ -520,16 +539,10 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
         "MODULE', --no-python runs PROGRAM without Python; drop one");
   }
 
-  if (auto grace = env("DDPRUN_TERM_GRACE_S"); grace && !grace->empty()) {
-    double seconds = 0;
-    char* end = nullptr;
-    seconds = std::strtod(grace->c_str(), &end);
-    if (end == grace->c_str() || *end != '\0' || seconds < 0) {
-      throw UsageError(fmt::format(
-          "DDPRUN_TERM_GRACE_S={}: expected seconds (0 or more, e.g. 30 or 0.5)", *grace));
-    }
-    o.term_grace = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  if (auto grace = env_seconds(env, "DDPRUN_TERM_GRACE_S", Seconds::kZeroOrMore)) {
+    o.term_grace = *grace;
   }
+  o.rdzv_progress_interval = env_seconds(env, "DDPRUN_RDZV_PROGRESS_S", Seconds::kPositive);
 
   ParsedCommandLine result;
   result.options = std::move(o);

@@ -76,6 +76,7 @@ int launch(const LaunchOptions& options, const EnvLookup& env) {
     // next_round() (rendezvous_membership.hpp).
     RendezvousMembershipOptions settings = rendezvous_settings(o, a.host);
     settings.notice_fd = 2;
+    if (o.rdzv_progress_interval) settings.progress_interval = *o.rdzv_progress_interval;
     if (settings.rdzv.conf.token_file) {
       // The job's token guards the stores ddp opens inside the workers too (rank 0's
       // MASTER_ADDR:MASTER_PORT store, server and clients): they read it from this file.

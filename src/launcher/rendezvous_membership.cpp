@@ -22,6 +22,9 @@ namespace ddp::launcher {
 
 namespace {
 
+// Longest store request of a progress line's count (join_progress.hpp).
+constexpr rdzv::Millis kCountRequestLimit{5000};
+
 class RendezvousMembership : public Membership {
  public:
   explicit RendezvousMembership(RendezvousMembershipOptions options)
@@ -33,7 +36,7 @@ class RendezvousMembership : public Membership {
     connect_once();
     rdzv::RoundInfo r;
     try {
-      r = rdzv_->next_round();
+      r = join_reporting_progress();
     } catch (const rdzv::RendezvousTimeoutError&) {
       linger();
       throw;
@@ -161,6 +164,53 @@ class RendezvousMembership : public Membership {
   void notice(const std::string& text) {
     std::string line = "ddprun: " + text + "\n";
     write_fully(options_.notice_fd, line.data(), line.size());
+  }
+
+  // rdzv_->next_round() with the progress lines of join_progress.hpp while it waits. They
+  // stop before it returns or throws, so none follows the round's summary or the error.
+  rdzv::RoundInfo join_reporting_progress() {
+    const rdzv::RendezvousOptions& o = options_.rdzv;
+    JoinWait wait;
+    wait.backend = o.backend;
+    wait.run_id = o.run_id;
+    wait.endpoint = net::format_endpoint(o.endpoint.host, store_->port());
+    wait.serves_store = store_->is_host();
+    wait.node_rank = o.backend == rdzv::Backend::kStatic ? o.node_rank : -1;
+    wait.nodes = o.nodes;
+    wait.limit = o.conf.join_timeout;
+    JoinProgress progress(std::move(wait), options_.progress_interval, arrival_counter(),
+                          [this](const std::string& line) { notice(line); });
+    return rdzv_->next_round();
+  }
+
+  // How the progress lines count the nodes that arrived (join_progress.hpp says when they do).
+  JoinProgress::Counter arrival_counter() {
+    const rdzv::RendezvousOptions& o = options_.rdzv;
+    JoinProgress::Counter c;
+    // c10d: which round this node will join is known only once it joined, and a late joiner
+    // may move through several; the line then names the node range without a count.
+    if (o.backend != rdzv::Backend::kStatic) return c;
+    if (!store_->is_host() && o.nodes.max > kCountedByEveryNode) {
+      c.uncounted = fmt::format(
+          "in jobs of more than {} nodes only the ddprun serving the store counts arrivals",
+          kCountedByEveryNode);
+      return c;
+    }
+    // Static rounds never skip a generation: the first join is round 0 of the store that
+    // node 0 started, a later one the round after this node's last.
+    const int64_t g = rdzv_->in_round() ? rdzv_->round().generation + 1 : 0;
+    c.uncounted = fmt::format("not counted: round {} in the store does not list this node", g);
+    // The reporter thread alone runs this, so the connection it opens (and keeps) is its own.
+    c.count = [endpoint = store_.get(), o, g,
+               connection = std::shared_ptr<Store>()]() mutable -> std::optional<JoinCount> {
+      if (!connection) {
+        connection = endpoint->connect_another();
+        // Bounds each request of a count; stopping the reporter waits for the count in flight.
+        connection->set_timeout(kCountRequestLimit);
+      }
+      return count_static_arrivals(connection, o, g);
+    };
+    return c;
   }
 
   // The store host's rendezvous failed: keep serving while other agents are still connected

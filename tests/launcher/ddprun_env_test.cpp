@@ -206,6 +206,7 @@ TEST_F(DdprunEnv, BadCommandLinesExitTwoNamingTheFlag) {
       {{"/nonexistent/prog"}, {}, "'/nonexistent/prog' does not exist"},
       {{"no-such-program-ddprun"}, {}, "was not found on PATH"},
       {{worker()}, {{"DDPRUN_TERM_GRACE_S", "soon"}}, "DDPRUN_TERM_GRACE_S=soon"},
+      {{worker()}, {{"DDPRUN_RDZV_PROGRESS_S", "0"}}, "DDPRUN_RDZV_PROGRESS_S=0: expected seconds"},
       {{"--log-dir", "/proc/no-logs-here", worker()}, {}, "--log-dir: cannot create"},
   };
   for (const auto& c : cases) {

@@ -72,6 +72,9 @@ struct LaunchOptions {
 
   // SIGTERM -> SIGKILL grace when stopping workers (torchrun: 30 s; DDPRUN_TERM_GRACE_S).
   std::chrono::milliseconds term_grace{30000};
+  // Multi-node: time between the progress lines of a node waiting for the rendezvous
+  // (DDPRUN_RDZV_PROGRESS_S); unset: kDefaultJoinProgressInterval (join_progress.hpp).
+  std::optional<std::chrono::milliseconds> rdzv_progress_interval;
 };
 
 }  // namespace ddp::launcher

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "ddp/launcher/join_progress.hpp"
 #include "ddp/launcher/membership.hpp"
 #include "ddp/rendezvous/options.hpp"
 
@@ -30,6 +31,8 @@ struct RendezvousMembershipOptions {
   std::optional<std::string> master_addr;
   // How long the store host waits for peers to finish before closing the store.
   rdzv::Millis exit_barrier{300000};
+  // While a round forms, a progress line every this long on notice_fd (join_progress.hpp).
+  rdzv::Millis progress_interval = kDefaultJoinProgressInterval;
 };
 
 std::unique_ptr<Membership> make_rendezvous_membership(RendezvousMembershipOptions options);
