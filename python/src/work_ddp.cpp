@@ -131,35 +131,45 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkDDP::getFuture() {
   return future;
 }
 
+namespace {
+// The Completer whose thread this is, if any.
+thread_local const Completer* current_completer = nullptr;
+}  // namespace
+
 Completer::~Completer() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  for (auto& t : threads_) t.join();
 }
 
 void Completer::watch(c10::intrusive_ptr<WorkDDP> work) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(std::move(work));
-    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    // Each queued Work gets a thread of its own that is not running callbacks.
+    if (queue_.size() > idle_ && threads_.size() < kMaxThreads) {
+      threads_.emplace_back([this] { loop(); });
+    }
   }
   cv_.notify_one();
 }
 
 bool Completer::is_current_thread() const {
-  return thread_id_.load() == std::this_thread::get_id();
+  return current_completer == this;
 }
 
 void Completer::loop() {
-  thread_id_.store(std::this_thread::get_id());
+  current_completer = this;
   for (;;) {
     c10::intrusive_ptr<WorkDDP> work;
     {
       std::unique_lock<std::mutex> lock(mutex_);
+      ++idle_;
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      --idle_;
       if (queue_.empty()) return;  // stop_ and nothing left
       work = std::move(queue_.front());
       queue_.pop_front();

@@ -18,6 +18,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "ddp/comm/work.hpp"
 
@@ -61,29 +62,29 @@ class WorkDDP : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
-// One thread per process group completing the futures of Works in issue order (collectives
-// of a group finish in issue order, so waiting on them in turn costs nothing extra).
+// Threads of one process group completing the futures of Works (getFuture). A future's
+// completion runs its callbacks on the completing thread, and a callback may wait for a later
+// future (`f1.then(lambda _: f2.wait())`, PowerSGD's hook): so no queued Work may wait behind a
+// thread that is running callbacks. A thread is added whenever more Works are queued than
+// threads are idle (at most kMaxThreads; idle threads are reused, none exits before the group
+// is destroyed). Futures may complete out of issue order, as with gloo's worker threads.
 class Completer {
  public:
   Completer() = default;
   ~Completer();  // finishes the queued Works (each bounded by the group timeout), then joins
-
   void watch(c10::intrusive_ptr<WorkDDP> work);
-
-  // Whether the caller is the completer thread (running a future's callback). A callback that
-  // issues an operation and waits for its future (PowerSGD's hook does) must not queue that
-  // future behind itself.
+  // Whether the caller is one of this completer's threads (running a future's callback).
   bool is_current_thread() const;
 
  private:
+  static constexpr size_t kMaxThreads = 32;
   void loop();
-
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<c10::intrusive_ptr<WorkDDP>> queue_;
   bool stop_ = false;
-  std::thread thread_;
-  std::atomic<std::thread::id> thread_id_{};
+  size_t idle_ = 0;  // threads waiting for a Work; guarded by mutex_
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace ddp::python

@@ -58,6 +58,13 @@ works = [dist.all_reduce(torch.ones(50000) * i, async_op=True) for i in range(8)
 futs = torch.futures.collect_all([w.get_future() for w in works]).wait()
 for i, f in enumerate(futs):
     check_equal(f"collect_all {i}", f.value()[0], torch.full((50000,), float(i * n)))
+# A callback that waits for a later future (both large enough to complete asynchronously):
+# the later one must not wait behind the thread running the callback (it once deadlocked).
+a, c = torch.ones(1 << 16), torch.ones(1 << 16) * 2
+f1 = dist.all_reduce(a, async_op=True).get_future()
+f2 = dist.all_reduce(c, async_op=True).get_future()
+got = f1.then(lambda _: f2.wait()[0].sum().item()).wait()
+check_equal("callback waits for a later future", got, float(2 * n * (1 << 16)))
 b = dist.barrier(async_op=True)
 b.wait()
 check_equal("barrier future", b.get_future().wait(), [])
