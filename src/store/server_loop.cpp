@@ -2,6 +2,8 @@
 // (handshake, key-value operations, waiters) are in server_requests.cpp.
 #include "server_loop.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -32,6 +34,17 @@ constexpr size_t kReadBudget = 1024 * 1024;
 constexpr auto kLinger = std::chrono::seconds(1);
 // Pause before accepting again when the process runs out of file descriptors.
 constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
+
+// The peer's IP address without the port ("10.0.0.7", "::1", "::ffff:10.0.0.7").
+std::string address_text(const sockaddr_storage& addr) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (addr.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(addr).sin_addr, text, sizeof(text));
+  } else if (addr.ss_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(addr).sin6_addr, text, sizeof(text));
+  }
+  return text;
+}
 
 }  // namespace
 
@@ -122,13 +135,7 @@ void TcpStoreServer::Loop::expire_timers() {
     Timer timer = timers_.top();
     timers_.pop();
     if (timer.conn_id == kListenerId) {
-      if (listener_paused_ && now >= listener_resume_at_) {
-        listener_paused_ = false;
-        epoll_event ev{};
-        ev.events = EPOLLIN;
-        ev.data.u64 = kListenerId;
-        epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listener_.fd(), &ev);
-      }
+      if (listener_paused_ && now >= listener_resume_at_) resume_listener();
       continue;
     }
     Connection* conn = find(timer.conn_id);
@@ -151,7 +158,23 @@ void TcpStoreServer::Loop::expire_timers() {
 
 void TcpStoreServer::Loop::accept_all() {
   for (;;) {
-    int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    // At the total cap a newcomer is accepted only if the oldest handshake may give way to it;
+    // otherwise newcomers wait in the listen backlog (unread, no descriptor here) until a slot
+    // frees or the oldest has waited long enough, so a burst of real clients is only delayed.
+    if (handshaking_.size() >= options_.max_handshakes && !oldest_evictable(handshaking_)) {
+      Connection* oldest = find(*handshaking_.begin());
+      log_cap(fmt::format(
+          "store server: {} connections are in the handshake (max_handshakes = {}); new "
+          "connections wait in the listen backlog until one completes or has waited {} ms",
+          handshaking_.size(), options_.max_handshakes, kEvictableAfter.count()));
+      paused_for_cap_ = true;
+      pause_listener(oldest->accepted_at + kEvictableAfter);
+      return;
+    }
+    sockaddr_storage addr{};
+    socklen_t addr_len = sizeof(addr);
+    int fd = ::accept4(listener_.fd(), reinterpret_cast<sockaddr*>(&addr), &addr_len,
+                       SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -162,10 +185,7 @@ void TcpStoreServer::Loop::accept_all() {
             "store server: cannot accept more clients ({}; {} open); raise the open "
             "files limit (ulimit -n)",
             std::strerror(errno), conns_.size());
-        epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listener_.fd(), nullptr);
-        listener_paused_ = true;
-        listener_resume_at_ = net::Clock::now() + kAcceptBackoff;
-        timers_.push(Timer{listener_resume_at_, kListenerId, 0});
+        pause_listener(net::Clock::now() + kAcceptBackoff);
         return;
       }
       logger_->warn("store server: accept failed: {}", std::strerror(errno));
@@ -175,6 +195,9 @@ void TcpStoreServer::Loop::accept_all() {
     conn->id = next_id_++;
     conn->sock = net::Socket(fd);
     conn->peer = net::peer_address(fd);
+    conn->address = address_text(addr);
+    conn->accepted_at = net::Clock::now();
+    if (!admit(*conn)) continue;  // closes the socket
     net::set_nodelay(fd);
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
@@ -184,6 +207,9 @@ void TcpStoreServer::Loop::accept_all() {
       continue;
     }
     add_timer(*conn, deadline_after(options_.handshake_timeout), conn->timer_seq);
+    conn->in_handshake = true;
+    handshaking_.insert(conn->id);
+    handshaking_by_address_[conn->address].insert(conn->id);
     num_connections_.fetch_add(1);
     conns_.emplace(conn->id, std::move(conn));
   }
@@ -273,9 +299,7 @@ void TcpStoreServer::Loop::run_runnable() {
 }
 
 void TcpStoreServer::Loop::reap_dead() {
-  for (uint64_t id : dead_) {
-    if (conns_.erase(id) > 0) num_connections_.fetch_sub(1);
-  }
+  for (uint64_t id : dead_) conns_.erase(id);
   dead_.clear();
 }
 
@@ -340,12 +364,33 @@ void TcpStoreServer::Loop::close_with_error(Connection& conn, uint32_t request_i
   reply(conn, Op::kError, request_id, {kind, message});
 }
 
+void TcpStoreServer::Loop::pause_listener(net::Clock::time_point until) {
+  if (!listener_paused_) {
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listener_.fd(), nullptr);
+    listener_paused_ = true;
+  }
+  listener_resume_at_ = until;
+  timers_.push(Timer{until, kListenerId, 0});
+}
+
+void TcpStoreServer::Loop::resume_listener() {
+  if (!listener_paused_) return;
+  listener_paused_ = false;
+  paused_for_cap_ = false;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kListenerId;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listener_.fd(), &ev);
+}
+
 void TcpStoreServer::Loop::kill(Connection& conn) {
   if (conn.state == State::kDead) return;
+  release_handshake_slot(conn);
   unregister_waiter(conn);
   conn.state = State::kDead;
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, conn.sock.fd(), nullptr);
   conn.sock.close();
+  num_connections_.fetch_sub(1);  // counts open sockets: this one is closed, if not yet reaped
   dead_.push_back(conn.id);
 }
 

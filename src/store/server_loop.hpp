@@ -11,12 +11,16 @@
 //   never touches a freed connection.
 // - Every parked waiter is indexed under each key it still misses and has a timer; it leaves
 //   the index when it completes, times out, or its connection dies.
+// - A connection holds a handshake slot (handshaking_ and handshaking_by_address_) from accept
+//   until it is authenticated or dies, so at most options_.max_handshakes (per address:
+//   max_handshakes_per_address) unauthenticated connections are open at once.
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <queue>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -52,6 +56,11 @@ class TcpStoreServer::Loop {
 
   enum class State { kHello, kAuth, kReady, kClosing, kDead };
 
+  // Age at which a connection still in the handshake gives way to a newcomer over a cap. A
+  // live client is through in milliseconds, so one this old is presumed idle; younger ones are
+  // kept, so a burst of real clients is not closed before the server has read their hellos.
+  static constexpr std::chrono::milliseconds kEvictableAfter{1000};
+
   struct Waiter {
     bool active = false;
     Op op = Op::kWait;
@@ -64,7 +73,10 @@ class TcpStoreServer::Loop {
   struct Connection {
     uint64_t id = 0;
     net::Socket sock;
-    std::string peer;
+    std::string peer;     // ip:port, for messages
+    std::string address;  // ip alone: the unit of the per-address handshake cap
+    net::Clock::time_point accepted_at;
+    bool in_handshake = false;  // holds a handshake slot
     State state = State::kHello;
     std::string nonce;
     std::string in;
@@ -85,6 +97,18 @@ class TcpStoreServer::Loop {
 
   // Events.
   void accept_all();
+  // Handshake slots. admit() makes room for a new connection under both caps by closing the
+  // oldest handshake that may give way (see TcpStoreServerOptions::max_handshakes), or returns
+  // false when its address is full and the newcomer must be closed instead.
+  bool admit(Connection& conn);
+  Connection* oldest_evictable(const std::set<uint64_t>& ids);
+  void release_handshake_slot(Connection& conn);
+  // Authenticated (or no auth needed): the connection becomes kReady and frees its slot.
+  void handshake_done(Connection& conn);
+  void pause_listener(net::Clock::time_point until);
+  void resume_listener();
+  // Warns at most once a second; the next message counts the ones left out meanwhile.
+  void log_cap(const std::string& message);
   void on_readable(Connection& conn);
   void on_writable(Connection& conn);
   void expire_timers();
@@ -128,7 +152,10 @@ class TcpStoreServer::Loop {
   int wake_fd_ = -1;
   std::atomic<bool> stop_requested_{false};
   bool listener_paused_ = false;
+  bool paused_for_cap_ = false;  // resumes as soon as a handshake slot frees
   net::Clock::time_point listener_resume_at_;
+  net::Clock::time_point cap_logged_at_;
+  uint64_t cap_logs_left_out_ = 0;
 
   uint64_t next_id_ = 2;  // 0: listener, 1: wake eventfd
   uint64_t next_seq_ = 1;
@@ -139,6 +166,9 @@ class TcpStoreServer::Loop {
 
   std::unordered_map<std::string, std::string> data_;
   std::unordered_map<std::string, std::vector<uint64_t>> waiters_;  // key -> connection ids
+  // Connections holding a handshake slot, oldest first (ids grow in accept order).
+  std::set<uint64_t> handshaking_;
+  std::unordered_map<std::string, std::set<uint64_t>> handshaking_by_address_;
 
   std::atomic<size_t> num_connections_{0};
   std::atomic<uint64_t> auth_refusals_{0};

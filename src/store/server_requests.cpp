@@ -130,8 +130,7 @@ void TcpStoreServer::Loop::handle_handshake(Connection& conn, Frame& frame) {
       return;
     }
     if (token_.empty()) {
-      conn.state = State::kReady;
-      conn.timer_seq = 0;
+      handshake_done(conn);
       reply(conn, Op::kOk, frame.request_id, {"auth:none"});
       return;
     }
@@ -169,8 +168,7 @@ void TcpStoreServer::Loop::handle_handshake(Connection& conn, Frame& frame) {
     refuse("auth token mismatch", "auth token mismatch");
     return;
   }
-  conn.state = State::kReady;
-  conn.timer_seq = 0;
+  handshake_done(conn);
   conn.nonce.clear();
   reply(conn, Op::kOk, frame.request_id, {"auth:ok"});
 }

@@ -11,6 +11,12 @@
 namespace ddp {
 
 TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options) : options_(std::move(options)) {
+  if (options_.max_handshakes == 0 || options_.max_handshakes_per_address == 0) {
+    throw UsageError(fmt::format(
+        "TcpStoreServerOptions: max_handshakes ({}) and max_handshakes_per_address ({}) must "
+        "be at least 1, or no client could ever connect",
+        options_.max_handshakes, options_.max_handshakes_per_address));
+  }
   net::raise_fd_limit();
   net::Socket listener = net::listen_tcp(options_.host, options_.port, options_.backlog);
   port_ = net::local_port(listener.fd());

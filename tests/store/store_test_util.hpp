@@ -1,17 +1,21 @@
 #pragma once
 // Helpers shared by the store tests: a server on a free port, raw sockets for protocol
-// abuse, and a temporary directory.
+// abuse, a capture of the store's log, and a temporary directory.
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "ddp/store/protocol.hpp"
 #include "ddp/store/tcp_store.hpp"
 #include "ddp/store/tcp_store_server.hpp"
+#include "ddp/util/logging.hpp"
 #include "ddp/util/socket.hpp"
 
 namespace ddp::test {
@@ -73,6 +77,28 @@ inline std::string encode(store_protocol::Op op, std::vector<std::string> fields
   frame.fields = std::move(fields);
   return store_protocol::encode_frame(frame);
 }
+
+// Captures what the store (spdlog logger "ddp.store") logs while alive.
+class LogCapture {
+ public:
+  LogCapture() : logger_(log::get("ddp.store")) {
+    sink_ = std::make_shared<spdlog::sinks::ostream_sink_mt>(stream_);
+    logger_->sinks().push_back(sink_);
+  }
+  ~LogCapture() {
+    auto& sinks = logger_->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  std::string text() {
+    logger_->flush();
+    return stream_.str();
+  }
+
+ private:
+  std::shared_ptr<spdlog::logger> logger_;
+  std::ostringstream stream_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+};
 
 // A fresh directory under the system temp dir, removed on destruction.
 class TempDir {

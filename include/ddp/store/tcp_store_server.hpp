@@ -11,7 +11,9 @@
 // frame, fails authentication, or vanishes mid-request or while waiting affects only its own
 // connection, which is closed (after an error frame when one can be sent). Other clients are
 // never blocked by it. Refused and malformed connections are logged (spdlog "ddp.store") with
-// the peer address.
+// the peer address. Connections that never complete the handshake are bounded in number
+// (max_handshakes, max_handshakes_per_address) and in time (handshake_timeout), so a flood of
+// them cannot exhaust the server's descriptors or lock real clients out.
 //
 // Lifecycle: the constructor binds and listens (so port() is valid at once, also for port 0);
 // start() serves on a background thread, or run() serves on the caller's thread; stop() is
@@ -32,8 +34,17 @@ namespace ddp {
 struct TcpStoreServerOptions {
   static constexpr uint16_t kDefaultPort = 29500;
   static constexpr int kDefaultBacklog = 8192;
-  static constexpr std::chrono::milliseconds kDefaultHandshakeTimeout{std::chrono::seconds(60)};
+  // A real client finishes the handshake in two round trips (milliseconds); 10 s leaves room
+  // for a store host starved of CPU while an idle connection holds its slot (below) briefly.
+  static constexpr std::chrono::milliseconds kDefaultHandshakeTimeout{std::chrono::seconds(10)};
   static constexpr size_t kDefaultMaxHandshakeFrameBytes = 4096;
+  // Caps on connections still in the handshake (not yet authenticated), so that peers which
+  // connect and never speak cannot exhaust the server's descriptors. 1024 in total keeps them
+  // to a quarter of a common 4096 open-files limit; 64 per address lets every process of a
+  // large node (agent and up to 63 local ranks) connect at the same moment, while no single
+  // address can take more than 1/16 of the total.
+  static constexpr size_t kDefaultMaxHandshakes = 1024;
+  static constexpr size_t kDefaultMaxHandshakesPerAddress = 64;
 
   // Address to bind: "" or "0.0.0.0" = every IPv4 interface, "::" = every interface.
   std::string host;
@@ -52,11 +63,20 @@ struct TcpStoreServerOptions {
   // A connection that has not finished the hello/auth handshake by then is closed, so idle
   // half-open connections cannot pile up.
   std::chrono::milliseconds handshake_timeout = kDefaultHandshakeTimeout;
+  // Most connections in the handshake at once, in total and per peer IP address (at least 1
+  // each; authenticated connections never count). A newcomer over a cap displaces the oldest
+  // such connection (of its address, or of all) if that one has waited 1 s; otherwise a
+  // newcomer over the address cap is closed at once (a real client retries), and at the total
+  // cap new connections wait in the listen backlog until a slot frees. Each event is logged
+  // (at most once a second) with the peer address and the cap. docs/store-protocol.md.
+  size_t max_handshakes = kDefaultMaxHandshakes;
+  size_t max_handshakes_per_address = kDefaultMaxHandshakesPerAddress;
 };
 
 class TcpStoreServer {
  public:
-  // Binds and listens. Throws NetworkError naming host:port when it cannot (e.g. port in use).
+  // Binds and listens. Throws NetworkError naming host:port when it cannot (e.g. port in use),
+  // UsageError when a cap above is 0.
   explicit TcpStoreServer(TcpStoreServerOptions options = {});
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
