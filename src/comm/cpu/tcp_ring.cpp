@@ -19,6 +19,8 @@
 #include "ddp/util/deadline.hpp"
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
+#include "ring_accept.hpp"
+#include "ring_auth.hpp"
 
 namespace ddp::detail {
 
@@ -51,14 +53,20 @@ TcpRing::TcpRing(Store& store, const std::string& prefix, int rank, int size,
       where_(std::move(where)) {
   if (size_ == 1) return;
   const auto deadline = deadline_after(timeout_);
-  net::Socket listener = net::listen_tcp(host, 0, 4);
+  // Room in the accept queue for strays beside the predecessor (ring_accept.hpp).
+  net::Socket listener = net::listen_tcp(host, 0, static_cast<int>(kMaxPending));
   const uint16_t port = net::local_port(listener.fd());
+  // The secret before the address: a predecessor that sees the address finds the secret too.
+  const std::string secret = ring_auth::make_secret_hex();
+  const std::string secret_key = fmt::format("{}secret/{}", prefix, rank_);
+  store.set(secret_key, secret);
   store.set(fmt::format("{}addr/{}", prefix, rank_), fmt::format("{} {}", host, port));
 
   const int next = (rank_ + 1) % size_;
   const int prev = (rank_ + size_ - 1) % size_;
   const std::string next_key = fmt::format("{}addr/{}", prefix, next);
-  store.wait({next_key}, timeout_);
+  const std::string next_secret_key = fmt::format("{}secret/{}", prefix, next);
+  store.wait({next_key, next_secret_key}, timeout_);
   const std::string addr = store.get(next_key);
   const auto space = addr.rfind(' ');
   if (space == std::string::npos) {
@@ -69,41 +77,30 @@ TcpRing::TcpRing(Store& store, const std::string& prefix, int rank, int size,
   const auto next_port = static_cast<uint16_t>(std::stoul(addr.substr(space + 1)));
   next_name_ =
       fmt::format("rank {} at {}", group_ranks_[next], net::format_endpoint(next_host, next_port));
+  const std::string hello = ring_auth::hello(
+      store.get(next_secret_key), static_cast<uint32_t>(rank_), static_cast<uint32_t>(next));
   next_ = net::connect_tcp(next_host, next_port, deadline);
-  const int64_t hello = rank_;
-  net::write_all(next_.fd(), &hello, sizeof(hello), deadline, next_name_);
+  net::write_all(next_.fd(), hello.data(), hello.size(), deadline, next_name_);
 
-  // Accept the previous rank (it connects to us the same way).
-  for (;;) {
-    pollfd p{listener.fd(), POLLIN, 0};
-    const int rc = ::poll(&p, 1, net::millis_until(deadline));
-    if (rc == 0) {
-      throw TimeoutError(fmt::format(
-          "{}: rank {} did not connect to this rank's ring port {} within {} ms (is it alive, "
-          "and can it reach {}?)",
-          where_, group_ranks_[prev], port, timeout_.count(), host));
-    }
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc < 0) throw NetworkError(fmt::format("{}: poll: {}", where_, std::strerror(errno)));
-    const int fd = ::accept(listener.fd(), nullptr, nullptr);
-    if (fd < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
-      throw NetworkError(fmt::format("{}: accept: {}", where_, std::strerror(errno)));
-    }
-    prev_ = net::Socket(fd);
-    break;
+  // Accept the previous rank (it connects to us the same way), refusing every connection that
+  // cannot prove it is that rank.
+  RingRefusals refusals;
+  prev_ = accept_ring_peer(listener.fd(), secret, static_cast<uint32_t>(prev),
+                           static_cast<uint32_t>(rank_), deadline, where_, refusals);
+  if (!prev_.valid()) {
+    throw TimeoutError(fmt::format(
+        "{}: rank {} did not connect to this rank's ring port {} within {} ms (is it alive, "
+        "and can it reach {}?){}",
+        where_, group_ranks_[prev], port, timeout_.count(), host,
+        refusals.count == 0
+            ? std::string()
+            : fmt::format("; refused {} other connection(s) to that port, the last from {}",
+                          refusals.count, refusals.last)));
   }
-  net::set_nonblocking(prev_.fd());
+  // Nobody else needs the secret once the predecessor proved it has it.
+  store.delete_key(secret_key);
   net::set_nodelay(prev_.fd());
   prev_name_ = fmt::format("rank {} at {}", group_ranks_[prev], net::peer_address(prev_.fd()));
-  int64_t who = -1;
-  net::read_exact(prev_.fd(), &who, sizeof(who), deadline, prev_name_);
-  if (who != prev) {
-    throw ProtocolError(fmt::format(
-        "{}: expected ring rank {} to connect but rank {} did; do all ranks use the same "
-        "group?",
-        where_, prev, who));
-  }
 }
 
 template <typename OnRecv>

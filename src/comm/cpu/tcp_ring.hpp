@@ -17,10 +17,14 @@
 // adds in float32 and rounds once to the wire type (n-1 roundings for n leaders, as in Gloo's
 // and NCCL's rings).
 //
-// Setup: every rank listens on an ephemeral port of `host` and publishes host:port under
-// "<prefix>addr/<rank>"; it connects to rank+1 and accepts rank-1 (who identifies itself in an
-// 8-byte hello). Every blocking step is bounded by the group timeout; a peer that vanishes is
-// a NetworkError naming it.
+// Setup: every rank listens on an ephemeral port of `host`, publishes a fresh random secret
+// under "<prefix>secret/<rank>" and then host:port under "<prefix>addr/<rank>"; it connects to
+// rank+1 and opens that connection with a hello proving it knows rank+1's secret
+// (ring_auth.hpp), and it accepts rank-1, refusing and logging every connection that does not
+// prove it is rank-1 (ring_accept.hpp), then deletes its secret from the store. So a stray
+// connection to the port (a scanner, another job, a stale process) neither stalls the setup
+// nor feeds bytes into the reduction. Every blocking step is bounded by the group timeout; a
+// peer that vanishes is a NetworkError naming it.
 
 #include <chrono>
 #include <memory>
