@@ -2,8 +2,10 @@
 
 #include <Python.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <numeric>
+#include <thread>
 
 #include "ddp/comm/init.hpp"
 #include "ddp/util/error.hpp"
@@ -99,7 +101,10 @@ at::Tensor bytes_of(const at::Tensor& contiguous_tensor) {
 
 ProcessGroupDDP::ProcessGroupDDP(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                  std::chrono::milliseconds timeout, const std::string& group_name)
-    : ProcessGroupBase(rank, size), completer_(std::make_shared<Completer>()), timeout_(timeout) {
+    : ProcessGroupBase(rank, size),
+      store_(store),
+      completer_(std::make_shared<Completer>()),
+      timeout_(timeout) {
   InitOptions o;
   o.backend = "cpu";
   o.timeout = timeout;
@@ -587,15 +592,91 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall(std::vector<at::Tensor>
   return make_work(c10d::OpType::ALLTOALL, std::move(works), std::move(epilogue), outs);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::barrier(const c10d::BarrierOptions& /*opts*/) {
-  return make_work(c10d::OpType::BARRIER, {pg_->barrier()}, nullptr, {});
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::barrier(const c10d::BarrierOptions& opts) {
+  if (opts.timeout == c10d::kUnsetTimeout) {
+    return make_work(c10d::OpType::BARRIER, {pg_->barrier()}, nullptr, {});
+  }
+  // dist.barrier(timeout=...): ddp's barrier collective waits up to the group's timeout in the
+  // caller's thread, so a per-call limit is kept by the monitored barrier below, after this
+  // group's earlier operations finished (within the same limit), as a barrier orders them.
+  const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
+  std::deque<c10::intrusive_ptr<WorkDDP>> earlier;
+  {
+    std::lock_guard<std::mutex> lock(in_flight_mutex_);
+    earlier = in_flight_;
+  }
+  for (auto& w : earlier) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    w->wait(std::max(left, std::chrono::milliseconds(1)));
+  }
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  monitored_barrier(std::max(left, std::chrono::milliseconds(0)), false, "barrier", opts.timeout);
+  return make_work(c10d::OpType::BARRIER, {}, nullptr, {});
 }
 
-void ProcessGroupDDP::monitoredBarrier(const c10d::BarrierOptions& opts, bool /*wait_all_ranks*/) {
-  // ddp's barrier already names the ranks that never arrived when it times out. An unset
-  // timeout (-1) means the group's; 0 is a timeout of 0 ms, as for gloo.
+void ProcessGroupDDP::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  // An unset timeout (-1) means the group's; 0 is a timeout of 0 ms, as for gloo.
   const auto limit = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
-  pg_->barrier()->wait(limit);
+  monitored_barrier(limit, wait_all_ranks, "monitored_barrier", limit);
+}
+
+void ProcessGroupDDP::monitored_barrier(std::chrono::milliseconds limit, bool wait_all_ranks,
+                                        const char* op, std::chrono::milliseconds stated) {
+  if (size_ == 1) return;
+  // Through the group's store, as gloo's monitored barrier goes through its own messages:
+  // every rank sets its key, rank 0 watches them until `limit` and then writes the outcome
+  // every rank waits for. Store requests leave nothing pending behind a failed barrier (a
+  // posted receive would hold the group's teardown for the group timeout), and the keys of
+  // each call are its own.
+  const std::string prefix = fmt::format("ddp_monitored_barrier/{}/", monitored_seq_++);
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(
+                        deadline - std::chrono::steady_clock::now()));
+  };
+  const std::string outcome_key = prefix + "outcome";
+  try {
+    store_->set(prefix + std::to_string(rank_), std::vector<uint8_t>{1});
+    if (rank_ != 0) {
+      store_->wait({outcome_key}, left());
+      const auto outcome = store_->get(outcome_key);
+      if (outcome.empty() || outcome[0] != 'o') {
+        throw TimeoutError(fmt::format("{}: rank 0 reported: {}", op,
+                                       std::string(outcome.begin(), outcome.end())));
+      }
+      return;
+    }
+    std::vector<int> missing;
+    for (int r = 1; r < size_; ++r) {
+      const std::string key = prefix + std::to_string(r);
+      while (!store_->check({key}) && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      if (!store_->check({key})) {
+        missing.push_back(r);
+        if (!wait_all_ranks) break;
+      }
+    }
+    std::string outcome = "ok";
+    if (!missing.empty()) {
+      outcome = fmt::format(
+          "{} {} failed to pass the barrier within {} ms (rank 0 of {}); they crashed, hang or "
+          "run something else{}",
+          missing.size() == 1 ? "rank" : "ranks", fmt::join(missing, ", "), stated.count(), size_,
+          wait_all_ranks ? "" : " (wait_all_ranks=True lists every missing rank)");
+    }
+    store_->set(outcome_key, std::vector<uint8_t>(outcome.begin(), outcome.end()));
+    if (!missing.empty()) throw TimeoutError(fmt::format("{}: {}", op, outcome));
+  } catch (const c10::Error& e) {
+    // The store's own timeout (DistStoreError): rank 0 wrote no outcome in time.
+    throw TimeoutError(fmt::format(
+        "{}: rank {} was not released by rank 0 within {} ms: rank 0 did not reach the barrier "
+        "or is still waiting for other ranks (its error names them): {}",
+        op, rank_, stated.count(), e.what_without_backtrace()));
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::send(std::vector<at::Tensor>& tensors, int dst,

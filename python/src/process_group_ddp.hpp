@@ -112,16 +112,23 @@ class ProcessGroupDDP : public ProcessGroupBase {
   // all-reduce (MAX of the block size and of its negation); deciding alone would let ranks
   // run different algorithms and wait for each other until the group timeout.
   bool all_ranks_even(int64_t block_elements);
+  // Rank 0 waits up to `limit` for every rank's key in the store, then releases them; TimeoutError
+  // naming the missing ranks (all of them with `wait_all_ranks`). `op` names the caller and
+  // `stated` the limit it was given (more than `limit` when part of it was spent before).
+  void monitored_barrier(std::chrono::milliseconds limit, bool wait_all_ranks, const char* op,
+                         std::chrono::milliseconds stated);
   std::vector<WorkPtr> exchange(const std::vector<at::Tensor>& send_blocks,
                                 const std::vector<at::Tensor>& recv_blocks);
   void check_root(int64_t root, const char* op) const;
 
+  c10::intrusive_ptr<c10d::Store> store_;  // this group's (torch prefixes its keys per group)
   ProcessGroupPtr pg_;
   std::shared_ptr<Completer> completer_;
   std::chrono::milliseconds timeout_;
   std::mutex in_flight_mutex_;
   std::deque<c10::intrusive_ptr<WorkDDP>> in_flight_;
   int64_t exchange_seq_ = 0;      // numbers the send/recv exchanges of uneven all_to_all
+  int64_t monitored_seq_ = 0;     // numbers the monitored barriers (their tags)
   std::atomic<uint64_t> seq_{0};  // collectives issued (getSequenceNumberForGroup)
 };
 
