@@ -36,6 +36,10 @@ struct ShmGroup::Header {
 
 struct ShmGroup::RankCtl {
   alignas(kLine) std::atomic<uint32_t> phase;
+  // What the rank's single-round all_reduce staged in slot set s (call_signature), on the
+  // phase's cache line: peers read it right after reading the phase. Per set, so a rank
+  // already in its next round cannot overwrite what a slower peer is still comparing.
+  std::atomic<uint64_t> signature[2];
 };
 
 struct ShmGroup::Channel {
@@ -157,6 +161,29 @@ void ShmGroup::wait_word(std::atomic<uint32_t>* word, uint32_t target, const Shm
                                  group_ranks_[peer], waiting_for));
 }
 
+uint64_t ShmGroup::call_signature(size_t count, DataType dtype, ReduceOp op) {
+  // count < 2^48 (the small path holds at most a slot of bytes); never 0, so an all-zero
+  // (never written) signature differs from every real one.
+  return (uint64_t{1} << 63) | (static_cast<uint64_t>(dtype) << 56) |
+         (static_cast<uint64_t>(op) << 48) | static_cast<uint64_t>(count);
+}
+
+CollectiveError ShmGroup::signature_mismatch(const ShmContext& ctx, int peer, uint64_t theirs,
+                                             uint64_t mine) const {
+  auto describe = [](uint64_t sig) {
+    const auto dtype = static_cast<DataType>((sig >> 56) & 0x7f);
+    const auto op = static_cast<ReduceOp>((sig >> 48) & 0xff);
+    return fmt::format("all_reduce({}, count={}, {})", to_string(dtype),
+                       sig & ((uint64_t{1} << 48) - 1), to_string(op));
+  };
+  return CollectiveError(fmt::format(
+      "{} on {}: rank {} issued {} at the same point; every rank must issue the same "
+      "collectives with the same count, dtype and op (a rank that skipped or added one, e.g. "
+      "a SyncBatchNorm or a Join without its peers, shifts all that follow; set "
+      "DDP_DEBUG_COLLECTIVES=1 to compare every call)",
+      describe(mine), ctx.where, group_ranks_[peer], describe(theirs)));
+}
+
 void ShmGroup::barrier(const ShmContext& ctx) {
   next_set();
   arrive();
@@ -174,8 +201,16 @@ void ShmGroup::all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,
   if (count * es <= std::min(kSmallAllReduceBytes, layout_.slot_bytes)) {
     const int set = next_set();
     std::memcpy(slot(set, me_), d, count * es);
-    arrive();
+    const uint64_t mine = call_signature(count, dtype, op);
+    ctl_[me_].signature[set].store(mine, std::memory_order_relaxed);
+    arrive();  // publishes the slot and the signature (release)
     wait_all(ctx);
+    // Slots of another size or dtype would be reduced as if they were this rank's: compare
+    // what every rank staged (one load per peer, on a line wait_all just read).
+    for (int j = 0; j < n_; ++j) {
+      const uint64_t theirs = ctl_[j].signature[set].load(std::memory_order_relaxed);
+      if (theirs != mine) throw signature_mismatch(ctx, j, theirs, mine);
+    }
     for (int j = 0; j < n_; ++j) srcs[j] = slot(set, j);
     reduce_buffers(dtype, op, d, srcs.data(), n_, count, n_);
     return;

@@ -27,6 +27,7 @@
 
 #include "../call_info.hpp"
 #include "ddp/comm/types.hpp"
+#include "ddp/util/error.hpp"
 #include "futex_wait.hpp"
 #include "shm_segment.hpp"
 
@@ -78,6 +79,10 @@ class ShmGroup {
  private:
   friend struct ShmLayout;
   struct Header;
+  // The single-round all_reduce's (count, dtype, op), packed; compared across ranks.
+  static uint64_t call_signature(size_t count, DataType dtype, ReduceOp op);
+  CollectiveError signature_mismatch(const ShmContext& ctx, int peer, uint64_t theirs,
+                                     uint64_t mine) const;
   struct RankCtl;
   struct Channel;
 

@@ -14,6 +14,7 @@
 #include "ddp/torch/ddp/distributed_data_parallel.hpp"
 #include "ddp/torch/ddp/stream_order.hpp"
 #include "ddp/torch/ddp/tensor_adapter.hpp"
+#include "ddp/torch/nn/sync_batch_norm.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {
@@ -53,6 +54,21 @@ class DdpJoinHook : public JoinHook {
 };
 
 std::unique_ptr<JoinHook> DistributedDataParallelBase::join_hook(const JoinOptions& options) {
+  // A joined rank shadows the gradient all-reduces, not SyncBatchNorm's statistics all-reduce
+  // in the forward: the ranks would then reduce different collectives. PyTorch documents
+  // SyncBatchNorm as unsupported under Join; refused here, on every rank alike (each builds
+  // its Join at the same point).
+  for (const auto& item : base_->named_modules("", /*include_self=*/true)) {
+    if (dynamic_cast<const SyncBatchNormBase*>(item.value().get()) != nullptr) {
+      throw UsageError(fmt::format(
+          "DDP under Join: module '{}' is a SyncBatchNorm, which Join does not support (a rank "
+          "that ran out of inputs cannot take part in its statistics all-reduce; PyTorch does "
+          "not support it either). Use BatchNorm inside Join, or give every rank the same "
+          "number of batches (DistributedSampler pads the dataset; drop_last evens the last "
+          "batch) and drop Join",
+          item.key().empty() ? std::string("(the wrapped module)") : item.key()));
+    }
+  }
   return std::make_unique<DdpJoinHook>(*this, options);
 }
 

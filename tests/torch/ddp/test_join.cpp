@@ -9,6 +9,7 @@
 #include "../data/python_helper.hpp"
 #include "ddp/torch/ddp/distributed_data_parallel.hpp"
 #include "ddp/torch/ddp/join.hpp"
+#include "ddp/torch/nn/sync_batch_norm.hpp"
 #include "ddp/torch/optim/zero_redundancy_optimizer.hpp"
 #include "ddp/util/error.hpp"
 #include "rank_threads.hpp"
@@ -310,6 +311,28 @@ TEST(Join, RejectsJoinablesOfDifferentGroups) {
     });
     EXPECT_THROW(Join(std::vector<ddp::Joinable*>{}), ddp::UsageError);
   });
+}
+
+// SyncBatchNorm under Join is refused on every rank, naming the module (the joined rank once
+// skipped its statistics all-reduce, read stale bytes and hung).
+TEST(Join, RefusesSyncBatchNormNamingTheModule) {
+  auto errors = ddp::test::run_ranks_collect(2, [&](int, ddp::ProcessGroupPtr pg) {
+    torch::nn::Sequential net(torch::nn::Linear(4, 6), ddp::SyncBatchNorm1d(6),
+                              torch::nn::Linear(6, 2));
+    DistributedDataParallel model(net.ptr(), pg);
+    Join joined({&model});
+  });
+  ASSERT_EQ(errors.size(), 2u);
+  for (const auto& error : errors) {
+    ASSERT_TRUE(error) << "Join accepted a model with a SyncBatchNorm";
+    try {
+      std::rethrow_exception(error);
+    } catch (const ddp::UsageError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("module '1' is a SyncBatchNorm"), std::string::npos) << what;
+      EXPECT_NE(what.find("Join does not support"), std::string::npos) << what;
+    }
+  }
 }
 
 }  // namespace
