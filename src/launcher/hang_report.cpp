@@ -65,11 +65,18 @@ std::string seconds(int64_t us) {
   return fmt::format("{:.1f} s", static_cast<double>(std::max<int64_t>(us, 0)) / 1e6);
 }
 
+// Point-to-point entries carry no sequence number (sends and receives are not matched by
+// issue order): they are kept out of the collectives' analysis and reported on their own.
+bool is_p2p(const FlightEntry& e) {
+  return e.op == "send" || e.op == "recv";
+}
+
 struct RankView {
   const FlightDump* dump = nullptr;
-  int rank = 0;                          // global rank
-  const FlightEntry* last = nullptr;     // highest sequence number
-  const FlightEntry* pending = nullptr;  // oldest entry not completed
+  int rank = 0;                              // global rank
+  const FlightEntry* last = nullptr;         // highest sequence number
+  const FlightEntry* pending = nullptr;      // oldest entry not completed
+  const FlightEntry* pending_p2p = nullptr;  // oldest send/recv not completed
   uint64_t progress() const { return last ? last->seq : 0; }
   // How long before the dump the pending entry started (or was queued).
   int64_t pending_for_us() const {
@@ -148,6 +155,10 @@ GroupResult analyze_group(const std::string& group, const std::vector<const Flig
     v.dump = d;
     v.rank = d->global_rank;
     for (const auto& e : d->entries) {
+      if (is_p2p(e)) {
+        if (e.state != "completed" && !v.pending_p2p) v.pending_p2p = &e;
+        continue;
+      }
       if (!v.last || e.seq >= v.last->seq) v.last = &e;
       if (e.state != "completed" && (!v.pending || e.seq < v.pending->seq)) v.pending = &e;
     }
@@ -183,7 +194,9 @@ GroupResult analyze_group(const std::string& group, const std::vector<const Flig
   std::string mismatch;
   std::map<uint64_t, std::vector<std::pair<int, const FlightEntry*>>> by_seq;
   for (const auto& v : views) {
-    for (const auto& e : v.dump->entries) by_seq[e.seq].emplace_back(v.rank, &e);
+    for (const auto& e : v.dump->entries) {
+      if (!is_p2p(e)) by_seq[e.seq].emplace_back(v.rank, &e);
+    }
   }
   for (const auto& [seq, calls] : by_seq) {
     std::vector<std::pair<const FlightEntry*, std::vector<int>>> kinds;
@@ -319,6 +332,22 @@ GroupResult analyze_group(const std::string& group, const std::vector<const Flig
     for (const auto& l : behind_lines) out.details.push_back(l);
   }
   if (!missing.empty() && out.severity != 3) out.details.push_back(missing_summary);
+  // "rank 1 waits in recv from rank 0 (float32 x 4) since 6.0 s": a send or receive whose peer
+  // never came shows here, also when every collective completed.
+  for (const auto& v : views) {
+    if (!v.pending_p2p) continue;
+    const FlightEntry& e = *v.pending_p2p;
+    const int64_t since = e.started_us ? e.started_us : e.queued_us;
+    out.details.push_back(fmt::format("rank {} waits in {} {} rank {} ({} x {}{}) since {}{}",
+                                      v.rank, e.op, e.op == "send" ? "to" : "from", global(e.root),
+                                      e.dtype, e.count, e.tag.empty() ? "" : "; " + e.tag,
+                                      seconds(v.dump->dumped_at_us - since),
+                                      e.state == "failed" ? " (then failed)" : ""));
+    if (out.severity == 0) {  // no collective explains the hang: this does
+      out.summary = out.details.back();
+      out.severity = 1;
+    }
+  }
   for (const auto& v : views) {
     std::string line = fmt::format("  rank {} (pid {} on {}): {} collectives", v.rank, v.dump->pid,
                                    v.dump->host, v.dump->recorded);

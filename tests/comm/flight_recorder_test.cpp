@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -280,4 +281,49 @@ TEST(FlightRecorderGroup, FailingAndIdleRanksBothDump) {
     EXPECT_EQ(r1["entries"][0]["state"], "completed");
     EXPECT_NE(r1["reason"].get<std::string>().find("requested by a peer"), std::string::npos);
   }
+}
+
+// Same-host sends and receives are recorded (peer in "root", no sequence number), so a receive
+// whose sender never came is in the dump and ddprun's hang report.
+TEST(FlightRecorderGroup, PointToPointIsRecordedWithItsPeer) {
+  ScopedEnv n("DDP_FLIGHT_RECORDER_ENTRIES", "16");
+  auto store = std::make_shared<HashStore>();
+  json dump;
+  std::atomic<bool> rank0_done{false};
+  auto run = [&](int rank) {
+    InitOptions o;
+    o.backend = "cpu";
+    o.store = store;
+    o.rank = rank;
+    o.world_size = 2;
+    o.timeout = std::chrono::milliseconds(500);
+    auto pg = init_process_group(o);
+    std::vector<float> buf(4, 1.0f);
+    if (rank == 0) {
+      pg->send(buf.data(), 4, DataType::kFloat32, 1, 7)->wait(std::chrono::seconds(10));
+      try {  // rank 1 never sends: times out after the group's 500 ms
+        pg->recv(buf.data(), 4, DataType::kFloat32, 1, 8)->wait(std::chrono::seconds(10));
+      } catch (const std::exception&) {
+      }
+      dump = json::parse(pg->flight_recorder()->dump_json("test"));
+      rank0_done = true;
+    } else {
+      pg->recv(buf.data(), 4, DataType::kFloat32, 0, 7)->wait(std::chrono::seconds(10));
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (!rank0_done && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+  };
+  std::thread t1([&] { run(1); });
+  run(0);
+  t1.join();
+  ASSERT_EQ(dump["entries"].size(), 2u) << dump.dump();
+  EXPECT_EQ(dump["entries"][0]["op"], "send");
+  EXPECT_EQ(dump["entries"][0]["root"], 1);
+  EXPECT_EQ(dump["entries"][0]["state"], "completed");
+  EXPECT_EQ(dump["entries"][1]["op"], "recv");
+  EXPECT_EQ(dump["entries"][1]["root"], 1);
+  EXPECT_EQ(dump["entries"][1]["count"], 4);
+  EXPECT_EQ(dump["entries"][1]["state"], "failed");
 }

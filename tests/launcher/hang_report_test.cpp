@@ -274,3 +274,24 @@ TEST(HangReportCli, TraceSubcommandTakesPaths) {
   EXPECT_THROW(parse_command_line({"trace"}, no_env), ddp::UsageError);
   EXPECT_NE(parse_command_line({"trace", "--help"}, no_env).help.find("paths"), std::string::npos);
 }
+
+// A receive whose sender never came, while every collective completed: the report names the
+// receiving rank, its peer and the message (point-to-point entries carry no sequence number
+// and stay out of the collectives' comparison: no false mismatch at #0).
+TEST(HangReport, PendingReceiveIsNamedWithItsPeer) {
+  FlightDump r0 = rank_dump(0, 2, 5), r1 = rank_dump(1, 2, 5);
+  FlightEntry recv = entry(0, "started", "recv", 4);
+  recv.root = 0;  // the peer
+  recv.started_us = kT0 + 1'000'000;
+  r1.entries.push_back(recv);
+  FlightEntry send = entry(0, "completed", "send", 4);
+  send.root = 1;
+  r0.entries.push_back(send);
+  const auto lines = analyze_hang({r0, r1});
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines[0].find("rank 1 waits in recv from rank 0 (float32 x 4) since 6.0 s"),
+            std::string::npos)
+      << all(lines);
+  EXPECT_EQ(all(lines).find("mismatch"), std::string::npos) << all(lines);
+  EXPECT_EQ(all(lines).find("different"), std::string::npos) << all(lines);
+}

@@ -172,13 +172,16 @@ WorkPtr CpuProcessGroup::send(const void* data, size_t count, DataType dtype, in
     return all_ranks(c).post_send(data, bytes, dst, tag, c);
   }
   auto work = std::make_shared<FutureWork>(c.describe() + " on " + where());
-  p2p_executor(dst).post([this, work, c, data, bytes, dst, tag] {
+  const uint64_t record = record_p2p("send", dtype, count, dst);
+  p2p_executor(dst).post([this, work, c, data, bytes, dst, tag, record] {
     std::exception_ptr error;
+    p2p_started(record);
     try {
       shm_->send(data, bytes, topo_.local_rank_of(dst), tag, context(c));
     } catch (...) {
       error = std::current_exception();
     }
+    p2p_finished(record, error);
     work->finish(error);
   });
   return work;
@@ -192,16 +195,43 @@ WorkPtr CpuProcessGroup::recv(void* data, size_t count, DataType dtype, int src,
     return all_ranks(c).post_recv(data, bytes, src, tag, c);
   }
   auto work = std::make_shared<FutureWork>(c.describe() + " on " + where());
-  p2p_executor(size_ + src).post([this, work, c, data, bytes, src, tag] {
+  const uint64_t record = record_p2p("recv", dtype, count, src);
+  p2p_executor(size_ + src).post([this, work, c, data, bytes, src, tag, record] {
     std::exception_ptr error;
+    p2p_started(record);
     try {
       shm_->recv(data, bytes, topo_.local_rank_of(src), tag, context(c));
     } catch (...) {
       error = std::current_exception();
     }
+    p2p_finished(record, error);
     work->finish(error);
   });
   return work;
+}
+
+uint64_t CpuProcessGroup::record_p2p(const char* op, DataType dtype, size_t count, int peer) {
+  FlightRecorder* recorder = flight_recorder();
+  if (!recorder) return 0;
+  // No sequence number: point-to-point operations are not ordered with the collectives.
+  return recorder->record(CollectiveRecordInfo::of(op, dtype, count, std::nullopt, peer));
+}
+
+void CpuProcessGroup::p2p_started(uint64_t record) {
+  if (FlightRecorder* recorder = flight_recorder()) recorder->started(record);
+}
+
+void CpuProcessGroup::p2p_finished(uint64_t record, const std::exception_ptr& error) {
+  FlightRecorder* recorder = flight_recorder();
+  if (!recorder) return;
+  if (!error) return recorder->finished(record, true);
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    recorder->finished(record, false, e.what());
+  } catch (...) {
+    recorder->finished(record, false, "unknown error");
+  }
 }
 
 ShmContext CpuProcessGroup::context(const CallInfo& call) const {
