@@ -59,7 +59,7 @@ bool WorkDDP::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
-void WorkDDP::wait_and_complete() {
+std::exception_ptr WorkDDP::wait_inner() {
   std::exception_ptr err;
   for (auto& w : inner_) {
     try {
@@ -68,7 +68,11 @@ void WorkDDP::wait_and_complete() {
       if (!err) err = std::current_exception();
     }
   }
-  complete(err);
+  return err;
+}
+
+void WorkDDP::wait_and_complete() {
+  complete(wait_inner());
 }
 
 void WorkDDP::complete(std::exception_ptr err) {
@@ -123,10 +127,12 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkDDP::getFuture() {
     }
   } else if (auto completer = completer_.lock(); completer && !completer->is_current_thread()) {
     completer->watch(c10::intrusive_ptr<WorkDDP>::reclaim_copy(this));
+  } else if (completer) {
+    // Asked from a future's callback on a completer thread (which cannot wait for itself):
+    // complete here. The operation itself runs on ddp's worker thread.
+    completer->complete_inline(*this);
   } else {
-    // Asked from a future's callback on the completer thread (which cannot wait for itself),
-    // or the group is gone: complete here. The operation itself runs on ddp's worker thread.
-    wait_and_complete();
+    wait_and_complete();  // the group is gone
   }
   return future;
 }
@@ -134,6 +140,12 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkDDP::getFuture() {
 namespace {
 // The Completer whose thread this is, if any.
 thread_local const Completer* current_completer = nullptr;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 }  // namespace
 
 Completer::~Completer() {
@@ -142,23 +154,38 @@ Completer::~Completer() {
     stop_ = true;
   }
   cv_.notify_all();
-  for (auto& t : threads_) t.join();
+  if (thread_.joinable()) thread_.join();
+  if (watchdog_.joinable()) watchdog_.join();
 }
 
 void Completer::watch(c10::intrusive_ptr<WorkDDP> work) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(std::move(work));
-    // Each queued Work gets a thread of its own that is not running callbacks.
-    if (queue_.size() > idle_ && threads_.size() < kMaxThreads) {
-      threads_.emplace_back([this] { loop(); });
+    if (!thread_.joinable()) {
+      thread_ = std::thread([this] { loop(); });
+      watchdog_ = std::thread([this] { watchdog_loop(); });
     }
   }
-  cv_.notify_one();
+  cv_.notify_all();
+}
+
+void Completer::complete_inline(WorkDDP& work) {
+  ++ddp_waits_;
+  std::exception_ptr err = work.wait_inner();
+  --ddp_waits_;
+  user_code_since_ns_ = now_ns();  // back in the caller's callback after this completes
+  work.complete(err);
 }
 
 bool Completer::is_current_thread() const {
   return current_completer == this;
+}
+
+bool Completer::stuck_in_user_code() const {
+  return in_user_code_ && ddp_waits_ == 0 &&
+         now_ns() - user_code_since_ns_ >
+             std::chrono::duration_cast<std::chrono::nanoseconds>(kRescueAfter).count();
 }
 
 void Completer::loop() {
@@ -167,14 +194,32 @@ void Completer::loop() {
     c10::intrusive_ptr<WorkDDP> work;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      ++idle_;
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      --idle_;
       if (queue_.empty()) return;  // stop_ and nothing left
       work = std::move(queue_.front());
       queue_.pop_front();
     }
+    std::exception_ptr err = work->wait_inner();
+    user_code_since_ns_ = now_ns();
+    in_user_code_ = true;
+    work->complete(err);  // runs the future's callbacks
+    in_user_code_ = false;
+  }
+}
+
+void Completer::watchdog_loop() {
+  current_completer = this;
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    cv_.wait_for(lock, kRescueAfter / 5);
+    if (stop_ && queue_.empty()) return;
+    if (queue_.empty() || !stuck_in_user_code()) continue;
+    // The in-order thread waits in a callback, perhaps for one of these: complete the next.
+    c10::intrusive_ptr<WorkDDP> work = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
     work->wait_and_complete();
+    lock.lock();
   }
 }
 

@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -45,6 +46,9 @@ class WorkDDP : public c10d::Work {
   void wait_and_complete();
 
  private:
+  friend class Completer;
+  // The ddp Works' first error after waiting for all of them (up to the group timeout).
+  std::exception_ptr wait_inner();
   // Runs the epilogue (unless err), marks this Work (and its future, if any) finished. Only
   // the first call has an effect.
   void complete(std::exception_ptr err);
@@ -62,29 +66,43 @@ class WorkDDP : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
-// Threads of one process group completing the futures of Works (getFuture). A future's
-// completion runs its callbacks on the completing thread, and a callback may wait for a later
-// future (`f1.then(lambda _: f2.wait())`, PowerSGD's hook): so no queued Work may wait behind a
-// thread that is running callbacks. A thread is added whenever more Works are queued than
-// threads are idle (at most kMaxThreads; idle threads are reused, none exits before the group
-// is destroyed). Futures may complete out of issue order, as with gloo's worker threads.
+// Completes the futures of Works (getFuture) of one process group, in issue order, on one
+// thread: a future's completion runs its callbacks, and callbacks that issue collectives
+// (PowerSGD's hook) must issue them in the same order on every rank.
+//
+// A callback may also wait for a later future (`f1.then(lambda _: f2.wait())`), which the
+// in-order thread would only complete after that callback: a deadlock. So a watchdog thread
+// completes queued Works itself while the in-order thread has been in user code (a callback,
+// outside any wait of ddp's own) for kRescueAfter. Only then may futures complete out of
+// order; PowerSGD's callbacks wait inside ddp's own waits (complete_inline) and never trigger
+// it.
 class Completer {
  public:
   Completer() = default;
   ~Completer();  // finishes the queued Works (each bounded by the group timeout), then joins
   void watch(c10::intrusive_ptr<WorkDDP> work);
+  // Completes `work` on the calling completer thread (a future asked for inside a callback:
+  // queueing it behind the running callback would deadlock).
+  void complete_inline(WorkDDP& work);
   // Whether the caller is one of this completer's threads (running a future's callback).
   bool is_current_thread() const;
 
  private:
-  static constexpr size_t kMaxThreads = 32;
+  static constexpr std::chrono::milliseconds kRescueAfter{2000};
   void loop();
+  void watchdog_loop();
+  // The in-order thread ran callbacks outside ddp's waits for kRescueAfter.
+  bool stuck_in_user_code() const;
+
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<c10::intrusive_ptr<WorkDDP>> queue_;
   bool stop_ = false;
-  size_t idle_ = 0;  // threads waiting for a Work; guarded by mutex_
-  std::vector<std::thread> threads_;
+  std::thread thread_;
+  std::thread watchdog_;
+  std::atomic<bool> in_user_code_{false};
+  std::atomic<int> ddp_waits_{0};  // complete_inline waits in progress on completer threads
+  std::atomic<int64_t> user_code_since_ns_{0};
 };
 
 }  // namespace ddp::python

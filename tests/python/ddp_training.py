@@ -71,12 +71,16 @@ def initial_parameters():
     return [p.detach().clone() for p in Net().parameters()]
 
 
-def compare(name, tol, updates=False, **kw):
-    """ddp against gloo, same script. With `updates`, the error is that of the updates
-    (final minus initial parameters), which a hook that lost the gradients cannot hide behind
-    the parameters' own size."""
+POWERSGD_TOL = 0.45
+
+
+def compare(name, tol, updates=False, against_plain=False, **kw):
+    """ddp against gloo, same script (or, `against_plain`, against training without the hook
+    on ddp). With `updates`, the error is that of the updates (final minus initial
+    parameters), which a hook that lost the gradients cannot hide behind the parameters' own
+    size."""
     on_ddp = train(ddp_pg, **kw)
-    on_ref = train(gloo, **kw)
+    on_ref = train(ddp_pg) if against_plain else train(gloo, **kw)
     if updates:
         init = initial_parameters()
         on_ddp_cmp = [p - q for p, q in zip(on_ddp, init)]
@@ -89,7 +93,7 @@ def compare(name, tol, updates=False, **kw):
     lo, hi = flat.clone(), flat.clone()
     dist.all_reduce(lo, op=dist.ReduceOp.MIN)
     dist.all_reduce(hi, op=dist.ReduceOp.MAX)
-    ref = "gloo" + (" (updates)" if updates else "")
+    ref = ("plain training" if against_plain else "gloo") + (" (updates)" if updates else "")
     if rank == 0:
         print(f"{name}: relative error ddp vs {ref} {err:.3g} (limit {tol:g})", flush=True)
     assert err < tol, f"{name}: parameters differ from {ref}: relative error {err:.3g}"
@@ -101,9 +105,13 @@ compare("find_unused_parameters", 1e-6, find_unused=True)
 compare("no_sync (2 micro-batches)", 1e-6, accumulate=2)
 compare("fp16_compress_hook", 1e-3, hook=default_hooks.fp16_compress_hook)
 # PyTorch's own PowerSGD hook (it waits for an all_reduce's future inside another future's
-# callback) on ddp against the same hook on gloo, same seed: the updates must agree, so a hook
-# whose result were lost or rescaled would fail here.
-compare("powerSGD_hook", 1e-4, updates=True, hook=powerSGD.powerSGD_hook,
+# callback). Gloo cannot be the reference: torch 2.13's gloo aborts on it in this script
+# ("op.preamble.length <= op.nbytes"). So the updates (final minus initial parameters) are
+# compared with plain training's: the rank-2 approximation's updates stay within POWERSGD_TOL of
+# them, while a hook whose output were lost after its warm-up (zeros from iteration 2) or
+# rescaled by 2 lands outside (measured at 2 ranks: the hook 0.40; its output zeroed for the
+# first bucket after the warm-up 0.51; doubled 1.18).
+compare("powerSGD_hook", POWERSGD_TOL, updates=True, against_plain=True, hook=powerSGD.powerSGD_hook,
         state_fn=lambda pg: powerSGD.PowerSGDState(process_group=pg, matrix_approximation_rank=2,
                                                    start_powerSGD_iter=2, random_seed=7))
 done("ddp_training")
