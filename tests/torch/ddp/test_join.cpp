@@ -313,6 +313,64 @@ TEST(Join, RejectsJoinablesOfDifferentGroups) {
   });
 }
 
+// A Joinable of the user's own (join.hpp's contract): each training iteration announces itself
+// and all-reduces a 1; a joined rank's hook shadows that all-reduce with a 0. Rank 0 trains 5
+// iterations, rank 1 trains 3: rank 0 sees 2 ranks training in the first 3 and 1 in the last
+// 2, rank 1's hook runs twice, and only rank 0 is the last joiner.
+class CountingJoinable : public ddp::Joinable {
+ public:
+  explicit CountingJoinable(ddp::ProcessGroupPtr pg) : pg_(std::move(pg)) {}
+  int iteration() {
+    ddp::Join::notify_join_context(*this);
+    return all_reduce_int(1);
+  }
+  int all_reduce_int(int v) {
+    int value = v;
+    pg_->all_reduce(&value, 1, ddp::DataType::kInt32, ddp::ReduceOp::kSum)->wait(pg_->timeout());
+    return value;
+  }
+  std::unique_ptr<ddp::JoinHook> join_hook(const JoinOptions&) override {
+    struct Hook : ddp::JoinHook {
+      explicit Hook(CountingJoinable& j) : j_(j) {}
+      void main_hook() override {
+        ++j_.shadowed;
+        j_.all_reduce_int(0);
+      }
+      void post_hook(bool is_last_joiner) override { j_.last_joiner = is_last_joiner; }
+      CountingJoinable& j_;
+    };
+    return std::make_unique<Hook>(*this);
+  }
+  ddp::ProcessGroup& join_process_group() const override { return *pg_; }
+
+  int shadowed = 0;
+  bool last_joiner = false;
+
+ private:
+  ddp::ProcessGroupPtr pg_;
+};
+
+TEST(Join, CustomJoinableIsShadowedByTheJoinedRank) {
+  std::vector<std::vector<int>> seen(2);
+  std::vector<int> shadowed(2);
+  std::vector<bool> last(2);
+  ddp::test::run_ranks(2, [&](int rank, ddp::ProcessGroupPtr pg) {
+    CountingJoinable counter(pg);
+    {
+      Join joined({&counter});
+      for (int i = 0; i < (rank == 0 ? 5 : 3); ++i) seen[rank].push_back(counter.iteration());
+    }
+    shadowed[rank] = counter.shadowed;
+    last[rank] = counter.last_joiner;
+  });
+  EXPECT_EQ(seen[0], (std::vector<int>{2, 2, 2, 1, 1}));
+  EXPECT_EQ(seen[1], (std::vector<int>{2, 2, 2}));
+  EXPECT_EQ(shadowed[0], 0);
+  EXPECT_EQ(shadowed[1], 2);
+  EXPECT_TRUE(last[0]);
+  EXPECT_FALSE(last[1]);
+}
+
 // SyncBatchNorm under Join is refused on every rank, naming the module (the joined rank once
 // skipped its statistics all-reduce, read stale bytes and hung).
 TEST(Join, RefusesSyncBatchNormNamingTheModule) {

@@ -321,4 +321,25 @@ TEST(SyncBatchNorm, DdpTrainingMatchesOneProcessWithTheWholeBatch) {
   }
 }
 
+// convert_sync_batchnorm(module, group): every converted layer synchronizes over that group,
+// and DistributedDataParallel over another group keeps it (it fills in only an unset group).
+TEST(SyncBatchNorm, ConvertWithAnExplicitGroupKeepsIt) {
+  ddp::test::run_ranks(1, [&](int, ddp::ProcessGroupPtr ddp_group) {
+    ddp::test::run_ranks(1, [&](int, ddp::ProcessGroupPtr bn_group) {
+      torch::nn::Sequential net(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3),
+                                torch::nn::Linear(3, 3), torch::nn::BatchNorm1d(3));
+      EXPECT_EQ(ddp::convert_sync_batchnorm(*net, bn_group), 2);
+      ddp::DistributedDataParallel model(net.ptr(), ddp_group);
+      int converted = 0;
+      for (const auto& m : net->modules(false)) {
+        if (auto* bn = dynamic_cast<ddp::SyncBatchNormBase*>(m.get())) {
+          EXPECT_EQ(bn->process_group(), bn_group);
+          ++converted;
+        }
+      }
+      EXPECT_EQ(converted, 2);
+    });
+  });
+}
+
 }  // namespace

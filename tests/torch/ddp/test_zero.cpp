@@ -258,6 +258,57 @@ TEST(ZeroRedundancyOptimizer, AddParamGroupIsPartitionedAndTrained) {
   });
 }
 
+// RMSprop and Adagrad (documented as supported) shard and step like their unsharded selves.
+TEST(ZeroRedundancyOptimizer, RmspropAndAdagradMatchUnsharded) {
+  train_against_unsharded<torch::optim::RMSprop>(torch::optim::RMSpropOptions(0.01));
+  train_against_unsharded<torch::optim::Adagrad>(torch::optim::AdagradOptions(0.05));
+}
+
+// Two parameter groups with their own learning rates, and a learning-rate change made through
+// param_groups() between steps (a scheduler's way): both reach the shards as they reach an
+// unsharded optimizer.
+TEST(ZeroRedundancyOptimizer, GroupsAndLearningRateChangesReachTheShards) {
+  ddp::test::run_ranks(2, [&](int rank, ddp::ProcessGroupPtr pg) {
+    auto net = make_mlp();
+    auto ref = make_mlp();
+    ddp::DistributedDataParallel model(net, pg);
+    auto groups = [](torch::nn::Sequential& n) {
+      std::vector<torch::Tensor> first = n[0]->parameters(), rest;
+      for (int layer : {2, 4}) {
+        for (auto& q : n[layer]->parameters()) rest.push_back(q);
+      }
+      std::vector<torch::optim::OptimizerParamGroup> g;
+      g.emplace_back(first, std::make_unique<torch::optim::AdamOptions>(0.02));
+      g.emplace_back(rest, std::make_unique<torch::optim::AdamOptions>(0.005));
+      return g;
+    };
+    const auto defaults = torch::optim::AdamOptions(0.01);
+    ZeroRedundancyOptimizer<torch::optim::Adam> zero(groups(net), defaults, pg);
+    torch::optim::Adam plain(groups(ref), defaults);
+    for (int step = 0; step < kSteps; ++step) {
+      if (step == 2) {
+        for (torch::optim::Optimizer* o : {static_cast<torch::optim::Optimizer*>(&zero),
+                                           static_cast<torch::optim::Optimizer*>(&plain)}) {
+          static_cast<torch::optim::AdamOptions&>(o->param_groups()[1].options()).lr(0.05);
+        }
+      }
+      zero.zero_grad();
+      auto [x, y] = batch(rank, step);
+      torch::mse_loss(model(x), y).backward();
+      zero.step();
+      plain.zero_grad();
+      reference_backward(ref, step);
+      plain.step();
+    }
+    expect_close(net->parameters(), ref->parameters(), "rank " + std::to_string(rank));
+    // The change mattered: without it the second group would have moved less.
+    EXPECT_DOUBLE_EQ(
+        static_cast<torch::optim::AdamOptions&>(zero.local_optimizer().param_groups()[1].options())
+            .lr(),
+        0.05);
+  });
+}
+
 TEST(ZeroRedundancyOptimizer, RejectsMixedDtypes) {
   ddp::test::run_ranks(1, [&](int, ddp::ProcessGroupPtr pg) {
     auto a = torch::zeros({3}, torch::requires_grad());
