@@ -353,7 +353,7 @@ class CountingJoinable : public ddp::Joinable {
 TEST(Join, CustomJoinableIsShadowedByTheJoinedRank) {
   std::vector<std::vector<int>> seen(2);
   std::vector<int> shadowed(2);
-  std::vector<bool> last(2);
+  std::vector<int> last(2);  // not vector<bool>: the rank threads write neighbouring bits
   ddp::test::run_ranks(2, [&](int rank, ddp::ProcessGroupPtr pg) {
     CountingJoinable counter(pg);
     {
