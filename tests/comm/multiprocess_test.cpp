@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "../support/free_port_range.hpp"
 #include "ddp/util/socket.hpp"
 
 namespace {
@@ -29,7 +30,7 @@ struct Result {
 std::vector<Result> run_workers(int world, const std::string& backend,
                                 const std::vector<std::string>& extra = {},
                                 std::vector<pid_t>* pids_out = nullptr) {
-  const int port = ddp::net::free_tcp_port("127.0.0.1");
+  const int port = ddp::test::free_ports_below_ephemeral_range();
   std::vector<pid_t> pids;
   std::vector<std::string> logs;
   for (int r = 0; r < world; ++r) {

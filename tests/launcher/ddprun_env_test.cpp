@@ -76,7 +76,7 @@ TEST_F(DdprunEnv, ThreeWorkersGetTheTorchrunContract) {
 TEST_F(DdprunEnv, RendezvousTokenFileReachesTheWorkers) {
   std::string token_file = dir() + "/token";
   { std::ofstream(token_file) << "job-secret\n"; }
-  std::string port = std::to_string(net::free_tcp_port("127.0.0.1"));
+  std::string port = std::to_string(ddp::test::free_ports_below_ephemeral_range());
   RunResult r =
       run({"--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
            "127.0.0.1:" + port, "--rdzv-conf", "token_file=" + token_file, worker(), "env"});
@@ -87,7 +87,7 @@ TEST_F(DdprunEnv, RendezvousTokenFileReachesTheWorkers) {
   EXPECT_EQ(r.out.find("job-secret"), std::string::npos) << r.out;
 
   // Without token_file nothing is added.
-  port = std::to_string(net::free_tcp_port("127.0.0.1"));
+  port = std::to_string(ddp::test::free_ports_below_ephemeral_range());
   r = run({"--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:" + port,
            worker(), "env"});
   ASSERT_EQ(r.exit_code, 0) << r.err;

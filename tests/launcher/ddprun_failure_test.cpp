@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/free_port_range.hpp"
 #include "ddp/util/socket.hpp"
 #include "launcher_fixture.hpp"
 
@@ -138,7 +139,7 @@ TEST_F(DdprunFailure, SigintDuringTheRendezvousWaitExitsAndRemovesTheTemporaryDi
   // One node of two: it hosts the store and waits for a peer that never comes.
   const std::string tmp = dir() + "/tmp";
   ASSERT_EQ(::mkdir(tmp.c_str(), 0700), 0);
-  const int port = ddp::net::free_tcp_port("127.0.0.1");
+  const int port = ddp::test::free_ports_below_ephemeral_range();
   pid_t ddprun =
       start({"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
              "127.0.0.1:" + std::to_string(port), "--rdzv-id", "lonely", worker(), "env"},
