@@ -630,7 +630,8 @@ void ProcessGroupDDP::monitored_barrier(std::chrono::milliseconds limit, bool wa
   // every rank waits for. Store requests leave nothing pending behind a failed barrier (a
   // posted receive would hold the group's teardown for the group timeout), and the keys of
   // each call are its own.
-  const std::string prefix = fmt::format("ddp_monitored_barrier/{}/", monitored_seq_++);
+  const int64_t seq = monitored_seq_++;
+  const std::string prefix = fmt::format("ddp_monitored_barrier/{}/", seq);
   const auto deadline = std::chrono::steady_clock::now() + limit;
   auto left = [&] {
     return std::max(std::chrono::milliseconds(1),
@@ -648,6 +649,17 @@ void ProcessGroupDDP::monitored_barrier(std::chrono::milliseconds limit, bool wa
                                        std::string(outcome.begin(), outcome.end())));
       }
       return;
+    }
+    if (seq >= 2) {
+      // The keys of the call two before: every rank arrived at the previous call, so all read
+      // that one's outcome. (One call before could still be read by a slow rank.)
+      const std::string old = fmt::format("ddp_monitored_barrier/{}/", seq - 2);
+      try {
+        for (int r = 0; r < size_; ++r) store_->deleteKey(old + std::to_string(r));
+        store_->deleteKey(old + "outcome");
+      } catch (const c10::Error&) {
+        // A store without deleteKey keeps them: a few bytes per call.
+      }
     }
     std::vector<int> missing;
     for (int r = 1; r < size_; ++r) {
