@@ -18,6 +18,7 @@
 #include <functional>
 #include <thread>
 
+#include "../../support/wait_or_kill.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/store/hash_store.hpp"
 #include "ddp/torch/ddp/distributed_data_parallel.hpp"
@@ -281,19 +282,7 @@ pid_t spawn_cpu_backend_worker(int rank, int world, int port, const std::string&
   return pid;
 }
 
-// Exit code of `pid`, or -1 when it was killed at `deadline` (or died of a signal).
-int wait_or_kill(pid_t pid, std::chrono::steady_clock::time_point deadline) {
-  int status = 0;
-  while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using ddp::test::wait_or_kill;
 
 TEST(CudaDdp, CpuBackendWithCudaTensorsWorld2) {
   SKIP_WITHOUT_GPUS(1);

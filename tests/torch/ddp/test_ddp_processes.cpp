@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../support/wait_or_kill.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/store/hash_store.hpp"
 #include "ddp/torch/ddp/distributed_data_parallel.hpp"
@@ -144,19 +145,7 @@ struct Exit {
   int code = -1;  // -1: killed after the deadline
 };
 
-// Waits for `pid` until `deadline`, then kills it. Its exit code, or -1 (killed, signalled).
-int wait_or_kill(pid_t pid, std::chrono::steady_clock::time_point deadline) {
-  int status = 0;
-  while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using ddp::test::wait_or_kill;
 
 // Runs `world` workers (this binary with `worker_args`) and waits (at most 120 s, then kills
 // them).

@@ -64,6 +64,20 @@ void expect_close(const std::vector<torch::Tensor>& a, const std::vector<torch::
   }
 }
 
+// One step of DDP + ZeRO on this rank's batch and, beside it, of the unsharded optimizer on
+// the gradient DDP averages.
+template <typename Model>
+void step_both(int rank, int step, Model& model, torch::optim::Optimizer& zero,
+               torch::nn::Sequential& ref, torch::optim::Optimizer& plain) {
+  zero.zero_grad();
+  auto [x, y] = batch(rank, step);
+  torch::mse_loss(model(x), y).backward();
+  zero.step();
+  plain.zero_grad();
+  reference_backward(ref, step);
+  plain.step();
+}
+
 // Trains with DDP + ZeRO<Opt> and, beside it on each rank, an unsharded Opt on the averaged
 // gradient; returns per rank {ZeRO's state bytes, the unsharded one's}.
 template <typename Opt>
@@ -76,15 +90,7 @@ std::vector<std::pair<size_t, size_t>> train_against_unsharded(
     ddp::DistributedDataParallel model(net, pg);
     ZeroRedundancyOptimizer<Opt> zero(model.parameters(), options, pg);
     Opt plain(ref->parameters(), options);
-    for (int step = 0; step < kSteps; ++step) {
-      zero.zero_grad();
-      auto [x, y] = batch(rank, step);
-      torch::mse_loss(model(x), y).backward();
-      zero.step();
-      plain.zero_grad();
-      reference_backward(ref, step);
-      plain.step();
-    }
+    for (int step = 0; step < kSteps; ++step) step_both(rank, step, model, zero, ref, plain);
     expect_close(net->parameters(), ref->parameters(), "rank " + std::to_string(rank));
     bytes[rank] = {zero.local_state_bytes(), ddp::optimizer_state_bytes(plain)};
   });
@@ -150,13 +156,7 @@ TEST(ZeroRedundancyOptimizer, ConsolidatedStateLoadsIntoUnshardedAdamAndBack) {
                                                      torch::optim::AdamOptions(0.01), pg);
     torch::optim::Adam plain(ref->parameters(), torch::optim::AdamOptions(0.01));
     for (int step = 0; step < 3; ++step) {
-      zero.zero_grad();
-      auto [x, y] = batch(rank, step);
-      torch::mse_loss(model(x), y).backward();
-      zero.step();
-      plain.zero_grad();
-      reference_backward(ref, step);
-      plain.step();
+      step_both(rank, step, model, zero, ref, plain);
     }
     EXPECT_THROW(archive_bytes(zero), ddp::UsageError) << "not consolidated yet";
     zero.consolidate_state_dict(/*to_rank=*/1);
@@ -242,13 +242,7 @@ TEST(ZeroRedundancyOptimizer, AddParamGroupIsPartitionedAndTrained) {
         plain.add_param_group(torch::optim::OptimizerParamGroup(
             ref[4]->parameters(), std::make_unique<torch::optim::SGDOptions>(0.05)));
       }
-      zero.zero_grad();
-      auto [x, y] = batch(rank, step);
-      torch::mse_loss(model(x), y).backward();
-      zero.step();
-      plain.zero_grad();
-      reference_backward(ref, step);
-      plain.step();
+      step_both(rank, step, model, zero, ref, plain);
     }
     // The added layer trained, and every rank owns some of the new group's parameters or none.
     EXPECT_FALSE(torch::equal(net[4]->parameters()[0], last_before)) << "rank " << rank;
@@ -292,13 +286,7 @@ TEST(ZeroRedundancyOptimizer, GroupsAndLearningRateChangesReachTheShards) {
           static_cast<torch::optim::AdamOptions&>(o->param_groups()[1].options()).lr(0.05);
         }
       }
-      zero.zero_grad();
-      auto [x, y] = batch(rank, step);
-      torch::mse_loss(model(x), y).backward();
-      zero.step();
-      plain.zero_grad();
-      reference_backward(ref, step);
-      plain.step();
+      step_both(rank, step, model, zero, ref, plain);
     }
     expect_close(net->parameters(), ref->parameters(), "rank " + std::to_string(rank));
     // The change mattered: without it the second group would have moved less.
