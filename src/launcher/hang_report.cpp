@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "ddp/launcher/kill_cause.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp::launcher {
@@ -120,6 +121,9 @@ std::string missing_text(int rank, const RankProcess* p, int64_t first_dump_us) 
           "rank {} is frozen: {} is alive but stopped (SIGSTOP, job control or a debugger), so "
           "it could not write its record",
           rank, process);
+    case RankProcess::State::kUninterruptible:
+      return fmt::format("rank {} is frozen: {} {}, so it could not write its record", rank,
+                         process, uninterruptible_text(p->wchan));
     case RankProcess::State::kRunning:
       break;
   }
@@ -276,6 +280,8 @@ GroupResult analyze_group(const std::string& group, const std::vector<const Flig
     const RankProcess* p = find_process(processes, v->rank);
     if (p && p->state == RankProcess::State::kStopped) {
       line += "; its process is stopped now (SIGSTOP, job control or a debugger): frozen";
+    } else if (p && p->state == RankProcess::State::kUninterruptible) {
+      line += "; frozen: its process " + uninterruptible_text(p->wchan);
     } else if (p && p->state == RankProcess::State::kExited) {
       line += fmt::format("; its process {} after that", p->exit);
     }
@@ -491,6 +497,8 @@ const char* state_name(RankProcess::State s) {
       return "stopped";
     case RankProcess::State::kExited:
       return "exited";
+    case RankProcess::State::kUninterruptible:
+      return "uninterruptible";
   }
   return "running";
 }
@@ -498,6 +506,7 @@ const char* state_name(RankProcess::State s) {
 RankProcess::State state_from(const std::string& s) {
   if (s == "stopped") return RankProcess::State::kStopped;
   if (s == "exited") return RankProcess::State::kExited;
+  if (s == "uninterruptible") return RankProcess::State::kUninterruptible;
   return RankProcess::State::kRunning;
 }
 
@@ -516,6 +525,7 @@ std::string encode_node_records(const std::string& dir, const std::vector<RankPr
                      {"host", p.host},
                      {"state", state_name(p.state)},
                      {"exit", p.exit},
+                     {"wchan", p.wchan},
                      {"at_us", p.at_us}});
   }
   doc["processes"] = std::move(procs);
@@ -567,6 +577,7 @@ std::vector<std::string> hang_report_for_nodes(const std::vector<std::string>& n
         r.host = p.value("host", "");
         r.state = state_from(p.value("state", ""));
         r.exit = p.value("exit", "");
+        r.wchan = p.value("wchan", "");
         r.at_us = p.value("at_us", int64_t{0});
         processes.push_back(std::move(r));
       }
@@ -589,17 +600,19 @@ RankProcess::State process_state(int64_t pid) {
   std::ifstream in(fmt::format("/proc/{}/stat", pid));
   std::string stat;
   std::getline(in, stat);
-  // "pid (comm) S ...": comm may hold spaces and parentheses, so the state follows the last ')'.
-  const size_t close = stat.rfind(')');
-  if (!in || close == std::string::npos || close + 2 >= stat.size()) {
-    return RankProcess::State::kExited;
-  }
-  switch (stat[close + 2]) {
+  return process_state_from_stat(in ? stat : std::string());
+}
+
+RankProcess::State process_state_from_stat(const std::string& stat) {
+  switch (stat_state(stat)) {
     case 'T':
     case 't':
       return RankProcess::State::kStopped;
+    case 'D':
+      return RankProcess::State::kUninterruptible;
     case 'Z':
     case 'X':
+    case 0:
       return RankProcess::State::kExited;
     default:
       return RankProcess::State::kRunning;

@@ -30,11 +30,24 @@ void indent_into(std::string& out, const std::string& text, const char* indent) 
   }
 }
 
+// "killed by SIGKILL from outside (...)", "killed by the kernel's out-of-memory killer ...";
+// "" when ddprun has nothing to add to the exit status.
+std::string cause_text(const WorkerFailure& f) {
+  const std::string& t = f.kill.text;
+  return t.rfind("was ", 0) == 0 ? t.substr(4) : t;
+}
+
+std::string cause_suffix(const WorkerFailure& f) {
+  return f.kill.text.empty() ? "" : "; " + cause_text(f);
+}
+
 }  // namespace
 
 std::string describe_failure(const WorkerFailure& f) {
-  return fmt::format("rank {} (local rank {}, pid {}) failed: {}", f.global_rank, f.local_rank,
-                     f.pid, f.status.describe());
+  const std::string who =
+      fmt::format("rank {} (local rank {}, pid {})", f.global_rank, f.local_rank, f.pid);
+  if (f.kill.cause == KillCause::kOutOfMemory) return who + " " + f.kill.text;
+  return fmt::format("{} failed: {}{}", who, f.status.describe(), cause_suffix(f));
 }
 
 std::string format_failure_report(const FailureReport& r) {
@@ -48,6 +61,7 @@ std::string format_failure_report(const FailureReport& r) {
   out += fmt::format("  host:       {}\n", f.host);
   out += fmt::format("  pid:        {}\n", f.pid);
   out += fmt::format("  exit:       {}\n", f.status.describe());
+  if (!f.kill.text.empty()) out += fmt::format("  cause:      {}\n", cause_text(f));
   out += fmt::format("  time:       {}\n", format_time(f.time));
   if (f.error) {
     out += fmt::format("  error file: {}\n", f.error_file);
@@ -73,8 +87,8 @@ std::string format_failure_report(const FailureReport& r) {
   }
   std::string failed, stopped;
   for (const auto& o : r.others) {
-    std::string item = fmt::format("  rank {} (local rank {}, pid {}): {}\n", o.global_rank,
-                                   o.local_rank, o.pid, o.status.describe());
+    std::string item = fmt::format("  rank {} (local rank {}, pid {}): {}{}\n", o.global_rank,
+                                   o.local_rank, o.pid, o.status.describe(), cause_suffix(o));
     (o.stopped_by_launcher ? stopped : failed) += item;
   }
   if (!failed.empty()) out += "Other failures:\n" + failed;

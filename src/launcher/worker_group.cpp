@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,10 +12,15 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "ddp/launcher/hang_report.hpp"
+#include "ddp/launcher/kernel_log.hpp"
+#include "ddp/launcher/kill_cause.hpp"
+#include "ddp/launcher/memory_cgroup.hpp"
 #include "ddp/launcher/output.hpp"
 #include "ddp/launcher/run_directory.hpp"
 #include "ddp/launcher/worker_env.hpp"
@@ -88,6 +94,9 @@ struct Worker {
   ExitStatus status;
   std::chrono::system_clock::time_point exit_time;
   bool exited_after_stop = false;
+  int64_t peak_rss_kib = -1;           // wait4's ru_maxrss
+  std::optional<MemoryCgroup> cgroup;  // its memory cgroup when it started
+  KillExplanation kill;                // why it died, when ddprun can tell
   std::string error_file;
   UniqueFd fds[2];  // stdout, stderr read ends
   std::unique_ptr<StreamForwarder> streams[2];
@@ -97,6 +106,9 @@ struct Worker {
 // kDumpWait to do so before the stop begins.
 enum class Phase { kRunning, kDumping, kStopping, kKilling };
 constexpr std::chrono::milliseconds kDumpWait{2000};
+// How long a worker's SIGKILL death waits for the kernel log's out-of-memory record when the
+// cgroup counter suggests one: the killer logs its victim just after sending the signal.
+constexpr int kKernelLogWaitMs = 100;
 
 class AttemptRunner {
  public:
@@ -145,6 +157,7 @@ class AttemptRunner {
   void start_workers() {
     const WorldAssignment& world = *spec_.world;
     workers_.reserve(world.workers.size());
+    kernel_log_ = KernelLog::open_at_end();  // before any worker can be killed
     bool first = true;
     for (const auto& id : world.workers) {
       std::string dir = spec_.run_dir->rank_dir(spec_.attempt, id.global_rank);
@@ -183,10 +196,110 @@ class AttemptRunner {
       }
       SpawnedProcess p = spawn_process(so);
       w->pid = p.pid;
+      note_memory_cgroup(*w);
       w->fds[0] = std::move(p.stdout_read);
       w->fds[1] = std::move(p.stderr_read);
       workers_.push_back(std::move(w));
     }
+  }
+
+  // The worker's memory cgroup and, the first time this attempt sees that cgroup, its
+  // out-of-memory kill count: kills counted later are this attempt's (kill_cause.hpp).
+  void note_memory_cgroup(Worker& w) {
+    w.cgroup = memory_cgroup_of(w.pid);
+    if (!w.cgroup || oom_kills_seen_.count(w.cgroup->dir) > 0) return;
+    if (auto count = read_oom_kill_count(*w.cgroup)) oom_kills_seen_[w.cgroup->dir] = *count;
+  }
+
+  // Evidence of how `w` died (memory_cgroup.hpp, kernel_log.hpp) and what it means. Runs only
+  // for a worker that failed; waits at most kKernelLogWaitMs, for the kernel log.
+  KillExplanation explain(const Worker& w) {
+    KillEvidence e;
+    e.peak_rss_kib = w.peak_rss_kib;
+    if (w.cgroup) {
+      e.cgroup = w.cgroup->dir;
+      const auto seen = oom_kills_seen_.find(w.cgroup->dir);
+      if (seen != oom_kills_seen_.end()) e.oom_kills_before = seen->second;
+      e.oom_kills_now = read_oom_kill_count(*w.cgroup);
+      const MemoryLimitInfo limit = read_memory_limit(*w.cgroup);
+      e.limit_read = limit.read;
+      e.limit_cgroup = limit.dir;
+      e.limit_bytes = limit.bytes;
+      e.limit_peak_bytes = limit.peak;
+    }
+    const bool sigkill = w.status.signaled && w.status.code == SIGKILL;
+    const bool counter_rose =
+        e.oom_kills_before && e.oom_kills_now && *e.oom_kills_now > *e.oom_kills_before;
+    if (kernel_log_.readable()) {
+      e.kernel_log_read = true;
+      auto named = [&] { return kernel_log_names(w.pid) != nullptr; };
+      read_kernel_log();
+      // Not for ddprun's own SIGKILLs with nothing pointing at the OOM killer.
+      if (sigkill && !named() && (counter_rose || (!e.oom_kills_now && !w.exited_after_stop))) {
+        const auto until = Clock::now() + std::chrono::milliseconds(kKernelLogWaitMs);
+        while (!named() && Clock::now() < until) {
+          const auto left =
+              std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+          if (!kernel_log_.wait_for_record(static_cast<int>(left.count()) + 1)) break;
+          read_kernel_log();
+        }
+      }
+      if (const OomKillRecord* r = kernel_log_names(w.pid)) e.kernel_log_record = r->text;
+      for (const auto& r : oom_records_) {
+        if (r.pid != w.pid && explained_victims_.count(r.pid) == 0 &&
+            std::find(e.other_victims.begin(), e.other_victims.end(), r.pid) ==
+                e.other_victims.end()) {
+          e.other_victims.push_back(r.pid);
+        }
+      }
+    }
+    KillExplanation k = explain_exit(w.status, w.exited_after_stop, e);
+    // Each counted kill explains one death.
+    if (k.consumed_oom_kill && w.cgroup && e.oom_kills_before) {
+      oom_kills_seen_[w.cgroup->dir] = *e.oom_kills_before + 1;
+    }
+    if (k.cause == KillCause::kOutOfMemory) explained_victims_.insert(w.pid);
+    return k;
+  }
+
+  void read_kernel_log() {
+    for (auto& r : kernel_log_.read_oom_kills()) oom_records_.push_back(std::move(r));
+  }
+
+  // The kernel log's "Out of memory: Killed process" record (preferred) or "oom-kill:" record
+  // naming pid; nullptr when none.
+  const OomKillRecord* kernel_log_names(pid_t pid) const {
+    const OomKillRecord* found = nullptr;
+    for (const auto& r : oom_records_) {
+      if (r.pid != pid) continue;
+      if (found == nullptr || r.text.rfind("oom-kill:", 0) != 0) found = &r;
+    }
+    return found;
+  }
+
+  // One line per worker (or descendant left behind) in uninterruptible sleep among `pids`
+  // (all live workers when empty): the reason a stop can take long, or fail.
+  void notice_uninterruptible(const std::vector<pid_t>& pids = {}) {
+    std::vector<pid_t> check = pids;
+    if (pids.empty()) {
+      for (const auto& w : workers_) {
+        if (!w->exited) check.push_back(w->pid);
+      }
+    }
+    for (pid_t pid : check) {
+      if (process_state(pid) != RankProcess::State::kUninterruptible) continue;
+      const Worker* w = worker_with_pid(pid);
+      notice(w != nullptr ? describe_uninterruptible(w->id.global_rank, pid, read_wchan(pid))
+                          : fmt::format("pid {} (left behind by a worker) {}", pid,
+                                        uninterruptible_text(read_wchan(pid))));
+    }
+  }
+
+  const Worker* worker_with_pid(pid_t pid) const {
+    for (const auto& w : workers_) {
+      if (w->pid == pid) return w.get();
+    }
+    return nullptr;
   }
 
   bool all_succeeded() const {
@@ -344,13 +457,18 @@ class AttemptRunner {
       p.host = spec_.host;
       if (w->exited) {
         p.state = RankProcess::State::kExited;
-        p.exit = w->status.signaled ? fmt::format("was killed by {}", signal_name(w->status.code))
-                                    : fmt::format("exited with code {}", w->status.code);
+        if (w->kill.cause == KillCause::kOutOfMemory) {
+          p.exit = "was killed by the kernel's out-of-memory killer (SIGKILL)";
+        } else {
+          p.exit = w->status.signaled ? fmt::format("was killed by {}", signal_name(w->status.code))
+                                      : fmt::format("exited with code {}", w->status.code);
+        }
         p.at_us = unix_us(w->exit_time);
       } else {
         p.state = process_state(w->pid);
         p.at_us = now;
         if (p.state == RankProcess::State::kExited) p.exit = "exited";
+        if (p.state == RankProcess::State::kUninterruptible) p.wchan = read_wchan(w->pid);
       }
       out.push_back(std::move(p));
     }
@@ -422,6 +540,7 @@ class AttemptRunner {
       if (now >= kill_at_) {
         notice(fmt::format("workers still running {:.1f} s after SIGTERM; sending SIGKILL",
                            spec_.term_grace.count() / 1000.0));
+        notice_uninterruptible();
         begin_kill();
       } else {
         terminate_adopted(SIGTERM);
@@ -435,6 +554,7 @@ class AttemptRunner {
             fmt::format("processes still alive {} ms after SIGKILL (stuck in the kernel?), "
                         "abandoning them:{}",
                         spec_.kill_wait.count(), pids));
+        if (!left.empty()) notice_uninterruptible(left);
         children_remain_ = false;
         for (auto& w : workers_) {
           if (!w->exited) {
@@ -456,7 +576,8 @@ class AttemptRunner {
     if (abandoned_) return;
     for (;;) {
       int status = 0;
-      pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      rusage usage{};
+      pid_t pid = ::wait4(-1, &status, WNOHANG, &usage);
       if (pid < 0) {
         if (errno == EINTR) continue;
         children_remain_ = false;  // ECHILD: nobody left
@@ -468,16 +589,18 @@ class AttemptRunner {
       }
       termed_.erase(pid);
       for (auto& w : workers_) {
-        if (w->pid == pid && !w->exited) on_worker_exit(*w, status);
+        if (w->pid == pid && !w->exited) on_worker_exit(*w, status, usage.ru_maxrss);
       }
     }
   }
 
-  void on_worker_exit(Worker& w, int status) {
+  void on_worker_exit(Worker& w, int status, long peak_rss_kib) {
     w.exited = true;
     w.status = ExitStatus::from_wait_status(status);
     w.exit_time = std::chrono::system_clock::now();
     w.exited_after_stop = stopping();
+    w.peak_rss_kib = peak_rss_kib;
+    if (!w.status.success()) w.kill = explain(w);
     // Its output is in the pipe already; read it now so the report sees the stderr tail.
     for (int s = 0; s < 2; ++s) {
       while (w.fds[s].valid() && read_stream(w, s)) {
@@ -487,6 +610,11 @@ class AttemptRunner {
     root_cause_ = &w;
     notice(fmt::format("{}; stopping the other workers", describe_failure(failure_of(w))));
     processes_ = snapshot_processes();  // before the stop changes what they are doing
+    for (const auto& p : processes_) {
+      if (p.state == RankProcess::State::kUninterruptible) {
+        notice(describe_uninterruptible(p.global_rank, p.pid, p.wchan));
+      }
+    }
     if (!request_dumps()) begin_stop(SIGTERM);
   }
 
@@ -503,6 +631,7 @@ class AttemptRunner {
     f.error_file = w.error_file;
     f.error = read_error_file(w.error_file);
     f.stopped_by_launcher = w.exited_after_stop;
+    f.kill = w.kill;
     return f;
   }
 
@@ -547,6 +676,13 @@ class AttemptRunner {
   bool children_remain_ = true;
   bool abandoned_ = false;
   std::set<pid_t> termed_;
+  // Kill evidence (kill_cause.hpp): the kernel log read from the attempt's start, the OOM
+  // victims it named, the oom_kill count of each memory cgroup already accounted for, and the
+  // workers already explained as out-of-memory kills.
+  KernelLog kernel_log_;
+  std::vector<OomKillRecord> oom_records_;
+  std::map<std::string, uint64_t> oom_kills_seen_;
+  std::set<pid_t> explained_victims_;
   Worker* root_cause_ = nullptr;
   int interrupt_signal_ = 0;
   bool stop_requested_ = false;

@@ -99,6 +99,26 @@ TEST_F(DdprunFailure, WorkerIgnoringSigtermIsKilledAfterTheGrace) {
   EXPECT_NE(r.err.find("signal 9 (SIGKILL)"), std::string::npos) << r.err;
 }
 
+TEST_F(DdprunFailure, WorkerInUninterruptibleSleepIsNamed) {
+  // A vfork parent waits for its child in state D (a killable wait, so SIGKILL still ends it):
+  // a real D-state worker without a hung NFS mount. Rank 1 sits there ignoring SIGTERM while
+  // rank 0 fails.
+  RunResult r = run({"--nproc-per-node", "2", worker(), "ignore-term", "ready", dir(),
+                     "await-peers", dir(), "vfork-sleep-if-rank", "1", "30", "sleep", "0.3",
+                     "fail-if-rank", "0", "3", "1", "sleep", "30"},
+                    {{"DDPRUN_TERM_GRACE_S", "0.3"}});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  const int pid = std::stoi(read_file(dir() + "/ready.1.0"));
+  const std::string line =
+      "rank 1 (pid " + std::to_string(pid) + ") is in uninterruptible sleep (D state";
+  // Named when rank 0 fails, and again when SIGTERM's grace runs out.
+  EXPECT_EQ(lines_with(r.err, line).size(), 2u) << r.err;
+  EXPECT_NE(r.err.find("until the kernel call returns (often a hung NFS or device)"),
+            std::string::npos)
+      << r.err;
+  expect_no_survivors();
+}
+
 TEST_F(DdprunFailure, SignalsAreForwardedAndSigtermStopsTheRun) {
   pid_t ddprun = start(
       {"--nproc-per-node", "2", worker(), "record-signals", dir(), "ready", dir(), "sleep", "60"});
@@ -189,6 +209,10 @@ TEST_F(DdprunFailure, NoSurvivorsAfterAWorkerIsSigkilled) {
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("exit:       signal 9 (SIGKILL)"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("rank:       1 (local rank 1)"), std::string::npos) << r.err;
+  // Not the out-of-memory killer, and the report says so with the worker's peak memory.
+  EXPECT_NE(r.err.find("cause:      killed by SIGKILL from outside"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("its peak resident memory was "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("out-of-memory killer ("), std::string::npos) << r.err;
   expect_no_survivors();
 }
 

@@ -46,15 +46,18 @@ struct FlightDump {
 // neither writes a record (a SIGSTOPped process cannot run its watcher). The agent can.
 struct RankProcess {
   enum class State {
-    kRunning,  // alive, scheduled normally (running or sleeping)
-    kStopped,  // alive but stopped (SIGSTOP, SIGTSTP, a debugger): state T or t in /proc
-    kExited,   // gone before the failure was seen (or is the failure)
+    kRunning,          // alive, scheduled normally (running or sleeping)
+    kStopped,          // alive but stopped (SIGSTOP, SIGTSTP, a debugger): state T or t in /proc
+    kExited,           // gone before the failure was seen (or is the failure)
+    kUninterruptible,  // alive in uninterruptible sleep (state D): unkillable until the kernel
+                       // call returns
   };
   int global_rank = 0;
   int64_t pid = 0;
   std::string host;
   State state = State::kRunning;
   std::string exit;   // kExited: "exited with code 0", "was killed by SIGKILL"
+  std::string wchan;  // kUninterruptible: the kernel function it waits in ("" unknown)
   int64_t at_us = 0;  // kExited: when it exited; else when it was observed (Unix time)
 };
 
@@ -89,9 +92,11 @@ std::string encode_node_records(const std::string& dir, const std::vector<RankPr
 // Never throws: a malformed share becomes a line saying so.
 std::vector<std::string> hang_report_for_nodes(const std::vector<std::string>& node_records);
 
-// Reads the state of a live process from /proc/<pid>/stat (kRunning or kStopped); kExited when
-// it is gone or a zombie.
+// Reads the state of a live process from /proc/<pid>/stat (kRunning, kStopped or
+// kUninterruptible); kExited when it is gone or a zombie.
 RankProcess::State process_state(int64_t pid);
+// The same from the text of a /proc/<pid>/stat line ("" or malformed: kExited).
+RankProcess::State process_state_from_stat(const std::string& proc_pid_stat);
 
 // `ddprun trace FILES...`: reads, analyses and prints each line prefixed "ddprun: " on stdout.
 // Returns the exit code (0; UsageError propagates for bad input).

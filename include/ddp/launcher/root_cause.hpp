@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ddp/launcher/error_file.hpp"
+#include "ddp/launcher/kill_cause.hpp"
 #include "ddp/launcher/process.hpp"
 
 namespace ddp::launcher {
@@ -28,6 +29,9 @@ struct WorkerFailure {
   // True when the worker ended after ddprun began stopping the group (a consequence of the
   // root cause, not a cause).
   bool stopped_by_launcher = false;
+  // Why it was killed, when ddprun could tell (kill_cause.hpp): the out-of-memory killer, a
+  // SIGKILL from outside, an out-of-memory kill of a child.
+  KillExplanation kill;
 };
 
 struct FailureReport {
@@ -41,7 +45,8 @@ struct FailureReport {
 
 std::string format_failure_report(const FailureReport& report);
 
-// One line for the restart notice: "rank 1 (local rank 1, pid 42) failed: exit code 3".
+// One line for the restart notice: "rank 1 (local rank 1, pid 42) failed: exit code 3", or
+// "rank 1 (local rank 1, pid 42) was killed by the kernel's out-of-memory killer (SIGKILL): ...".
 std::string describe_failure(const WorkerFailure& failure);
 
 }  // namespace ddp::launcher

@@ -5,9 +5,10 @@
 // child subreaper) has been reaped and every pipe drained, whatever happened:
 // - all workers exit 0                  -> kSucceeded (leftover descendants are stopped)
 // - a worker exits non-zero or by signal -> kFailed: ddprun notes every worker's process state
-//   (running, stopped, exited) and asks the live ones that handle it to write their flight
-//   record (flight_recorder_dump_signal(), up to 2 s); then the others get SIGTERM and SIGCONT
-//   (to their process groups), SIGKILL after the grace period
+//   (running, stopped, in uninterruptible sleep, exited) and asks the live ones that handle it
+//   to write their flight record (flight_recorder_dump_signal(), up to 2 s); then the others get
+//   SIGTERM and SIGCONT (to their process groups), SIGKILL after the grace period. A worker
+//   that died by SIGKILL is explained (kill_cause.hpp: the out-of-memory killer or not)
 // - SIGINT/SIGTERM/SIGHUP/SIGQUIT arrive  -> forwarded to every worker group, then the same
 //   stop -> kInterrupted; a second such signal kills at once
 // - SIGUSR1/SIGUSR2 arrive                -> forwarded; monitoring goes on

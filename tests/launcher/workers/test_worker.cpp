@@ -15,6 +15,11 @@
 //   fail-if-rank R CODE K        exit CODE when RANK == R and TORCHELASTIC_RESTART_COUNT < K
 //   crash-if-rank R SIGNAL       kill itself with SIGNAL (a number) when RANK == R
 //   exit CODE                    exit now
+//   vfork-sleep-if-rank R S      when RANK == R, vfork a child that sleeps S seconds: until it
+//                                exits, this process waits in the kernel in uninterruptible
+//                                sleep (state D; killable only by SIGKILL)
+//   allocate MIB                 allocate and touch MIB MiB, 4 MiB at a time, never freed (in a
+//                                memory-limited cgroup the out-of-memory killer ends it)
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -161,6 +166,25 @@ int main(int argc, char** argv) {
         std::fflush(nullptr);
         ::signal(sig, SIG_DFL);
         ::raise(sig);
+      }
+    } else if (step == "allocate") {
+      const long mib = std::atol(arg().c_str());
+      std::fflush(nullptr);
+      for (long done = 0; done < mib; done += 4) {
+        char* block = static_cast<char*>(std::malloc(4 << 20));
+        if (block == nullptr) break;
+        std::memset(block, 1, 4 << 20);
+      }
+    } else if (step == "vfork-sleep-if-rank") {
+      const int r = std::atoi(arg().c_str());
+      const timespec nap{std::atoi(arg().c_str()), 0};
+      std::fflush(nullptr);
+      if (r == rank()) {
+        // The child shares our memory until it exits: only async-signal-safe calls there.
+        if (::vfork() == 0) {
+          ::nanosleep(&nap, nullptr);
+          ::_exit(0);
+        }
       }
     } else if (step == "exit") {
       std::fflush(nullptr);
