@@ -119,6 +119,20 @@ ProcessGroupDDP::ProcessGroupDDP(const c10::intrusive_ptr<c10d::Store>& store, i
 }
 
 ProcessGroupDDP::~ProcessGroupDDP() {
+  shutdown();
+}
+
+ProcessGroup* ProcessGroupDDP::live() const {
+  if (!pg_) {
+    throw UsageError(
+        "this ddp process group was shut down (destroy_process_group); make a new "
+        "one with init_process_group or new_group");
+  }
+  return pg_.get();
+}
+
+void ProcessGroupDDP::shutdown() {
+  if (!pg_) return;
   // The completer may be running a future's callback that needs the GIL (a Python comm hook);
   // joining it while holding the GIL would deadlock.
   PyThreadState* saved = nullptr;
@@ -167,7 +181,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::broadcast(std::vector<at::Tensor
   if (opts.rootTensor != 0) throw UsageError("broadcast: the ddp backend takes rootTensor 0");
   auto buf = contiguous(t);
   const auto e = move_elements(t.scalar_type(), t.numel());
-  auto w = pg_->broadcast(buf.data_ptr(), e.count, e.dtype, static_cast<int>(opts.rootRank));
+  auto w = live()->broadcast(buf.data_ptr(), e.count, e.dtype, static_cast<int>(opts.rootRank));
   return make_work(c10d::OpType::BROADCAST, {w}, [t, buf] { copy_back(t, buf); }, {t});
 }
 
@@ -176,7 +190,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::all_reduce_tensor(const at::Tens
   if (is_bitwise(op)) return bitwise_all_reduce(t, op);
   const auto [r, dtype] = reduction(t, op, "all_reduce");
   auto buf = contiguous(t);
-  auto w = pg_->all_reduce(buf.data_ptr(), static_cast<size_t>(t.numel()), dtype, r);
+  auto w = live()->all_reduce(buf.data_ptr(), static_cast<size_t>(t.numel()), dtype, r);
   return make_work(c10d::OpType::ALLREDUCE, {w}, [t, buf] { copy_back(t, buf); }, {t});
 }
 
@@ -191,7 +205,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::bitwise_all_reduce(const at::Ten
   auto buf = contiguous(t);
   auto gathered = at::empty({size_, t.numel()}, t.options());
   const auto e = move_elements(t.scalar_type(), t.numel());
-  auto w = pg_->all_gather(buf.data_ptr(), gathered.data_ptr(), e.count, e.dtype);
+  auto w = live()->all_gather(buf.data_ptr(), gathered.data_ptr(), e.count, e.dtype);
   const auto kind = op.op_;
   auto epilogue = [t, buf, gathered, kind] {
     at::Tensor acc = gathered[0].clone();
@@ -226,7 +240,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allreduce_coalesced(
   }
   const auto [r, dtype] = reduction(tensors[0], opts.reduceOp, "all_reduce_coalesced");
   auto flat = pack(tensors);
-  auto w = pg_->all_reduce(flat.data_ptr(), static_cast<size_t>(flat.numel()), dtype, r);
+  auto w = live()->all_reduce(flat.data_ptr(), static_cast<size_t>(flat.numel()), dtype, r);
   std::vector<at::Tensor> ts = tensors;
   auto epilogue = [ts, flat] {
     int64_t offset = 0;
@@ -245,8 +259,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce(std::vector<at::Tensor>& 
   if (opts.rootTensor != 0) throw UsageError("reduce: the ddp backend takes rootTensor 0");
   const auto [r, dtype] = reduction(t, opts.reduceOp, "reduce");
   auto buf = contiguous(t);
-  auto w = pg_->reduce(buf.data_ptr(), static_cast<size_t>(t.numel()), dtype, r,
-                       static_cast<int>(opts.rootRank));
+  auto w = live()->reduce(buf.data_ptr(), static_cast<size_t>(t.numel()), dtype, r,
+                          static_cast<int>(opts.rootRank));
   // Only the root's result is defined; other ranks' tensors hold unspecified values afterwards
   // (gloo leaves partial sums there too), so only the root copies a staged result back.
   const bool root = opts.rootRank == rank_;
@@ -286,13 +300,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather(
   WorkPtr w;
   if (equal) {
     const auto e = move_elements(in.scalar_type(), in.numel());
-    w = pg_->all_gather(src.data_ptr(), flat.data_ptr(), e.count, e.dtype);
+    w = live()->all_gather(src.data_ptr(), flat.data_ptr(), e.count, e.dtype);
   } else {
     // Unequal sizes (the ranks' outputs say how much each contributes): all_gather_v.
     const auto e = move_elements(in.scalar_type(), 1);
     std::vector<size_t> counts;
     for (const auto& o : outs) counts.push_back(static_cast<size_t>(o.numel()) * e.count);
-    w = pg_->all_gather_v(src.data_ptr(), flat.data_ptr(), counts, e.dtype);
+    w = live()->all_gather_v(src.data_ptr(), flat.data_ptr(), counts, e.dtype);
   }
   auto epilogue = [outs, src, flat] {
     int64_t offset = 0;
@@ -312,7 +326,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_allgather_base(
   auto src = contiguous(input);
   auto dst = contiguous(output);
   const auto e = move_elements(input.scalar_type(), input.numel());
-  auto w = pg_->all_gather(src.data_ptr(), dst.data_ptr(), e.count, e.dtype);
+  auto w = live()->all_gather(src.data_ptr(), dst.data_ptr(), e.count, e.dtype);
   at::Tensor out = output;
   return make_work(c10d::OpType::_ALLGATHER_BASE, {w}, [out, src, dst] { copy_back(out, dst); },
                    {out});
@@ -347,8 +361,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather_coalesced(
   for (const auto& s : staged) byte_views.push_back(bytes_of(s));
   auto packed = byte_views.empty() ? at::empty({0}, at::kByte) : at::cat(byte_views);
   auto flat = at::empty({bytes * size_}, at::kByte);
-  auto w = pg_->all_gather(packed.data_ptr(), flat.data_ptr(), static_cast<size_t>(bytes),
-                           DataType::kUInt8);
+  auto w = live()->all_gather(packed.data_ptr(), flat.data_ptr(), static_cast<size_t>(bytes),
+                              DataType::kUInt8);
   auto outs = outputs;
   auto epilogue = [outs, packed, flat, bytes] {
     for (size_t r = 0; r < outs.size(); ++r) {
@@ -389,8 +403,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::gather(
   auto src = contiguous(in);
   auto flat = root ? at::empty({in.numel() * size_}, in.options()) : at::Tensor();
   const auto e = move_elements(in.scalar_type(), in.numel());
-  auto w = pg_->gather(src.data_ptr(), root ? flat.data_ptr() : nullptr, e.count, e.dtype,
-                       static_cast<int>(opts.rootRank));
+  auto w = live()->gather(src.data_ptr(), root ? flat.data_ptr() : nullptr, e.count, e.dtype,
+                          static_cast<int>(opts.rootRank));
   auto epilogue = [outs, src, flat] {
     for (size_t r = 0; r < outs.size(); ++r) {
       const auto n = outs[r].numel();
@@ -421,8 +435,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::scatter(
   }
   auto dst = contiguous(out);
   const auto e = move_elements(out.scalar_type(), out.numel());
-  auto w = pg_->scatter(root ? flat.data_ptr() : nullptr, dst.data_ptr(), e.count, e.dtype,
-                        static_cast<int>(opts.rootRank));
+  auto w = live()->scatter(root ? flat.data_ptr() : nullptr, dst.data_ptr(), e.count, e.dtype,
+                           static_cast<int>(opts.rootRank));
   return make_work(c10d::OpType::SCATTER, {w}, [out, dst, flat] { copy_back(out, dst); }, {out});
 }
 
@@ -437,8 +451,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce_scatter(
   const auto [r, dtype] = reduction(out, opts.reduceOp, "reduce_scatter");
   auto flat = pack(inputs[0]);
   auto dst = contiguous(out);
-  auto w = pg_->reduce_scatter(flat.data_ptr(), dst.data_ptr(), static_cast<size_t>(out.numel()),
-                               dtype, r);
+  auto w = live()->reduce_scatter(flat.data_ptr(), dst.data_ptr(), static_cast<size_t>(out.numel()),
+                                  dtype, r);
   return make_work(c10d::OpType::REDUCE_SCATTER, {w}, [out, dst, flat] { copy_back(out, dst); },
                    {out});
 }
@@ -451,8 +465,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_reduce_scatter_base(
   const auto [r, dtype] = reduction(output, opts.reduceOp, "reduce_scatter_tensor");
   auto src = contiguous(input);
   auto dst = contiguous(output);
-  auto w = pg_->reduce_scatter(src.data_ptr(), dst.data_ptr(), static_cast<size_t>(output.numel()),
-                               dtype, r);
+  auto w = live()->reduce_scatter(src.data_ptr(), dst.data_ptr(),
+                                  static_cast<size_t>(output.numel()), dtype, r);
   at::Tensor out = output;
   return make_work(c10d::OpType::_REDUCE_SCATTER_BASE, {w},
                    [out, dst, src] { copy_back(out, dst); }, {out});
@@ -461,7 +475,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_reduce_scatter_base(
 bool ProcessGroupDDP::all_ranks_even(int64_t block_elements) {
   int64_t bounds[2] = {block_elements, -block_elements};
   // Waits up to the group timeout; a rank that never calls `op` makes this throw, naming it.
-  pg_->all_reduce(bounds, 2, DataType::kInt64, ReduceOp::kMax)->wait(timeout_);
+  live()->all_reduce(bounds, 2, DataType::kInt64, ReduceOp::kMax)->wait(timeout_);
   // max == -min: every rank passed the same value; >= 0: none was uneven.
   return bounds[0] >= 0 && bounds[0] == -bounds[1];
 }
@@ -475,13 +489,13 @@ std::vector<WorkPtr> ProcessGroupDDP::exchange(const std::vector<at::Tensor>& se
   recv_blocks[rank_].copy_(send_blocks[rank_]);
   for (int p = 0; p < size_; ++p) {
     if (p == rank_ || recv_blocks[p].numel() == 0) continue;
-    works.push_back(pg_->recv(bytes_of(recv_blocks[p]).data_ptr(), recv_blocks[p].nbytes(),
-                              DataType::kUInt8, p, tag));
+    works.push_back(live()->recv(bytes_of(recv_blocks[p]).data_ptr(), recv_blocks[p].nbytes(),
+                                 DataType::kUInt8, p, tag));
   }
   for (int p = 0; p < size_; ++p) {
     if (p == rank_ || send_blocks[p].numel() == 0) continue;
     works.push_back(
-        pg_->send(send_blocks[p].data_ptr(), send_blocks[p].nbytes(), DataType::kUInt8, p, tag));
+        live()->send(send_blocks[p].data_ptr(), send_blocks[p].nbytes(), DataType::kUInt8, p, tag));
   }
   return works;
 }
@@ -524,7 +538,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall_base(
   std::vector<WorkPtr> works;
   if (all_ranks_even(even_here ? in_splits[0] * in_row : -1)) {
     const auto e = move_elements(input.scalar_type(), in_splits[0] * in_row);
-    works.push_back(pg_->all_to_all(src.data_ptr(), dst.data_ptr(), e.count, e.dtype));
+    works.push_back(live()->all_to_all(src.data_ptr(), dst.data_ptr(), e.count, e.dtype));
   } else {
     std::vector<at::Tensor> sends, recvs;
     int64_t so = 0, ro = 0;
@@ -568,7 +582,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall(std::vector<at::Tensor>
     auto src = pack(inputs);
     auto flat = at::empty({n * size_}, inputs[0].options());
     const auto e = move_elements(dtype, n);
-    auto w = pg_->all_to_all(src.data_ptr(), flat.data_ptr(), e.count, e.dtype);
+    auto w = live()->all_to_all(src.data_ptr(), flat.data_ptr(), e.count, e.dtype);
     auto epilogue = [outs, src, flat, n] {
       for (size_t p = 0; p < outs.size(); ++p) {
         outs[p].copy_(flat.narrow(0, static_cast<int64_t>(p) * n, n).view(outs[p].sizes()));
@@ -594,7 +608,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall(std::vector<at::Tensor>
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::barrier(const c10d::BarrierOptions& opts) {
   if (opts.timeout == c10d::kUnsetTimeout) {
-    return make_work(c10d::OpType::BARRIER, {pg_->barrier()}, nullptr, {});
+    return make_work(c10d::OpType::BARRIER, {live()->barrier()}, nullptr, {});
   }
   // dist.barrier(timeout=...): ddp's barrier collective waits up to the group's timeout in the
   // caller's thread, so a per-call limit is kept by the monitored barrier below, after this
@@ -700,7 +714,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::send(std::vector<at::Tensor>& te
   }
   auto buf = contiguous(t);
   const auto e = move_elements(t.scalar_type(), t.numel());
-  auto w = pg_->send(buf.data_ptr(), e.count, e.dtype, dst, tag);
+  auto w = live()->send(buf.data_ptr(), e.count, e.dtype, dst, tag);
   return make_work(c10d::OpType::SEND, {w}, [buf] {}, {t});
 }
 
@@ -713,7 +727,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::recv(std::vector<at::Tensor>& te
   }
   auto buf = contiguous(t);
   const auto e = move_elements(t.scalar_type(), t.numel());
-  auto w = pg_->recv(buf.data_ptr(), e.count, e.dtype, src, tag);
+  auto w = live()->recv(buf.data_ptr(), e.count, e.dtype, src, tag);
   return make_work(c10d::OpType::RECV, {w}, [t, buf] { copy_back(t, buf); }, {t});
 }
 

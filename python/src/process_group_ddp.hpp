@@ -47,6 +47,12 @@ class ProcessGroupDDP : public ProcessGroupBase {
                   std::chrono::milliseconds timeout, const std::string& group_name);
   ~ProcessGroupDDP() override;
 
+  // torch.distributed.destroy_process_group() calls it: the group's threads stop (its
+  // operations still queued finish first, each bounded by the timeout) and its store is no
+  // longer polled, so a peer that exits next, rank 0 with the store among them, is not seen
+  // as a failure. Idempotent; a later operation on this group is a RuntimeError.
+  void shutdown() override;
+
   const std::string getBackendName() const override { return "ddp"; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -120,6 +126,8 @@ class ProcessGroupDDP : public ProcessGroupBase {
   std::vector<WorkPtr> exchange(const std::vector<at::Tensor>& send_blocks,
                                 const std::vector<at::Tensor>& recv_blocks);
   void check_root(int64_t root, const char* op) const;
+  // The ddp group, or a UsageError once shutdown() ran.
+  ProcessGroup* live() const;
 
   c10::intrusive_ptr<c10d::Store> store_;  // this group's (torch prefixes its keys per group)
   ProcessGroupPtr pg_;

@@ -1,0 +1,1 @@
+"""Horovod's framework-independent names (horovod.common)."""

@@ -1,0 +1,50 @@
+"""hvd.elastic on ddprun's elastic restarts.
+
+    @hvd.elastic.run
+    def train(state): ...          # state.commit() at each safe point
+    train(hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0))
+
+When a worker fails, ddprun (--max-restarts N) restarts all workers; the restarted run() loads
+the newest commit on rank 0 (state.py), calls the reset callbacks, gives the state to every rank
+(sync) and calls the function again, which continues from the committed epoch and batch.
+A HorovodInternalError inside the function ends the process (non-zero) so that ddprun restarts
+it: the process group cannot be rebuilt inside a running process here.
+"""
+
+import functools
+import os
+import sys
+
+from ...common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
+from .. import runtime as _rt
+from .state import ObjectState, State, TorchState  # noqa: F401
+
+
+def run(func):
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        if not _rt.is_initialized():
+            _rt.init()
+        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        if state.load_committed() or restarts > 0:
+            state.on_reset()
+        state.sync()
+        try:
+            return func(state, *args, **kwargs)
+        except HorovodInternalError as e:
+            print(f"hvd.elastic.run: rank {_rt.rank()}: a collective failed ({e}); exiting so "
+                  "that ddprun restarts the workers from the last state.commit() "
+                  "(needs ddprun --max-restarts)", file=sys.stderr, flush=True)
+            raise
+
+    return wrapper
+
+
+class ElasticSampler:
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError("hvd.elastic.ElasticSampler is not part of ddp's Horovod "
+                                  "layer; use torch.utils.data.distributed.DistributedSampler "
+                                  "and keep the epoch and batch in the TorchState")
+
+
+__all__ = ["TorchState", "ObjectState", "State", "ElasticSampler", "run"]
