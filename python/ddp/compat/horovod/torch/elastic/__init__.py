@@ -26,9 +26,10 @@ def run(func):
         if not _rt.is_initialized():
             _rt.init()
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        if state.load_committed() or restarts > 0:
-            state.on_reset()
+        resumed = state.load_committed()
         state.sync()
+        if resumed or restarts > 0:
+            state.on_reset()  # after sync: the callbacks see the state every rank resumes from
         try:
             return func(state, *args, **kwargs)
         except HorovodInternalError as e:

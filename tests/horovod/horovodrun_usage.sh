@@ -1,0 +1,18 @@
+#!/bin/sh
+# horovodrun's usage errors: exit status 2 and one line naming the problem, nothing started;
+# -cb describes the layer. Usage: horovodrun_usage.sh PYTHON (with `import ddp` on its path).
+py=$1
+expect_usage() {  # expect_usage "message" args...
+  msg=$1; shift
+  out=$("$py" -m ddp.horovodrun "$@" 2>&1)
+  rc=$?
+  if [ "$rc" != 2 ]; then echo "horovodrun $*: exit $rc, expected 2: $out"; exit 1; fi
+  case "$out" in *"$msg"*) ;; *) echo "horovodrun $*: said '$out', expected '$msg'"; exit 1;; esac
+}
+expect_usage "-np N (N >= 1) is required" python x.py
+expect_usage "needs 4 slots but the hosts have 2" -np 4 -H a:1,b:1 python x.py
+expect_usage "--jsrun is not supported" -np 2 --jsrun python x.py
+expect_usage "no training command given" -np 2
+expect_usage "same number of processes on every host" -np 3 -H a:2,b:2 python x.py
+"$py" -m ddp.horovodrun -cb | grep -q '\[X\] PyTorch' || { echo "-cb does not list PyTorch"; exit 1; }
+echo "horovodrun usage errors ok"
