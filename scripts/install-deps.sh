@@ -2,8 +2,9 @@
 # Installs every Debian package ddp needs that is missing, then makes the Python environment:
 # a virtual environment at $DDP_VENV (default .venv/ in the checkout) with the exact pins of
 # scripts/requirements.txt (torch 2.13.0 from the package index; its LibTorch is the one the C++
-# build uses). Idempotent: when everything is present it touches neither the network, dpkg nor
-# pip. Usage: install-deps.sh [main|test]
+# build uses). The test profile adds the training frameworks of scripts/requirements-frameworks.txt
+# (tests/frameworks/), installed after torch. Idempotent: when everything is present it touches
+# neither the network, dpkg nor pip. Usage: install-deps.sh [main|test]
 set -euo pipefail
 
 profile="${1:-main}"
@@ -67,14 +68,30 @@ fi
 stamp="$venv/.ddp-requirements.txt"
 if [[ -x "$venv/bin/python" ]] && cmp -s "$requirements" "$stamp"; then
   echo "install-deps: $venv has scripts/requirements.txt"
-  exit 0
+else
+  if [[ ! -x "$venv/bin/python" ]]; then
+    echo "install-deps: making the virtual environment $venv with $base_python"
+    "$base_python" -m venv "$venv"
+  fi
+  echo "install-deps: installing scripts/requirements.txt into $venv"
+  # torch first, alone: with 2.13.0 present, nothing after it can pull another torch.
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "$(grep -m1 '^torch==' "$requirements")"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"
+  cp "$requirements" "$stamp"
 fi
-if [[ ! -x "$venv/bin/python" ]]; then
-  echo "install-deps: making the virtual environment $venv with $base_python"
-  "$base_python" -m venv "$venv"
+
+# The test profile adds the training frameworks of tests/frameworks/ (Accelerate, Lightning,
+# Transformers), after torch is in so that its 2.13.0 satisfies their torch requirement; their
+# own stamp, so a changed pin reinstalls only them.
+if [[ "$profile" == "test" ]]; then
+  frameworks="$root/scripts/requirements-frameworks.txt"
+  frameworks_stamp="$venv/.ddp-requirements-frameworks.txt"
+  if cmp -s "$frameworks" "$frameworks_stamp"; then
+    echo "install-deps: $venv has scripts/requirements-frameworks.txt"
+  else
+    echo "install-deps: installing scripts/requirements-frameworks.txt into $venv"
+    torch_pin="$(grep -m1 '^torch==' "$requirements")"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$frameworks" "$torch_pin"
+    cp "$frameworks" "$frameworks_stamp"
+  fi
 fi
-echo "install-deps: installing scripts/requirements.txt into $venv"
-# torch first, alone: with 2.13.0 present, nothing after it can pull another torch.
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "$(grep -m1 '^torch==' "$requirements")"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"
-cp "$requirements" "$stamp"
