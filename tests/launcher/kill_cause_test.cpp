@@ -52,6 +52,17 @@ KillEvidence oom_in_cgroup() {
 
 const ExitStatus kSigkill{true, SIGKILL};
 
+// A worker that died by SIGKILL, explained by `kill`.
+WorkerFailure sigkilled(int global_rank, int local_rank, int pid, const KillExplanation& kill) {
+  WorkerFailure f;
+  f.global_rank = global_rank;
+  f.local_rank = local_rank;
+  f.pid = pid;
+  f.status = kSigkill;
+  f.kill = kill;
+  return f;
+}
+
 }  // namespace
 
 TEST(MemoryCgroup, OomKillCountFromV2EventsAndV1OomControl) {
@@ -155,12 +166,7 @@ TEST(KillCause, OutOfMemoryKillNamesMemoryAndLimit) {
             "(evidence: kernel log 'Memory cgroup out of memory: Killed process 1234 (python3)'; "
             "cgroup oom_kill count 0 -> 1)");
 
-  WorkerFailure f;
-  f.global_rank = 1;
-  f.local_rank = 1;
-  f.pid = 1234;
-  f.status = kSigkill;
-  f.kill = k;
+  const WorkerFailure f = sigkilled(1, 1, 1234, k);
   EXPECT_EQ(describe_failure(f).rfind("rank 1 (local rank 1, pid 1234) was killed by the kernel's "
                                       "out-of-memory killer (SIGKILL): its peak resident memory "
                                       "was 812 MiB; cgroup /sys/fs/cgroup/memory/x limit 256 MiB",
@@ -219,12 +225,7 @@ TEST(KillCause, SigkillWithoutEvidenceIsFromOutside) {
   EXPECT_EQ(k.text,
             "killed by SIGKILL from outside (not the OOM killer: the cgroup's oom_kill count did "
             "not change); its peak resident memory was 12 MiB");
-  WorkerFailure f;
-  f.global_rank = 2;
-  f.local_rank = 0;
-  f.pid = 42;
-  f.status = kSigkill;
-  f.kill = k;
+  const WorkerFailure f = sigkilled(2, 0, 42, k);
   EXPECT_EQ(describe_failure(f),
             "rank 2 (local rank 0, pid 42) failed: signal 9 (SIGKILL); killed by SIGKILL from "
             "outside (not the OOM killer: the cgroup's oom_kill count did not change); its peak "

@@ -53,7 +53,3 @@ def synchronize(handle):
         return p.wait()
     except RuntimeError as e:
         raise HorovodInternalError(str(e)) from e
-
-
-def clear():
-    _pending.clear()

@@ -13,6 +13,7 @@ The backend is ddp's ("ddp") unless HOROVOD_DDP_BACKEND names another torch.dist
 host, in rank order; hosts are told apart by DDP_HOST_ID when set, else by the host name.
 """
 
+import dataclasses
 import datetime
 import os
 import socket
@@ -27,18 +28,15 @@ from ..common.exceptions import HorovodInternalError
 _DEFAULT_TIMEOUT_S = 300
 
 
+@dataclasses.dataclass(frozen=True)
 class _Job:
-    def __init__(self, rank, size, local_rank, local_size, cross_rank, cross_size, backend,
-                 own_group):
-        self.rank = rank
-        self.size = size
-        self.local_rank = local_rank
-        self.local_size = local_size
-        self.cross_rank = cross_rank
-        self.cross_size = cross_size
-        self.backend = backend
-        # Whether hvd.init made the process group (and so hvd.shutdown destroys it).
-        self.own_group = own_group
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    own_group: bool  # whether hvd.init made the process group (hvd.shutdown then destroys it)
 
 
 _job = None
@@ -125,7 +123,6 @@ def init(comm=None, process_sets=None):
     rank, size, local_rank, local_size, init_method = _launch_env()
     own = False
     if dist.is_initialized():
-        backend = dist.get_backend()
         rank, size = dist.get_rank(), dist.get_world_size()
     else:
         backend = _choose_backend()
@@ -139,7 +136,7 @@ def init(comm=None, process_sets=None):
                                        f"(rank {rank} of {size}): {e}") from e
         own = True
     cross_rank, cross_size = _cross(rank, local_rank, size)
-    _job = _Job(rank, size, local_rank, local_size, cross_rank, cross_size, backend, own)
+    _job = _Job(rank, size, local_rank, local_size, cross_rank, cross_size, own)
 
 
 def shutdown():
