@@ -13,7 +13,7 @@ jobs="${DDP_JOBS:-$(nproc)}"
 stages=("$@")
 ((${#stages[@]})) || stages=(asan tsan)
 
-targets_asan=(store_tests launcher_unit_test launcher_e2e_test launcher_oom_test launcher_test_worker ddprun
+targets_asan=(store_tests launcher_unit_test launcher_e2e_test launcher_test_worker ddprun
               comm_tests comm_worker comm_multiprocess_tests comm_mpi_worker rdzv_tests
               flight_recorder_tests flight_recorder_e2e_tests hang_worker)
 # TSan skips the flight recorder's ddprun runs (process-level concurrency, like the launcher
