@@ -9,6 +9,8 @@
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <iostream>
 
 #include <ddp/ddp.hpp>
@@ -31,6 +33,11 @@ struct Args {
   uint64_t seed = 0;
   std::string comm_hook = "allreduce";
   std::string timeline;
+  int64_t checkpoint_every = 0;
+  std::string checkpoint_dir;
+  bool checkpoint_sync = false;
+  int64_t total_steps = -1;
+  std::string loss_log;
 };
 
 // The --comm-hook choices: how DDP averages a gradient bucket (comm_hooks.hpp).
@@ -96,6 +103,26 @@ int run(const Args& args) {
       first_epoch = resume->snapshot.epochs_run + 1;
     }
   }
+  // Per-step checkpoints (--checkpoint-dir): the newest complete one is resumed mid-epoch, with
+  // the sampler's position, so the run sees the samples an uninterrupted one would.
+  ddp::TrainingProgress at;
+  at.epoch = first_epoch;
+  std::optional<ddp::Checkpointer> checkpoints;
+  if (!args.checkpoint_dir.empty()) {
+    checkpoints.emplace(ddp::CheckpointOptions(args.checkpoint_dir).async(!args.checkpoint_sync),
+                        pg);
+    if (auto resume = checkpoints->load_newest(*model, &optimizer)) {
+      if (rank == 0) {
+        for (const auto& why : resume->skipped) std::cout << "Skipping checkpoint " << why << "\n";
+        std::cout << "Resuming from " << resume->path << " at step " << resume->progress.step
+                  << "\n";
+      }
+      at = resume->progress;
+    }
+  }
+  std::ofstream loss_log;
+  if (rank == 0 && !args.loss_log.empty()) loss_log.open(args.loss_log, std::ios::app);
+
   ddp::DistributedDataParallel ddp_model(model, pg,
                                          ddp::DistributedDataParallelOptions()
                                              .comm_hook(comm_hook_named(args.comm_hook))
@@ -106,26 +133,47 @@ int run(const Args& args) {
   if (rank == 0) std::cout << "Entering training loop...\n" << std::flush;
   int64_t steps_total = 0;
   const auto start = std::chrono::steady_clock::now();
-  for (int64_t epoch = first_epoch; epoch <= args.epochs; ++epoch) {
+  bool stop = false;
+  for (int64_t epoch = at.epoch; epoch <= args.epochs && !stop; ++epoch) {
     sampler.set_epoch(epoch);
+    // A resumed epoch skips the batches it already trained on.
+    std::vector<int64_t> indices = sampler.indices();
+    const int64_t epoch_batches = static_cast<int64_t>(indices.size()) / args.batch_size;
+    const int64_t first_batch =
+        epoch == at.epoch ? std::min(at.batches_in_epoch, epoch_batches) : 0;
+    indices.erase(indices.begin(), indices.begin() + first_batch * args.batch_size);
+    at.epoch = epoch;
+    at.batches_in_epoch = first_batch;
     ddp::PrefetchLoader loader(
         [&](const std::vector<int64_t>& idx) {
           auto b = train.get_batch(idx);
           return ddp::Batch{b.data.to(device), b.target.to(device)};
         },
-        sampler.indices(),
-        ddp::PrefetchLoaderOptions().batch_size(args.batch_size).drop_last(true));
+        indices, ddp::PrefetchLoaderOptions().batch_size(args.batch_size).drop_last(true));
     const int64_t steps =
-        args.max_steps >= 0 ? std::min(args.max_steps, loader.num_batches()) : loader.num_batches();
+        args.max_steps >= 0 ? std::min(args.max_steps, epoch_batches) : epoch_batches;
     ddp::Progress progress(fmt::format("epoch {}", epoch), steps, args.batch_size * world,
                            ddp::ProgressOptions().enabled(rank == 0));
-    for (int64_t batch_idx = 0; batch_idx < steps; ++batch_idx) {
+    for (int64_t batch_idx = first_batch; batch_idx < steps; ++batch_idx) {
+      if (args.total_steps >= 0 && at.step >= args.total_steps) {
+        stop = true;
+        break;
+      }
       auto batch = loader.next();
       auto loss = torch::nll_loss(ddp_model(batch->data), batch->target);
       optimizer.zero_grad();
       loss.backward();
       ddp_model.step(optimizer);
       ++steps_total;
+      ++at.step;
+      ++at.batches_in_epoch;
+      if (loss_log.is_open()) {
+        // Hex floats: the resume test compares losses bit for bit.
+        loss_log << fmt::format("{} {:a}\n", at.step, loss.item<float>()) << std::flush;
+      }
+      if (checkpoints && args.checkpoint_every > 0 && at.step % args.checkpoint_every == 0) {
+        checkpoints->save(at, *model, &optimizer);
+      }
       if (batch_idx % 100 == 0 && rank == 0) {
         const double l = loss.item<double>();
         progress.print_line(fmt::format("Train Epoch: {} [{}/{} ({:.0f}%)]\tLoss: {:.6f}", epoch,
@@ -137,11 +185,13 @@ int run(const Args& args) {
       }
     }
     progress.finish();
+    if (stop) break;
     pg->barrier()->wait(pg->timeout());
     if (snapshots && rank == 0) {
       snapshots->save(ddp::capture_snapshot(*model, &optimizer, epoch, epoch));
     }
   }
+  if (checkpoints) checkpoints->wait();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (rank == 0) std::cout << "Exiting training loop...\n" << std::flush;
@@ -197,7 +247,25 @@ int main(int argc, char** argv) {
   app.add_option("--timeline", args.timeline,
                  "Write each rank's Chrome trace of forward, backward, bucket all-reduces and "
                  "optimizer steps here; {rank} becomes the rank (default: none)");
+  app.add_option("--checkpoint-every", args.checkpoint_every,
+                 "Save a checkpoint every N optimizer steps into --checkpoint-dir (default: 0, "
+                 "none)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint-dir", args.checkpoint_dir,
+                 "Directory of per-step checkpoints (PyTorch DCP layout); started again with the "
+                 "same directory, training resumes from the newest complete one");
+  app.add_flag("--checkpoint-sync", args.checkpoint_sync,
+               "Write checkpoints inside the training step instead of in the background");
+  app.add_option("--total-steps", args.total_steps,
+                 "Stop after this many optimizer steps in the whole job, counting the steps "
+                 "before a resume (default: run every epoch)");
+  app.add_option("--loss-log", args.loss_log,
+                 "Rank 0 appends each step's number and loss (hex float) to this file");
   CLI11_PARSE(app, argc, argv);
+  if (args.checkpoint_every > 0 && args.checkpoint_dir.empty()) {
+    std::cerr << "mnist: --checkpoint-every needs --checkpoint-dir DIR (where to write them)\n";
+    return 2;
+  }
   // Freed activations stay mapped between steps: without this glibc returns them to the kernel
   // and every step faults them back in (about 15 % of a CPU step; malloc_tuning.hpp).
   ddp::keep_freed_memory();

@@ -6,7 +6,7 @@
 
 namespace ddp {
 
-std::vector<char> torch_save_bytes(const c10::IValue& value) {
+void write_torch_save(const c10::IValue& value, const ByteSink& sink) {
   // torch::jit::pickle_save's steps, with tag_aggregates off.
   std::vector<char> pickle;
   torch::jit::Pickler pickler(
@@ -17,16 +17,19 @@ std::vector<char> torch_save_bytes(const c10::IValue& value) {
   pickler.pushIValue(value);
   pickler.stop();
 
+  caffe2::serialize::PyTorchStreamWriter writer(sink);
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(),
+                                     writer);
+  writer.writeEndOfFile();
+}
+
+std::vector<char> torch_save_bytes(const c10::IValue& value) {
   std::vector<char> archive;
-  archive.reserve(pickle.size());
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
+  write_torch_save(value, [&](const void* data, size_t n) {
     const char* bytes = static_cast<const char*>(data);
     archive.insert(archive.end(), bytes, bytes + n);
     return n;
   });
-  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(),
-                                     writer);
-  writer.writeEndOfFile();
   return archive;
 }
 

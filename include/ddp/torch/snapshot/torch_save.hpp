@@ -11,10 +11,17 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <cstddef>
+#include <functional>
 #include <vector>
 
 namespace ddp {
 
 std::vector<char> torch_save_bytes(const c10::IValue& value);
+
+// The same archive, handed to `sink` piece by piece as it is produced (no copy of the whole
+// archive in memory). `sink` returns the bytes it took; fewer ends the archive with an error.
+using ByteSink = std::function<size_t(const void* data, size_t size)>;
+void write_torch_save(const c10::IValue& value, const ByteSink& sink);
 
 }  // namespace ddp

@@ -1,0 +1,156 @@
+#include "checkpoint_dir.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "ddp/util/error.hpp"
+
+namespace ddp::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kPrefix = "step-";
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void fsync_path(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
+std::string step_dir(const std::string& dir, int64_t step) {
+  return fmt::format("{}/{}{:08d}", dir, kPrefix, step);
+}
+
+std::optional<int64_t> step_of_name(const std::string& name) {
+  const size_t n = std::strlen(kPrefix);
+  if (name.size() <= n || name.compare(0, n, kPrefix) != 0 || name.size() > n + 18) {
+    return std::nullopt;
+  }
+  int64_t v = 0;
+  for (size_t i = n; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+std::vector<StepDir> step_dirs(const std::string& dir) {
+  std::vector<StepDir> r;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (!e.is_directory(ec)) continue;
+    if (auto step = step_of_name(e.path().filename().string())) {
+      r.push_back({*step, e.path().string()});
+    }
+  }
+  std::sort(r.begin(), r.end(), [](const StepDir& a, const StepDir& b) { return a.step > b.step; });
+  return r;
+}
+
+dcp::Metadata read_complete(const std::string& path) {
+  const std::string md_path = path + "/.metadata";
+  std::error_code ec;
+  if (!fs::exists(md_path, ec)) {
+    throw UsageError(fmt::format("{}: no .metadata (a save that did not finish)", path));
+  }
+  dcp::Metadata md = dcp::decode(read_file(md_path), md_path);
+  std::map<std::string, int64_t> needed;  // file -> bytes its records need
+  auto need = [&](const dcp::Storage& s) {
+    auto& n = needed[s.relative_path];
+    n = std::max(n, s.offset + s.length);
+  };
+  for (const auto& e : md.entries) {
+    if (e.is_tensor) {
+      for (const auto& c : e.chunks) need(c.storage);
+    } else {
+      need(e.bytes);
+    }
+  }
+  for (const auto& [file, bytes] : needed) {
+    const auto size = fs::file_size(path + "/" + file, ec);
+    if (ec) throw UsageError(fmt::format("{}: {} is missing", path, file));
+    if (static_cast<int64_t>(size) < bytes) {
+      throw UsageError(fmt::format("{}: {} has {} bytes, its records need {} (truncated)", path,
+                                   file, size, bytes));
+    }
+  }
+  return md;
+}
+
+std::vector<StepDir> complete_step_dirs(const std::string& dir, std::vector<std::string>* skipped) {
+  std::vector<StepDir> r;
+  for (auto& d : step_dirs(dir)) {
+    try {
+      read_complete(d.path);
+      r.push_back(d);
+    } catch (const UsageError& e) {
+      if (skipped) skipped->push_back(e.what());
+    }
+  }
+  return r;
+}
+
+void write_file_atomically(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      throw Error(fmt::format("cannot write {}: {}", tmp, std::strerror(err)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    throw Error(fmt::format("cannot sync {}: {}", tmp, std::strerror(errno)));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    throw Error(fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(errno)));
+  }
+  fsync_path(fs::path(path).parent_path().string(), O_RDONLY | O_DIRECTORY);
+}
+
+void remove_incomplete(const std::string& dir, std::optional<int64_t> below_step) {
+  std::error_code ec;
+  for (const auto& d : step_dirs(dir)) {
+    if (below_step && d.step >= *below_step) continue;
+    if (!fs::exists(d.path + "/.metadata", ec)) fs::remove_all(d.path, ec);
+  }
+}
+
+void prune_complete(const std::string& dir, int keep) {
+  std::error_code ec;
+  const auto complete = complete_step_dirs(dir);
+  for (size_t i = static_cast<size_t>(keep); i < complete.size(); ++i) {
+    // .metadata first: a directory half removed by a kill is incomplete, never half complete.
+    fs::remove(complete[i].path + "/.metadata", ec);
+    fs::remove_all(complete[i].path, ec);
+  }
+}
+
+}  // namespace ddp::checkpoint
