@@ -1,0 +1,213 @@
+// ddp::Checkpointer on one and two ranks (threads): what a checkpoint holds comes back, the
+// newest complete one wins, incomplete and damaged ones are skipped with their reason, old ones
+// are pruned, ranks that see different checkpoints fail together.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../ddp/rank_threads.hpp"
+#include "checkpoint_test_util.hpp"
+#include "ddp/torch/checkpoint/checkpoint.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+using test::make_model;
+using test::run_ranks;
+using test::set_grads;
+using test::TempDir;
+
+void expect_same_params(torch::nn::Module& a, torch::nn::Module& b) {
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (const auto& kv : pa) EXPECT_TRUE(torch::equal(kv.value(), pb[kv.key()])) << kv.key();
+}
+
+TEST(Checkpoint, RoundTripsModelOptimizerProgressExtrasAndRng) {
+  TempDir dir;
+  run_ranks(1, [&](int, ProcessGroupPtr pg) {
+    auto model = make_model(0.1);
+    torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.01).amsgrad(true));
+    for (int s = 0; s < 3; ++s) {
+      set_grads(*model, s);
+      adam.step();
+    }
+    Checkpointer ckpt(CheckpointOptions(dir.path()).async(false), pg);
+    TrainingProgress at{7, 2, 3};
+    CheckpointExtras extras{
+        {"note", std::string("hi")}, {"loss", 0.5}, {"table", torch::arange(4, torch::kInt64)}};
+    torch::manual_seed(123);
+    ASSERT_TRUE(ckpt.save(at, *model, &adam, extras));
+    const auto after_save = torch::rand({5});
+
+    auto fresh = make_model(3.0);
+    torch::optim::Adam fresh_adam(fresh->parameters(), torch::optim::AdamOptions(0.5));
+    auto r = ckpt.load_newest(*fresh, &fresh_adam);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->path, dir.path() + "/step-00000007");
+    EXPECT_EQ(r->progress.step, 7);
+    EXPECT_EQ(r->progress.epoch, 2);
+    EXPECT_EQ(r->progress.batches_in_epoch, 3);
+    EXPECT_EQ(r->extras.at("note").toStringRef(), "hi");
+    EXPECT_EQ(r->extras.at("loss").toDouble(), 0.5);
+    EXPECT_TRUE(torch::equal(r->extras.at("table").toTensor(), torch::arange(4, torch::kInt64)));
+    EXPECT_TRUE(torch::equal(torch::rand({5}), after_save)) << "the CPU generator came back";
+    expect_same_params(*model, *fresh);
+
+    const auto& options =
+        static_cast<const torch::optim::AdamOptions&>(fresh_adam.param_groups()[0].options());
+    EXPECT_EQ(options.lr(), 0.01);
+    EXPECT_TRUE(options.amsgrad());
+    auto mp = model->parameters(), fp = fresh->parameters();
+    for (size_t i = 0; i < mp.size(); ++i) {
+      const auto& want = static_cast<const torch::optim::AdamParamState&>(
+          *adam.state().at(mp[i].unsafeGetTensorImpl()));
+      const auto& got = static_cast<const torch::optim::AdamParamState&>(
+          *fresh_adam.state().at(fp[i].unsafeGetTensorImpl()));
+      EXPECT_EQ(got.step(), want.step());
+      EXPECT_TRUE(torch::equal(got.exp_avg(), want.exp_avg()));
+      EXPECT_TRUE(torch::equal(got.exp_avg_sq(), want.exp_avg_sq()));
+      EXPECT_TRUE(torch::equal(got.max_exp_avg_sq(), want.max_exp_avg_sq()));
+    }
+    // Both optimizers now take the same step.
+    set_grads(*model, 3);
+    set_grads(*fresh, 3);
+    adam.step();
+    fresh_adam.step();
+    expect_same_params(*model, *fresh);
+  });
+}
+
+TEST(Checkpoint, SgdMomentumRoundTrips) {
+  TempDir dir;
+  run_ranks(1, [&](int, ProcessGroupPtr pg) {
+    auto model = make_model(0.1);
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    set_grads(*model, 0);
+    sgd.step();
+    Checkpointer ckpt(CheckpointOptions(dir.path()).async(false), pg);
+    ckpt.save({1, 0, 1}, *model, &sgd);
+    auto fresh = make_model(2.0);
+    torch::optim::SGD fresh_sgd(fresh->parameters(), torch::optim::SGDOptions(0.3));
+    ASSERT_TRUE(ckpt.load_newest(*fresh, &fresh_sgd));
+    EXPECT_EQ(static_cast<const torch::optim::SGDOptions&>(fresh_sgd.param_groups()[0].options())
+                  .momentum(),
+              0.9);
+    for (int s = 1; s < 3; ++s) {
+      set_grads(*model, s);
+      set_grads(*fresh, s);
+      sgd.step();
+      fresh_sgd.step();
+    }
+    expect_same_params(*model, *fresh);
+  });
+}
+
+// Parameters all equal to `v`: which save a loaded state came from.
+void fill(torch::nn::Module& m, double v) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : m.parameters()) p.fill_(v);
+}
+
+TEST(Checkpoint, AsyncSavesKeepTheNewestAndTrainingMayChangeTheStateMeanwhile) {
+  TempDir dir;
+  run_ranks(2, [&](int, ProcessGroupPtr pg) {
+    auto model = make_model(0.0);
+    Checkpointer ckpt(CheckpointOptions(dir.path()).keep(2), pg);
+    for (int step = 1; step <= 4; ++step) {
+      fill(*model, step);
+      ASSERT_TRUE(ckpt.save({step, 0, step}, *model, nullptr));
+      fill(*model, -1);  // training goes on: the save wrote its own copy
+    }
+    ckpt.wait();
+    pg->barrier()->wait(pg->timeout());
+    const auto list = Checkpointer::list(dir.path());
+    ASSERT_EQ(list.size(), 2u);
+    EXPECT_EQ(list[0].first, 4);
+    EXPECT_EQ(list[1].first, 3);
+    auto r = ckpt.load_newest(*model, nullptr);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->progress.step, 4);
+    for (const auto& p : model->parameters()) EXPECT_TRUE(torch::all(p == 4).item<bool>());
+  });
+}
+
+TEST(Checkpoint, IncompleteAndTruncatedCheckpointsAreSkippedWithTheirReason) {
+  TempDir dir;
+  run_ranks(1, [&](int, ProcessGroupPtr pg) {
+    auto model = make_model(0.0);
+    Checkpointer ckpt(CheckpointOptions(dir.path()).async(false).keep(5), pg);
+    for (int step = 1; step <= 3; ++step) {
+      fill(*model, step);
+      ckpt.save({step, 0, step}, *model, nullptr);
+    }
+    fs::remove(dir.path() + "/step-00000003/.metadata");               // killed before the commit
+    fs::resize_file(dir.path() + "/step-00000002/__0_0.distcp", 100);  // a truncated copy
+    auto r = ckpt.load_newest(*model, nullptr);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->progress.step, 1);
+    ASSERT_EQ(r->skipped.size(), 2u);
+    EXPECT_NE(r->skipped[0].find("no .metadata"), std::string::npos) << r->skipped[0];
+    EXPECT_NE(r->skipped[1].find("truncated"), std::string::npos) << r->skipped[1];
+    for (const auto& p : model->parameters()) EXPECT_TRUE(torch::all(p == 1).item<bool>());
+  });
+}
+
+TEST(Checkpoint, GarbageMetadataIsSkippedNamingTheFile) {
+  TempDir dir;
+  run_ranks(1, [&](int, ProcessGroupPtr pg) {
+    auto model = make_model(0.0);
+    Checkpointer ckpt(CheckpointOptions(dir.path()).async(false), pg);
+    ckpt.save({1, 0, 1}, *model, nullptr);
+    fs::create_directories(dir.path() + "/step-00000009");
+    std::ofstream(dir.path() + "/step-00000009/.metadata") << "not a pickle at all";
+    auto r = ckpt.load_newest(*model, nullptr);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->progress.step, 1);
+    ASSERT_EQ(r->skipped.size(), 1u);
+    EXPECT_NE(r->skipped[0].find("step-00000009/.metadata"), std::string::npos) << r->skipped[0];
+  });
+}
+
+TEST(Checkpoint, AModelOfAnotherShapeIsRefusedListingTheEntries) {
+  TempDir dir;
+  run_ranks(1, [&](int, ProcessGroupPtr pg) {
+    auto model = make_model(0.0);
+    Checkpointer ckpt(CheckpointOptions(dir.path()).async(false), pg);
+    ckpt.save({1, 0, 1}, *model, nullptr);
+    torch::nn::Sequential other(torch::nn::Linear(5, 8));
+    try {
+      ckpt.load_newest(*other, nullptr);
+      FAIL() << "loaded into a model of another shape";
+    } catch (const UsageError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("0.weight (checkpoint [7, 5], model [8, 5])"), std::string::npos) << m;
+      EXPECT_NE(m.find("unexpected [model.2.bias"), std::string::npos) << m;
+    }
+  });
+}
+
+TEST(Checkpoint, RanksSeeingDifferentCheckpointsFailTogether) {
+  TempDir a, b;
+  run_ranks(1, [&](int, ProcessGroupPtr pg) {
+    auto model = make_model(0.0);
+    Checkpointer(CheckpointOptions(a.path()).async(false), pg).save({1, 0, 1}, *model, nullptr);
+  });
+  auto errors = test::run_ranks_collect(2, [&](int rank, ProcessGroupPtr pg) {
+    auto model = make_model(0.0);
+    // Node-local directories: only rank 0's has a checkpoint.
+    Checkpointer ckpt(CheckpointOptions(rank == 0 ? a.path() : b.path()).async(false), pg);
+    ckpt.load_newest(*model, nullptr);
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(errors[r]) << "rank " << r << " went on";
+    EXPECT_NE(test::message_of(errors[r]).find("file system every node shares"), std::string::npos)
+        << test::message_of(errors[r]);
+  }
+}
+
+}  // namespace
+}  // namespace ddp
