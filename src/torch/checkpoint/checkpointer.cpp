@@ -90,8 +90,12 @@ bool Checkpointer::save(const TrainingProgress& progress, const torch::nn::Modul
 
   auto items = checkpoint::items_written_by(
       checkpoint::collect_items(progress, module, optimizer, extras, rank, world), rank, world);
+  // A background write needs its own copy (training changes the live state meanwhile); a
+  // write inside save() reads the live CPU tensors directly.
   for (auto& item : items) {
-    if (item.tensor.defined()) item.tensor = staging_->stage(item.fqn, item.tensor);
+    if (!item.tensor.defined()) continue;
+    item.tensor = options_.async_ ? staging_->stage(item.fqn, item.tensor)
+                                  : item.tensor.to(torch::kCPU).contiguous();
   }
 
   // On the first save, rank 0 clears what a killed job left (a step directory without

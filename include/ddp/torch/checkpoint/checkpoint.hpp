@@ -118,9 +118,9 @@ class Checkpointer {
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
-  // Collective, at a step boundary (after the optimizer step). Copies the state to host buffers
-  // that are reused from save to save, then writes it: in the background (async) or before
-  // returning. Returns false when the save was skipped (SaveInFlight::kSkip). An error of the
+  // Collective, at a step boundary (after the optimizer step). Async: copies the state to host
+  // buffers that are reused from save to save and writes them in the background. Sync: writes
+  // the live state before returning. Returns false when the save was skipped (SaveInFlight::kSkip). An error of the
   // previous background write is thrown here (or by wait()).
   bool save(const TrainingProgress& progress, const torch::nn::Module& module,
             torch::optim::Optimizer* optimizer, const CheckpointExtras& extras = {});
