@@ -46,10 +46,10 @@
 
 // Optimizers (FusedAdam, ZeroRedundancyOptimizer), checkpoints (per step, async, DCP layout),
 // snapshots, progress.
+#include "ddp/torch/checkpoint/checkpoint.hpp"
 #include "ddp/torch/optim/fused_adam.hpp"
 #include "ddp/torch/optim/optimizer_state_bytes.hpp"
 #include "ddp/torch/optim/zero_redundancy_optimizer.hpp"
 #include "ddp/torch/progress/progress.hpp"
-#include "ddp/torch/checkpoint/checkpoint.hpp"
 #include "ddp/torch/snapshot/snapshot.hpp"
 #include "ddp/util/malloc_tuning.hpp"

@@ -54,35 +54,28 @@ c10::IValue betas_value(const std::tuple<double, double>& b) {
   return c10::ivalue::Tuple::create({std::get<0>(b), std::get<1>(b)});
 }
 
+// Adam's and AdamW's options (the same fields; PyTorch 2.13's AdamW is Adam with
+// decoupled_weight_decay=True).
+template <typename Options>
+std::vector<std::pair<std::string, c10::IValue>> adam_options(const Options& a, bool decoupled) {
+  return {{"lr", a.lr()},
+          {"betas", betas_value(a.betas())},
+          {"eps", a.eps()},
+          {"weight_decay", a.weight_decay()},
+          {"amsgrad", a.amsgrad()},
+          {"maximize", false},
+          {"foreach", c10::IValue()},
+          {"capturable", false},
+          {"differentiable", false},
+          {"fused", c10::IValue()},
+          {"decoupled_weight_decay", decoupled}};
+}
+
 // PyTorch 2.13's options of the group, in its names (the ones LibTorch lacks at their defaults).
 std::vector<std::pair<std::string, c10::IValue>> group_options(
     const torch::optim::OptimizerOptions& o) {
-  if (const auto* a = dynamic_cast<const AdamOptions*>(&o)) {
-    return {{"lr", a->lr()},
-            {"betas", betas_value(a->betas())},
-            {"eps", a->eps()},
-            {"weight_decay", a->weight_decay()},
-            {"amsgrad", a->amsgrad()},
-            {"maximize", false},
-            {"foreach", c10::IValue()},
-            {"capturable", false},
-            {"differentiable", false},
-            {"fused", c10::IValue()},
-            {"decoupled_weight_decay", false}};
-  }
-  if (const auto* a = dynamic_cast<const AdamWOptions*>(&o)) {
-    return {{"lr", a->lr()},
-            {"betas", betas_value(a->betas())},
-            {"eps", a->eps()},
-            {"weight_decay", a->weight_decay()},
-            {"amsgrad", a->amsgrad()},
-            {"maximize", false},
-            {"foreach", c10::IValue()},
-            {"capturable", false},
-            {"differentiable", false},
-            {"fused", c10::IValue()},
-            {"decoupled_weight_decay", true}};
-  }
+  if (const auto* a = dynamic_cast<const AdamOptions*>(&o)) return adam_options(*a, false);
+  if (const auto* a = dynamic_cast<const AdamWOptions*>(&o)) return adam_options(*a, true);
   if (const auto* s = dynamic_cast<const SGDOptions*>(&o)) {
     return {{"lr", s->lr()},
             {"momentum", s->momentum()},
@@ -109,16 +102,16 @@ std::vector<std::pair<std::string, torch::Tensor>> state_tensors(
   auto add = [&](const char* name, const torch::Tensor& t) {
     if (t.defined()) r.emplace_back(name, t);
   };
+  auto adam = [&](const auto& a) {
+    r.emplace_back("step", step_tensor(a.step()));
+    add("exp_avg", a.exp_avg());
+    add("exp_avg_sq", a.exp_avg_sq());
+    add("max_exp_avg_sq", a.max_exp_avg_sq());
+  };
   if (const auto* a = dynamic_cast<const AdamParamState*>(&st)) {
-    r.emplace_back("step", step_tensor(a->step()));
-    add("exp_avg", a->exp_avg());
-    add("exp_avg_sq", a->exp_avg_sq());
-    add("max_exp_avg_sq", a->max_exp_avg_sq());
+    adam(*a);
   } else if (const auto* w = dynamic_cast<const AdamWParamState*>(&st)) {
-    r.emplace_back("step", step_tensor(w->step()));
-    add("exp_avg", w->exp_avg());
-    add("exp_avg_sq", w->exp_avg_sq());
-    add("max_exp_avg_sq", w->max_exp_avg_sq());
+    adam(*w);
   } else if (const auto* s = dynamic_cast<const SGDParamState*>(&st)) {
     add("momentum_buffer", s->momentum_buffer());
   } else {
@@ -201,18 +194,17 @@ void restore_options(const EntryReader& r, size_t g, torch::optim::OptimizerOpti
     opts.betas(std::make_tuple(as_double(items[0], prefix + "betas"),
                                as_double(items[1], prefix + "betas")));
   };
+  auto adam = [&](auto& a) {
+    num("lr", [&](double v) { a.lr(v); });
+    num("eps", [&](double v) { a.eps(v); });
+    num("weight_decay", [&](double v) { a.weight_decay(v); });
+    flag("amsgrad", [&](bool v) { a.amsgrad(v); });
+    betas(a);
+  };
   if (auto* a = dynamic_cast<AdamOptions*>(&o)) {
-    num("lr", [&](double v) { a->lr(v); });
-    num("eps", [&](double v) { a->eps(v); });
-    num("weight_decay", [&](double v) { a->weight_decay(v); });
-    flag("amsgrad", [&](bool v) { a->amsgrad(v); });
-    betas(*a);
+    adam(*a);
   } else if (auto* w = dynamic_cast<AdamWOptions*>(&o)) {
-    num("lr", [&](double v) { w->lr(v); });
-    num("eps", [&](double v) { w->eps(v); });
-    num("weight_decay", [&](double v) { w->weight_decay(v); });
-    flag("amsgrad", [&](bool v) { w->amsgrad(v); });
-    betas(*w);
+    adam(*w);
   } else if (auto* s = dynamic_cast<SGDOptions*>(&o)) {
     num("lr", [&](double v) { s->lr(v); });
     num("momentum", [&](double v) { s->momentum(v); });
@@ -246,22 +238,15 @@ std::unique_ptr<torch::optim::OptimizerParamState> load_state(
   auto t = [&](const char* name) {
     return r.has(prefix + name) ? like_param(r, prefix + name, p) : torch::Tensor();
   };
-  if (dynamic_cast<const AdamOptions*>(&kind)) {
-    auto s = std::make_unique<AdamParamState>();
-    s->step(step_of(r, prefix + "step"));
-    s->exp_avg(t("exp_avg"));
-    s->exp_avg_sq(t("exp_avg_sq"));
-    s->max_exp_avg_sq(t("max_exp_avg_sq"));
-    return s;
-  }
-  if (dynamic_cast<const AdamWOptions*>(&kind)) {
-    auto s = std::make_unique<AdamWParamState>();
-    s->step(step_of(r, prefix + "step"));
-    s->exp_avg(t("exp_avg"));
-    s->exp_avg_sq(t("exp_avg_sq"));
-    s->max_exp_avg_sq(t("max_exp_avg_sq"));
-    return s;
-  }
+  auto adam = [&](auto state) {
+    state->step(step_of(r, prefix + "step"));
+    state->exp_avg(t("exp_avg"));
+    state->exp_avg_sq(t("exp_avg_sq"));
+    state->max_exp_avg_sq(t("max_exp_avg_sq"));
+    return std::unique_ptr<torch::optim::OptimizerParamState>(std::move(state));
+  };
+  if (dynamic_cast<const AdamOptions*>(&kind)) return adam(std::make_unique<AdamParamState>());
+  if (dynamic_cast<const AdamWOptions*>(&kind)) return adam(std::make_unique<AdamWParamState>());
   auto s = std::make_unique<SGDParamState>();
   s->momentum_buffer(t("momentum_buffer"));
   return s;

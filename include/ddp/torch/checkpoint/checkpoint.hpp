@@ -120,8 +120,8 @@ class Checkpointer {
 
   // Collective, at a step boundary (after the optimizer step). Async: copies the state to host
   // buffers that are reused from save to save and writes them in the background. Sync: writes
-  // the live state before returning. Returns false when the save was skipped (SaveInFlight::kSkip). An error of the
-  // previous background write is thrown here (or by wait()).
+  // the live state before returning. Returns false when the save was skipped (SaveInFlight::kSkip).
+  // An error of the previous background write is thrown here (or by wait()).
   bool save(const TrainingProgress& progress, const torch::nn::Module& module,
             torch::optim::Optimizer* optimizer, const CheckpointExtras& extras = {});
 
