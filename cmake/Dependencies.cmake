@@ -7,6 +7,8 @@ find_package(CLI11 REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(OpenSSL REQUIRED)
 find_package(ZLIB REQUIRED)
+# libcurl (Debian libcurl4-openssl-dev): the etcd rendezvous backend's HTTP client.
+find_package(CURL REQUIRED)
 
 find_package(Gloo QUIET)
 set(DDP_HAVE_GLOO ${Gloo_FOUND})

@@ -23,7 +23,7 @@ string(CONCAT CPACK_DEBIAN_PACKAGE_DESCRIPTION
        "the Python package `ddp` (the torch.distributed backend), the documentation and\n"
        "the ddprun man page.")
 set(DDP_DEB_DEPENDS libfmt-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libssl-dev
-                    zlib1g-dev)
+                    zlib1g-dev libcurl4-openssl-dev)
 if(DDP_HAVE_GLOO)
   list(APPEND DDP_DEB_DEPENDS libgloo-dev)
 endif()

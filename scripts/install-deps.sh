@@ -16,8 +16,11 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   libgloo-dev libopenmpi-dev openmpi-bin
   libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libssl-dev zlib1g-dev
+  libcurl4-openssl-dev
   dataset-fashion-mnist
   libgtest-dev libgmock-dev libbenchmark-dev
+  # eu-stack: native stacks of C++ workers for `ddprun stacks` and ddprun's reports.
+  elfutils
 )
 if [[ "$profile" == "test" ]]; then
   # Multi-host tests (ip netns), the fuzz target, the SLURM cluster test. The sanitizer stage's
@@ -27,6 +30,9 @@ if [[ "$profile" == "test" ]]; then
   # about the reference BLAS), which preload each. The PyTorch wheel's LibTorch carries its own
   # BLAS (MKL) and loads neither; a LibTorch linked against the system's libblas.so.3 does.
   packages+=(libblas3 libopenblas0-openmp)
+  # The etcd rendezvous tests (tests/rendezvous/etcd_test.sh, etcd_tests) start a real etcd
+  # and make TLS certificates with openssl.
+  packages+=(etcd-server openssl)
 fi
 
 # The virtual environment's base interpreter: $DDP_PYTHON_BASE, else the python3 on PATH, when it

@@ -3,6 +3,7 @@
 // and --rdzv-* it meets the other nodes first (docs/rendezvous.md).
 // ddprun doctor [--rdzv-endpoint HOST:PORT]: checks the cluster and network setup.
 // ddprun trace FILES...: the hang report from the workers' flight recorder dumps.
+// ddprun stacks --run-id ID: every worker's current stack on every node of a running job.
 //
 // Exit codes: 0 every worker succeeded; 1 a worker failed and restarts are exhausted (or the
 // launcher itself failed); 2 bad command line; 128+N stopped by signal N.
@@ -15,6 +16,7 @@
 #include "ddp/launcher/hang_report.hpp"
 #include "ddp/launcher/launch.hpp"
 #include "ddp/launcher/multi_node.hpp"
+#include "ddp/launcher/stacks_command.hpp"
 #include "ddp/util/error.hpp"
 
 int main(int argc, char** argv) {
@@ -25,6 +27,7 @@ int main(int argc, char** argv) {
     ParsedCommandLine parsed = parse_command_line(args, env);
     if (parsed.doctor) return run_doctor_command(*parsed.doctor);
     if (parsed.trace) return run_trace_command(parsed.trace->paths);
+    if (parsed.stacks) return run_stacks_command(*parsed.stacks);
     if (!parsed.options) {
       std::fputs(parsed.help.c_str(), stdout);
       return 0;

@@ -18,6 +18,9 @@
 #include "ddp/launcher/process.hpp"
 #include "ddp/launcher/run_directory.hpp"
 #include "ddp/launcher/signals.hpp"
+#include "ddp/launcher/stack_service.hpp"
+#include "ddp/launcher/stacks.hpp"
+#include "ddp/launcher/torch_progress.hpp"
 #include "ddp/launcher/worker_group.hpp"
 #include "ddp/util/error.hpp"
 
@@ -30,8 +33,42 @@ void notice(int fd, const std::string& text) {
   write_fully(fd, line.data(), line.size());
 }
 
+// What the agent holds for the stack capture and the watchdog across attempts.
+struct Diagnostics {
+  StackTools tools;
+  std::unique_ptr<StackService> service;  // null when it could not start (said so)
+  std::string python_hook_dir;            // "" without --hang-timeout
+};
+
+Diagnostics start_diagnostics(const AgentOptions& options, const RunDirectory& run_dir) {
+  Diagnostics d;
+  // pip puts py-spy beside the interpreter the workers run.
+  std::vector<std::string> dirs;
+  if (!options.command.empty()) {
+    const std::string& exe = options.command.front();
+    if (exe.find('/') != std::string::npos) dirs.push_back(exe.substr(0, exe.rfind('/')));
+  }
+  d.tools = find_stack_tools(dirs);
+  if (options.serve_stacks) {
+    try {
+      StackServiceOptions so;
+      so.run_id = options.run_id;
+      so.host = options.host;
+      if (run_dir.persistent()) so.log_root = run_dir.root();
+      so.tools = d.tools;
+      d.service = std::make_unique<StackService>(std::move(so));
+    } catch (const Error& e) {
+      notice(options.notice_fd,
+             std::string("'ddprun stacks' will not reach this node: ") + e.what());
+    }
+  }
+  if (options.hang_timeout) d.python_hook_dir = write_python_hook(run_dir.root());
+  return d;
+}
+
 AttemptSpec make_spec(const AgentOptions& options, const WorldAssignment& world,
-                      const RunDirectory& run_dir, int restart_count, int attempt) {
+                      const RunDirectory& run_dir, int restart_count, int attempt,
+                      const Diagnostics& diagnostics) {
   AttemptSpec spec;
   spec.world = &world;
   spec.run_dir = &run_dir;
@@ -53,6 +90,11 @@ AttemptSpec make_spec(const AgentOptions& options, const WorldAssignment& world,
   spec.console_out = options.console_out;
   spec.console_err = options.console_err;
   spec.notice_fd = options.notice_fd;
+  spec.stacks_limit = options.stacks_limit;
+  spec.stack_tools = diagnostics.tools;
+  spec.stack_service = diagnostics.service.get();
+  spec.hang_timeout = options.hang_timeout;
+  spec.python_hook_dir = diagnostics.python_hook_dir;
   return spec;
 }
 
@@ -114,6 +156,8 @@ AgentResult report_failure(const AgentOptions& options, const AttemptResult& att
   report.max_restarts = options.max_restarts;
   report.root_cause = *attempt.root_cause;
   report.others = attempt.others;
+  report.stacks_summary = stacks_summary(attempt.stacks);
+  report.stacks_file = attempt.stacks_file;
   std::string text = format_failure_report(report);
   write_fully(options.notice_fd, text.data(), text.size());
   AgentResult result;
@@ -127,10 +171,12 @@ AgentResult run_single_node(const AgentOptions& options) {
   // Signals are queued from here on, so none is lost between attempts.
   SignalChannel signals;
   RunDirectory run_dir(options.log_dir, options.run_id);
+  // After the signal mask: the service's threads inherit it and leave signals to the loop.
+  Diagnostics diagnostics = start_diagnostics(options, run_dir);
 
   for (int restart = 0;; ++restart) {
     WorldAssignment world = options.rendezvous(restart);
-    AttemptSpec spec = make_spec(options, world, run_dir, restart, restart);
+    AttemptSpec spec = make_spec(options, world, run_dir, restart, restart, diagnostics);
     AttemptResult attempt = run_attempt(spec, signals);
 
     AgentResult result;
@@ -219,6 +265,7 @@ AgentResult run_multi_node(const AgentOptions& options) {
   Membership& m = *options.membership;
   SignalChannel signals;
   RunDirectory run_dir(options.log_dir, options.run_id);
+  Diagnostics diagnostics = start_diagnostics(options, run_dir);
 
   int charged = 0;   // restarts counted against max_restarts
   int restarts = 0;  // restarts after a failure of this node's workers, charged or not: the
@@ -249,7 +296,18 @@ AgentResult run_multi_node(const AgentOptions& options) {
       ++restarts;
     }
 
-    AttemptSpec spec = make_spec(options, round.world, run_dir, restarts, round.generation);
+    AttemptSpec spec =
+        make_spec(options, round.world, run_dir, restarts, round.generation, diagnostics);
+    if (diagnostics.service) {
+      // Other nodes' `ddprun stacks` requests reach this one through the job's store.
+      try {
+        diagnostics.service->join_round(m.connect_side_store(), round.generation,
+                                        round.world.group_rank, round.world.group_world_size);
+      } catch (const Error& e) {
+        notice(options.notice_fd,
+               std::string("'ddprun stacks' on other nodes will not reach this one: ") + e.what());
+      }
+    }
     spec.stop_fd = m.start_watching();
     AttemptResult attempt;
     try {
@@ -259,6 +317,7 @@ AgentResult run_multi_node(const AgentOptions& options) {
       throw;
     }
     std::optional<std::string> reason = m.stop_watching();
+    if (diagnostics.service) diagnostics.service->leave_round();
 
     AgentResult result;
     result.restart_count = charged;

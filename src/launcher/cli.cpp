@@ -306,8 +306,9 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
     f.option = app.add_flag(names, f.cli_value, help + " [env " + env_name + "]");
   };
 
-  value_flag("nnodes", "--nnodes", "PET_NNODES",
-             "Number of nodes: N, or MIN:MAX for an elastic job (c10d backend) (default 1)");
+  value_flag(
+      "nnodes", "--nnodes", "PET_NNODES",
+      "Number of nodes: N, or MIN:MAX for an elastic job (c10d or etcd backend) (default 1)");
   value_flag("nproc", "--nproc-per-node,--nproc_per_node", "PET_NPROC_PER_NODE",
              "Workers on this node: N, auto, cpu or gpu (default 1)");
   value_flag("node_rank", "--node-rank,--node_rank", "PET_NODE_RANK",
@@ -329,13 +330,15 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
              "Run id: TORCHELASTIC_RUN_ID and the log folder name (default 'none', random "
              "with --standalone)");
   value_flag("rdzv_backend", "--rdzv-backend,--rdzv_backend", "PET_RDZV_BACKEND",
-             "Rendezvous backend: static (fixed --node-rank) or c10d (elastic) (default static)");
+             "Rendezvous backend: static (fixed --node-rank), c10d (elastic), or etcd / etcd-v2 "
+             "(elastic, on an etcd cluster) (default static)");
   value_flag("rdzv_endpoint", "--rdzv-endpoint,--rdzv_endpoint", "PET_RDZV_ENDPOINT",
              "HOST[:PORT] of the rendezvous store, served by the agent on HOST (default port "
-             "29400)");
+             "29400); etcd: HOST[:PORT][,HOST[:PORT]...], the etcd cluster's members (port 2379)");
   value_flag("rdzv_conf", "--rdzv-conf,--rdzv_conf", "PET_RDZV_CONF",
              "key=value,...: join_timeout, last_call_timeout, close_timeout, heartbeat, "
-             "connect_timeout (seconds), token_file");
+             "connect_timeout (seconds), token_file; etcd: protocol, cacert, cert, key, "
+             "read_timeout, etcd_prefix, key_ttl");
   value_flag("local_addr", "--local-addr,--local_addr", "PET_LOCAL_ADDR",
              "Address of this node for the others (default: the source address of the route "
              "to the endpoint)");
@@ -352,6 +355,9 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
   bool_flag("no_python", "--no-python,--no_python", "PET_NO_PYTHON",
             "Execute PROGRAM directly, even a .py file");
   bool_flag("module", "-m,--module", "PET_MODULE", "Run PROGRAM as a Python module (python -m)");
+  value_flag("hang_timeout", "--hang-timeout,--hang_timeout", "PET_HANG_TIMEOUT",
+             "End the job when no collective completed for this many seconds while one waited "
+             "(PyTorch workers' flight recorder; docs/ddprun.md, 'My job is stuck') (default off)");
 
   // `ddprun doctor [--rdzv-endpoint HOST:PORT]`: checks instead of a launch.
   DoctorCommand doctor_command;
@@ -379,6 +385,20 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
   trace->add_option("paths", trace_command.paths, "Dump files, or directories to search")
       ->required();
 
+  // `ddprun stacks --run-id ID`: the running workers' stacks on every node.
+  StacksCommand stacks_command;
+  CLI::App* stacks = app.add_subcommand(
+      "stacks",
+      "Print every worker's current stack (py-spy for Python, eu-stack for native workers) on "
+      "every node of a running job, identical stacks folded, the odd ones first.");
+  stacks->add_option("--run-id,--run_id,--rdzv-id,--rdzv_id", stacks_command.run_id,
+                     "The job's --run-id / --rdzv-id");
+  stacks->add_option("--log-dir,--log_dir", stacks_command.log_dir,
+                     "The job's --log-dir (or its run folder DIR/<run id>)");
+  stacks->add_option("--timeout", stacks_command.timeout_s,
+                     "Seconds to wait for every node's answer (default 10)");
+  stacks->add_flag("--json", stacks_command.json, "Print the stacks as JSON");
+
   std::vector<std::string> argv_storage = {"ddprun"};
   argv_storage.insert(argv_storage.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -388,7 +408,9 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
   } catch (const CLI::CallForHelp&) {
     ParsedCommandLine result;
     result.help =
-        doctor->parsed() ? doctor->help() : (trace->parsed() ? trace->help() : app.help());
+        doctor->parsed()
+            ? doctor->help()
+            : (trace->parsed() ? trace->help() : (stacks->parsed() ? stacks->help() : app.help()));
     return result;
   } catch (const CLI::CallForVersion& e) {
     ParsedCommandLine result;
@@ -398,6 +420,19 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
     throw UsageError(fmt::format("{}; run 'ddprun --help' for the list of flags", e.what()));
   }
 
+  if (stacks->parsed()) {
+    if (stacks_command.run_id.empty() && !stacks_command.log_dir) {
+      throw UsageError(
+          "ddprun stacks: which job? pass --run-id ID (the job's --run-id / --rdzv-id) or "
+          "--log-dir DIR (the job's --log-dir, with --run-id, or its run folder)");
+    }
+    if (!(stacks_command.timeout_s > 0)) {
+      throw UsageError("ddprun stacks --timeout: expected a positive number of seconds");
+    }
+    ParsedCommandLine result;
+    result.stacks = stacks_command;
+    return result;
+  }
   if (trace->parsed()) {
     ParsedCommandLine result;
     result.trace = trace_command;
@@ -447,14 +482,14 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
       o.rdzv_backend = rdzv::to_string(rdzv::parse_backend(s->value));
     } catch (const UsageError&) {
       throw UsageError(fmt::format(
-          "{} {}: unknown rendezvous backend; use c10d (elastic, node ranks in join order) or "
-          "static (fixed --node-rank)",
+          "{} {}: unknown rendezvous backend; use c10d (elastic, node ranks in join order), "
+          "etcd or etcd-v2 (elastic, on an etcd cluster) or static (fixed --node-rank)",
           s->source, s->value));
     }
     o.given.rdzv_backend = true;
   }
   if (auto s = value_of(v["rdzv_endpoint"], env)) {
-    rdzv::parse_endpoint(s->value, rdzv::kDefaultRendezvousPort);  // validates
+    rdzv::parse_endpoints(s->value, rdzv::kDefaultRendezvousPort);  // validates
     o.rdzv_endpoint = s->value;
   }
   if (auto s = value_of(v["rdzv_conf"], env)) {
@@ -476,10 +511,10 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
     o.nnodes_min = range.min;
     o.nnodes = range.max;
     o.given.nnodes = true;
-    if (range.min != range.max && o.rdzv_backend != "c10d") {
+    if (range.min != range.max && !rdzv::is_elastic(rdzv::parse_backend(o.rdzv_backend))) {
       throw UsageError(fmt::format(
-          "{} {}: an elastic node range needs --rdzv-backend c10d (and --rdzv-endpoint); the "
-          "static backend needs a fixed count",
+          "{} {}: an elastic node range needs --rdzv-backend c10d or etcd (and --rdzv-endpoint); "
+          "the static backend needs a fixed count",
           s->source, s->value));
     }
   }
@@ -539,6 +574,13 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
         "MODULE', --no-python runs PROGRAM without Python; drop one");
   }
 
+  if (auto s = value_of(v["hang_timeout"], env)) {
+    o.hang_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(parse_positive_double(*s) * 1000));
+  }
+  if (auto limit = env_seconds(env, "DDPRUN_STACKS_TIMEOUT_S", Seconds::kZeroOrMore)) {
+    o.stacks_limit = *limit;
+  }
   if (auto grace = env_seconds(env, "DDPRUN_TERM_GRACE_S", Seconds::kZeroOrMore)) {
     o.term_grace = *grace;
   }

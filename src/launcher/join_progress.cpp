@@ -32,6 +32,7 @@ std::string nodes_text(const rdzv::NodeRange& nodes) {
 }
 
 std::string store_text(const JoinWait& w) {
+  if (rdzv::uses_etcd(w.backend)) return w.endpoint;  // "etcd at ... (prefix ...)"
   const std::string rank = w.node_rank >= 0 ? fmt::format("node rank {}", w.node_rank) : "";
   if (w.serves_store) {
     return fmt::format("{}, served by this node{}", w.endpoint,

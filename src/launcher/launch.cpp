@@ -55,6 +55,8 @@ int launch(const LaunchOptions& options, const EnvLookup& env) {
       std::max(std::chrono::milliseconds(10),
                std::chrono::milliseconds(static_cast<int64_t>(o.monitor_interval_s * 1000)));
   a.host = host_name();
+  a.hang_timeout = o.hang_timeout;
+  a.stacks_limit = o.stacks_limit;
 
   a.set_omp_threads = o.nproc_per_node > 1 && !env("OMP_NUM_THREADS");
   if (a.set_omp_threads) {

@@ -118,7 +118,7 @@ std::string publishable_address(const AddressFacts& f) {
 }
 
 bool is_multi_node(const LaunchOptions& o) {
-  return o.nnodes > 1 || o.rdzv_endpoint.has_value() || o.rdzv_backend == "c10d";
+  return o.nnodes > 1 || o.rdzv_endpoint.has_value() || o.rdzv_backend != "static";
 }
 
 RendezvousMembershipOptions rendezvous_settings(const LaunchOptions& o,
@@ -135,7 +135,15 @@ RendezvousMembershipOptions rendezvous_settings(const LaunchOptions& o,
   r.hostname = hostname;
 
   if (o.rdzv_endpoint) {
-    r.endpoint = rdzv::parse_endpoint(*o.rdzv_endpoint, rdzv::kDefaultRendezvousPort);
+    r.endpoints = rdzv::parse_endpoints(*o.rdzv_endpoint, rdzv::uses_etcd(r.backend)
+                                                              ? rdzv::kDefaultEtcdPort
+                                                              : rdzv::kDefaultRendezvousPort);
+    r.endpoint = r.endpoints.front();
+  } else if (rdzv::uses_etcd(r.backend)) {
+    throw UsageError(fmt::format(
+        "--rdzv-backend {} needs --rdzv-endpoint HOST[:PORT][,HOST[:PORT]...]: the client URLs "
+        "of the etcd cluster (port 2379 by default), the same on every node",
+        o.rdzv_backend));
   } else if (r.backend == rdzv::Backend::kStatic) {
     if (o.master_port >= 65535) {
       throw UsageError(fmt::format(
@@ -155,8 +163,12 @@ RendezvousMembershipOptions rendezvous_settings(const LaunchOptions& o,
       int port = o.master_port;
       r.pick_master_port = [port] { return port; };
     }
-  } else {
+  } else if (!rdzv::uses_etcd(r.backend)) {
     m.serve_store = rdzv::is_local_host(r.endpoint.host);
+  }
+  // torchrun's etcd backend calls its join timeout "timeout".
+  if (rdzv::uses_etcd(r.backend) && r.conf.timeout && !r.conf.join_timeout_given) {
+    r.conf.join_timeout = *r.conf.timeout;
   }
   // Static: the workers meet at the user's --master-addr (the endpoint every agent reached),
   // as with torchrun; the address node 0 finds for itself may be loopback.

@@ -73,6 +73,11 @@ void write_str(int fd, const char* s) {
     // The launcher may have died before prctl took effect.
     if (::getppid() != parent) ::_exit(128 + pdeath_signal);
   }
+  // Yama's ptrace_scope 1 lets only ancestors ptrace a process, or a tracer it declares and
+  // that tracer's descendants: declaring the launcher lets the stack tools it runs (py-spy,
+  // eu-stack: its children, the workers' siblings) read the workers' stacks. Kept across exec;
+  // EINVAL without Yama, ignored.
+  ::prctl(PR_SET_PTRACER, parent, 0, 0, 0);
   ::dup2(out_fd, STDOUT_FILENO);
   ::dup2(err_fd, STDERR_FILENO);
   ::signal(SIGPIPE, SIG_DFL);

@@ -11,6 +11,7 @@
 #include "ddp/launcher/output.hpp"
 #include "ddp/launcher/process.hpp"
 #include "ddp/rendezvous/endpoint_store.hpp"
+#include "ddp/rendezvous/etcd/etcd_store.hpp"
 #include "ddp/rendezvous/membership_watcher.hpp"
 #include "ddp/rendezvous/rendezvous.hpp"
 #include "ddp/store/tcp_store_server.hpp"
@@ -40,13 +41,23 @@ class RendezvousMembership : public Membership {
     } catch (const rdzv::RendezvousTimeoutError&) {
       linger();
       throw;
+    } catch (const rdzv::RendezvousClosedError& e) {
+      if (!rdzv::uses_etcd(options_.rdzv.backend) || joined_once_) throw;
+      // etcd keeps a run's keys key_ttl after its last agent: a new job reusing the id of one
+      // that was shut down moments ago finds its shutdown key.
+      throw rdzv::RendezvousClosedError(fmt::format(
+          "{} (etcd keeps a run's keys for key_ttl={:.0f} s after its last agent exits: if that "
+          "was an earlier job, wait that long or pass a new --rdzv-id)",
+          e.what(), options_.rdzv.conf.key_ttl.count() / 1000.0));
     } catch (const NetworkError& e) {
+      if (etcd_) throw;
       throw NetworkError(fmt::format(
           "lost the rendezvous store at {} while joining (did the agent on the endpoint host "
           "exit? see its output): {}",
           net::format_endpoint(options_.rdzv.endpoint.host, options_.rdzv.endpoint.port),
           e.what()));
     }
+    joined_once_ = true;
     MembershipRound out;
     out.generation = static_cast<int>(r.generation);
     WorldAssignment& w = out.world;
@@ -90,8 +101,8 @@ class RendezvousMembership : public Membership {
     // stop_watching() joins the watcher, and a second connection per agent would make every
     // agent of a large job connect at once after the round (1024 agents: 1024 connections
     // and file descriptors more at a store host that is already busy).
-    watcher_ = std::make_unique<rdzv::MembershipWatcher>(options_.rdzv, rdzv_->round(),
-                                                         store_->store(), [w](const std::string&) {
+    watcher_ = std::make_unique<rdzv::MembershipWatcher>(options_.rdzv, rdzv_->round(), client_,
+                                                         [w](const std::string&) {
                                                            char byte = 1;
                                                            (void)!::write(w, &byte, 1);
                                                          });
@@ -112,7 +123,7 @@ class RendezvousMembership : public Membership {
 
   void finished() override {
     best_effort("report this node as finished", [&] { rdzv_->mark_finished(); });
-    if (!store_->is_host()) return;
+    if (!hosting()) return;
     best_effort("wait for the other nodes", [&] {
       if (!rdzv_->wait_for_peers_to_finish(options_.exit_barrier)) {
         notice(fmt::format(
@@ -131,6 +142,11 @@ class RendezvousMembership : public Membership {
     best_effort("shut the run down", [&] { rdzv_->shutdown(reason); });
   }
 
+  std::shared_ptr<Store> connect_side_store() override {
+    if (!store_) return nullptr;
+    return store_->connect_another();
+  }
+
   // Keys "ddprun_hang/<run id>/<generation>/<node rank>" in the rendezvous store; the agent
   // calls this after stop_watching(), so it owns the connection.
   std::vector<std::string> exchange_hang_records(int generation, const std::string& mine,
@@ -144,7 +160,7 @@ class RendezvousMembership : public Membership {
     std::vector<std::string> out(keys.size());
     out[round.node_rank] = mine;
     best_effort("share the hang report records", [&] {
-      Store& store = *store_->store();
+      Store& store = *client_;
       store.set(keys[round.node_rank], mine.empty() ? std::string("{}") : mine);
       if (limit.count() <= 0) return;
       try {
@@ -173,8 +189,9 @@ class RendezvousMembership : public Membership {
     JoinWait wait;
     wait.backend = o.backend;
     wait.run_id = o.run_id;
-    wait.endpoint = net::format_endpoint(o.endpoint.host, store_->port());
-    wait.serves_store = store_->is_host();
+    wait.endpoint =
+        etcd_ ? etcd_->describe() : net::format_endpoint(o.endpoint.host, store_->port());
+    wait.serves_store = hosting();
     wait.node_rank = o.backend == rdzv::Backend::kStatic ? o.node_rank : -1;
     wait.nodes = o.nodes;
     wait.limit = o.conf.join_timeout;
@@ -190,7 +207,7 @@ class RendezvousMembership : public Membership {
     // c10d: which round this node will join is known only once it joined, and a late joiner
     // may move through several; the line then names the node range without a count.
     if (o.backend != rdzv::Backend::kStatic) return c;
-    if (!store_->is_host() && o.nodes.max > kCountedByEveryNode) {
+    if (!hosting() && o.nodes.max > kCountedByEveryNode) {
       c.uncounted = fmt::format(
           "in jobs of more than {} nodes only the ddprun serving the store counts arrivals",
           kCountedByEveryNode);
@@ -216,7 +233,7 @@ class RendezvousMembership : public Membership {
   // The store host's rendezvous failed: keep serving while other agents are still connected
   // (up to a limit), so they reach their own diagnosis instead of "connection closed".
   void linger() {
-    TcpStoreServer* server = store_->server();
+    TcpStoreServer* server = store_ ? store_->server() : nullptr;
     if (server == nullptr) return;
     auto limit = std::min(options_.rdzv.conf.join_timeout, rdzv::Millis(60000));
     auto until = deadline_after(limit);
@@ -234,8 +251,17 @@ class RendezvousMembership : public Membership {
     }
   }
 
+  bool hosting() const { return store_ && store_->is_host(); }
+
   void connect_once() {
     if (rdzv_) return;
+    if (rdzv::uses_etcd(options_.rdzv.backend)) {
+      // No agent serves the store: the etcd cluster does.
+      etcd_ = std::make_shared<rdzv::EtcdStore>(rdzv::etcd_store_options(options_.rdzv));
+      client_ = etcd_;
+      rdzv_ = std::make_unique<rdzv::Rendezvous>(options_.rdzv, client_);
+      return;
+    }
     rdzv::EndpointStoreOptions so;
     so.endpoint = options_.rdzv.endpoint;
     so.token = options_.token;
@@ -261,11 +287,17 @@ class RendezvousMembership : public Membership {
         notice(*warning);
       }
     }
-    rdzv_ = std::make_unique<rdzv::Rendezvous>(options_.rdzv, store_->store());
+    client_ = store_->store();
+    rdzv_ = std::make_unique<rdzv::Rendezvous>(options_.rdzv, client_);
   }
 
   RendezvousMembershipOptions options_;
+  // The TCP store (c10d, static) or the etcd cluster (etcd, etcd-v2); client_ is either's
+  // connection of this agent.
   std::unique_ptr<rdzv::EndpointStore> store_;
+  std::shared_ptr<rdzv::EtcdStore> etcd_;
+  std::shared_ptr<Store> client_;
+  bool joined_once_ = false;  // a round was formed with this agent in it
   std::unique_ptr<rdzv::Rendezvous> rdzv_;
   std::unique_ptr<rdzv::MembershipWatcher> watcher_;
   UniqueFd wake_read_, wake_write_;

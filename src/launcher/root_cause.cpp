@@ -93,6 +93,11 @@ std::string format_failure_report(const FailureReport& r) {
   }
   if (!failed.empty()) out += "Other failures:\n" + failed;
   if (!stopped.empty()) out += "Stopped by ddprun after the root cause:\n" + stopped;
+  if (!r.stacks_summary.empty()) {
+    out += "Where the running workers were when ddprun stopped them:\n";
+    out += "  " + r.stacks_summary + "\n";
+    if (!r.stacks_file.empty()) out += "  every stack: " + r.stacks_file + "\n";
+  }
   out += "========================================================\n";
   return out;
 }

@@ -18,11 +18,14 @@
 #include <set>
 
 #include "ddp/launcher/hang_report.hpp"
+#include "ddp/launcher/hang_watchdog.hpp"
 #include "ddp/launcher/kernel_log.hpp"
 #include "ddp/launcher/kill_cause.hpp"
 #include "ddp/launcher/memory_cgroup.hpp"
 #include "ddp/launcher/output.hpp"
 #include "ddp/launcher/run_directory.hpp"
+#include "ddp/launcher/stack_service.hpp"
+#include "ddp/launcher/torch_progress.hpp"
 #include "ddp/launcher/worker_env.hpp"
 #include "ddp/util/deadline.hpp"
 #include "ddp/util/dump_signal.hpp"
@@ -49,6 +52,24 @@ void remove_flight_dumps(const std::string& attempt_dir, const WorldAssignment& 
     }
   }
   for (const auto& p : stale) std::filesystem::remove(p, ec);
+}
+
+// Removes the progress records, PyTorch recorder dumps and the dump request that an earlier run
+// with the same run id left in the attempt folder (torch_progress.hpp). Best effort.
+void remove_torch_progress(const std::string& attempt_dir, const WorldAssignment& world) {
+  std::error_code ec;
+  for (const auto& id : world.workers) {
+    std::filesystem::remove(fmt::format("{}/progress.rank{}.json", attempt_dir, id.global_rank),
+                            ec);
+    std::filesystem::remove(fmt::format("{}/torch_fr.rank{}.json", attempt_dir, id.global_rank),
+                            ec);
+  }
+  std::filesystem::remove(attempt_dir + "/torch_fr.request", ec);
+}
+
+bool file_exists(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec);
 }
 
 // Whether attempt_dir holds a flight recorder dump of `global_rank` (any group).
@@ -109,11 +130,15 @@ constexpr std::chrono::milliseconds kDumpWait{2000};
 // How long a worker's SIGKILL death waits for the kernel log's out-of-memory record when the
 // cgroup counter suggests one: the killer logs its victim just after sending the signal.
 constexpr int kKernelLogWaitMs = 100;
+// How often the hang watchdog reads the workers' progress records.
+constexpr std::chrono::milliseconds kWatchdogPeriod{1000};
 
 class AttemptRunner {
  public:
   AttemptRunner(const AttemptSpec& spec, SignalChannel& signals)
-      : spec_(spec), signals_(signals), self_(::getpid()) {}
+      : spec_(spec), signals_(signals), self_(::getpid()) {
+    if (spec_.hang_timeout) watchdog_.emplace(*spec_.hang_timeout);
+  }
 
   AttemptResult run() {
     std::exception_ptr start_error;
@@ -162,8 +187,10 @@ class AttemptRunner {
     for (const auto& id : world.workers) {
       std::string dir = spec_.run_dir->rank_dir(spec_.attempt, id.global_rank);
       if (first) {
+        attempt_dir_ = dir.substr(0, dir.rfind('/'));
         // Stale dumps of a reused run id must not be reported as this attempt's hang.
-        remove_flight_dumps(dir.substr(0, dir.rfind('/')), world);
+        remove_flight_dumps(attempt_dir_, world);
+        remove_torch_progress(attempt_dir_, world);
       }
       first = false;
       auto w = std::make_unique<Worker>();
@@ -194,6 +221,9 @@ class AttemptRunner {
         dump_dir_ = dir.substr(0, dir.rfind('/'));
         set_env_entry(so.env, "DDP_FLIGHT_RECORDER_DIR", dump_dir_);
       }
+      if (!spec_.python_hook_dir.empty()) {
+        add_torch_progress_env(so.env, spec_.python_hook_dir, attempt_dir_);
+      }
       SpawnedProcess p = spawn_process(so);
       w->pid = p.pid;
       note_memory_cgroup(*w);
@@ -201,6 +231,47 @@ class AttemptRunner {
       w->fds[1] = std::move(p.stderr_read);
       workers_.push_back(std::move(w));
     }
+    publish_workers();
+    next_watch_ = Clock::now() + kWatchdogPeriod;
+  }
+
+  // Tells `ddprun stacks` which workers run now.
+  void publish_workers() {
+    if (spec_.stack_service == nullptr) return;
+    std::vector<StackTarget> live;
+    for (const auto& w : workers_) {
+      if (!w->exited) live.push_back({w->id.global_rank, w->pid});
+    }
+    spec_.stack_service->set_workers(std::move(live));
+  }
+
+  // The running workers' stacks, before ddprun stops them: printed folded (main threads; every
+  // thread goes to the file) and written to the attempt folder. Bounded by stacks_limit.
+  void capture_running_stacks(const std::string& headline) {
+    if (spec_.stacks_limit.count() <= 0 || stacks_captured_) return;
+    stacks_captured_ = true;
+    std::vector<StackTarget> targets;
+    for (const auto& w : workers_) {
+      if (!w->exited && process_state(w->pid) != RankProcess::State::kExited) {
+        targets.push_back({w->id.global_rank, w->pid});
+      }
+    }
+    if (targets.empty()) return;
+    stacks_ =
+        capture_stacks(targets, spec_.host, spec_.stack_tools, deadline_after(spec_.stacks_limit));
+    const std::string summary = stacks_summary(stacks_);
+    notice(headline.empty() ? summary : headline + "; " + summary);
+    if (!attempt_dir_.empty()) {
+      const std::string base = fmt::format("{}/stacks.{}", attempt_dir_, spec_.host);
+      std::ofstream txt(base + ".txt", std::ios::trunc);
+      for (const auto& line : format_folded(stacks_)) txt << line << '\n';
+      std::ofstream json(base + ".json", std::ios::trunc);
+      json << encode_stacks(stacks_) << '\n';
+      if (txt && json) stacks_file_ = base + ".txt";
+    }
+    notice(fmt::format("stacks of the running workers, folded{}:",
+                       stacks_file_.empty() ? "" : " (every thread: " + stacks_file_ + ")"));
+    for (const auto& line : format_folded(stacks_, /*main_thread_only=*/true)) notice("  " + line);
   }
 
   // The worker's memory cgroup and, the first time this attempt sees that cgroup, its
@@ -354,6 +425,7 @@ class AttemptRunner {
         if (!stopping()) {
           if (phase_ == Phase::kRunning && root_cause_ == nullptr) {
             processes_ = snapshot_processes();  // the hang report of a multi-node run
+            capture_running_stacks("stopped by another node");
           }
           begin_stop(SIGTERM);
         }
@@ -379,7 +451,9 @@ class AttemptRunner {
     };
     switch (phase_) {
       case Phase::kRunning:
-        return static_cast<int>(spec_.monitor_interval.count());
+        return watchdog_ ? std::min<int>(static_cast<int>(spec_.monitor_interval.count()),
+                                         until(next_watch_))
+                         : static_cast<int>(spec_.monitor_interval.count());
       case Phase::kDumping:
         return std::min(50, until(dump_until_));
       case Phase::kStopping:
@@ -482,12 +556,22 @@ class AttemptRunner {
     if (dump_dir_.empty()) return false;
     const int sig = flight_recorder_dump_signal();
     dump_waiting_.clear();
+    torch_waiting_.clear();
+    if (!spec_.python_hook_dir.empty() && !attempt_dir_.empty()) {
+      // PyTorch's recorder, through the hook of the ranks that reported progress.
+      std::ofstream(attempt_dir_ + "/torch_fr.request", std::ios::trunc) << "dump\n";
+      for (const auto& w : workers_) {
+        if (!w->exited && read_progress(attempt_dir_, w->id.global_rank)) {
+          torch_waiting_.push_back(w->id.global_rank);
+        }
+      }
+    }
     for (const auto& w : workers_) {
       if (w->exited || process_state(w->pid) != RankProcess::State::kRunning) continue;
       if (has_flight_dump(dump_dir_, w->id.global_rank) || !catches_signal(w->pid, sig)) continue;
       if (::kill(w->pid, sig) == 0) dump_waiting_.push_back(w->id.global_rank);
     }
-    if (dump_waiting_.empty()) return false;
+    if (dump_waiting_.empty() && torch_waiting_.empty()) return false;
     phase_ = Phase::kDumping;
     dump_until_ = deadline_after(kDumpWait);
     return true;
@@ -525,11 +609,15 @@ class AttemptRunner {
   }
 
   void on_clock() {
+    watch_progress();
     auto now = Clock::now();
     if (phase_ == Phase::kDumping) {
       const bool all_dumped =
           std::all_of(dump_waiting_.begin(), dump_waiting_.end(),
-                      [&](int rank) { return has_flight_dump(dump_dir_, rank); });
+                      [&](int rank) { return has_flight_dump(dump_dir_, rank); }) &&
+          std::all_of(torch_waiting_.begin(), torch_waiting_.end(), [&](int rank) {
+            return file_exists(fmt::format("{}/torch_fr.rank{}.json", attempt_dir_, rank));
+          });
       if (all_dumped || now >= dump_until_) {
         phase_ = Phase::kRunning;
         begin_stop(SIGTERM);
@@ -600,6 +688,7 @@ class AttemptRunner {
     w.exit_time = std::chrono::system_clock::now();
     w.exited_after_stop = stopping();
     w.peak_rss_kib = peak_rss_kib;
+    publish_workers();
     if (!w.status.success()) w.kill = explain(w);
     // Its output is in the pipe already; read it now so the report sees the stderr tail.
     for (int s = 0; s < 2; ++s) {
@@ -615,6 +704,45 @@ class AttemptRunner {
         notice(describe_uninterruptible(p.global_rank, p.pid, p.wchan));
       }
     }
+    capture_running_stacks(describe_failure(failure_of(w)));
+    if (!request_dumps()) begin_stop(SIGTERM);
+  }
+
+  // The watchdog's check, every kWatchdogPeriod while the workers run.
+  void watch_progress() {
+    if (!watchdog_ || phase_ != Phase::kRunning || root_cause_ != nullptr) return;
+    const auto now = Clock::now();
+    if (now < next_watch_) return;
+    next_watch_ = now + kWatchdogPeriod;
+    std::vector<int> ranks;
+    std::vector<RankProgress> records;
+    for (const auto& w : workers_) {
+      if (w->exited) continue;
+      ranks.push_back(w->id.global_rank);
+      if (auto p = read_progress(attempt_dir_, w->id.global_rank)) records.push_back(*p);
+    }
+    auto verdict =
+        watchdog_->observe(ranks, records, now, unix_us(std::chrono::system_clock::now()));
+    if (verdict) on_hang(*verdict);
+  }
+
+  // No progress: the rank in no collective (else the lowest waiting one) stands as the root
+  // cause; the others' stacks and records are gathered as after a failure, then all stop.
+  void on_hang(const std::string& verdict) {
+    hang_ = verdict;
+    const std::vector<int>& pick =
+        watchdog_->idle().empty() ? watchdog_->waiting() : watchdog_->idle();
+    for (auto& w : workers_) {
+      if (!w->exited && !pick.empty() && w->id.global_rank == pick.front()) root_cause_ = w.get();
+    }
+    if (root_cause_ == nullptr) {
+      for (auto& w : workers_) {
+        if (!w->exited && root_cause_ == nullptr) root_cause_ = w.get();
+      }
+    }
+    notice("hang: " + verdict + "; stopping the workers");
+    processes_ = snapshot_processes();
+    capture_running_stacks("");
     if (!request_dumps()) begin_stop(SIGTERM);
   }
 
@@ -632,6 +760,9 @@ class AttemptRunner {
     f.error = read_error_file(w.error_file);
     f.stopped_by_launcher = w.exited_after_stop;
     f.kill = w.kill;
+    if (&w == root_cause_ && !hang_.empty()) {
+      f.kill.text = "stopped by ddprun's hang watchdog: " + hang_;
+    }
     return f;
   }
 
@@ -646,6 +777,8 @@ class AttemptRunner {
       r.outcome = AttemptOutcome::kStopped;
       r.processes = processes_;
       r.flight_recorder_dir = dump_dir_;
+      r.stacks = stacks_;
+      r.stacks_file = stacks_file_;
       return r;
     }
     if (root_cause_ == nullptr) {
@@ -656,6 +789,9 @@ class AttemptRunner {
     r.root_cause = failure_of(*root_cause_);
     r.processes = processes_;
     r.flight_recorder_dir = dump_dir_;
+    r.stacks = stacks_;
+    r.stacks_file = stacks_file_;
+    r.hang = hang_;
     for (const auto& w : workers_) {
       if (w.get() != root_cause_ && !w->status.success()) r.others.push_back(failure_of(*w));
     }
@@ -670,8 +806,16 @@ class AttemptRunner {
   Clock::time_point kill_at_;
   Clock::time_point give_up_at_;
   Clock::time_point dump_until_;
-  std::string dump_dir_;           // DDP_FLIGHT_RECORDER_DIR as ddprun set it ("" : the user's)
-  std::vector<int> dump_waiting_;  // ranks asked for a record (kDumping)
+  std::string dump_dir_;            // DDP_FLIGHT_RECORDER_DIR as ddprun set it ("" : the user's)
+  std::vector<int> dump_waiting_;   // ranks asked for a record (kDumping)
+  std::vector<int> torch_waiting_;  // ranks asked for PyTorch's record, through the hook
+  std::string attempt_dir_;         // ROOT/attempt_<n>
+  std::optional<HangWatchdog> watchdog_;
+  Clock::time_point next_watch_;
+  std::string hang_;  // the watchdog's verdict, once it fired
+  bool stacks_captured_ = false;
+  std::vector<RankStacks> stacks_;
+  std::string stacks_file_;
   std::vector<RankProcess> processes_;  // at the first failure
   bool children_remain_ = true;
   bool abandoned_ = false;

@@ -45,7 +45,9 @@ std::string format_timeout_diagnosis(const TimeoutDiagnosis& d) {
   if (!d.missing_ranks.empty()) {
     out += fmt::format("\n  missing: node rank{} {}", d.missing_ranks.size() == 1 ? "" : "s",
                        format_rank_list(d.missing_ranks));
-    if (d.backend == Backend::kC10d) out += " (c10d assigns node ranks in join order)";
+    if (is_elastic(d.backend)) {
+      out += fmt::format(" ({} assigns node ranks in join order)", to_string(d.backend));
+    }
   }
   for (const auto& r : d.other_runs) {
     out += fmt::format("\n  agents at this endpoint used --rdzv-id {} (from {})", r.run_id,
@@ -70,10 +72,17 @@ std::string format_timeout_diagnosis(const TimeoutDiagnosis& d) {
                     "--rdzv-id {}",
                     d.run_id));
   }
-  causes.push_back(
-      fmt::format("the endpoint {} is unreachable from the missing node: run `ddprun doctor "
-                  "--rdzv-endpoint {}` there",
-                  d.endpoint, d.endpoint));
+  if (uses_etcd(d.backend)) {
+    causes.push_back(fmt::format(
+        "the etcd cluster at {} is unreachable from the missing node, or refuses its TLS "
+        "certificate: its ddprun then stops at once saying so (see its output)",
+        d.endpoint));
+  } else {
+    causes.push_back(
+        fmt::format("the endpoint {} is unreachable from the missing node: run `ddprun doctor "
+                    "--rdzv-endpoint {}` there",
+                    d.endpoint, d.endpoint));
+  }
   causes.push_back(
       "a firewall blocks the port, or the endpoint name resolves to the wrong interface on "
       "that node: pass a routable address in --rdzv-endpoint (and --local-addr)");

@@ -121,7 +121,7 @@ void MembershipWatcher::run() {
         next_beat = deadline_after(options_.conf.heartbeat, now);
         if (round_.num_nodes > 1) check_peers();
         if (stop_) return;
-        if (options_.backend == Backend::kC10d && round_.num_nodes < options_.nodes.max) {
+        if (is_elastic(options_.backend) && round_.num_nodes < options_.nodes.max) {
           int64_t waiting = store_->add(k.pending(), 0);
           if (waiting > 0) {
             report(store_->compare_set(

@@ -37,15 +37,27 @@ Millis parse_seconds(const std::string& key, const std::string& value) {
 }  // namespace
 
 const char* to_string(Backend backend) {
-  return backend == Backend::kStatic ? "static" : "c10d";
+  switch (backend) {
+    case Backend::kStatic:
+      return "static";
+    case Backend::kEtcd:
+      return "etcd";
+    case Backend::kEtcdV2:
+      return "etcd-v2";
+    case Backend::kC10d:
+      break;
+  }
+  return "c10d";
 }
 
 Backend parse_backend(const std::string& text) {
   if (text == "c10d" || text == "c10d-experimental") return Backend::kC10d;
   if (text == "static") return Backend::kStatic;
+  if (text == "etcd") return Backend::kEtcd;
+  if (text == "etcd-v2") return Backend::kEtcdV2;
   throw UsageError(fmt::format(
-      "--rdzv-backend {}: unknown backend; use c10d (elastic, node ranks in join order) or "
-      "static (fixed --node-rank)",
+      "--rdzv-backend {}: unknown backend; use c10d (elastic, node ranks in join order), etcd "
+      "or etcd-v2 (elastic, the store an etcd cluster) or static (fixed --node-rank)",
       text));
 }
 
@@ -106,6 +118,21 @@ Endpoint parse_endpoint(const std::string& text, uint16_t default_port) {
   return e;
 }
 
+std::vector<Endpoint> parse_endpoints(const std::string& text, uint16_t default_port) {
+  std::vector<Endpoint> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) {
+      throw UsageError(fmt::format(
+          "--rdzv-endpoint {}: empty entry; expected HOST[:PORT][,HOST[:PORT]...]", text));
+    }
+    out.push_back(parse_endpoint(item, default_port));
+  }
+  if (out.empty()) throw UsageError("--rdzv-endpoint: empty; expected HOST[:PORT]");
+  return out;
+}
+
 RendezvousConf parse_rdzv_conf(const std::string& text) {
   RendezvousConf conf;
   std::stringstream in(text);
@@ -117,8 +144,43 @@ RendezvousConf parse_rdzv_conf(const std::string& text) {
       throw UsageError(fmt::format("--rdzv-conf '{}': expected key=value", item));
     }
     std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    auto path = [&] {
+      if (value.empty())
+        throw UsageError(fmt::format("--rdzv-conf {}=: expected a file path", key));
+      conf.etcd_keys.push_back(key);
+      return value;
+    };
     if (key == "join_timeout") {
       conf.join_timeout = parse_seconds(key, value);
+      conf.join_timeout_given = true;
+    } else if (key == "protocol") {
+      if (value != "http" && value != "https") {
+        throw UsageError(fmt::format("--rdzv-conf protocol={}: expected http or https", value));
+      }
+      conf.https = value == "https";
+      conf.etcd_keys.push_back(key);
+    } else if (key == "cacert") {
+      conf.cacert = path();
+    } else if (key == "cert") {
+      conf.cert = path();
+    } else if (key == "key") {
+      conf.key = path();
+    } else if (key == "etcd_prefix") {
+      if (value.empty() || value.find_first_of("\t\n") != std::string::npos) {
+        throw UsageError(
+            fmt::format("--rdzv-conf etcd_prefix='{}': expected a non-empty key prefix", value));
+      }
+      conf.etcd_prefix = value;
+      conf.etcd_keys.push_back(key);
+    } else if (key == "key_ttl" || key == "ttl") {
+      conf.key_ttl = parse_seconds(key, value);
+      conf.etcd_keys.push_back(key);
+    } else if (key == "read_timeout") {
+      // Also torchrun's c10d key (the store's timeout): the one request limit for both.
+      conf.read_timeout = parse_seconds(key, value);
+    } else if (key == "timeout") {
+      // torchrun's etcd backend: its join timeout; c10d ignores it, as torchrun's c10d does.
+      conf.timeout = parse_seconds(key, value);
     } else if (key == "last_call_timeout") {
       conf.last_call_timeout = parse_seconds(key, value);
     } else if (key == "close_timeout") {
@@ -130,13 +192,14 @@ RendezvousConf parse_rdzv_conf(const std::string& text) {
     } else if (key == "token_file") {
       if (value.empty()) throw UsageError("--rdzv-conf token_file=: expected a file path");
       conf.token_file = value;
-    } else if (key == "timeout" || key == "read_timeout" || key == "is_host") {
+    } else if (key == "is_host") {
       // torchrun's c10d keys that have no meaning here are accepted and ignored, so existing
       // job scripts keep working.
     } else {
       throw UsageError(fmt::format(
           "--rdzv-conf {}: unknown key '{}'; known keys: join_timeout, last_call_timeout, "
-          "close_timeout, heartbeat, connect_timeout, token_file",
+          "close_timeout, heartbeat, connect_timeout, read_timeout, token_file; with the etcd "
+          "backends also protocol, cacert, cert, key, etcd_prefix, key_ttl, timeout",
           item, key));
     }
   }
@@ -204,6 +267,39 @@ void validate(const RendezvousOptions& o) {
     if (v.count() <= 0) {
       throw UsageError(fmt::format("--rdzv-conf {}: must be positive", name));
     }
+  }
+  if (uses_etcd(o.backend)) {
+    const RendezvousConf& c = o.conf;
+    if (!c.https && (c.cacert || c.cert || c.key)) {
+      throw UsageError(
+          fmt::format("--rdzv-conf {}=...: TLS files need protocol=https (etcd's https client URL)",
+                      c.cacert ? "cacert"
+                      : c.cert ? "cert"
+                               : "key"));
+    }
+    if (c.key && !c.cert) {
+      throw UsageError("--rdzv-conf key=FILE without cert=FILE: give the client certificate too");
+    }
+    if (c.token_file) {
+      throw UsageError(
+          "--rdzv-conf token_file: the etcd backends authenticate with TLS client certificates "
+          "(protocol=https,cacert=,cert=,key=), not a token");
+    }
+    if (c.key_ttl < Millis(3000)) {
+      throw UsageError(
+          "--rdzv-conf key_ttl: at least 3 seconds (the agents renew the lease every third)");
+    }
+  } else if (!o.conf.etcd_keys.empty()) {
+    throw UsageError(fmt::format(
+        "--rdzv-conf {}: only the etcd backends take this key (--rdzv-backend etcd or etcd-v2), "
+        "not {}",
+        o.conf.etcd_keys.front(), to_string(o.backend)));
+  }
+  if (o.endpoints.size() > 1 && !uses_etcd(o.backend)) {
+    throw UsageError(fmt::format(
+        "--rdzv-endpoint lists {} endpoints: only the etcd backends take a list (the members "
+        "of the etcd cluster); {} takes one HOST:PORT",
+        o.endpoints.size(), to_string(o.backend)));
   }
   if (o.hostname.find_first_of("\t\n") != std::string::npos ||
       o.local_addr.find_first_of("\t\n") != std::string::npos) {

@@ -141,11 +141,7 @@ std::optional<RoundInfo> Rendezvous::try_round(int64_t g, Clock::time_point dead
             "round {} of run '{}' is already running with {} of at most {} nodes; waiting "
             "to be admitted at the next round",
             g, options_.run_id, n, max);
-    if (!wait_for_keys(*store_, {k.changed()}, remaining(deadline))) {
-      throw_timeout(g,
-                    fmt::format("admission (round {} runs with {} of at most {} nodes)", g, n, max),
-                    start);
-    }
+    wait_for_admission(g, n, deadline, start);
     return std::nullopt;
   }
 
@@ -160,6 +156,55 @@ std::optional<RoundInfo> Rendezvous::try_round(int64_t g, Clock::time_point dead
     return std::nullopt;
   }
   return r;
+}
+
+void Rendezvous::wait_for_admission(int64_t g, int n, Clock::time_point deadline,
+                                    Clock::time_point start) {
+  keys::Round k(options_.run_id, g);
+  std::vector<std::string> hb_keys;
+  for (int i = 0; i < n; ++i) hb_keys.push_back(k.hb(i));
+  // A member is gone when it finished or left, or when its heartbeat stood still for longer
+  // than a live member's ever does: kMissedHeartbeats periods, or close_timeout (a member
+  // heartbeats only once its workers run). A round whose members are all gone never ends by
+  // itself: it is an earlier job's (etcd keeps a run's keys for key_ttl after its last agent),
+  // or its agents all died. Then this node ends it and the next round starts.
+  const auto still = std::max<Clock::duration>(options_.conf.heartbeat * kMissedHeartbeats,
+                                               options_.conf.close_timeout);
+  const Millis slice = std::min<Millis>(options_.conf.heartbeat * kMissedHeartbeats, Millis(5000));
+  std::vector<std::string> last;
+  std::vector<Clock::time_point> since;
+  for (;;) {
+    if (!store_->check({k.closed()})) return;  // the round's keys expired: start afresh
+    if (store_->check(hb_keys)) {
+      std::vector<std::string> now_values = store_->multi_get(hb_keys);
+      auto now = Clock::now();
+      bool all_gone = true;
+      for (int i = 0; i < n; ++i) {
+        const std::string& v = now_values[i];
+        if (last.size() != hb_keys.size() || v != last[i]) {
+          if (since.size() != hb_keys.size()) since.assign(hb_keys.size(), now);
+          since[i] = now;
+        }
+        bool gone = v == keys::kDone || v == keys::kLeft || now - since[i] > still;
+        all_gone = all_gone && gone;
+      }
+      last = std::move(now_values);
+      if (all_gone) {
+        request_new_round(
+            fmt::format("round {} has no live member left (every node finished, left or went "
+                        "silent); node {} starts the next",
+                        g, options_.hostname));
+        return;
+      }
+    }
+    if (wait_for_keys(*store_, {k.changed()}, std::min(slice, remaining(deadline)))) return;
+    if (Clock::now() >= deadline) {
+      throw_timeout(g,
+                    fmt::format("admission (round {} runs with {} of at most {} nodes)", g, n,
+                                options_.nodes.max),
+                    start);
+    }
+  }
 }
 
 std::optional<RoundInfo> Rendezvous::assemble(int64_t g, int n, Clock::time_point info_deadline) {

@@ -212,7 +212,10 @@ TEST(Cli, ErrorsNameTheFlagAndTheFix) {
             std::string::npos);
   EXPECT_NE(usage_error({"--nnodes", "0", "p"}).find("--nnodes 0: expected N or MIN:MAX"),
             std::string::npos);
-  EXPECT_NE(usage_error({"--rdzv-backend", "etcd", "p"}).find("unknown rendezvous backend"),
+  EXPECT_NE(usage_error({"--rdzv-backend", "zookeeper", "p"}).find("unknown rendezvous backend"),
+            std::string::npos);
+  EXPECT_EQ(parse({"--rdzv-backend", "etcd-v2", "--nnodes", "1:3", "p"}).rdzv_backend, "etcd-v2");
+  EXPECT_NE(usage_error({"--rdzv-endpoint", "a:2379,,b", "p"}).find("empty entry"),
             std::string::npos);
   EXPECT_NE(usage_error({"--rdzv-conf", "join_timout=1", "p"}).find("unknown key 'join_timout'"),
             std::string::npos);

@@ -70,7 +70,10 @@ TEST(RdzvOptions, ConfKeys) {
 TEST(RdzvOptions, BackendAndRunId) {
   EXPECT_EQ(parse_backend("c10d"), Backend::kC10d);
   EXPECT_EQ(parse_backend("static"), Backend::kStatic);
-  EXPECT_NE(usage_message([] { parse_backend("etcd"); }).find("unknown backend"),
+  EXPECT_EQ(parse_backend("etcd"), Backend::kEtcd);
+  EXPECT_EQ(parse_backend("etcd-v2"), Backend::kEtcdV2);
+  EXPECT_STREQ(to_string(Backend::kEtcdV2), "etcd-v2");
+  EXPECT_NE(usage_message([] { parse_backend("zookeeper"); }).find("unknown backend"),
             std::string::npos);
   EXPECT_NO_THROW(validate_run_id("job-1234_5.a:b"));
   EXPECT_NE(usage_message([] { validate_run_id("a/b"); }).find("'/' is not allowed"),
@@ -88,6 +91,52 @@ TEST(RdzvOptions, StaticNeedsFixedCountAndRankInRange) {
   o.nodes = {2, 2};
   o.node_rank = 2;
   EXPECT_NE(usage_message([&] { validate(o); }).find("distinct rank in 0..1"), std::string::npos);
+}
+
+TEST(RdzvOptions, EtcdEndpointListAndConfKeys) {
+  auto e = parse_endpoints("a:1,b,[::1]:3", kDefaultEtcdPort);
+  ASSERT_EQ(e.size(), 3u);
+  EXPECT_EQ(e[1].host, "b");
+  EXPECT_EQ(e[1].port, 2379);
+  EXPECT_EQ(e[2].host, "::1");
+  EXPECT_NE(usage_message([] { parse_endpoints("a,,b", 1); }).find("empty entry"),
+            std::string::npos);
+  RendezvousConf c = parse_rdzv_conf(
+      "protocol=https,cacert=/ca.pem,cert=/c.pem,key=/c.key,read_timeout=7,etcd_prefix=/x/,"
+      "key_ttl=9,timeout=12");
+  EXPECT_TRUE(c.https);
+  EXPECT_EQ(c.cacert, "/ca.pem");
+  EXPECT_EQ(c.key, "/c.key");
+  EXPECT_EQ(c.read_timeout, Millis(7000));
+  EXPECT_EQ(c.etcd_prefix, "/x/");
+  EXPECT_EQ(c.key_ttl, Millis(9000));
+  EXPECT_EQ(c.timeout, Millis(12000));
+  EXPECT_FALSE(c.join_timeout_given);
+  EXPECT_NE(usage_message([] { parse_rdzv_conf("protocol=ftp"); }).find("expected http or https"),
+            std::string::npos);
+  EXPECT_NE(usage_message([] { parse_rdzv_conf("cert="); }).find("expected a file path"),
+            std::string::npos);
+}
+
+TEST(RdzvOptions, EtcdKeysBelongToTheEtcdBackends) {
+  RendezvousOptions o;
+  o.backend = Backend::kC10d;
+  o.conf = parse_rdzv_conf("cacert=/ca.pem");
+  EXPECT_NE(usage_message([&] { validate(o); }).find("only the etcd backends take this key"),
+            std::string::npos);
+  o.backend = Backend::kEtcd;
+  EXPECT_NE(usage_message([&] { validate(o); }).find("TLS files need protocol=https"),
+            std::string::npos);
+  o.conf = parse_rdzv_conf("protocol=https,key=/k.pem");
+  EXPECT_NE(usage_message([&] { validate(o); }).find("without cert=FILE"), std::string::npos);
+  o.conf = parse_rdzv_conf("protocol=https,cacert=/ca.pem,cert=/c.pem,key=/k.pem");
+  EXPECT_NO_THROW(validate(o));
+  o.endpoints = {{"a", 1}, {"b", 2}};
+  EXPECT_NO_THROW(validate(o));
+  o.backend = Backend::kC10d;
+  o.conf = RendezvousConf();
+  EXPECT_NE(usage_message([&] { validate(o); }).find("only the etcd backends take a list"),
+            std::string::npos);
 }
 
 TEST(RdzvOptions, TokenFile) {

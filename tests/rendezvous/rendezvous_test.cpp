@@ -134,6 +134,25 @@ TEST(Rendezvous, LateNodeIsAdmittedAtTheNextRound) {
   EXPECT_EQ(second[0].generation, 1);
 }
 
+// A round whose members all finished never ends by itself (an earlier job with the same run
+// id, whose keys etcd still keeps): a node arriving late ends it instead of waiting for
+// join_timeout, and the nodes of the new job meet in the next round.
+TEST(Rendezvous, LateNodeEndsARoundWhoseMembersAllFinished) {
+  LoopbackStore store;
+  auto old_job = make_agents(store, "job", {2, 3}, 2);
+  auto first = rounds_in_parallel(old_job);
+  for (auto& a : old_job) a->mark_finished();
+  auto new_job = make_agents(store, "job", {2, 3}, 2);
+  for (auto& a : new_job) {
+    RendezvousOptions o = a->options();
+    o.conf.join_timeout = std::chrono::seconds(60);
+    a = std::make_unique<Rendezvous>(o, store.connect());
+  }
+  auto second = rounds_in_parallel(new_job);
+  expect_consistent(second, 2, 4);
+  EXPECT_EQ(second[0].generation, first[0].generation + 1);
+}
+
 TEST(Rendezvous, StaticUsesGivenNodeRanks) {
   LoopbackStore store;
   std::vector<std::unique_ptr<Rendezvous>> agents;

@@ -35,6 +35,12 @@ struct AgentOptions {
   int console_out = 1;
   int console_err = 2;
   int notice_fd = 2;
+  // Stacks at the end of a failed attempt and `ddprun stacks` (worker_group.hpp,
+  // stack_service.hpp); stacks_limit 0 turns the capture off.
+  std::chrono::milliseconds stacks_limit{5000};
+  bool serve_stacks = true;
+  // --hang-timeout (hang_watchdog.hpp); unset: off.
+  std::optional<std::chrono::milliseconds> hang_timeout;
   // restart_count -> the world of that attempt.
   std::function<WorldAssignment(int restart_count)> rendezvous;
   // Multi-node: used instead of `rendezvous` when set. Not owned.

@@ -34,6 +34,15 @@ struct TraceCommand {
   std::vector<std::string> paths;
 };
 
+// `ddprun stacks --run-id ID [--log-dir DIR] [--timeout S] [--json]`: every worker's stack of
+// a running job (stacks_command.hpp).
+struct StacksCommand {
+  std::string run_id;                  // "" : --log-dir must name the run's folder
+  std::optional<std::string> log_dir;  // the job's --log-dir (or its run folder)
+  double timeout_s = 10.0;
+  bool json = false;
+};
+
 struct ParsedCommandLine {
   // Set for a launch (unless --help or --version was asked for).
   std::optional<LaunchOptions> options;
@@ -41,6 +50,8 @@ struct ParsedCommandLine {
   std::optional<DoctorCommand> doctor;
   // Set for `ddprun trace`.
   std::optional<TraceCommand> trace;
+  // Set for `ddprun stacks`.
+  std::optional<StacksCommand> stacks;
   // The text to print before exiting 0: the help for --help, the version for --version.
   std::string help;
 };

@@ -66,6 +66,15 @@ FlightDump parse_flight_dump(const std::string& json_text, const std::string& pa
 
 // Reads the dumps among `paths`: files, or directories searched recursively for
 // flight_recorder.*.json. Throws UsageError when a path is missing or nothing is found.
+// PyTorch's own flight recorder, as ddprun's Python hook writes it (torch_progress.hpp:
+// {"format": "torch-flight-recorder", "rank", "pid", "host", "dumped_at_us", "trace": the JSON of
+// torch's _dump_fr_trace_json}): one FlightDump per process group, group "torch:<pg name>",
+// collectives by their collective_seq_id, op without the backend prefix ("gloo:all_reduce" ->
+// "all_reduce"), "completed" up to the group's last_completed_collective and "started" after.
+// Throws UsageError naming the file when it is not such a dump.
+std::vector<FlightDump> parse_torch_flight_dump(const std::string& json_text,
+                                                const std::string& path);
+
 std::vector<FlightDump> read_flight_dumps(const std::vector<std::string>& paths);
 
 // The analysis, one line each. The first line starts with "hang report: " and names the most

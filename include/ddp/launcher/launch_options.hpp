@@ -70,6 +70,11 @@ struct LaunchOptions {
   std::string program;
   std::vector<std::string> program_args;
 
+  // --hang-timeout SECONDS: the no-progress watchdog (hang_watchdog.hpp); unset: off.
+  std::optional<std::chrono::milliseconds> hang_timeout;
+  // DDPRUN_STACKS_TIMEOUT_S: limit of the stack capture before a stop (0: no capture).
+  std::chrono::milliseconds stacks_limit{5000};
+
   // SIGTERM -> SIGKILL grace when stopping workers (torchrun: 30 s; DDPRUN_TERM_GRACE_S).
   std::chrono::milliseconds term_grace{30000};
   // Multi-node: time between the progress lines of a node waiting for the rendezvous

@@ -14,11 +14,13 @@
 // restart is a membership change and does not count against --max-restarts (like torchrun).
 
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "ddp/launcher/world.hpp"
+#include "ddp/store/store.hpp"
 
 namespace ddp::launcher {
 
@@ -57,6 +59,11 @@ class Membership {
   // report records (`mine`, encode_node_records in hang_report.hpp) and returns every node's
   // that arrived within `limit` (this node's included; "" for the others that did not). Never
   // throws: a store error leaves only this node's records. Default: this node's alone.
+  // A new connection to the job's store (authenticated like the agent's), for side requests
+  // such as `ddprun stacks` from other nodes; nullptr when there is none. Throws ddp::Error
+  // when the store cannot be reached.
+  virtual std::shared_ptr<Store> connect_side_store() { return nullptr; }
+
   virtual std::vector<std::string> exchange_hang_records(int generation, const std::string& mine,
                                                          std::chrono::milliseconds limit) {
     (void)generation;

@@ -41,6 +41,10 @@ struct FailureReport {
   int max_restarts = 0;
   WorkerFailure root_cause;
   std::vector<WorkerFailure> others;
+  // The running workers' stacks when ddprun stopped them, in one line (stacks.hpp's
+  // stacks_summary), and the file holding all of them ("" none).
+  std::string stacks_summary;
+  std::string stacks_file;
 };
 
 std::string format_failure_report(const FailureReport& report);

@@ -12,6 +12,8 @@
 // - SIGINT/SIGTERM/SIGHUP/SIGQUIT arrive  -> forwarded to every worker group, then the same
 //   stop -> kInterrupted; a second such signal kills at once
 // - SIGUSR1/SIGUSR2 arrive                -> forwarded; monitoring goes on
+// - --hang-timeout: no collective completed while one waited, for that long -> the same as a
+//   failure, with the rank in no collective (else the lowest waiting one) as the root cause
 // - stop_fd turns readable (membership change in a multi-node run) -> the same stop ->
 //   kStopped, unless a worker had already failed (kFailed)
 
@@ -23,12 +25,14 @@
 #include "ddp/launcher/hang_report.hpp"
 #include "ddp/launcher/root_cause.hpp"
 #include "ddp/launcher/signals.hpp"
+#include "ddp/launcher/stack_capture.hpp"
 #include "ddp/launcher/std_streams.hpp"
 #include "ddp/launcher/world.hpp"
 
 namespace ddp::launcher {
 
 class RunDirectory;
+class StackService;
 
 struct AttemptSpec {
   const WorldAssignment* world = nullptr;
@@ -61,6 +65,17 @@ struct AttemptSpec {
   // return kStopped. The caller owns the fd; it is polled, never read.
   int stop_fd = -1;
   size_t stderr_tail_lines = 40;
+  // Stacks (stack_capture.hpp): when the attempt ends because a worker failed or hung, the
+  // running workers' stacks are captured first, within this limit (0: not captured), printed
+  // folded and written to the attempt folder (stacks.<host>.txt/.json).
+  std::chrono::milliseconds stacks_limit{5000};
+  StackTools stack_tools;
+  // `ddprun stacks`: told which workers run (not owned; may be null).
+  StackService* stack_service = nullptr;
+  // --hang-timeout (hang_watchdog.hpp): unset = off. With it, Python workers get ddprun's
+  // progress hook from `python_hook_dir` (torch_progress.hpp).
+  std::optional<std::chrono::milliseconds> hang_timeout;
+  std::string python_hook_dir;
 };
 
 enum class AttemptOutcome { kSucceeded, kFailed, kInterrupted, kStopped };
@@ -76,6 +91,12 @@ struct AttemptResult {
   // kFailed, kStopped: where ddprun told the workers to write flight recorder dumps
   // (DDP_FLIGHT_RECORDER_DIR: the attempt folder); "" when the user chose the directory.
   std::string flight_recorder_dir;
+  // kFailed, kStopped: the running workers' stacks captured before the stop (empty when none
+  // ran or capture is off), and the file they were written to ("" none).
+  std::vector<RankStacks> stacks;
+  std::string stacks_file;
+  // kFailed by the hang watchdog: its verdict ("" otherwise).
+  std::string hang;
 };
 
 // Runs one attempt. Throws ddp::Error when workers cannot be started (after stopping those

@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ddp::rdzv {
 
@@ -17,10 +18,22 @@ using Millis = std::chrono::milliseconds;
 enum class Backend {
   kC10d,    // elastic: node ranks in join order, MIN:MAX nodes, membership changes
   kStatic,  // fixed: node ranks from --node-rank, exactly nnodes nodes
+  kEtcd,    // elastic like c10d, the store an etcd cluster (torchrun's name "etcd")
+  kEtcdV2,  // the same protocol and store, under torchrun's other name "etcd-v2"
 };
-const char* to_string(Backend backend);  // "c10d", "static"
-// "c10d" (also "c10d-experimental") or "static"; anything else is a UsageError.
+const char* to_string(Backend backend);  // "c10d", "static", "etcd", "etcd-v2"
+// "c10d" (also "c10d-experimental"), "static", "etcd" or "etcd-v2"; else a UsageError.
 Backend parse_backend(const std::string& text);
+// Node ranks in join order and MIN:MAX nodes (every backend but static).
+inline bool is_elastic(Backend b) {
+  return b != Backend::kStatic;
+}
+// The store is an etcd cluster (no agent serves it).
+inline bool uses_etcd(Backend b) {
+  return b == Backend::kEtcd || b == Backend::kEtcdV2;
+}
+// etcd's client port, torchrun's default for the etcd backends.
+constexpr uint16_t kDefaultEtcdPort = 2379;
 
 struct NodeRange {
   int min = 1;
@@ -35,6 +48,8 @@ struct Endpoint {
 };
 // "HOST", "HOST:PORT", "[V6]:PORT"; default_port when the port is omitted.
 Endpoint parse_endpoint(const std::string& text, uint16_t default_port);
+// A comma-separated list of parse_endpoint's forms (the members of an etcd cluster).
+std::vector<Endpoint> parse_endpoints(const std::string& text, uint16_t default_port);
 
 // The --rdzv-conf keys. Durations are seconds (fractions allowed).
 struct RendezvousConf {
@@ -57,6 +72,29 @@ struct RendezvousConf {
   Millis connect_timeout = kDefaultConnectTimeout;
   // File whose contents (trailing newline stripped) are the store token.
   std::optional<std::string> token_file;
+
+  // The etcd backends' keys (torchrun's names where torchrun has them); validate() refuses
+  // them with another backend. docs/rendezvous.md, "The etcd backends".
+  static constexpr Millis kDefaultReadTimeout{60000};
+  static constexpr Millis kDefaultKeyTtl{30000};
+  // protocol=https: TLS to etcd, verified against cacert (else the system's CAs).
+  bool https = false;
+  std::optional<std::string> cacert;
+  // This node's client certificate and its private key (PEM), for an etcd started with
+  // --client-cert-auth. cert alone: a PEM file holding both.
+  std::optional<std::string> cert;
+  std::optional<std::string> key;
+  // Bound of one request to etcd (a watch waits as long as its caller asked).
+  Millis read_timeout = kDefaultReadTimeout;
+  // Every key lives under this etcd prefix.
+  std::string etcd_prefix = "/ddprun/";
+  // A run's keys outlive its last agent by this long (an etcd lease the agents keep alive).
+  Millis key_ttl = kDefaultKeyTtl;
+  // torchrun's etcd "timeout" (its join timeout); applied as join_timeout when that is unset.
+  std::optional<Millis> timeout;
+  bool join_timeout_given = false;
+  // The etcd-only keys given, in order, so another backend can name them in its refusal.
+  std::vector<std::string> etcd_keys;
 };
 // "key=value,key=value"; unknown keys and bad numbers are UsageErrors listing the known keys.
 RendezvousConf parse_rdzv_conf(const std::string& text);
@@ -80,6 +118,8 @@ struct RendezvousOptions {
   int node_rank = -1;
   // Where the store is (for messages; the store itself is passed separately).
   Endpoint endpoint;
+  // Every endpoint given (etcd: the cluster's members, tried in turn); endpoint is the first.
+  std::vector<Endpoint> endpoints;
   RendezvousConf conf;
 
   // This node as the others see it: host name for messages, address for MASTER_ADDR.

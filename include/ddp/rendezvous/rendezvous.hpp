@@ -92,6 +92,10 @@ class Rendezvous {
                                     std::chrono::steady_clock::time_point info_deadline);
   std::optional<RoundInfo> read_assignment(int64_t g, int slot, int n,
                                            std::chrono::steady_clock::time_point deadline);
+  // A joiner too late for round g (of n members) waits for it to end; it ends the round
+  // itself when no member is alive. Throws RendezvousTimeoutError at `deadline`.
+  void wait_for_admission(int64_t g, int n, std::chrono::steady_clock::time_point deadline,
+                          std::chrono::steady_clock::time_point start);
   int64_t advance_generation();
   void register_run();
   void throw_if_shut_down();

@@ -1,0 +1,366 @@
+// rdzv_load: the rendezvous protocol spoken by N agents inside this one process (a thread and
+// a store connection each, as N nodes would have), against the TCP store or etcd.
+//
+//   rdzv_load --store tcp --agents N [--hb-seconds D]
+//   rdzv_load --store etcd --etcd HOST:PORT[,...] --store-pid PID --agents N [--hb-seconds D]
+//
+// tcp: a child process serves the TCP store (so its memory and descriptors are its own); etcd:
+// the cluster at --etcd, whose server process --store-pid names (for its memory and sockets).
+// Phases, one JSON line at the end:
+//   connect_s        every agent opened its store connection (etcd: and its lease)
+//   round_s          all agents released at once -> the last one returned from next_round()
+//                    with the same round of N nodes (round formation; the headline figure)
+//   first_return_s   released -> the first agent returned (node 0 assembled the round)
+//   store_rss_mb     the store process's resident memory after the round (store_rss_base_mb:
+//                    before any agent connected)
+//   store_connections  TCP sockets the store process holds after the round, less before
+//   hb_rps           heartbeat writes per second the store absorbed while every agent wrote
+//                    its heartbeat key in a loop for --hb-seconds (its capacity), and
+//                    hb_rps_needed: what N agents need at the default 5 s heartbeat with the
+//                    watcher's two calls per beat (a heartbeat write and a peer read)
+// Exit 1 (with the reason on stderr) when a round is inconsistent or an agent fails.
+
+#include <pthread.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "ddp/rendezvous/etcd/etcd_store.hpp"
+#include "ddp/rendezvous/rendezvous.hpp"
+#include "ddp/store/tcp_store.hpp"
+#include "ddp/store/tcp_store_server.hpp"
+#include "ddp/util/socket.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+constexpr size_t kAgentStack = 256 * 1024;  // 10k agents: 2.5 GiB of address space, not 80
+constexpr int kConnecting = 256;
+
+double seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+struct Args {
+  std::string store = "tcp";
+  std::string etcd;
+  int store_pid = 0;
+  int agents = 1000;
+  double hb_seconds = 3;
+};
+
+// VmRSS of `pid` in MiB; -1 when unreadable.
+double rss_mb(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::atof(line.c_str() + 6) / 1024.0;
+  }
+  return -1;
+}
+
+// Sockets among `pid`'s open files.
+int socket_count(int pid) {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& e :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    std::error_code lec;
+    auto target = std::filesystem::read_symlink(e.path(), lec);
+    if (!lec && target.string().rfind("socket:", 0) == 0) ++n;
+  }
+  return n;
+}
+
+// A one-shot gate every agent thread waits at.
+class Gate {
+ public:
+  void open() {
+    std::lock_guard<std::mutex> l(m_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> l(m_);
+    cv_.wait(l, [&] { return open_; });
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+struct Shared {
+  Args args;
+  ddp::rdzv::Endpoint endpoint;
+  std::vector<ddp::rdzv::Endpoint> etcd_endpoints;
+  Gate go_round, go_hb;
+  std::atomic<int> connected{0}, returned{0}, failed{0};
+  int connecting = 0;  // guarded by m
+  std::atomic<bool> stop_hb{false};
+  std::atomic<int64_t> beats{0};
+  std::mutex m;
+  std::condition_variable cv;
+  Clock::time_point first_return{}, last_return{};
+  std::vector<ddp::rdzv::RoundInfo> rounds;
+  std::string first_error;
+};
+
+struct AgentArg {
+  Shared* shared;
+  int index;
+};
+
+void note_failure(Shared& s, const std::string& what) {
+  std::lock_guard<std::mutex> l(s.m);
+  if (s.first_error.empty()) s.first_error = what;
+  ++s.failed;
+  s.cv.notify_all();
+}
+
+void* agent_main(void* p) {
+  auto* a = static_cast<AgentArg*>(p);
+  Shared& s = *a->shared;
+  ddp::rdzv::RendezvousOptions o;
+  o.backend = s.args.store == "tcp" ? ddp::rdzv::Backend::kC10d : ddp::rdzv::Backend::kEtcd;
+  o.run_id = "load" + std::to_string(::getpid());
+  o.nodes = {s.args.agents, s.args.agents};
+  o.endpoint = s.endpoint;
+  o.endpoints = s.etcd_endpoints;
+  o.hostname = "agent" + std::to_string(a->index);
+  o.local_addr = "10.0.0.1";
+  o.conf.join_timeout = 600s;
+  o.conf.close_timeout = 300s;
+  o.conf.read_timeout = 300s;
+  o.conf.connect_timeout = 60s;
+  o.pick_master_port = [] { return 29500; };
+  std::shared_ptr<ddp::Store> store;
+  // At most kConnecting agents open their connections at once: N nodes do not start in the
+  // same millisecond, and one process's burst of 2N connects overflows a listen backlog.
+  {
+    std::unique_lock<std::mutex> l(s.m);
+    s.cv.wait(l, [&] { return s.connecting < kConnecting; });
+    ++s.connecting;
+  }
+  struct Done {
+    Shared& s;
+    ~Done() {
+      std::lock_guard<std::mutex> l(s.m);
+      --s.connecting;
+      s.cv.notify_all();
+    }
+  };
+  try {
+    Done done{s};
+    if (s.args.store == "tcp") {
+      ddp::TcpStoreOptions t;
+      t.host = s.endpoint.host;
+      t.port = s.endpoint.port;
+      t.connect_retry = 120s;
+      t.timeout = 600s;
+      store = std::make_shared<ddp::TcpStore>(t);
+    } else {
+      ddp::rdzv::EtcdStoreOptions eo = ddp::rdzv::etcd_store_options(o);
+      // One loopback address per simulated node: the ports of one address would run out.
+      eo.local_address = fmt::format("127.1.{}.{}", a->index / 250, a->index % 250 + 1);
+      store = std::make_shared<ddp::rdzv::EtcdStore>(eo);
+    }
+    store->set_timeout(600s);
+  } catch (const std::exception& e) {
+    note_failure(s, std::string("connect: ") + e.what());
+    return nullptr;
+  }
+  {
+    std::lock_guard<std::mutex> l(s.m);
+    ++s.connected;
+    s.cv.notify_all();
+  }
+  s.go_round.wait();
+  try {
+    ddp::rdzv::Rendezvous r(o, store);
+    ddp::rdzv::RoundInfo info = r.next_round();
+    auto now = Clock::now();
+    std::lock_guard<std::mutex> l(s.m);
+    if (s.returned == 0) s.first_return = now;
+    s.last_return = now;
+    s.rounds[a->index] = info;
+    ++s.returned;
+    s.cv.notify_all();
+  } catch (const std::exception& e) {
+    note_failure(s, std::string("next_round: ") + e.what());
+    return nullptr;
+  }
+  s.go_hb.wait();
+  std::string key = "load/hb/" + std::to_string(a->index);
+  int64_t beat = 0;
+  try {
+    while (!s.stop_hb.load(std::memory_order_relaxed)) store->set(key, std::to_string(++beat));
+  } catch (const std::exception& e) {
+    note_failure(s, std::string("heartbeat: ") + e.what());
+  }
+  s.beats += beat;
+  return nullptr;
+}
+
+int usage(const char* why) {
+  std::fprintf(stderr,
+               "rdzv_load: %s\nusage: rdzv_load --store tcp|etcd --agents N [--etcd "
+               "HOST:PORT[,...] --store-pid PID] [--hb-seconds D]\n",
+               why);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--store") {
+      args.store = value();
+    } else if (a == "--agents") {
+      args.agents = std::atoi(value().c_str());
+    } else if (a == "--etcd") {
+      args.etcd = value();
+    } else if (a == "--store-pid") {
+      args.store_pid = std::atoi(value().c_str());
+    } else if (a == "--hb-seconds") {
+      args.hb_seconds = std::atof(value().c_str());
+    } else {
+      return usage(("unknown argument " + a).c_str());
+    }
+  }
+  if (args.agents < 1) return usage("--agents must be at least 1");
+  if (args.store != "tcp" && args.store != "etcd") return usage("--store is tcp or etcd");
+  if (args.store == "etcd" && (args.etcd.empty() || args.store_pid <= 0)) {
+    return usage("--store etcd needs --etcd and --store-pid");
+  }
+  // An etcd agent holds about 10 descriptors (4 curl handles, each with a connection and an
+  // internal socket pair): raise the hard limit where allowed (root), then the soft one.
+  rlimit many{262144, 262144};
+  (void)::setrlimit(RLIMIT_NOFILE, &many);
+  ddp::net::raise_fd_limit();
+  ::signal(SIGPIPE, SIG_IGN);
+
+  Shared s;
+  s.args = args;
+  s.rounds.resize(args.agents);
+  pid_t child = -1;
+  if (args.store == "tcp") {
+    int p[2];
+    if (::pipe(p) != 0) return usage("pipe failed");
+    child = ::fork();
+    if (child == 0) {
+      // The store host: serves until its parent exits.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::close(p[0]);
+      ddp::TcpStoreServerOptions so;
+      so.host = "127.0.0.1";
+      so.port = 0;
+      so.backlog = 4096;
+      // Every simulated node connects from 127.0.0.1; real nodes have an address each.
+      so.max_handshakes_per_address = so.max_handshakes;
+      ddp::TcpStoreServer server(so);
+      server.start();
+      uint16_t port = server.port();
+      (void)!::write(p[1], &port, sizeof port);
+      for (;;) ::pause();
+    }
+    ::close(p[1]);
+    uint16_t port = 0;
+    if (::read(p[0], &port, sizeof port) != sizeof port) return usage("store child failed");
+    s.endpoint = {"127.0.0.1", port};
+    args.store_pid = child;
+  } else {
+    s.etcd_endpoints = ddp::rdzv::parse_endpoints(args.etcd, ddp::rdzv::kDefaultEtcdPort);
+    s.endpoint = s.etcd_endpoints.front();
+  }
+  const double base_rss = rss_mb(args.store_pid);
+  const int base_sockets = socket_count(args.store_pid);
+
+  std::vector<AgentArg> agent_args(args.agents);
+  std::vector<pthread_t> threads(args.agents);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, kAgentStack);
+  auto t0 = Clock::now();
+  int started = 0;
+  for (int i = 0; i < args.agents; ++i) {
+    agent_args[i] = {&s, i};
+    if (pthread_create(&threads[i], &attr, agent_main, &agent_args[i]) != 0) break;
+    ++started;
+  }
+  if (started < args.agents) {
+    std::fprintf(stderr, "rdzv_load: could start only %d agent threads\n", started);
+    ::_exit(1);
+  }
+  auto wait_for = [&](auto done, std::chrono::seconds limit) {
+    std::unique_lock<std::mutex> l(s.m);
+    return s.cv.wait_for(l, limit, [&] { return done() || s.failed > 0; }) && s.failed == 0;
+  };
+  bool ok = wait_for([&] { return s.connected == args.agents; }, 600s);
+  auto t_connected = Clock::now();
+  auto t_release = Clock::now();
+  s.go_round.open();
+  ok = ok && wait_for([&] { return s.returned == args.agents; }, 900s);
+  double round_rss = rss_mb(args.store_pid);
+  int round_sockets = socket_count(args.store_pid) - base_sockets;
+  double hb_rps = 0;
+  if (ok) {
+    auto hb0 = Clock::now();
+    s.go_hb.open();
+    std::this_thread::sleep_for(std::chrono::duration<double>(args.hb_seconds));
+    s.stop_hb = true;
+    for (int i = 0; i < args.agents; ++i) pthread_join(threads[i], nullptr);
+    hb_rps = static_cast<double>(s.beats.load()) / seconds(Clock::now() - hb0);
+  }
+  if (!ok) {
+    std::fprintf(stderr, "rdzv_load: %d agents failed; first: %s\n", s.failed.load(),
+                 s.first_error.empty() ? "(timed out)" : s.first_error.c_str());
+  } else {
+    std::set<int> ranks;
+    for (const auto& r : s.rounds) {
+      if (r.num_nodes != args.agents || r.generation != s.rounds[0].generation) ok = false;
+      ranks.insert(r.node_rank);
+    }
+    if (!ok || static_cast<int>(ranks.size()) != args.agents) {
+      std::fprintf(stderr, "rdzv_load: the agents do not agree on one round of %d nodes\n",
+                   args.agents);
+      ok = false;
+    }
+  }
+  std::printf(
+      "{\"bench\":\"rdzv_load\",\"store\":\"%s\",\"agents\":%d,\"connect_s\":%.3f,"
+      "\"round_s\":%.3f,\"first_return_s\":%.3f,\"store_rss_base_mb\":%.1f,\"store_rss_mb\":%.1f,"
+      "\"store_connections\":%d,\"hb_rps\":%.0f,\"hb_rps_needed\":%.0f,\"ok\":%s}\n",
+      args.store.c_str(), args.agents, seconds(t_connected - t0),
+      ok ? seconds(s.last_return - t_release) : -1.0,
+      ok ? seconds(s.first_return - t_release) : -1.0, base_rss, round_rss, round_sockets, hb_rps,
+      2.0 * args.agents / 5.0, ok ? "true" : "false");
+  std::fflush(stdout);
+  if (child > 0) ::kill(child, SIGKILL);
+  // Agent threads still blocked (a failed run) hold no resource worth unwinding.
+  ::_exit(ok ? 0 : 1);
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# In-process rendezvous load (rdzv_load: N agents as threads of one process), JSON lines on
+# stdout: the TCP store at N = 1000 4000 10000, then etcd (a fresh single-member etcd started
+# here on a free loopback port, killed at the end) at the ETCD_SIZES (default 1000 2000).
+# Usage: run_rdzv_load.sh BUILD_DIR [TCP_SIZES...]   (ETCD_SIZES="..." in the environment)
+set -euo pipefail
+BUILD="${1:?usage: run_rdzv_load.sh BUILD_DIR [TCP_SIZES...]}"
+shift
+TCP_SIZES=("${@:-1000 4000 10000}")
+read -r -a TCP_SIZES <<<"${TCP_SIZES[*]}"
+read -r -a ETCD_SIZES <<<"${ETCD_SIZES:-1000 2000}"
+LOAD="$BUILD/bench/rendezvous/rdzv_load"
+
+for n in "${TCP_SIZES[@]}"; do "$LOAD" --store tcp --agents "$n" 2>/dev/null; done
+
+command -v etcd >/dev/null || { echo "run_rdzv_load: etcd is not installed; skipping etcd" >&2; exit 0; }
+dir=$(mktemp -d /tmp/rdzv-load-etcd.XXXXXX)
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+peer=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+etcd --data-dir "$dir/data" --listen-client-urls "http://127.0.0.1:$port" \
+  --advertise-client-urls "http://127.0.0.1:$port" --listen-peer-urls "http://127.0.0.1:$peer" \
+  --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+  --initial-cluster "default=http://127.0.0.1:$peer" >"$dir/etcd.log" 2>&1 &
+etcd_pid=$!
+trap 'kill -9 $etcd_pid 2>/dev/null; wait $etcd_pid 2>/dev/null; rm -rf "$dir"' EXIT
+for ((k = 0; k < 600; k++)); do
+  grep -q "ready to serve client requests" "$dir/etcd.log" && break
+  sleep 0.1
+done
+for n in "${ETCD_SIZES[@]}"; do
+  "$LOAD" --store etcd --etcd "127.0.0.1:$port" --store-pid "$etcd_pid" --agents "$n" 2>/dev/null || true
+  sleep 60  # the previous run's connections leave TIME_WAIT
+done

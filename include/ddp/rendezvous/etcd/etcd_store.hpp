@@ -1,0 +1,93 @@
+#pragma once
+// EtcdStore: the Store interface (ddp/store/store.hpp) on an etcd cluster, through etcd's v3
+// JSON gateway (POST /v3/kv/range, /v3/kv/put, /v3/kv/txn, /v3/watch, /v3/lease/*) over
+// libcurl, so the rendezvous protocol runs on etcd unchanged (docs/rendezvous.md, "The etcd
+// backends"). etcd 3.4 or later.
+//
+// How each operation maps onto etcd:
+//   set, multi_set     put (a txn of puts)
+//   get, multi_get     range; an absent key is watched from the revision the range read, so a
+//                      put between the read and the watch is not missed
+//   wait, check        the same, without reading values
+//   compare_set        txn: compare value (absent: create_revision 0), put, else range
+//   add                one ticket key per increment (under "<key>\0tickets/"), put in one txn:
+//                      the value is the number of tickets created up to that txn's revision
+//                      (a count-only range), so concurrent adds never retry each other and a
+//                      txn sent again after a lost reply counts once (prev_kv gives its first
+//                      revision); the key itself then holds the largest value returned,
+//                      zero-padded ("00000000000000000007"), for get(). Increments of 1 to 64
+//                      only: another delta is a NotSupportedError
+//   delete_key         deleterange;  num_keys: a count-only range over the prefix
+// Every key lives under `prefix`. With a lease key, every key written is attached to one lease
+// that all clients of the same lease key share and renew (etcd_lease in src/), except keys
+// under `unleased_prefixes`.
+//
+// Every request is bounded (read_timeout; connect_timeout for unreachable members, which are
+// left for the next member of `endpoints`); every wait by its own limit. Failures are the
+// library's errors with the cause and the fix: NetworkError (no member reachable), StoreError
+// (TLS refused, etcd refused), ProtocolError (the endpoint is not etcd), TimeoutError.
+// Not thread-safe (like TcpStore): one object per thread, or a caller that serialises use.
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddp/rendezvous/options.hpp"
+#include "ddp/store/store.hpp"
+
+namespace ddp::rdzv {
+
+struct EtcdStoreOptions {
+  std::vector<Endpoint> endpoints;  // the cluster's members (client URLs), tried in turn
+  bool https = false;
+  std::optional<std::string> cacert;  // PEM CA that signed etcd's certificate
+  std::optional<std::string> cert;    // this client's certificate (PEM)
+  std::optional<std::string> key;     // its private key (PEM)
+  std::string prefix = "/ddprun/";
+  Millis connect_timeout = RendezvousConf::kDefaultConnectTimeout;
+  Millis read_timeout = RendezvousConf::kDefaultReadTimeout;
+  // Key (under prefix) of the shared lease; nullopt: keys are permanent.
+  std::optional<std::string> lease_key;
+  Millis lease_ttl = RendezvousConf::kDefaultKeyTtl;
+  std::vector<std::string> unleased_prefixes;
+  // The local address connections leave from (nullopt: the kernel's choice). The load bench
+  // gives each simulated node its own loopback address, as real nodes have their own.
+  std::optional<std::string> local_address;
+};
+
+class EtcdStore : public Store {
+ public:
+  // Reads one key, so an unreachable cluster, refused TLS or an endpoint that is not etcd
+  // fail here, with their message.
+  explicit EtcdStore(EtcdStoreOptions options);
+  ~EtcdStore() override;
+
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  std::string compare_set(const std::string& key, const std::string& expected,
+                          const std::string& desired) override;
+  bool delete_key(const std::string& key) override;
+  int64_t num_keys() override;
+  bool check(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  using Store::wait;
+  std::vector<std::string> multi_get(const std::vector<std::string>& keys) override;
+  void multi_set(const std::vector<std::string>& keys,
+                 const std::vector<std::string>& values) override;
+
+  // "etcd at host:port, host:port (prefix /ddprun/)", for messages.
+  std::string describe() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The store options of a rendezvous on etcd: the endpoints and TLS files of --rdzv-endpoint
+// and --rdzv-conf, and one lease per run id (the run's keys outlive its last agent by
+// key_ttl), the endpoint's registry of run ids excepted.
+EtcdStoreOptions etcd_store_options(const RendezvousOptions& options);
+
+}  // namespace ddp::rdzv

@@ -1,0 +1,392 @@
+#include "ddp/launcher/stack_service.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "ddp/launcher/output.hpp"
+#include "ddp/launcher/process.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp::launcher {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+constexpr std::chrono::milliseconds kSlice{200};
+constexpr std::chrono::milliseconds kClientSendLimit{2000};
+
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+// Creates `dir` 0700 if missing and checks it is this user's and not open to others: the socket
+// inside hands out stack traces (and can pause the workers), so it must not be reachable by
+// another user through a folder they made.
+void ensure_private_dir(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    throw Error(fmt::format("cannot create {}: {} (set DDPRUN_RUNTIME_DIR to a writable folder)",
+                            dir, std::strerror(errno)));
+  }
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() ||
+      (st.st_mode & 0077) != 0) {
+    throw Error(fmt::format(
+        "{} is not a private folder of this user (owner uid {}, mode {:o}); remove it or set "
+        "DDPRUN_RUNTIME_DIR to a folder only you can use",
+        dir, st.st_uid, st.st_mode & 07777));
+  }
+}
+
+void write_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    if (!out) throw Error(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    throw Error(fmt::format("cannot write {}: {}", path, std::strerror(errno)));
+  }
+}
+
+std::string keys_prefix(const std::string& run_id, int generation) {
+  return fmt::format("ddprun_stacks/{}/{}/", run_id, generation);
+}
+
+}  // namespace
+
+std::string stacks_registry_dir() {
+  std::string dir = env_or_empty("DDPRUN_RUNTIME_DIR");
+  if (!dir.empty()) return dir;
+  const std::string xdg = env_or_empty("XDG_RUNTIME_DIR");
+  if (!xdg.empty()) return xdg + "/ddprun";
+  return fmt::format("/tmp/ddprun-{}", ::geteuid());
+}
+
+struct StackService::State {
+  StackServiceOptions options;
+  std::string registry_dir, record_path, log_record_path, socket_path;
+  UniqueFd listen_fd, stop_read, stop_write;
+  std::thread socket_thread;
+
+  std::mutex mutex;  // guards workers and the round fields below
+  std::vector<StackTarget> workers;
+
+  // The round (multi-node).
+  std::shared_ptr<Store> store;
+  int generation = -1, node_rank = 0, num_nodes = 1;
+  std::thread round_thread;
+  std::atomic<bool> round_stop{false};
+  struct Outgoing {
+    Clock::time_point deadline;
+    bool done = false;
+    std::vector<std::string> answers;  // per node rank ("" none)
+  };
+  std::deque<std::shared_ptr<Outgoing>> outgoing;
+  std::condition_variable cv;
+
+  std::vector<RankStacks> capture(Clock::time_point deadline) {
+    std::vector<StackTarget> targets;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      targets = workers;
+    }
+    return capture_stacks(targets, options.host, options.tools, deadline);
+  }
+
+  // Asks the other nodes of the round; returns each node's answer ("" for none) by `deadline`.
+  std::vector<std::string> ask_other_nodes(Clock::time_point deadline, int& nodes) {
+    auto request = std::make_shared<Outgoing>();
+    request->deadline = deadline;
+    std::unique_lock<std::mutex> lock(mutex);
+    if (!store) {
+      nodes = 1;
+      return {};
+    }
+    nodes = num_nodes;
+    outgoing.push_back(request);
+    cv.notify_all();
+    cv.wait_until(lock, deadline + kSlice * 2, [&] { return request->done; });
+    return request->answers;
+  }
+
+  void serve_client(int fd) {
+    // One JSON line, bounded in time.
+    std::string line;
+    const auto until = Clock::now() + kClientSendLimit;
+    while (line.find('\n') == std::string::npos) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+      if (left <= 0) return;
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left)) <= 0) return;
+      char buf[4096];
+      const ssize_t n = ::read(fd, buf, sizeof(buf));
+      if (n <= 0) return;
+      line.append(buf, static_cast<size_t>(n));
+      if (line.size() > 65536) return;
+    }
+    const json request = json::parse(line.substr(0, line.find('\n')), nullptr, false);
+    int64_t timeout_ms = 10000;
+    bool all_nodes = true;
+    if (request.is_object()) {
+      timeout_ms = request.value("timeout_ms", timeout_ms);
+      all_nodes = request.value("all_nodes", true);
+    }
+    timeout_ms = std::clamp<int64_t>(timeout_ms, 100, kMaxCapture.count());
+    // Captures finish a little before the client's deadline, so the answer arrives in time.
+    const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms * 8 / 10);
+    json answer;
+    json notes = json::array();
+    std::vector<RankStacks> stacks;
+    int nodes = 1;
+    std::vector<std::string> remote;
+    std::thread asking;
+    if (all_nodes) {
+      // The other nodes capture while this one does.
+      asking = std::thread([&] { remote = ask_other_nodes(deadline, nodes); });
+    }
+    stacks = capture(deadline);
+    if (asking.joinable()) asking.join();
+    json answered = json::array();
+    int me = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      me = node_rank;
+    }
+    answered.push_back(me);
+    for (size_t n = 0; n < remote.size(); ++n) {
+      if (static_cast<int>(n) == me) continue;
+      if (remote[n].empty()) {
+        notes.push_back(
+            fmt::format("node rank {} did not answer within {:.1f} s", n, timeout_ms * 0.8 / 1000));
+        continue;
+      }
+      try {
+        for (auto& s : decode_stacks(remote[n])) stacks.push_back(std::move(s));
+        answered.push_back(n);
+      } catch (const Error& e) {
+        notes.push_back(fmt::format("node rank {} sent an unreadable answer: {}", n, e.what()));
+      }
+    }
+    answer["stacks"] = json::parse(encode_stacks(stacks));
+    answer["nodes"] = nodes;
+    answer["answered"] = answered;
+    answer["notes"] = notes;
+    answer["run_id"] = options.run_id;
+    const std::string text = answer.dump() + "\n";
+    write_fully(fd, text.data(), text.size());
+  }
+
+  void socket_loop() {
+    for (;;) {
+      pollfd fds[2] = {{listen_fd.get(), POLLIN, 0}, {stop_read.get(), POLLIN, 0}};
+      const int n = ::poll(fds, 2, 1000);
+      if (n < 0 && errno != EINTR) return;
+      if (fds[1].revents != 0) return;
+      if (fds[0].revents == 0) continue;
+      UniqueFd client(::accept4(listen_fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (!client.valid()) continue;
+      try {
+        serve_client(client.get());
+      } catch (const std::exception&) {
+        // A client that went away, a store that broke: the next request starts afresh.
+      }
+    }
+  }
+
+  void round_loop(std::shared_ptr<Store> s, int gen, int me, int nodes) {
+    const std::string prefix = keys_prefix(options.run_id, gen);
+    try {
+      int64_t next = s->add(prefix + "seq", 0) + 1;
+      while (!round_stop) {
+        std::shared_ptr<Outgoing> mine;
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          if (!outgoing.empty()) {
+            mine = outgoing.front();
+            outgoing.pop_front();
+          }
+        }
+        if (mine) {
+          const int64_t id = s->add(prefix + "seq", 1);
+          const auto budget =
+              std::chrono::duration_cast<std::chrono::milliseconds>(mine->deadline - Clock::now());
+          // "<asking node> <milliseconds>": the others capture within the asker's budget.
+          s->set(fmt::format("{}req/{}", prefix, id),
+                 fmt::format("{} {}", me, std::max<int64_t>(budget.count(), 100)));
+          std::vector<std::string> answers(nodes);
+          std::vector<std::string> keys;
+          for (int n = 0; n < nodes; ++n) {
+            if (n != me) keys.push_back(fmt::format("{}resp/{}/{}", prefix, id, n));
+          }
+          const auto left =
+              std::chrono::duration_cast<std::chrono::milliseconds>(mine->deadline - Clock::now());
+          if (!keys.empty() && left.count() > 0) {
+            try {
+              s->wait(keys, left);
+            } catch (const TimeoutError&) {
+            }
+          }
+          for (int n = 0; n < nodes; ++n) {
+            const std::string key = fmt::format("{}resp/{}/{}", prefix, id, n);
+            if (n != me && s->check({key})) {
+              answers[n] = s->get(key);
+              s->delete_key(key);
+            }
+          }
+          std::lock_guard<std::mutex> lock(mutex);
+          mine->answers = std::move(answers);
+          mine->done = true;
+          cv.notify_all();
+          continue;
+        }
+        const std::string key = fmt::format("{}req/{}", prefix, next);
+        try {
+          s->wait({key}, kSlice);
+        } catch (const TimeoutError&) {
+          continue;
+        }
+        const std::string value = s->get(key);
+        const int from = std::atoi(value.c_str());
+        const size_t space = value.find(' ');
+        const int64_t budget_ms = std::clamp<int64_t>(
+            space == std::string::npos ? 5000 : std::atoll(value.c_str() + space + 1), 100,
+            kMaxCapture.count());
+        if (from != me) {
+          // Answer a little before the asker stops waiting.
+          const auto stacks = capture(Clock::now() + std::chrono::milliseconds(budget_ms * 8 / 10));
+          s->set(fmt::format("{}resp/{}/{}", prefix, next, me), encode_stacks(stacks));
+        }
+        ++next;
+      }
+    } catch (const Error&) {
+      // The store is gone (the round ended, its host exited): requests get no other nodes.
+    }
+    // Whoever waits for this thread's answers gets what there is.
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto& o : outgoing) o->done = true;
+    outgoing.clear();
+    cv.notify_all();
+  }
+};
+
+StackService::StackService(StackServiceOptions options) : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.options = std::move(options);
+  s.registry_dir = stacks_registry_dir();
+  ensure_private_dir(s.registry_dir);
+  const pid_t pid = ::getpid();
+  s.socket_path = fmt::format("{}/{}.sock", s.registry_dir, pid);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (s.socket_path.size() >= sizeof(addr.sun_path)) {
+    throw Error(
+        fmt::format("the socket path {} is too long for a Unix socket; set "
+                    "DDPRUN_RUNTIME_DIR to a shorter folder",
+                    s.socket_path));
+  }
+  std::memcpy(addr.sun_path, s.socket_path.c_str(), s.socket_path.size() + 1);
+  ::unlink(s.socket_path.c_str());  // a dead agent's with our pid
+  s.listen_fd.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!s.listen_fd.valid() ||
+      ::bind(s.listen_fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::listen(s.listen_fd.get(), 8) != 0) {
+    throw Error(fmt::format("cannot listen on {}: {}", s.socket_path, std::strerror(errno)));
+  }
+  json record = {{"format", "ddprun-agent"},
+                 {"run_id", s.options.run_id},
+                 {"host", s.options.host},
+                 {"pid", pid},
+                 {"socket", s.socket_path}};
+  s.record_path = fmt::format("{}/{}.{}.json", s.registry_dir, s.options.run_id, pid);
+  write_atomically(s.record_path, record.dump());
+  if (!s.options.log_root.empty()) {
+    s.log_record_path =
+        fmt::format("{}/ddprun_agent.{}.{}.json", s.options.log_root, s.options.host, pid);
+    try {
+      write_atomically(s.log_record_path, record.dump());
+    } catch (const Error&) {
+      s.log_record_path.clear();  // the registry record is enough on this host
+    }
+  }
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) {
+    throw Error(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
+  }
+  s.stop_read.reset(p[0]);
+  s.stop_write.reset(p[1]);
+  s.socket_thread = std::thread([&s] { s.socket_loop(); });
+}
+
+StackService::~StackService() {
+  State& s = *state_;
+  leave_round();
+  char byte = 1;
+  (void)!::write(s.stop_write.get(), &byte, 1);
+  if (s.socket_thread.joinable()) s.socket_thread.join();
+  ::unlink(s.socket_path.c_str());
+  ::unlink(s.record_path.c_str());
+  if (!s.log_record_path.empty()) ::unlink(s.log_record_path.c_str());
+}
+
+void StackService::set_workers(std::vector<StackTarget> workers) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->workers = std::move(workers);
+}
+
+std::vector<RankStacks> StackService::capture_local(Clock::time_point deadline) {
+  return state_->capture(deadline);
+}
+
+void StackService::join_round(std::shared_ptr<Store> store, int generation, int node_rank,
+                              int num_nodes) {
+  leave_round();
+  if (!store) return;
+  State& s = *state_;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.store = store;
+    s.generation = generation;
+    s.node_rank = node_rank;
+    s.num_nodes = num_nodes;
+  }
+  s.round_stop = false;
+  s.round_thread = std::thread([&s, store, generation, node_rank, num_nodes] {
+    s.round_loop(store, generation, node_rank, num_nodes);
+  });
+}
+
+void StackService::leave_round() {
+  State& s = *state_;
+  s.round_stop = true;
+  if (s.round_thread.joinable()) s.round_thread.join();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.store.reset();
+  s.node_rank = 0;
+  s.num_nodes = 1;
+}
+
+const std::string& StackService::socket_path() const {
+  return state_->socket_path;
+}
+
+}  // namespace ddp::launcher

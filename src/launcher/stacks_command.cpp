@@ -1,0 +1,177 @@
+#include "ddp/launcher/stacks_command.hpp"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "ddp/launcher/output.hpp"
+#include "ddp/launcher/process.hpp"
+#include "ddp/launcher/stack_service.hpp"
+#include "ddp/launcher/stacks.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp::launcher {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct AgentRecord {
+  std::string run_id, host, socket, file;
+  int64_t pid = 0;
+};
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "";
+  return buf;
+}
+
+// Live agents' records among the *.json files of `dir` whose name starts with `prefix`.
+std::vector<AgentRecord> records_in(const std::string& dir, const std::string& prefix,
+                                    const std::string& run_id) {
+  std::vector<AgentRecord> out;
+  std::error_code ec;
+  const std::string host = host_name();
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0 || e.path().extension() != ".json") continue;
+    std::ifstream in(e.path());
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const json j = json::parse(ss.str(), nullptr, false);
+    if (!j.is_object() || j.value("format", "") != "ddprun-agent") continue;
+    AgentRecord r;
+    r.run_id = j.value("run_id", "");
+    r.host = j.value("host", "");
+    r.socket = j.value("socket", "");
+    r.pid = j.value("pid", int64_t{0});
+    r.file = e.path().string();
+    if (!run_id.empty() && r.run_id != run_id) continue;
+    if (!r.host.empty() && r.host != host) continue;  // a shared log folder: another node's
+    if (r.pid <= 0 || (::kill(static_cast<pid_t>(r.pid), 0) != 0 && errno == ESRCH)) continue;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<AgentRecord> find_agents(const StacksCommand& c, std::string& looked) {
+  std::vector<AgentRecord> found;
+  if (c.log_dir) {
+    // DIR/<run id>, or DIR itself when it is the run folder.
+    std::vector<std::string> dirs;
+    if (!c.run_id.empty()) dirs.push_back(*c.log_dir + "/" + c.run_id);
+    dirs.push_back(*c.log_dir);
+    for (const auto& d : dirs) {
+      looked += (looked.empty() ? "" : ", ") + d;
+      for (auto& r : records_in(d, "ddprun_agent.", c.run_id)) found.push_back(std::move(r));
+      if (!found.empty()) return found;
+    }
+  }
+  const std::string registry = stacks_registry_dir();
+  looked += (looked.empty() ? "" : ", ") + registry;
+  if (c.run_id.empty()) return found;
+  return records_in(registry, c.run_id + ".", c.run_id);
+}
+
+// One request, one answer, both bounded by `deadline`.
+std::string ask(const AgentRecord& agent, double timeout_s, Clock::time_point deadline) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (!fd.valid() || agent.socket.size() >= sizeof(addr.sun_path)) {
+    throw NetworkError(fmt::format("cannot open a socket for {}", agent.socket));
+  }
+  std::memcpy(addr.sun_path, agent.socket.c_str(), agent.socket.size() + 1);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    throw NetworkError(fmt::format(
+        "cannot reach the agent (pid {}) at {}: {}{}", agent.pid, agent.socket,
+        std::strerror(errno),
+        errno == EACCES ? " (the job runs as another user: run ddprun stacks as that user)" : ""));
+  }
+  const std::string request =
+      json{{"timeout_ms", static_cast<int64_t>(timeout_s * 1000)}, {"all_nodes", true}}.dump() +
+      "\n";
+  write_fully(fd.get(), request.data(), request.size());
+  std::string answer;
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      throw TimeoutError(
+          fmt::format("the agent (pid {}) did not answer within {:.1f} s; pass a longer --timeout",
+                      agent.pid, timeout_s));
+    }
+    pollfd p{fd.get(), POLLIN, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(left));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) continue;
+    char buf[65536];
+    const ssize_t got = ::read(fd.get(), buf, sizeof(buf));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    answer.append(buf, static_cast<size_t>(got));
+  }
+  return answer;
+}
+
+}  // namespace
+
+int run_stacks_command(const StacksCommand& c) {
+  std::string looked;
+  const std::vector<AgentRecord> agents = find_agents(c, looked);
+  const std::string job = c.run_id.empty() ? *c.log_dir : "'" + c.run_id + "'";
+  if (agents.empty()) {
+    std::fprintf(stderr,
+                 "ddprun stacks: no running ddprun agent of run %s on this host (looked in %s). "
+                 "Run it on a node of the job, with the job's --run-id (and its --log-dir if it "
+                 "used one, or the same DDPRUN_RUNTIME_DIR).\n",
+                 job.c_str(), looked.c_str());
+    return 2;
+  }
+  // Any agent of the job answers for every node (several agents share a host in tests).
+  const auto deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(c.timeout_s * 1000) + 1000);
+  const std::string text = ask(agents.front(), c.timeout_s, deadline);
+  const json answer = json::parse(text, nullptr, false);
+  if (!answer.is_object() || !answer.contains("stacks")) {
+    throw ProtocolError(fmt::format("the agent (pid {}) sent an unreadable answer ({} bytes)",
+                                    agents.front().pid, text.size()));
+  }
+  const std::vector<RankStacks> stacks = decode_stacks(answer["stacks"].dump());
+  const int nodes = answer.value("nodes", 1);
+  const size_t answered = answer.contains("answered") ? answer["answered"].size() : 1;
+  bool complete = answered == static_cast<size_t>(nodes);
+  for (const auto& s : stacks) complete = complete && s.error.empty();
+  if (c.json) {
+    std::printf("%s\n", answer.dump(1).c_str());
+  } else {
+    std::printf("ddprun stacks: run '%s', %zu ranks from %zu of %d nodes: %s\n",
+                answer.value("run_id", c.run_id).c_str(), stacks.size(), answered, nodes,
+                stacks.empty() ? "no worker is running" : stacks_summary(stacks).c_str());
+    for (const auto& line : format_folded(stacks)) std::printf("%s\n", line.c_str());
+    if (answer.contains("notes")) {
+      for (const auto& n : answer["notes"]) {
+        std::printf("ddprun stacks: %s\n", n.get<std::string>().c_str());
+      }
+    }
+  }
+  std::fflush(stdout);
+  return complete && !stacks.empty() ? 0 : 1;
+}
+
+}  // namespace ddp::launcher

@@ -1,0 +1,324 @@
+#include "ddp/rendezvous/etcd/etcd_store.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <random>
+
+#include "../keys.hpp"
+#include "../store_wait.hpp"
+#include "ddp/util/deadline.hpp"
+#include "etcd_http.hpp"
+#include "etcd_json.hpp"
+#include "etcd_lease.hpp"
+
+namespace ddp::rdzv {
+
+using namespace etcd;
+
+namespace {
+
+// etcd refuses transactions of more than --max-txn-ops operations (128 by default).
+constexpr size_t kOpsPerTxn = 64;
+
+HttpOptions http_options(const EtcdStoreOptions& o) {
+  HttpOptions h;
+  h.endpoints = o.endpoints;
+  h.https = o.https;
+  h.cacert = o.cacert;
+  h.cert = o.cert;
+  h.key = o.key;
+  h.retry_for = o.connect_timeout;
+  h.read_timeout = o.read_timeout;
+  h.local_address = o.local_address;
+  return h;
+}
+
+std::string random_client_id() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}", rd(), rd());
+}
+
+int64_t parse_counter(const std::string& v, const std::string& context) {
+  char* end = nullptr;
+  long long n = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0') {
+    throw ProtocolError(
+        fmt::format("{} holds '{}', not an integer counter", context, quote_start(v, 40)));
+  }
+  return static_cast<int64_t>(n);
+}
+
+}  // namespace
+
+struct EtcdStore::Impl {
+  EtcdStoreOptions options;
+  EtcdHttp http;
+  std::unique_ptr<SharedLease> lease;
+  std::string client_id = random_client_id();  // names this client's add() tickets
+  uint64_t add_seq = 0;
+
+  explicit Impl(EtcdStoreOptions o) : options(std::move(o)), http(http_options(options)) {
+    if (options.lease_key) {
+      lease = std::make_unique<SharedLease>(http_options(options),
+                                            options.prefix + *options.lease_key, options.lease_ttl);
+    }
+  }
+
+  std::string full(const std::string& key) const { return options.prefix + key; }
+
+  std::string context(const char* op, const std::string& key) const {
+    return fmt::format("etcd at {} ({} {}{})", http.members(), op, options.prefix, key);
+  }
+
+  // The lease a write of `key` (relative) attaches to; 0: none.
+  int64_t lease_for(const std::string& key) {
+    if (!lease) return 0;
+    for (const auto& p : options.unleased_prefixes) {
+      if (key.rfind(p, 0) == 0) return 0;
+    }
+    return lease->id();
+  }
+
+  // Sends a request built for the current lease; a request refused because the lease expired
+  // is sent once more with a fresh one.
+  template <class Build>
+  Json call_leased(const std::string& path, Build build) {
+    for (int attempt = 0;; ++attempt) {
+      int64_t id = lease ? lease->id() : 0;
+      try {
+        return http.call(path, build());
+      } catch (const LeaseNotFoundError&) {
+        if (!lease || attempt > 0) throw;
+        lease->lost(id);
+      }
+    }
+  }
+
+  // Values of `keys` (nullopt: absent) and the revision they were read at (of the first
+  // chunk; every later chunk reads a revision at least as new).
+  std::pair<std::vector<std::optional<std::string>>, int64_t> read(
+      const std::vector<std::string>& keys) {
+    std::vector<std::optional<std::string>> values(keys.size());
+    int64_t revision = 0;
+    for (size_t begin = 0; begin < keys.size(); begin += kOpsPerTxn) {
+      size_t end = std::min(keys.size(), begin + kOpsPerTxn);
+      Json ops = Json::array();
+      for (size_t i = begin; i < end; ++i)
+        ops.push_back({{"request_range", range_op(full(keys[i]))}});
+      TxnReply r = parse_txn(http.call("/v3/kv/txn", txn(Json::array(), ops, Json::array())),
+                             context("range", keys[begin]));
+      if (r.ranges.size() != end - begin) {
+        throw ProtocolError(fmt::format("{}: {} range results for {} ranges",
+                                        context("range", keys[begin]), r.ranges.size(),
+                                        end - begin));
+      }
+      if (begin == 0) revision = r.revision;
+      for (size_t i = begin; i < end; ++i) {
+        const auto& kvs = r.ranges[i - begin].kvs;
+        if (!kvs.empty()) values[i] = kvs.front().value;
+      }
+    }
+    return {std::move(values), revision};
+  }
+
+  // Waits until every key is set; returns their values. TimeoutError after `limit`.
+  std::vector<std::string> await(const std::vector<std::string>& keys, Millis limit) {
+    auto start = std::chrono::steady_clock::now();
+    auto deadline = deadline_after(limit, start);
+    std::vector<std::string> out(keys.size());
+    std::vector<size_t> pending(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) pending[i] = i;
+    for (;;) {
+      std::vector<std::string> ask;
+      for (size_t i : pending) ask.push_back(keys[i]);
+      auto [values, revision] = read(ask);
+      std::vector<size_t> still;
+      for (size_t j = 0; j < pending.size(); ++j) {
+        if (values[j]) {
+          out[pending[j]] = std::move(*values[j]);
+        } else {
+          still.push_back(pending[j]);
+        }
+      }
+      pending.swap(still);
+      if (pending.empty()) return out;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        std::vector<std::string> missing;
+        for (size_t i = 0; i < pending.size() && i < 8; ++i) missing.push_back(keys[pending[i]]);
+        throw TimeoutError(fmt::format(
+            "timed out after {} ms waiting for {} of {} keys ({}{}) in etcd at {} (prefix {})",
+            std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start).count(),
+            pending.size(), keys.size(), fmt::join(missing, ", "),
+            pending.size() > missing.size() ? ", ..." : "", http.members(), options.prefix));
+      }
+      // Watch the first missing key from the revision just read: a put after the read is
+      // delivered even if it came before the watch was created. Compaction cancels the watch:
+      // the loop reads again.
+      http.watch(watch_create(full(keys[pending.front()]), revision + 1), remaining(deadline),
+                 [](const WatchMessage& m) { return m.put_events > 0 || m.canceled; });
+    }
+  }
+};
+
+EtcdStore::EtcdStore(EtcdStoreOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
+  // First contact: unreachable members, TLS refusals and non-etcd endpoints fail here.
+  parse_range(impl_->http.call("/v3/kv/range", range_op(impl_->full(""))),
+              impl_->context("range", ""));
+  // Every live client renews the shared lease, also one that has not written yet.
+  if (impl_->lease) impl_->lease->id();
+}
+
+EtcdStore::~EtcdStore() = default;
+
+std::string EtcdStore::describe() const {
+  return fmt::format("etcd at {} (prefix {})", impl_->http.members(), impl_->options.prefix);
+}
+
+void EtcdStore::set(const std::string& key, const std::string& value) {
+  impl_->call_leased("/v3/kv/put",
+                     [&] { return put_op(impl_->full(key), value, impl_->lease_for(key)); });
+}
+
+std::string EtcdStore::get(const std::string& key) {
+  return impl_->await({key}, timeout_).front();
+}
+
+std::vector<std::string> EtcdStore::multi_get(const std::vector<std::string>& keys) {
+  if (keys.empty()) return {};
+  return impl_->await(keys, timeout_);
+}
+
+void EtcdStore::multi_set(const std::vector<std::string>& keys,
+                          const std::vector<std::string>& values) {
+  if (keys.size() != values.size()) {
+    throw UsageError(fmt::format("multi_set: {} keys but {} values; pass one value per key",
+                                 keys.size(), values.size()));
+  }
+  for (size_t begin = 0; begin < keys.size(); begin += kOpsPerTxn) {
+    size_t end = std::min(keys.size(), begin + kOpsPerTxn);
+    impl_->call_leased("/v3/kv/txn", [&] {
+      Json ops = Json::array();
+      for (size_t i = begin; i < end; ++i) {
+        ops.push_back(
+            {{"request_put", put_op(impl_->full(keys[i]), values[i], impl_->lease_for(keys[i]))}});
+      }
+      return txn(Json::array(), ops, Json::array());
+    });
+  }
+}
+
+int64_t EtcdStore::add(const std::string& key, int64_t delta) {
+  const std::string k = impl_->full(key);
+  const std::string tickets = k + std::string("\0tickets/", 9);
+  if (delta == 0) {
+    // The tickets taken, or the value of a key that only set() wrote.
+    TxnReply r =
+        parse_txn(impl_->http.call("/v3/kv/txn",
+                                   txn(Json::array(),
+                                       Json::array({{{"request_range", range_op(k)}},
+                                                    {{"request_range", prefix_count_op(tickets)}}}),
+                                       Json::array())),
+                  impl_->context("add", key));
+    if (r.ranges.size() != 2) {
+      throw ProtocolError(fmt::format("{}: {} range results, expected 2",
+                                      impl_->context("add", key), r.ranges.size()));
+    }
+    if (r.ranges[1].count > 0) return r.ranges[1].count;
+    if (r.ranges[0].kvs.empty()) return 0;
+    return parse_counter(r.ranges[0].kvs.front().value, impl_->context("add", key));
+  }
+  if (delta < 0 || delta > static_cast<int64_t>(kOpsPerTxn)) {
+    throw NotSupportedError(
+        fmt::format("{}: the etcd store does not support add() with delta {}; its counters take "
+                    "increments of 1 to {} (the rendezvous counts with +1)",
+                    impl_->context("add", key), delta, kOpsPerTxn));
+  }
+  // One ticket key per increment, all in one txn (so one revision): the counter's value after
+  // this add is the number of tickets created up to that revision. No compare, so concurrent
+  // adds never retry each other; a txn sent again after a lost reply finds its tickets (prev_kv)
+  // and counts from their first creation.
+  const std::string mine = fmt::format("{}{}/{}/", tickets, impl_->client_id, ++impl_->add_seq);
+  Json reply = impl_->call_leased("/v3/kv/txn", [&] {
+    int64_t lease = impl_->lease_for(key);
+    Json ops = Json::array();
+    for (int64_t j = 0; j < delta; ++j) {
+      ops.push_back({{"request_put", put_op(mine + std::to_string(j), "", lease, true)}});
+    }
+    return txn(Json::array(), ops, Json::array());
+  });
+  TxnReply t = parse_txn(reply, impl_->context("add", key));
+  int64_t revision = t.revision;
+  if (!t.put_prev.empty() && t.put_prev.front()) revision = t.put_prev.front()->create_revision;
+  RangeReply count =
+      parse_range(impl_->http.call("/v3/kv/range", prefix_count_op(tickets, revision)),
+                  impl_->context("add", key));
+  const int64_t value = count.count;
+  // The key itself holds the largest value returned so far, zero-padded so that etcd's bytewise
+  // compare orders it numerically: get() reads a counter like any key.
+  const std::string padded = fmt::format("{:020d}", value);
+  impl_->call_leased("/v3/kv/txn", [&] {
+    int64_t lease = impl_->lease_for(key);
+    Json raise = {{"request_txn",
+                   txn(Json::array({compare_value_less(k, padded)}),
+                       Json::array({{{"request_put", put_op(k, padded, lease)}}}), Json::array())}};
+    return txn(Json::array({compare_absent(k)}),
+               Json::array({{{"request_put", put_op(k, padded, lease)}}}), Json::array({raise}));
+  });
+  return value;
+}
+
+std::string EtcdStore::compare_set(const std::string& key, const std::string& expected,
+                                   const std::string& desired) {
+  const std::string k = impl_->full(key);
+  Json reply = impl_->call_leased("/v3/kv/txn", [&] {
+    return txn(Json::array({expected.empty() ? compare_absent(k) : compare_value(k, expected)}),
+               Json::array({{{"request_put", put_op(k, desired, impl_->lease_for(key))}}}),
+               Json::array({{{"request_range", range_op(k)}}}));
+  });
+  TxnReply r = parse_txn(reply, impl_->context("compare_set", key));
+  if (r.succeeded) return desired;
+  if (r.ranges.empty() || r.ranges.front().kvs.empty()) return expected;
+  return r.ranges.front().kvs.front().value;
+}
+
+bool EtcdStore::delete_key(const std::string& key) {
+  Json reply = impl_->http.call("/v3/kv/deleterange", range_op(impl_->full(key)));
+  return int_field(reply, "deleted", impl_->context("delete", key)) > 0;
+}
+
+int64_t EtcdStore::num_keys() {
+  Json reply = impl_->http.call("/v3/kv/range", prefix_count_op(impl_->options.prefix));
+  return parse_range(reply, impl_->context("count", "")).count;
+}
+
+bool EtcdStore::check(const std::vector<std::string>& keys) {
+  if (keys.empty()) return true;
+  auto [values, revision] = impl_->read(keys);
+  (void)revision;
+  return std::all_of(values.begin(), values.end(), [](const auto& v) { return v.has_value(); });
+}
+
+void EtcdStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  if (keys.empty()) return;
+  impl_->await(keys, timeout);
+}
+
+EtcdStoreOptions etcd_store_options(const RendezvousOptions& o) {
+  EtcdStoreOptions s;
+  s.endpoints = o.endpoints.empty() ? std::vector<Endpoint>{o.endpoint} : o.endpoints;
+  s.https = o.conf.https;
+  s.cacert = o.conf.cacert;
+  s.cert = o.conf.cert;
+  s.key = o.conf.key;
+  s.prefix = o.conf.etcd_prefix;
+  s.connect_timeout = o.conf.connect_timeout;
+  s.read_timeout = o.conf.read_timeout;
+  s.lease_key = "rdzv/" + o.run_id + "/lease";
+  s.lease_ttl = o.conf.key_ttl;
+  // The endpoint's count of registrations is shared by every run: it must not vanish with one.
+  s.unleased_prefixes = {keys::kRunsCount};
+  return s;
+}
+
+}  // namespace ddp::rdzv

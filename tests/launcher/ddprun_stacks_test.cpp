@@ -1,0 +1,200 @@
+// End-to-end tests of `ddprun stacks`, the stacks in ddprun's failure report, and the
+// --hang-timeout watchdog on PyTorch's gloo backend, with real ddprun agents and workers.
+// Tests needing a tool this machine lacks (eu-stack, py-spy, torch) are skipped with the reason.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "../support/free_port_range.hpp"
+#include "launcher_fixture.hpp"
+
+namespace ddp::launcher::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string python() {
+  return DDP_TEST_PYTHON;
+}
+
+bool python_has_torch() {
+  return !python().empty() &&
+         ::system((python() + " -c 'import torch.distributed' >/dev/null 2>&1").c_str()) == 0;
+}
+
+std::string python_dir() {
+  return python().substr(0, python().rfind('/'));
+}
+
+bool have(const std::string& program) {
+  return ::system(("command -v " + program + " >/dev/null 2>&1").c_str()) == 0;
+}
+
+std::string hang_worker() {
+  return std::string(DDP_LAUNCHER_WORKERS_DIR) + "/hang_worker.py";
+}
+
+// The line of hang_worker.py marked "HANG LINE".
+int hang_line() {
+  std::ifstream in(hang_worker());
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find("HANG LINE") != std::string::npos) return n;
+  }
+  return -1;
+}
+
+// Runs a command, returning its exit status and stdout+stderr.
+std::pair<int, std::string> capture(const std::string& command) {
+  std::string out;
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return {-1, ""};
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+class DdprunStacks : public LauncherTest {
+ protected:
+  std::string runtime_dir() const { return dir() + "/rt"; }
+  EnvPairs env() const {
+    const char* path = std::getenv("PATH");
+    return {{"DDPRUN_RUNTIME_DIR", runtime_dir()},
+            {"PATH", python_dir() + ":" + (path ? path : "/usr/bin:/bin")}};
+  }
+  // `ddprun stacks` with this test's registry, polled (bounded) until its output holds every
+  // one of `expected` (the workers may not have reached their place yet).
+  std::pair<int, std::string> stacks_until(const std::string& run_id,
+                                           const std::vector<std::string>& expected,
+                                           const std::string& extra = "") {
+    const std::string command = "DDPRUN_RUNTIME_DIR=" + runtime_dir() + " PATH=" + python_dir() +
+                                ":$PATH " + ddprun() + " stacks --run-id " + run_id +
+                                " --timeout 10 " + extra;
+    std::pair<int, std::string> r;
+    const auto until = Clock::now() + std::chrono::seconds(60);
+    while (Clock::now() < until) {
+      r = capture(command);
+      bool all = true;
+      for (const auto& e : expected) all = all && r.second.find(e) != std::string::npos;
+      if (all) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+    return r;
+  }
+  void stop(pid_t pid) {
+    ::kill(pid, SIGTERM);
+    wait(pid, 60);
+  }
+};
+
+TEST_F(DdprunStacks, NoRunningJobIsAClearError) {
+  auto [code, out] = capture("DDPRUN_RUNTIME_DIR=" + runtime_dir() + " " + ddprun() +
+                             " stacks --run-id nosuchjob --timeout 2");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("no running ddprun agent of run 'nosuchjob' on this host"), std::string::npos)
+      << out;
+  auto [code2, out2] = capture(ddprun() + " stacks");
+  EXPECT_EQ(code2, 2) << out2;
+  EXPECT_NE(out2.find("pass --run-id ID"), std::string::npos) << out2;
+}
+
+// Two agents of one c10d job on loopback (two "nodes"), C++ workers: `ddprun stacks` on one
+// reaches the other through the job's store, and the four identical stacks fold into one.
+TEST_F(DdprunStacks, NativeStacksOfTwoAgentsFold) {
+  if (!have("eu-stack")) GTEST_SKIP() << "no eu-stack (apt-get install elfutils)";
+  const std::string endpoint =
+      "127.0.0.1:" + std::to_string(ddp::test::free_ports_below_ephemeral_range());
+  std::vector<pid_t> agents;
+  for (int n = 0; n < 2; ++n) {
+    agents.push_back(start(
+        {"--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+         endpoint, "--run-id", "cxxstacks", "--no-python", worker(), "sleep", "120"},
+        env()));
+  }
+  auto [code, out] = stacks_until("cxxstacks", {"ranks 0-3 (4 of 4)", "sleep_for"});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("4 ranks from 2 of 2 nodes"), std::string::npos) << out;
+  EXPECT_NE(out.find("ranks 0-3 (4 of 4), eu-stack"), std::string::npos) << out;
+  EXPECT_NE(out.find("sleep_for"), std::string::npos) << out;
+  for (pid_t a : agents) stop(a);
+  expect_no_survivors();
+}
+
+// Python workers on gloo: rank 1's odd stack comes first, with its own function and line.
+TEST_F(DdprunStacks, PythonStacksNameTheOddRankFirst) {
+  if (!python_has_torch()) GTEST_SKIP() << "'" << python() << "' cannot import torch";
+  if (!have(python_dir() + "/py-spy") && !have("py-spy")) GTEST_SKIP() << "no py-spy";
+  const pid_t agent = start(
+      {"--standalone", "--nproc-per-node", "3", "--run-id", "pystacks", hang_worker()}, env());
+  auto [code, out] =
+      stacks_until("pystacks", {"ranks 0,2 (2 of 3)", "rank 1 (1 of 3)", "wait_forever at",
+                                "all_reduce called from hang_worker.py:"});
+  EXPECT_EQ(code, 0) << out;
+  const std::string odd = "rank 1 (1 of 3), py-spy on";
+  const size_t odd_at = out.find(odd);
+  ASSERT_NE(odd_at, std::string::npos) << out;
+  EXPECT_LT(odd_at, out.find("ranks 0,2 (2 of 3)")) << out;
+  EXPECT_NE(out.find("wait_forever at hang_worker.py:" + std::to_string(hang_line())),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("all_reduce called from hang_worker.py:"), std::string::npos) << out;
+  stop(agent);
+  expect_no_survivors();
+}
+
+// The test: PyTorch's gloo, 3 ranks, rank 1 sleeps in its own function before an
+// all_reduce. --hang-timeout 15 ends the job long before gloo's 30-minute timeout, and the
+// report names rank 1 and the line of that function. (The bound only catches a hang.)
+TEST_F(DdprunStacks, HangTimeoutEndsAGlooJobAndNamesTheLine) {
+  if (!python_has_torch()) GTEST_SKIP() << "'" << python() << "' cannot import torch";
+  const auto started = Clock::now();
+  RunResult r = run({"--standalone", "--nproc-per-node", "3", "--hang-timeout", "15", "--log-dir",
+                     dir() + "/logs", "--run-id", "hang", hang_worker()},
+                    env(), 120);
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  std::printf("ddprun ended the hung job after %.1f s\n", seconds);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("hang: no collective completed for"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank 1 is in no collective"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank:       1 (local rank 1)"), std::string::npos) << r.err;
+  const std::string where =
+      "rank 1 was in wait_forever at hang_worker.py:" + std::to_string(hang_line());
+  EXPECT_NE(r.err.find(where), std::string::npos) << r.err;
+  // PyTorch's own recorder, read through ddprun's hook, in the hang report.
+  EXPECT_NE(r.err.find("hang report: rank 1 is behind"), std::string::npos) << r.err;
+  EXPECT_TRUE(file_exists(dir() + "/logs/hang/attempt_0/stacks." + [] {
+    char h[256] = {};
+    ::gethostname(h, sizeof(h) - 1);
+    return std::string(h);
+  }() + ".txt"));
+  expect_no_survivors();
+}
+
+// A failed C++ worker: the report says where the others were.
+TEST_F(DdprunStacks, FailureReportShowsTheOthersStacks) {
+  if (!have("eu-stack")) GTEST_SKIP() << "no eu-stack (apt-get install elfutils)";
+  const std::string ready = dir() + "/ready";
+  ::mkdir(ready.c_str(), 0755);
+  RunResult r =
+      run({"--nproc-per-node", "3", "--run-id", "failstacks", "--no-python", worker(), "ready",
+           ready, "await-peers", ready, "fail-if-rank", "1", "3", "1", "sleep", "60"},
+          {{"DDPRUN_RUNTIME_DIR", runtime_dir()}, {"DDPRUN_TERM_GRACE_S", "5"}}, 90);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("failed: exit code 3; ranks 0,2 were in clock_nanosleep"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("Where the running workers were when ddprun stopped them:"),
+            std::string::npos)
+      << r.err;
+  expect_no_survivors();
+}
+
+}  // namespace
+}  // namespace ddp::launcher::testing

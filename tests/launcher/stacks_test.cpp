@@ -1,0 +1,198 @@
+// Unit tests of the stack model (stacks.hpp), the hang watchdog (hang_watchdog.hpp), the
+// progress records (torch_progress.hpp) and PyTorch flight recorder dumps (hang_report.hpp).
+#include <gtest/gtest.h>
+
+#include "ddp/launcher/hang_report.hpp"
+#include "ddp/launcher/hang_watchdog.hpp"
+#include "ddp/launcher/stacks.hpp"
+#include "ddp/launcher/torch_progress.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp::launcher {
+namespace {
+
+RankStacks python_rank(int rank, const std::string& top, int top_line) {
+  RankStacks s;
+  s.global_rank = rank;
+  s.pid = 100 + rank;
+  s.host = "node";
+  s.tool = "py-spy";
+  ThreadStack t;
+  t.tid = s.pid;
+  t.name = "MainThread";
+  if (top == "all_reduce") {
+    t.frames.push_back({"all_reduce",
+                        "/venv/lib/python3.11/site-packages/torch/distributed/"
+                        "distributed_c10d.py",
+                        3252});
+  }
+  t.frames.push_back({top == "all_reduce" ? "main" : top, "/job/train.py", top_line});
+  t.frames.push_back({"<module>", "/job/train.py", 99});
+  s.threads.push_back(t);
+  return s;
+}
+
+TEST(Stacks, IdenticalStacksFoldAndTheOddRankComesFirst) {
+  std::vector<RankStacks> stacks = {
+      python_rank(0, "all_reduce", 88), python_rank(3, "all_reduce", 88),
+      python_rank(1, "slow_rank", 3), python_rank(2, "all_reduce", 88)};
+  // Different pids (and so main-thread tids) must not keep identical stacks apart.
+  ASSERT_NE(stacks[0].pid, stacks[1].pid);
+  const auto groups = fold_stacks(stacks);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].ranks, std::vector<int>({1}));
+  EXPECT_EQ(groups[1].ranks, std::vector<int>({0, 2, 3}));
+  EXPECT_EQ(stacks_summary(stacks),
+            "rank 1 was in slow_rank at train.py:3; ranks 0,2,3 were in all_reduce called from "
+            "train.py:88");
+}
+
+TEST(Stacks, DifferentLinesDoNotFold) {
+  std::vector<RankStacks> stacks = {python_rank(0, "all_reduce", 88),
+                                    python_rank(1, "all_reduce", 90)};
+  EXPECT_EQ(fold_stacks(stacks).size(), 2u);
+}
+
+TEST(Stacks, UnreadableRanksComeLast) {
+  RankStacks bad;
+  bad.global_rank = 0;
+  bad.error = "ptrace was refused";
+  std::vector<RankStacks> stacks = {bad, python_rank(1, "all_reduce", 88),
+                                    python_rank(2, "all_reduce", 88)};
+  const auto groups = fold_stacks(stacks);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[1].ranks, std::vector<int>({0}));
+  const auto lines = format_folded(stacks);
+  EXPECT_EQ(lines.back(), "rank 0 (1 of 3): no stack: ptrace was refused");
+}
+
+TEST(Stacks, RankListsUseRanges) {
+  EXPECT_EQ(rank_list_text({3}), "rank 3");
+  EXPECT_EQ(rank_list_text({2, 0, 1, 5}), "ranks 0-2,5");
+  EXPECT_EQ(rank_list_text({0, 1, 4, 5}), "ranks 0,1,4,5");
+}
+
+TEST(Stacks, ParsesPySpyJson) {
+  const std::string text = R"([{"pid": 7, "thread_id": 1, "thread_name": "MainThread",
+    "os_thread_id": 7, "active": false, "owns_gil": false, "frames": [
+    {"name": "slow_rank", "filename": "/tmp/hang.py", "module": null, "short_filename": "hang.py",
+     "line": 3, "locals": null, "is_entry": false},
+    {"name": "<module>", "filename": "/tmp/hang.py", "line": 11}]}])";
+  const auto threads = parse_py_spy_json(text);
+  ASSERT_EQ(threads.size(), 1u);
+  EXPECT_EQ(threads[0].tid, 7);
+  EXPECT_EQ(threads[0].name, "MainThread");
+  ASSERT_EQ(threads[0].frames.size(), 2u);
+  EXPECT_EQ(threads[0].frames[0].function, "slow_rank");
+  EXPECT_EQ(threads[0].frames[0].line, 3);
+  EXPECT_TRUE(parse_py_spy_json("Error: Permission Denied").empty());
+}
+
+TEST(Stacks, ParsesEuStackAndNamesTheNativeCaller) {
+  const std::string text =
+      "PID 42 - process\nTID 42:\n#0  0x00007f38b2aed545 clock_nanosleep@GLIBC_2.2.5\n"
+      "#1  0x00007f38b2f15ada __nanosleep\n#2  0x000055f416de5081 train_step(int)\n"
+      "#3  0x000055f416de5081 main\nTID 43:\n#0  0x00007f38b2b26f36 epoll_wait\n"
+      "#1  0x00007f38a477d62d gloo::transport::tcp::Loop::run()\n#2  0x00007f389b8d44a3\n";
+  RankStacks s;
+  s.pid = 42;
+  s.threads = parse_eu_stack(text);
+  ASSERT_EQ(s.threads.size(), 2u);
+  EXPECT_EQ(s.threads[1].tid, 43);
+  EXPECT_EQ(s.threads[1].frames.back().function, "??");
+  EXPECT_EQ(where_text(s), "clock_nanosleep@GLIBC_2.2.5 called from train_step(int)");
+}
+
+TEST(Stacks, SurviveTheirJsonTransport) {
+  std::vector<RankStacks> stacks = {python_rank(0, "all_reduce", 88)};
+  stacks[0].error = "";
+  const auto back = decode_stacks(encode_stacks(stacks));
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(stacks_summary(back), stacks_summary(stacks));
+  EXPECT_THROW(decode_stacks("[{\"rank\": 0}]"), ProtocolError);
+}
+
+RankProgress progress(int rank, int64_t completed, int64_t open_since_us) {
+  RankProgress p;
+  p.global_rank = rank;
+  p.completed = completed;
+  p.open_op = open_since_us ? "gloo:all_reduce" : "";
+  p.open_seq = open_since_us ? completed + 1 : 0;
+  p.open_since_us = open_since_us;
+  return p;
+}
+
+TEST(HangWatchdog, FiresWhenOneRankNeverJoinsTheOthersCollective) {
+  using namespace std::chrono;
+  HangWatchdog w(seconds(15));
+  const auto t0 = HangWatchdog::Clock::now();
+  const int64_t u0 = 1'000'000'000'000;
+  std::vector<RankProgress> records = {progress(0, 1, u0), progress(1, 1, 0), progress(2, 1, u0)};
+  EXPECT_FALSE(w.observe({0, 1, 2}, records, t0, u0));
+  EXPECT_FALSE(w.observe({0, 1, 2}, records, t0 + seconds(14), u0 + 14'000'000));
+  auto verdict = w.observe({0, 1, 2}, records, t0 + seconds(16), u0 + 16'000'000);
+  ASSERT_TRUE(verdict);
+  EXPECT_EQ(*verdict,
+            "no collective completed for 16.0 s (--hang-timeout 15): ranks 0,2 wait in "
+            "gloo:all_reduce #2 since 16.0 s; rank 1 is in no collective (1 completed)");
+  EXPECT_EQ(w.idle(), std::vector<int>({1}));
+}
+
+TEST(HangWatchdog, ProgressAndLongPhasesWithoutCollectivesAreNoHang) {
+  using namespace std::chrono;
+  HangWatchdog w(seconds(15));
+  const auto t0 = HangWatchdog::Clock::now();
+  const int64_t u0 = 1'000'000'000'000;
+  // An hour of compute with no collective open: no hang.
+  std::vector<RankProgress> idle = {progress(0, 5, 0), progress(1, 5, 0)};
+  EXPECT_FALSE(w.observe({0, 1}, idle, t0, u0));
+  EXPECT_FALSE(w.observe({0, 1}, idle, t0 + hours(1), u0 + 3'600'000'000));
+  // Collectives keep completing: no hang, however long one of them took.
+  HangWatchdog busy(seconds(15));
+  for (int i = 0; i < 10; ++i) {
+    std::vector<RankProgress> r = {progress(0, i, u0), progress(1, i, u0)};
+    EXPECT_FALSE(busy.observe({0, 1}, r, t0 + seconds(10 * i), u0 + 10'000'000LL * i)) << i;
+  }
+}
+
+TEST(TorchProgress, ParsesTheHooksRecord) {
+  auto p = parse_progress(
+      R"({"rank": 2, "pid": 9, "completed": 4, "enqueued": 5, "open_op": "gloo:all_reduce",
+          "open_seq": 5, "open_since_us": 123})");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->global_rank, 2);
+  EXPECT_EQ(p->open_seq, 5);
+  EXPECT_FALSE(parse_progress("{\"pid\": 1}"));
+  EXPECT_FALSE(parse_progress("not json"));
+}
+
+TEST(TorchFlightDump, BecomesTheHangReportsRecord) {
+  const std::string text = R"({"format": "torch-flight-recorder", "rank": 1, "pid": 5,
+    "host": "h", "dumped_at_us": 2000000, "trace": {
+      "pg_config": {"": {"name": "", "desc": "", "ranks": "[0, 1, 2]"}},
+      "pg_status": {"0": {"last_completed_collective": "1", "last_enqueued_collective": "2"}},
+      "entries": [
+        {"collective_seq_id": 1, "pg_id": 0, "process_group": ["0", "default_pg"],
+         "profiling_name": "gloo:all_reduce", "input_dtypes": ["Float"], "input_sizes": [[4, 2]],
+         "time_created_ns": 1000000000, "is_p2p": false},
+        {"collective_seq_id": 2, "pg_id": 0, "process_group": ["0", "default_pg"],
+         "profiling_name": "gloo:broadcast", "input_dtypes": ["Long"], "input_sizes": [[3]],
+         "time_created_ns": 1500000000, "is_p2p": false}]}})";
+  const auto dumps = parse_torch_flight_dump(text, "f.json");
+  ASSERT_EQ(dumps.size(), 1u);
+  const FlightDump& d = dumps[0];
+  EXPECT_EQ(d.group, "torch:default_pg");
+  EXPECT_EQ(d.backend, "gloo");
+  EXPECT_EQ(d.global_rank, 1);
+  EXPECT_EQ(d.group_size, 3);
+  ASSERT_EQ(d.entries.size(), 2u);
+  EXPECT_EQ(d.entries[0].op, "all_reduce");
+  EXPECT_EQ(d.entries[0].dtype, "float32");
+  EXPECT_EQ(d.entries[0].count, 8u);
+  EXPECT_EQ(d.entries[0].state, "completed");
+  EXPECT_EQ(d.entries[1].state, "started");
+  EXPECT_THROW(parse_torch_flight_dump("{\"format\": \"x\"}", "g.json"), UsageError);
+}
+
+}  // namespace
+}  // namespace ddp::launcher

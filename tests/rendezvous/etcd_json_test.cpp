@@ -1,0 +1,126 @@
+// The etcd client's JSON side: encoding, etcd's replies as the v3 gateway writes them, and
+// the ProtocolErrors of replies that are not etcd's.
+
+#include <gtest/gtest.h>
+
+#include "../support/throws_with.hpp"
+#include "ddp/util/error.hpp"
+#include "etcd_json.hpp"
+
+namespace ddp::rdzv::etcd {
+namespace {
+
+using ddp::test::throws_with;
+
+TEST(EtcdJson, Base64RoundTripsEveryLength) {
+  std::string bytes;
+  for (int n = 0; n < 10; ++n) {
+    EXPECT_EQ(base64_decode(base64_encode(bytes), "t"), bytes) << n;
+    bytes.push_back(static_cast<char>(n * 37));
+  }
+  EXPECT_EQ(base64_encode("foo"), "Zm9v");
+  EXPECT_EQ(base64_decode("YmFy", "t"), "bar");
+  EXPECT_TRUE(
+      throws_with<ProtocolError>([] { base64_decode("abc", "ctx"); }, {"ctx", "not base64"}));
+  EXPECT_TRUE(throws_with<ProtocolError>([] { base64_decode("a*b=", "ctx"); }, {"not base64"}));
+}
+
+TEST(EtcdJson, RangeReplyAsTheGatewayWritesIt) {
+  Json reply = Json::parse(
+      R"({"header":{"cluster_id":"1","revision":"7"},"kvs":[{"key":"Zm9v","create_revision":"2",)"
+      R"("mod_revision":"5","version":"2","value":"YmFy"}],"count":"1"})");
+  RangeReply r = parse_range(reply, "t");
+  EXPECT_EQ(r.revision, 7);
+  ASSERT_EQ(r.kvs.size(), 1u);
+  EXPECT_EQ(r.kvs[0].key, "foo");
+  EXPECT_EQ(r.kvs[0].value, "bar");
+  EXPECT_EQ(r.kvs[0].mod_revision, 5);
+  // Absent fields hold their defaults: no kvs, no count.
+  RangeReply empty = parse_range(Json::parse(R"({"header":{"revision":"3"}})"), "t");
+  EXPECT_TRUE(empty.kvs.empty());
+  EXPECT_EQ(empty.count, 0);
+  EXPECT_TRUE(throws_with<ProtocolError>([] { parse_range(Json::parse(R"({"kvs":[]})"), "ctx"); },
+                                         {"ctx", "no 'header'"}));
+  EXPECT_TRUE(throws_with<ProtocolError>(
+      [] { parse_range(Json::parse(R"({"header":{"revision":"x"}})"), "ctx"); },
+      {"'revision'", "expected an integer"}));
+}
+
+TEST(EtcdJson, TxnReplySucceededIsAbsentWhenFalse) {
+  TxnReply ok = parse_txn(Json::parse(R"({"header":{"revision":"9"},"succeeded":true,)"
+                                      R"("responses":[{"response_put":{"header":{}}}]})"),
+                          "t");
+  EXPECT_TRUE(ok.succeeded);
+  EXPECT_TRUE(ok.ranges.empty());
+  TxnReply failed = parse_txn(
+      Json::parse(R"({"header":{"revision":"9"},"responses":[{"response_range":{"header":{},)"
+                  R"("kvs":[{"key":"aw==","value":"MQ==","mod_revision":"4"}],"count":"1"}},)"
+                  R"({"response_range":{"header":{}}}]})"),
+      "t");
+  EXPECT_FALSE(failed.succeeded);
+  ASSERT_EQ(failed.ranges.size(), 2u);
+  EXPECT_EQ(failed.ranges[0].kvs.at(0).value, "1");
+  EXPECT_TRUE(failed.ranges[1].kvs.empty());
+}
+
+TEST(EtcdJson, WatchMessages) {
+  WatchMessage created =
+      parse_watch_message(R"({"result":{"header":{"revision":"2"},"created":true}})", "t");
+  EXPECT_TRUE(created.created);
+  EXPECT_EQ(created.put_events, 0);
+  WatchMessage put = parse_watch_message(
+      R"({"result":{"header":{},"events":[{"kv":{"key":"dzE="}},{"type":"DELETE","kv":{}}]}})",
+      "t");
+  EXPECT_EQ(put.put_events, 1);
+  WatchMessage compacted = parse_watch_message(
+      R"({"result":{"header":{},"canceled":true,"compact_revision":"40"}})", "t");
+  EXPECT_TRUE(compacted.canceled);
+  EXPECT_EQ(compacted.compact_revision, 40);
+  WatchMessage error =
+      parse_watch_message(R"({"error":{"grpc_code":14,"message":"no leader"}})", "t");
+  EXPECT_TRUE(error.canceled);
+  EXPECT_EQ(error.cancel_reason, "no leader");
+  EXPECT_TRUE(throws_with<ProtocolError>([] { parse_watch_message("garbage", "ctx"); },
+                                         {"ctx", "not etcd's v3 JSON API", "garbage"}));
+  // Found by fuzz/etcd_reply_fuzz: a field of the wrong type is a ProtocolError, not a JSON
+  // library exception.
+  EXPECT_TRUE(
+      throws_with<ProtocolError>([] { parse_watch_message(R"({"result":{"created":1}})", "ctx"); },
+                                 {"'created' is not a boolean"}));
+  EXPECT_EQ(parse_watch_message(R"({"error":{"message":7}})", "t").cancel_reason,
+            R"({"message":7})");
+}
+
+TEST(EtcdJson, RepliesThatAreNotEtcdNameTheEndpointAndTheFix) {
+  EXPECT_TRUE(throws_with<ProtocolError>(
+      [] { parse_reply("<html>hello</html>", "etcd at h:1 (POST /v3/kv/range)"); },
+      {"etcd at h:1 (POST /v3/kv/range)", "<html>hello</html>", "client port (2379"}));
+  EXPECT_TRUE(throws_with<ProtocolError>([] { parse_reply("", "c"); }, {"(empty reply)"}));
+  EXPECT_TRUE(throws_with<ProtocolError>([] { parse_reply("[1,2]", "c"); }, {"[1,2]"}));
+  EXPECT_EQ(quote_start(std::string("a\nb\x01", 4)), "a\\nb\\x01");
+  EXPECT_EQ(quote_start(std::string(200, 'x'), 5), "xxxxx...");
+}
+
+TEST(EtcdJson, ErrorReplies) {
+  auto e = parse_error(R"({"error":"etcdserver: requested lease not found","code":5,)"
+                       R"("message":"etcdserver: requested lease not found"})");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, kGrpcNotFound);
+  EXPECT_EQ(e->message, "etcdserver: requested lease not found");
+  EXPECT_FALSE(parse_error("404 page not found"));
+  EXPECT_FALSE(parse_error(R"({"code":"x"})"));
+}
+
+TEST(EtcdJson, RequestsEncodeKeysAndIntegersAsTheGatewayExpects) {
+  EXPECT_EQ(put_op("k", "v", 0).dump(), R"({"key":"aw==","value":"dg=="})");
+  EXPECT_EQ(put_op("k", "v", 12)["lease"], "12");
+  Json count = prefix_count_op("/p/");
+  EXPECT_EQ(base64_decode(count["range_end"], "t"), "/p0");  // '/' + 1
+  EXPECT_EQ(base64_decode(prefix_count_op("a\xff")["range_end"], "t"), "b");
+  EXPECT_EQ(compare_absent("k")["create_revision"], "0");
+  EXPECT_EQ(compare_mod_revision("k", 42)["mod_revision"], "42");
+  EXPECT_EQ(watch_create("k", 8)["create_request"]["start_revision"], "8");
+}
+
+}  // namespace
+}  // namespace ddp::rdzv::etcd

@@ -1,0 +1,250 @@
+// EtcdStore against a real etcd (started by the test on loopback): the Store contract, the
+// shared lease, failover between members, the errors of an unreachable or non-etcd endpoint,
+// and the rendezvous protocol (agents as threads) running over it unchanged.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+#include <set>
+#include <thread>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include "../support/free_port_range.hpp"
+#include "../support/throws_with.hpp"
+#include "ddp/rendezvous/etcd/etcd_store.hpp"
+#include "ddp/rendezvous/membership_watcher.hpp"
+#include "ddp/rendezvous/rendezvous.hpp"
+#include "ddp/util/socket.hpp"
+#include "etcd_process.hpp"
+
+namespace ddp::rdzv::test {
+namespace {
+
+using namespace std::chrono_literals;
+using ddp::test::throws_with;
+
+EtcdStoreOptions store_options(const EtcdProcess& etcd, const std::string& prefix) {
+  EtcdStoreOptions o;
+  o.endpoints = etcd.endpoints();
+  o.prefix = prefix;
+  o.connect_timeout = 3s;
+  o.read_timeout = 10s;
+  return o;
+}
+
+TEST(EtcdStore, StoreContract) {
+  DDP_SKIP_WITHOUT_ETCD();
+  EtcdProcess etcd;
+  EtcdStore s(store_options(etcd, "/t1/"));
+  s.set_timeout(5s);
+  s.set("a", std::string("x\0y\xff", 4));
+  EXPECT_EQ(s.get("a"), std::string("x\0y\xff", 4));
+  EXPECT_TRUE(s.check({"a"}));
+  EXPECT_FALSE(s.check({"a", "b"}));
+  EXPECT_EQ(s.add("n", 5), 5);
+  EXPECT_EQ(s.add("n", 2), 7);
+  EXPECT_EQ(s.add("n", 0), 7);
+  EXPECT_EQ(std::stoll(s.get("n")), 7);
+  EXPECT_EQ(s.add("absent", 0), 0);
+  s.set("plain", "12");
+  EXPECT_EQ(s.add("plain", 0), 12);
+  EXPECT_TRUE(throws_with<NotSupportedError>([&] { s.add("n", -1); }, {"delta -1", "1 to 64"}));
+  EXPECT_EQ(s.compare_set("c", "", "one"), "one");
+  EXPECT_EQ(s.compare_set("c", "", "two"), "one");
+  EXPECT_EQ(s.compare_set("c", "one", "two"), "two");
+  EXPECT_EQ(s.compare_set("c", "zzz", "three"), "two");
+  EXPECT_EQ(s.compare_set("missing", "zzz", "three"), "zzz");  // c10d's rule
+  EXPECT_FALSE(s.check({"missing"}));
+  s.multi_set({"m1", "m2"}, {"v1", "v2"});
+  EXPECT_EQ(s.multi_get({"m2", "m1"}), (std::vector<std::string>{"v2", "v1"}));
+  EXPECT_TRUE(s.delete_key("m1"));
+  EXPECT_FALSE(s.delete_key("m1"));
+  EXPECT_GE(s.num_keys(), 5);
+  EXPECT_TRUE(throws_with<TimeoutError>(
+      [&] {
+        s.wait({"a", "never"}, 300ms);
+      },
+      {"waiting for 1 of 2 keys (never)", "/t1/"}));
+}
+
+TEST(EtcdStore, WaitWakesOnAPutFromAnotherClient) {
+  DDP_SKIP_WITHOUT_ETCD();
+  EtcdProcess etcd;
+  EtcdStore waiter(store_options(etcd, "/t2/"));
+  auto setter = std::async(std::launch::async, [&] {
+    EtcdStore s(store_options(etcd, "/t2/"));
+    std::this_thread::sleep_for(200ms);
+    s.set("k1", "1");
+    s.set("k2", "2");
+  });
+  waiter.set_timeout(30s);
+  EXPECT_EQ(waiter.multi_get({"k1", "k2"}), (std::vector<std::string>{"1", "2"}));
+  setter.get();
+}
+
+TEST(EtcdStore, ConcurrentAddsCountEveryIncrementOnce) {
+  DDP_SKIP_WITHOUT_ETCD();
+  EtcdProcess etcd;
+  constexpr int kThreads = 4, kAdds = 25;
+  std::vector<std::future<std::vector<int64_t>>> f;
+  for (int t = 0; t < kThreads; ++t) {
+    f.push_back(std::async(std::launch::async, [&] {
+      EtcdStore s(store_options(etcd, "/t3/"));
+      std::vector<int64_t> seen;
+      for (int i = 0; i < kAdds; ++i) seen.push_back(s.add("counter", 1));
+      return seen;
+    }));
+  }
+  std::set<int64_t> all;
+  for (auto& x : f) {
+    for (int64_t v : x.get()) EXPECT_TRUE(all.insert(v).second) << "value " << v << " twice";
+  }
+  EXPECT_EQ(all.size(), size_t(kThreads * kAdds));
+  EXPECT_EQ(*all.rbegin(), kThreads * kAdds);
+  EtcdStore s(store_options(etcd, "/t3/"));
+  EXPECT_EQ(s.add("counter", 0), kThreads * kAdds);
+  EXPECT_EQ(std::stoll(s.get("counter")), kThreads * kAdds);  // the largest value returned
+}
+
+TEST(EtcdStore, LeasedKeysOutliveTheirWriterAndVanishAfterTheLastClient) {
+  DDP_SKIP_WITHOUT_ETCD();
+  EtcdProcess etcd;
+  EtcdStoreOptions o = store_options(etcd, "/t4/");
+  o.lease_key = "lease";
+  o.lease_ttl = 3s;
+  o.unleased_prefixes = {"keep/"};
+  EtcdStore reader(store_options(etcd, "/t4/"));  // no lease: only reads
+  {
+    auto a = std::make_unique<EtcdStore>(o);
+    EtcdStore b(o);
+    a->set("shared", "by a");
+    a->set("keep/count", "7");
+    a.reset();  // a is gone; b renews the same lease
+    std::this_thread::sleep_for(4s);
+    EXPECT_TRUE(reader.check({"shared"})) << "the key vanished while a client of its lease lives";
+    b.set("shared", "by b");
+  }
+  // Every client is gone: etcd deletes the leased keys within the TTL (bounded wait).
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    gone = !reader.check({"shared"});
+    if (!gone) std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_TRUE(gone) << "leased key still present 10 s after its last client";
+  EXPECT_TRUE(reader.check({"keep/count"})) << "an unleased key was deleted";
+}
+
+TEST(EtcdStore, UnreachableEndpointFailsNamingItAndTheFix) {
+  DDP_SKIP_WITHOUT_ETCD();
+  EtcdStoreOptions o;
+  uint16_t port = static_cast<uint16_t>(ddp::test::free_ports_below_ephemeral_range());
+  o.endpoints = {{"127.0.0.1", port}};
+  o.connect_timeout = 500ms;
+  EXPECT_TRUE(throws_with<NetworkError>(
+      [&] { EtcdStore s(o); }, {"cannot reach etcd", fmt::format("127.0.0.1:{}", port).c_str(),
+                                "connect_timeout", "--listen-client-urls"}));
+}
+
+TEST(EtcdStore, EndpointThatIsNotEtcdFailsAtOnce) {
+  DDP_SKIP_WITHOUT_ETCD();
+  // A TCP server that answers every request with a fixed HTTP reply that is not etcd's.
+  net::Socket listener = net::listen_tcp("127.0.0.1", 0, 4);
+  uint16_t port = static_cast<uint16_t>(net::local_port(listener.fd()));
+  std::atomic<bool> stop{false};
+  std::thread server([&] {
+    while (!stop) {
+      // The listener may be non-blocking: wait for a connection (bounded, to see `stop`).
+      pollfd p{listener.fd(), POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      int c = ::accept(listener.fd(), nullptr, nullptr);
+      if (c < 0) continue;
+      int flags = ::fcntl(c, F_GETFL);
+      ::fcntl(c, F_SETFL, flags & ~O_NONBLOCK);
+      // Read the whole request (headers and the JSON body, which ends with '}'), answer, and
+      // close only after the client did, so no unread byte turns the close into a reset.
+      std::string request;
+      char buf[4096];
+      ssize_t n;
+      while (request.find("\r\n\r\n") == std::string::npos || request.back() != '}') {
+        if ((n = ::read(c, buf, sizeof buf)) <= 0) break;
+        request.append(buf, static_cast<size_t>(n));
+      }
+      const char reply[] =
+          "HTTP/1.1 200 OK\r\nContent-Length: 11\r\nConnection: close\r\n\r\nhello world";
+      (void)!::write(c, reply, sizeof reply - 1);
+      ::shutdown(c, SHUT_WR);
+      while (::read(c, buf, sizeof buf) > 0) {
+      }
+      ::close(c);
+    }
+  });
+  EtcdStoreOptions o;
+  o.endpoints = {{"127.0.0.1", port}};
+  o.connect_timeout = 1s;
+  EXPECT_TRUE(throws_with<ProtocolError>([&] { EtcdStore s(o); },
+                                         {"not etcd's v3 JSON API", "hello world", "2379"}));
+  stop = true;
+  ::shutdown(listener.fd(), SHUT_RDWR);
+  server.join();
+}
+
+TEST(EtcdStore, FailsOverToTheNextMember) {
+  DDP_SKIP_WITHOUT_ETCD();
+  EtcdProcess etcd;
+  EtcdStoreOptions o = store_options(etcd, "/t5/");
+  uint16_t dead = static_cast<uint16_t>(ddp::test::free_ports_below_ephemeral_range());
+  o.endpoints.insert(o.endpoints.begin(), Endpoint{"127.0.0.1", dead});
+  EtcdStore s(o);
+  s.set("k", "v");
+  EXPECT_EQ(s.get("k"), "v");
+}
+
+// The rendezvous protocol, unchanged, on etcd: 2 to 3 agents as threads, then one goes silent
+// and a survivor's watcher names it.
+TEST(EtcdRendezvous, ElasticRoundAndMissedHeartbeats) {
+  DDP_SKIP_WITHOUT_ETCD();
+  EtcdProcess etcd;
+  std::vector<std::unique_ptr<Rendezvous>> agents;
+  std::vector<std::shared_ptr<EtcdStore>> stores;
+  for (int i = 0; i < 2; ++i) {
+    RendezvousOptions o;
+    o.backend = Backend::kEtcd;
+    o.run_id = "etcdjob";
+    o.nodes = {2, 3};
+    o.endpoints = etcd.endpoints();
+    o.endpoint = o.endpoints.front();
+    o.hostname = "host" + std::to_string(i);
+    o.local_addr = "10.0.0." + std::to_string(i + 1);
+    o.conf.join_timeout = 30s;
+    o.conf.last_call_timeout = 500ms;
+    o.conf.heartbeat = 200ms;
+    o.pick_master_port = [] { return 40000; };
+    stores.push_back(std::make_shared<EtcdStore>(etcd_store_options(o)));
+    agents.push_back(std::make_unique<Rendezvous>(o, stores.back()));
+  }
+  std::vector<std::future<RoundInfo>> f;
+  for (auto& a : agents)
+    f.push_back(std::async(std::launch::async, [&a] { return a->next_round(); }));
+  RoundInfo r0 = f[0].get(), r1 = f[1].get();
+  EXPECT_EQ(r0.num_nodes, 2);
+  EXPECT_EQ(r1.num_nodes, 2);
+  EXPECT_EQ(r0.generation, r1.generation);
+  EXPECT_NE(r0.node_rank, r1.node_rank);
+  const RoundInfo& first = r0.node_rank == 0 ? r0 : r1;
+  EXPECT_EQ(r0.master_addr, first.master_addr);
+
+  // Only agent 0 heartbeats: its watcher must report agent 1 silent.
+  std::promise<std::string> reason;
+  MembershipWatcher w(agents[0]->options(), agents[0]->round(), stores[0],
+                      [&](const std::string& why) { reason.set_value(why); });
+  auto got = reason.get_future();
+  ASSERT_EQ(got.wait_for(30s), std::future_status::ready);
+  EXPECT_NE(got.get().find("missed 3 heartbeats"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ddp::rdzv::test
