@@ -146,20 +146,21 @@ void ProcessGroupDDP::shutdown() {
   if (saved) PyEval_RestoreThread(saved);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::make_work(c10d::OpType type,
-                                                          std::vector<WorkPtr> inner,
-                                                          std::function<void()> epilogue,
-                                                          std::vector<at::Tensor> outputs) {
-  if (type != c10d::OpType::SEND && type != c10d::OpType::RECV) ++seq_;
-  bool finished = true;
-  for (auto& w : inner) finished = finished && w->is_completed();
-  auto work = c10::make_intrusive<WorkDDP>(rank_, type, std::move(inner), std::move(epilogue),
-                                           std::move(outputs), timeout_, completer_);
-  if (finished) {
+c10::intrusive_ptr<WorkDDP> ProcessGroupDDP::make_work(c10d::OpType type, WorkDDP::Start start,
+                                                       std::function<void()> epilogue,
+                                                       std::vector<at::Tensor> outputs,
+                                                       bool counted) {
+  live();  // a group that was shut down refuses at the call
+  if (counted && type != c10d::OpType::SEND && type != c10d::OpType::RECV) ++seq_;
+  auto work = c10::make_intrusive<WorkDDP>(rank_, type, std::move(epilogue), std::move(outputs),
+                                           timeout_, completer_);
+  // Issued at once unless a future's callbacks may still issue operations before it (see
+  // "Issue order" in work_ddp.hpp).
+  if (!completer_->defer_if_busy(work, start)) {
+    work->issue(start);
     // Inline operations finished already: complete now (epilogue, errors) and skip the
     // bookkeeping of operations in flight.
-    work->isCompleted();
-    return work;
+    if (work->isCompleted()) return work;
   }
   std::lock_guard<std::mutex> lock(in_flight_mutex_);
   while (!in_flight_.empty() && in_flight_.front()->isCompleted()) in_flight_.pop_front();
@@ -181,8 +182,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::broadcast(std::vector<at::Tensor
   if (opts.rootTensor != 0) throw UsageError("broadcast: the ddp backend takes rootTensor 0");
   auto buf = contiguous(t);
   const auto e = move_elements(t.scalar_type(), t.numel());
-  auto w = live()->broadcast(buf.data_ptr(), e.count, e.dtype, static_cast<int>(opts.rootRank));
-  return make_work(c10d::OpType::BROADCAST, {w}, [t, buf] { copy_back(t, buf); }, {t});
+  const int root = static_cast<int>(opts.rootRank);
+  auto start = [this, buf, e, root] {
+    return std::vector<WorkPtr>{live()->broadcast(buf.data_ptr(), e.count, e.dtype, root)};
+  };
+  return make_work(c10d::OpType::BROADCAST, start, [t, buf] { copy_back(t, buf); }, {t});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::all_reduce_tensor(const at::Tensor& t,
@@ -190,8 +194,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::all_reduce_tensor(const at::Tens
   if (is_bitwise(op)) return bitwise_all_reduce(t, op);
   const auto [r, dtype] = reduction(t, op, "all_reduce");
   auto buf = contiguous(t);
-  auto w = live()->all_reduce(buf.data_ptr(), static_cast<size_t>(t.numel()), dtype, r);
-  return make_work(c10d::OpType::ALLREDUCE, {w}, [t, buf] { copy_back(t, buf); }, {t});
+  auto start = [this, buf, dtype = dtype, r = r] {
+    return std::vector<WorkPtr>{
+        live()->all_reduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), dtype, r)};
+  };
+  return make_work(c10d::OpType::ALLREDUCE, start, [t, buf] { copy_back(t, buf); }, {t});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::bitwise_all_reduce(const at::Tensor& t,
@@ -205,7 +212,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::bitwise_all_reduce(const at::Ten
   auto buf = contiguous(t);
   auto gathered = at::empty({size_, t.numel()}, t.options());
   const auto e = move_elements(t.scalar_type(), t.numel());
-  auto w = live()->all_gather(buf.data_ptr(), gathered.data_ptr(), e.count, e.dtype);
+  auto start = [this, buf, gathered, e] {
+    return std::vector<WorkPtr>{
+        live()->all_gather(buf.data_ptr(), gathered.data_ptr(), e.count, e.dtype)};
+  };
   const auto kind = op.op_;
   auto epilogue = [t, buf, gathered, kind] {
     at::Tensor acc = gathered[0].clone();
@@ -220,7 +230,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::bitwise_all_reduce(const at::Ten
     }
     t.copy_(acc.view(t.sizes()));
   };
-  return make_work(c10d::OpType::ALLREDUCE, {w}, std::move(epilogue), {t});
+  return make_work(c10d::OpType::ALLREDUCE, start, std::move(epilogue), {t});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allreduce(std::vector<at::Tensor>& tensors,
@@ -240,7 +250,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allreduce_coalesced(
   }
   const auto [r, dtype] = reduction(tensors[0], opts.reduceOp, "all_reduce_coalesced");
   auto flat = pack(tensors);
-  auto w = live()->all_reduce(flat.data_ptr(), static_cast<size_t>(flat.numel()), dtype, r);
+  auto start = [this, flat, dtype = dtype, r = r] {
+    return std::vector<WorkPtr>{
+        live()->all_reduce(flat.data_ptr(), static_cast<size_t>(flat.numel()), dtype, r)};
+  };
   std::vector<at::Tensor> ts = tensors;
   auto epilogue = [ts, flat] {
     int64_t offset = 0;
@@ -249,7 +262,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allreduce_coalesced(
       offset += t.numel();
     }
   };
-  return make_work(c10d::OpType::ALLREDUCE_COALESCED, {w}, std::move(epilogue), ts);
+  return make_work(c10d::OpType::ALLREDUCE_COALESCED, start, std::move(epilogue), ts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce(std::vector<at::Tensor>& tensors,
@@ -259,15 +272,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce(std::vector<at::Tensor>& 
   if (opts.rootTensor != 0) throw UsageError("reduce: the ddp backend takes rootTensor 0");
   const auto [r, dtype] = reduction(t, opts.reduceOp, "reduce");
   auto buf = contiguous(t);
-  auto w = live()->reduce(buf.data_ptr(), static_cast<size_t>(t.numel()), dtype, r,
-                          static_cast<int>(opts.rootRank));
+  const int root_rank = static_cast<int>(opts.rootRank);
+  auto start = [this, buf, dtype = dtype, r = r, root_rank] {
+    return std::vector<WorkPtr>{
+        live()->reduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), dtype, r, root_rank)};
+  };
   // Only the root's result is defined; other ranks' tensors hold unspecified values afterwards
   // (gloo leaves partial sums there too), so only the root copies a staged result back.
   const bool root = opts.rootRank == rank_;
   auto epilogue = [t, buf, root] {
     if (root) copy_back(t, buf);
   };
-  return make_work(c10d::OpType::REDUCE, {w}, std::move(epilogue), {t});
+  return make_work(c10d::OpType::REDUCE, start, std::move(epilogue), {t});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather(
@@ -297,16 +313,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather(
     total += o.numel();
   }
   auto flat = at::empty({total}, in.options());
-  WorkPtr w;
+  WorkDDP::Start start;
   if (equal) {
     const auto e = move_elements(in.scalar_type(), in.numel());
-    w = live()->all_gather(src.data_ptr(), flat.data_ptr(), e.count, e.dtype);
+    start = [this, src, flat, e] {
+      return std::vector<WorkPtr>{
+          live()->all_gather(src.data_ptr(), flat.data_ptr(), e.count, e.dtype)};
+    };
   } else {
     // Unequal sizes (the ranks' outputs say how much each contributes): all_gather_v.
     const auto e = move_elements(in.scalar_type(), 1);
     std::vector<size_t> counts;
     for (const auto& o : outs) counts.push_back(static_cast<size_t>(o.numel()) * e.count);
-    w = live()->all_gather_v(src.data_ptr(), flat.data_ptr(), counts, e.dtype);
+    start = [this, src, flat, counts, e] {
+      return std::vector<WorkPtr>{
+          live()->all_gather_v(src.data_ptr(), flat.data_ptr(), counts, e.dtype)};
+    };
   }
   auto epilogue = [outs, src, flat] {
     int64_t offset = 0;
@@ -315,7 +337,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather(
       offset += o.numel();
     }
   };
-  return make_work(c10d::OpType::ALLGATHER, {w}, std::move(epilogue), outs);
+  return make_work(c10d::OpType::ALLGATHER, start, std::move(epilogue), outs);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_allgather_base(
@@ -326,9 +348,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_allgather_base(
   auto src = contiguous(input);
   auto dst = contiguous(output);
   const auto e = move_elements(input.scalar_type(), input.numel());
-  auto w = live()->all_gather(src.data_ptr(), dst.data_ptr(), e.count, e.dtype);
+  auto start = [this, src, dst, e] {
+    return std::vector<WorkPtr>{
+        live()->all_gather(src.data_ptr(), dst.data_ptr(), e.count, e.dtype)};
+  };
   at::Tensor out = output;
-  return make_work(c10d::OpType::_ALLGATHER_BASE, {w}, [out, src, dst] { copy_back(out, dst); },
+  return make_work(c10d::OpType::_ALLGATHER_BASE, start, [out, src, dst] { copy_back(out, dst); },
                    {out});
 }
 
@@ -361,8 +386,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather_coalesced(
   for (const auto& s : staged) byte_views.push_back(bytes_of(s));
   auto packed = byte_views.empty() ? at::empty({0}, at::kByte) : at::cat(byte_views);
   auto flat = at::empty({bytes * size_}, at::kByte);
-  auto w = live()->all_gather(packed.data_ptr(), flat.data_ptr(), static_cast<size_t>(bytes),
-                              DataType::kUInt8);
+  auto start = [this, packed, flat, bytes] {
+    return std::vector<WorkPtr>{live()->all_gather(packed.data_ptr(), flat.data_ptr(),
+                                                   static_cast<size_t>(bytes), DataType::kUInt8)};
+  };
   auto outs = outputs;
   auto epilogue = [outs, packed, flat, bytes] {
     for (size_t r = 0; r < outs.size(); ++r) {
@@ -378,7 +405,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather_coalesced(
   };
   std::vector<at::Tensor> all;
   for (const auto& l : outs) all.insert(all.end(), l.begin(), l.end());
-  return make_work(c10d::OpType::ALLGATHER_COALESCED, {w}, std::move(epilogue), all);
+  return make_work(c10d::OpType::ALLGATHER_COALESCED, start, std::move(epilogue), all);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::gather(
@@ -403,15 +430,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::gather(
   auto src = contiguous(in);
   auto flat = root ? at::empty({in.numel() * size_}, in.options()) : at::Tensor();
   const auto e = move_elements(in.scalar_type(), in.numel());
-  auto w = live()->gather(src.data_ptr(), root ? flat.data_ptr() : nullptr, e.count, e.dtype,
-                          static_cast<int>(opts.rootRank));
+  const int root_rank = static_cast<int>(opts.rootRank);
+  auto start = [this, src, flat, e, root_rank] {
+    return std::vector<WorkPtr>{live()->gather(
+        src.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, e.count, e.dtype, root_rank)};
+  };
   auto epilogue = [outs, src, flat] {
     for (size_t r = 0; r < outs.size(); ++r) {
       const auto n = outs[r].numel();
       outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n).view(outs[r].sizes()));
     }
   };
-  return make_work(c10d::OpType::GATHER, {w}, std::move(epilogue), outs);
+  return make_work(c10d::OpType::GATHER, start, std::move(epilogue), outs);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::scatter(
@@ -435,9 +465,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::scatter(
   }
   auto dst = contiguous(out);
   const auto e = move_elements(out.scalar_type(), out.numel());
-  auto w = live()->scatter(root ? flat.data_ptr() : nullptr, dst.data_ptr(), e.count, e.dtype,
-                           static_cast<int>(opts.rootRank));
-  return make_work(c10d::OpType::SCATTER, {w}, [out, dst, flat] { copy_back(out, dst); }, {out});
+  const int root_rank = static_cast<int>(opts.rootRank);
+  auto start = [this, flat, dst, e, root_rank] {
+    return std::vector<WorkPtr>{live()->scatter(flat.defined() ? flat.data_ptr() : nullptr,
+                                                dst.data_ptr(), e.count, e.dtype, root_rank)};
+  };
+  return make_work(c10d::OpType::SCATTER, start, [out, dst, flat] { copy_back(out, dst); }, {out});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce_scatter(
@@ -451,9 +484,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce_scatter(
   const auto [r, dtype] = reduction(out, opts.reduceOp, "reduce_scatter");
   auto flat = pack(inputs[0]);
   auto dst = contiguous(out);
-  auto w = live()->reduce_scatter(flat.data_ptr(), dst.data_ptr(), static_cast<size_t>(out.numel()),
-                                  dtype, r);
-  return make_work(c10d::OpType::REDUCE_SCATTER, {w}, [out, dst, flat] { copy_back(out, dst); },
+  auto start = [this, flat, dst, dtype = dtype, r = r] {
+    return std::vector<WorkPtr>{live()->reduce_scatter(flat.data_ptr(), dst.data_ptr(),
+                                                       static_cast<size_t>(dst.numel()), dtype, r)};
+  };
+  return make_work(c10d::OpType::REDUCE_SCATTER, start, [out, dst, flat] { copy_back(out, dst); },
                    {out});
 }
 
@@ -465,19 +500,27 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_reduce_scatter_base(
   const auto [r, dtype] = reduction(output, opts.reduceOp, "reduce_scatter_tensor");
   auto src = contiguous(input);
   auto dst = contiguous(output);
-  auto w = live()->reduce_scatter(src.data_ptr(), dst.data_ptr(),
-                                  static_cast<size_t>(output.numel()), dtype, r);
+  auto start = [this, src, dst, dtype = dtype, r = r] {
+    return std::vector<WorkPtr>{live()->reduce_scatter(src.data_ptr(), dst.data_ptr(),
+                                                       static_cast<size_t>(dst.numel()), dtype, r)};
+  };
   at::Tensor out = output;
-  return make_work(c10d::OpType::_REDUCE_SCATTER_BASE, {w},
+  return make_work(c10d::OpType::_REDUCE_SCATTER_BASE, start,
                    [out, dst, src] { copy_back(out, dst); }, {out});
 }
 
 bool ProcessGroupDDP::all_ranks_even(int64_t block_elements) {
-  int64_t bounds[2] = {block_elements, -block_elements};
+  auto bounds = at::tensor({block_elements, -block_elements}, at::kLong);
+  auto start = [this, bounds] {
+    return std::vector<WorkPtr>{
+        live()->all_reduce(bounds.data_ptr(), 2, DataType::kInt64, ReduceOp::kMax)};
+  };
+  // Ordered like any operation (issue order); not counted as a collective of the caller's.
   // Waits up to the group timeout; a rank that never calls `op` makes this throw, naming it.
-  live()->all_reduce(bounds, 2, DataType::kInt64, ReduceOp::kMax)->wait(timeout_);
+  make_work(c10d::OpType::ALLREDUCE, start, nullptr, {}, /*counted=*/false)->wait(timeout_);
   // max == -min: every rank passed the same value; >= 0: none was uneven.
-  return bounds[0] >= 0 && bounds[0] == -bounds[1];
+  const auto* b = bounds.data_ptr<int64_t>();
+  return b[0] >= 0 && b[0] == -b[1];
 }
 
 std::vector<WorkPtr> ProcessGroupDDP::exchange(const std::vector<at::Tensor>& send_blocks,
@@ -535,10 +578,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall_base(
   const bool even_here = std::all_of(in_splits.begin(), in_splits.end(),
                                      [&](int64_t s) { return s == in_splits[0]; }) &&
                          in_splits == out_splits && in_row == out_row;
-  std::vector<WorkPtr> works;
+  WorkDDP::Start start;
   if (all_ranks_even(even_here ? in_splits[0] * in_row : -1)) {
     const auto e = move_elements(input.scalar_type(), in_splits[0] * in_row);
-    works.push_back(live()->all_to_all(src.data_ptr(), dst.data_ptr(), e.count, e.dtype));
+    start = [this, src, dst, e] {
+      return std::vector<WorkPtr>{
+          live()->all_to_all(src.data_ptr(), dst.data_ptr(), e.count, e.dtype)};
+    };
   } else {
     std::vector<at::Tensor> sends, recvs;
     int64_t so = 0, ro = 0;
@@ -553,11 +599,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall_base(
           fmt::format("{}: this rank sends itself {} elements but expects {} from itself", op,
                       sends[rank_].numel(), recvs[rank_].numel()));
     }
-    works = exchange(sends, recvs);
+    start = [this, sends, recvs] { return exchange(sends, recvs); };
   }
   at::Tensor out = output;
-  return make_work(c10d::OpType::ALLTOALL_BASE, std::move(works),
-                   [out, src, dst] { copy_back(out, dst); }, {out});
+  return make_work(c10d::OpType::ALLTOALL_BASE, start, [out, src, dst] { copy_back(out, dst); },
+                   {out});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall(std::vector<at::Tensor>& outputs,
@@ -582,13 +628,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall(std::vector<at::Tensor>
     auto src = pack(inputs);
     auto flat = at::empty({n * size_}, inputs[0].options());
     const auto e = move_elements(dtype, n);
-    auto w = live()->all_to_all(src.data_ptr(), flat.data_ptr(), e.count, e.dtype);
+    auto start = [this, src, flat, e] {
+      return std::vector<WorkPtr>{
+          live()->all_to_all(src.data_ptr(), flat.data_ptr(), e.count, e.dtype)};
+    };
     auto epilogue = [outs, src, flat, n] {
       for (size_t p = 0; p < outs.size(); ++p) {
         outs[p].copy_(flat.narrow(0, static_cast<int64_t>(p) * n, n).view(outs[p].sizes()));
       }
     };
-    return make_work(c10d::OpType::ALLTOALL, {w}, std::move(epilogue), outs);
+    return make_work(c10d::OpType::ALLTOALL, start, std::move(epilogue), outs);
   }
   std::vector<at::Tensor> sends, recvs;
   for (int p = 0; p < size_; ++p) {
@@ -599,16 +648,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall(std::vector<at::Tensor>
     throw UsageError(fmt::format("{}: this rank sends itself {} elements but expects {}", op,
                                  sends[rank_].numel(), recvs[rank_].numel()));
   }
-  auto works = exchange(sends, recvs);
+  auto start = [this, sends, recvs] { return exchange(sends, recvs); };
   auto epilogue = [outs, sends, recvs] {
     for (size_t p = 0; p < outs.size(); ++p) copy_back(outs[p], recvs[p]);
   };
-  return make_work(c10d::OpType::ALLTOALL, std::move(works), std::move(epilogue), outs);
+  return make_work(c10d::OpType::ALLTOALL, start, std::move(epilogue), outs);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::barrier(const c10d::BarrierOptions& opts) {
   if (opts.timeout == c10d::kUnsetTimeout) {
-    return make_work(c10d::OpType::BARRIER, {live()->barrier()}, nullptr, {});
+    auto start = [this] { return std::vector<WorkPtr>{live()->barrier()}; };
+    return make_work(c10d::OpType::BARRIER, start, nullptr, {});
   }
   // dist.barrier(timeout=...): ddp's barrier collective waits up to the group's timeout in the
   // caller's thread, so a per-call limit is kept by the monitored barrier below, after this
@@ -627,7 +677,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::barrier(const c10d::BarrierOptio
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline - std::chrono::steady_clock::now());
   monitored_barrier(std::max(left, std::chrono::milliseconds(0)), false, "barrier", opts.timeout);
-  return make_work(c10d::OpType::BARRIER, {}, nullptr, {});
+  return make_work(c10d::OpType::BARRIER, [] { return std::vector<WorkPtr>{}; }, nullptr, {});
 }
 
 void ProcessGroupDDP::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
@@ -714,8 +764,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::send(std::vector<at::Tensor>& te
   }
   auto buf = contiguous(t);
   const auto e = move_elements(t.scalar_type(), t.numel());
-  auto w = live()->send(buf.data_ptr(), e.count, e.dtype, dst, tag);
-  return make_work(c10d::OpType::SEND, {w}, [buf] {}, {t});
+  auto start = [this, buf, e, dst, tag] {
+    return std::vector<WorkPtr>{live()->send(buf.data_ptr(), e.count, e.dtype, dst, tag)};
+  };
+  return make_work(c10d::OpType::SEND, start, [buf] {}, {t});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::recv(std::vector<at::Tensor>& tensors, int src,
@@ -727,8 +779,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::recv(std::vector<at::Tensor>& te
   }
   auto buf = contiguous(t);
   const auto e = move_elements(t.scalar_type(), t.numel());
-  auto w = live()->recv(buf.data_ptr(), e.count, e.dtype, src, tag);
-  return make_work(c10d::OpType::RECV, {w}, [t, buf] { copy_back(t, buf); }, {t});
+  auto start = [this, buf, e, src, tag] {
+    return std::vector<WorkPtr>{live()->recv(buf.data_ptr(), e.count, e.dtype, src, tag)};
+  };
+  return make_work(c10d::OpType::RECV, start, [t, buf] { copy_back(t, buf); }, {t});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::recvAnysource(std::vector<at::Tensor>& /*t*/,

@@ -106,9 +106,12 @@ class ProcessGroupDDP : public ProcessGroupBase {
  private:
   // Wraps ddp Works into the c10d Work returned to torch; keeps it (and so the buffers its
   // epilogue holds) alive while the operation is in flight, even if the caller drops it.
-  c10::intrusive_ptr<c10d::Work> make_work(c10d::OpType type, std::vector<WorkPtr> inner,
-                                           std::function<void()> epilogue,
-                                           std::vector<at::Tensor> outputs);
+  // `start` hands the operation to ddp, now or, when futures' callbacks may still issue
+  // operations before it, later on the completer (see "Issue order" in work_ddp.hpp).
+  // `counted`: whether it counts in getSequenceNumberForGroup (a collective of the caller's).
+  c10::intrusive_ptr<WorkDDP> make_work(c10d::OpType type, WorkDDP::Start start,
+                                        std::function<void()> epilogue,
+                                        std::vector<at::Tensor> outputs, bool counted = true);
   c10::intrusive_ptr<c10d::Work> all_reduce_tensor(const at::Tensor& t, const c10d::ReduceOp& op);
   c10::intrusive_ptr<c10d::Work> bitwise_all_reduce(const at::Tensor& t, const c10d::ReduceOp& op);
   // Blocks of possibly different sizes to and from every rank, as sends and receives.

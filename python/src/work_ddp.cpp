@@ -2,23 +2,92 @@
 
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type.h>
+#include <fmt/format.h>
+
+#include "ddp/util/error.hpp"
 
 namespace ddp::python {
 
-WorkDDP::WorkDDP(int rank, c10d::OpType type, std::vector<ddp::WorkPtr> inner,
-                 std::function<void()> epilogue, std::vector<at::Tensor> outputs,
-                 std::chrono::milliseconds timeout, std::weak_ptr<Completer> completer)
+namespace {
+TimeoutError not_issued_error(std::chrono::milliseconds limit) {
+  return TimeoutError(fmt::format(
+      "ddp backend: an operation was still waiting to be issued after {} ms, queued behind "
+      "earlier operations of its group whose futures' callbacks had not finished (a callback "
+      "that waits for a later future, or a peer that stopped)",
+      limit.count()));
+}
+}  // namespace
+
+WorkDDP::WorkDDP(int rank, c10d::OpType type, std::function<void()> epilogue,
+                 std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
+                 std::weak_ptr<Completer> completer)
     : c10d::Work(rank, type),
-      inner_(std::move(inner)),
       epilogue_(std::move(epilogue)),
       outputs_(std::move(outputs)),
       timeout_(timeout),
       completer_(std::move(completer)) {}
 
+void WorkDDP::issue(const Start& start) {
+  auto inner = start();
+  {
+    std::lock_guard<std::mutex> lock(future_mutex_);
+    inner_ = std::move(inner);
+    issued_ = true;
+  }
+  issued_cv_.notify_all();
+}
+
+void WorkDDP::defer(Start start) {
+  std::lock_guard<std::mutex> lock(future_mutex_);
+  deferred_start_ = std::move(start);
+}
+
+bool WorkDDP::issue_deferred() {
+  Start start;
+  {
+    std::lock_guard<std::mutex> lock(future_mutex_);
+    if (issued_) return future_ != nullptr;
+    start = std::move(deferred_start_);
+  }
+  std::exception_ptr err;
+  std::vector<ddp::WorkPtr> inner;
+  try {
+    if (start) inner = start();
+  } catch (...) {
+    err = std::current_exception();
+  }
+  bool wants_future;
+  {
+    std::lock_guard<std::mutex> lock(future_mutex_);
+    inner_ = std::move(inner);
+    issued_ = true;
+    // Decided with the lock held: a getFuture() after this sees issued_ and watches the Work
+    // itself; one before it left future_ for the completer to complete.
+    wants_future = future_ != nullptr;
+  }
+  issued_cv_.notify_all();
+  if (err) {
+    complete(err);  // fails the Work and its future, if any
+    return false;
+  }
+  return wants_future;
+}
+
+bool WorkDDP::is_issued() {
+  std::lock_guard<std::mutex> lock(future_mutex_);
+  return issued_;
+}
+
+bool WorkDDP::wait_issued(std::chrono::milliseconds limit) {
+  std::unique_lock<std::mutex> lock(future_mutex_);
+  return issued_cv_.wait_for(lock, limit, [&] { return issued_ || done_; });
+}
+
 bool WorkDDP::isCompleted() {
   {
     std::lock_guard<std::mutex> lock(future_mutex_);
     if (done_) return true;
+    if (!issued_) return false;
   }
   for (auto& w : inner_) {
     if (!w->is_completed()) return false;
@@ -43,6 +112,7 @@ std::vector<at::Tensor> WorkDDP::result() {
 
 bool WorkDDP::wait(std::chrono::milliseconds timeout) {
   const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
+  if (!wait_issued(limit)) throw not_issued_error(limit);
   std::exception_ptr err;
   for (auto& w : inner_) {
     try {
@@ -60,6 +130,7 @@ bool WorkDDP::wait(std::chrono::milliseconds timeout) {
 }
 
 std::exception_ptr WorkDDP::wait_inner() {
+  if (!wait_issued(timeout_)) return std::make_exception_ptr(not_issued_error(timeout_));
   std::exception_ptr err;
   for (auto& w : inner_) {
     try {
@@ -117,6 +188,8 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkDDP::getFuture() {
         c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
     future = future_;
     finished = done_;
+    // Deferred and not issued yet: the completer, which holds it queued, completes it.
+    if (!issued_ && !done_) return future;
   }
   if (finished) {
     // complete() ran before the future existed, so it is ours to mark.
@@ -158,16 +231,42 @@ Completer::~Completer() {
   if (watchdog_.joinable()) watchdog_.join();
 }
 
+void Completer::start_threads() {
+  if (!thread_.joinable()) {
+    thread_ = std::thread([this] { loop(); });
+    watchdog_ = std::thread([this] { watchdog_loop(); });
+  }
+}
+
 void Completer::watch(c10::intrusive_ptr<WorkDDP> work) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(std::move(work));
-    if (!thread_.joinable()) {
-      thread_ = std::thread([this] { loop(); });
-      watchdog_ = std::thread([this] { watchdog_loop(); });
-    }
+    start_threads();
   }
   cv_.notify_all();
+}
+
+bool Completer::defer_if_busy(const c10::intrusive_ptr<WorkDDP>& work, WorkDDP::Start& start) {
+  if (is_current_thread()) return false;  // a callback's operation goes out at once
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (queue_.empty() && processing_ == 0) return false;
+    work->defer(std::move(start));
+    queue_.push_back(work);
+    start_threads();
+  }
+  cv_.notify_all();
+  return true;
+}
+
+void Completer::process(WorkDDP& work) {
+  if (!work.is_issued() && !work.issue_deferred()) return;  // nobody waits on its future yet
+  std::exception_ptr err = work.wait_inner();
+  user_code_since_ns_ = now_ns();
+  in_user_code_ = true;
+  work.complete(err);  // runs the future's callbacks
+  in_user_code_ = false;
 }
 
 void Completer::complete_inline(WorkDDP& work) {
@@ -198,12 +297,11 @@ void Completer::loop() {
       if (queue_.empty()) return;  // stop_ and nothing left
       work = std::move(queue_.front());
       queue_.pop_front();
+      ++processing_;
     }
-    std::exception_ptr err = work->wait_inner();
-    user_code_since_ns_ = now_ns();
-    in_user_code_ = true;
-    work->complete(err);  // runs the future's callbacks
-    in_user_code_ = false;
+    process(*work);
+    std::lock_guard<std::mutex> lock(mutex_);
+    --processing_;
   }
 }
 
@@ -218,7 +316,7 @@ void Completer::watchdog_loop() {
     c10::intrusive_ptr<WorkDDP> work = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
-    work->wait_and_complete();
+    if (work->is_issued() || work->issue_deferred()) work->wait_and_complete();
     lock.lock();
   }
 }

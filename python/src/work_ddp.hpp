@@ -9,6 +9,20 @@
 // handed to the group's Completer, a thread that waits for it and completes the future.
 // Works that finished before getFuture() (small operations run inline) complete their
 // future at once, without any thread hand-off.
+//
+// Issue order. Every rank must hand its group's collectives to ddp in the same order, and a
+// future's callback may issue collectives (PowerSGD's hook issues two per bucket from
+// callbacks) while the training thread issues the next bucket's. With NCCL a future completes
+// when its kernel is queued, so such a callback runs at once, inside the hook; on CPU it runs
+// when the data arrived, on the completer thread, racing the training thread: one rank issued
+// bucket 1's all_reduce before bucket 0's callback issued its own, another after, and the two
+// reduced tensors of different sizes. So an operation issued by any thread other than the
+// completer's while the completer has work queued or a callback running is not issued at
+// once: it is deferred (the Work is returned, the operation queued) and the completer issues
+// it after the callbacks of everything queued before it. Then every rank issues in the
+// order "each Work's callbacks right after its completion", whatever the timing, provided a
+// callback is attached (then()) before the same thread issues its next operation, as DDP's
+// comm hooks do. Operations issued from a callback on the completer thread go out at once.
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -29,9 +43,22 @@ class Completer;
 
 class WorkDDP : public c10d::Work {
  public:
-  WorkDDP(int rank, c10d::OpType type, std::vector<ddp::WorkPtr> inner,
-          std::function<void()> epilogue, std::vector<at::Tensor> outputs,
-          std::chrono::milliseconds timeout, std::weak_ptr<Completer> completer);
+  // Hands the operation to ddp and returns its ddp Works (several for an operation made of
+  // sends and receives); throws on misuse or a failed group.
+  using Start = std::function<std::vector<ddp::WorkPtr>()>;
+
+  // A Work not issued yet: issue() or defer() follows.
+  WorkDDP(int rank, c10d::OpType type, std::function<void()> epilogue,
+          std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
+          std::weak_ptr<Completer> completer);
+
+  // Issues the operation now, on the calling thread; start's exceptions reach the caller.
+  void issue(const Start& start);
+  // Keeps `start` for the completer, which runs it in order (issue_deferred).
+  void defer(Start start);
+  // The completer's part of a deferred Work: runs start (its error fails this Work). True
+  // when the future was asked for by then: the completer must then wait for and complete it.
+  bool issue_deferred();
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -49,6 +76,9 @@ class WorkDDP : public c10d::Work {
   friend class Completer;
   // The ddp Works' first error after waiting for all of them (up to the group timeout).
   std::exception_ptr wait_inner();
+  // Waits up to `limit` until the operation was issued (at once unless deferred).
+  bool wait_issued(std::chrono::milliseconds limit);
+  bool is_issued();
   // Runs the epilogue (unless err), marks this Work (and its future, if any) finished. Only
   // the first call has an effect.
   void complete(std::exception_ptr err);
@@ -61,7 +91,10 @@ class WorkDDP : public c10d::Work {
 
   std::once_flag complete_once_;
   std::mutex future_mutex_;
-  bool done_ = false;  // guarded by future_mutex_
+  std::condition_variable issued_cv_;
+  Start deferred_start_;  // guarded by future_mutex_; run by issue_deferred
+  bool issued_ = false;   // guarded by future_mutex_; inner_ is set once before it turns true
+  bool done_ = false;     // guarded by future_mutex_
   std::exception_ptr error_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
@@ -81,6 +114,10 @@ class Completer {
   Completer() = default;
   ~Completer();  // finishes the queued Works (each bounded by the group timeout), then joins
   void watch(c10::intrusive_ptr<WorkDDP> work);
+  // Queues `work` (with its deferred start) behind the queued Works when called from a
+  // thread other than the completer's while Works are queued or a callback runs (see "Issue
+  // order" above); false when it may be issued at once instead.
+  bool defer_if_busy(const c10::intrusive_ptr<WorkDDP>& work, WorkDDP::Start& start);
   // Completes `work` on the calling completer thread (a future asked for inside a callback:
   // queueing it behind the running callback would deadlock).
   void complete_inline(WorkDDP& work);
@@ -91,12 +128,17 @@ class Completer {
   static constexpr std::chrono::milliseconds kRescueAfter{2000};
   void loop();
   void watchdog_loop();
+  void start_threads();  // with mutex_ held
+  // Issues `work` if it was deferred, then waits for it and completes it (callbacks) unless
+  // it was deferred and nobody asked for its future.
+  void process(WorkDDP& work);
   // The in-order thread ran callbacks outside ddp's waits for kRescueAfter.
   bool stuck_in_user_code() const;
 
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<c10::intrusive_ptr<WorkDDP>> queue_;
+  int processing_ = 0;  // Works popped and not yet processed (guarded by mutex_)
   bool stop_ = false;
   std::thread thread_;
   std::thread watchdog_;

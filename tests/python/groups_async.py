@@ -65,6 +65,26 @@ f1 = dist.all_reduce(a, async_op=True).get_future()
 f2 = dist.all_reduce(c, async_op=True).get_future()
 got = f1.then(lambda _: f2.wait()[0].sum().item()).wait()
 check_equal("callback waits for a later future", got, float(2 * n * (1 << 16)))
+# A future's callback that issues a collective while this thread issues the next one (as
+# PowerSGD's hook does per bucket): every rank must issue them in the same order, whatever the
+# timing. Rank 0 issues `nxt` while `big` is still in flight; the other ranks only after `big`
+# finished and its callback issued `inner`. Issued in arrival order, rank 0 would reduce `nxt`
+# (5 elements) against the others' `inner` (3 elements) and fail.
+def reduce_inner(_):
+    inner = torch.full((3,), float(rank))
+    dist.all_reduce(inner)
+    return inner
+
+
+big = torch.ones(1 << 20)
+f_inner = dist.all_reduce(big, async_op=True).get_future().then(reduce_inner)
+if rank != 0:
+    f_inner.wait()
+nxt = torch.full((5,), float(rank + 1))
+w_nxt = dist.all_reduce(nxt, async_op=True)
+check_equal("collective issued by a callback", f_inner.wait(), torch.full((3,), float(sum(range(n)))))
+w_nxt.wait()
+check_equal("collective issued after it", nxt, torch.full((5,), n * (n + 1) / 2))
 b = dist.barrier(async_op=True)
 b.wait()
 check_equal("barrier future", b.get_future().wait(), [])
