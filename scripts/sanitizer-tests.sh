@@ -13,9 +13,11 @@ jobs="${DDP_JOBS:-$(nproc)}"
 stages=("$@")
 ((${#stages[@]})) || stages=(asan tsan)
 
+# Every test executable of the asan folders must be here: one left out shows in ctest as
+# <name>_NOT_BUILT, "Not Run", a failure.
 targets_asan=(store_tests launcher_unit_test launcher_e2e_test launcher_test_worker ddprun
-              comm_tests comm_worker comm_multiprocess_tests comm_mpi_worker rdzv_tests
-              flight_recorder_tests flight_recorder_e2e_tests hang_worker)
+              launcher_stacks_test comm_tests comm_worker comm_multiprocess_tests comm_mpi_worker
+              rdzv_tests etcd_tests flight_recorder_tests flight_recorder_e2e_tests hang_worker)
 # TSan skips the flight recorder's ddprun runs (process-level concurrency, like the launcher
 # tests: the tsan test preset excludes them), so it needs neither ddprun nor hang_worker.
 targets_tsan=(comm_tests comm_worker comm_multiprocess_tests store_tests flight_recorder_tests)
