@@ -17,6 +17,7 @@ import sys
 
 from ...common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from .. import runtime as _rt
+from .sampler import ElasticSampler  # noqa: F401
 from .state import ObjectState, State, TorchState  # noqa: F401
 
 
@@ -39,13 +40,6 @@ def run(func):
             raise
 
     return wrapper
-
-
-class ElasticSampler:
-    def __init__(self, *args, **kwargs):
-        raise NotImplementedError("hvd.elastic.ElasticSampler is not part of ddp's Horovod "
-                                  "layer; use torch.utils.data.distributed.DistributedSampler "
-                                  "and keep the epoch and batch in the TorchState")
 
 
 __all__ = ["TorchState", "ObjectState", "State", "ElasticSampler", "run"]

@@ -17,6 +17,7 @@ import torch
 
 from .. import functions as _fn
 from .. import runtime as _rt
+from .sampler import ElasticSampler
 
 STATE_FILE = "horovod_elastic_state.pt"
 
@@ -140,15 +141,32 @@ class ObjectState(State):
 
 
 class TorchState(ObjectState):
-    """A model, an optimizer and plain values (hvd.elastic.TorchState)."""
+    """A model, an optimizer, ElasticSamplers and plain values (hvd.elastic.TorchState).
+
+    A sampler's processed samples are merged over the ranks when the state is committed (each
+    rank records only its own batches, and only rank 0's commit survives a restart)."""
 
     def __init__(self, model=None, optimizer=None, **kwargs):
         object.__setattr__(self, "model", model)
         object.__setattr__(self, "optimizer", optimizer)
+        samplers = {k: v for k, v in kwargs.items() if isinstance(v, ElasticSampler)}
+        for k in samplers:
+            del kwargs[k]
+        self._samplers = samplers
+        self._saved_samplers = {k: v.state_dict() for k, v in samplers.items()}
         self._saved_model = None
         self._saved_optimizer = None
         super().__init__(**kwargs)
+        for k, v in samplers.items():
+            object.__setattr__(self, k, v)
         self._save_torch()
+
+    def _merge_samplers(self):
+        """Every rank's processed samples in every rank's samplers (a collective)."""
+        for name, sampler in sorted(self._samplers.items()):
+            seen = _fn.allgather_object(sampler.processed_indices, f"elastic.sampler.{name}")
+            epoch = _fn.broadcast_object(sampler.epoch, 0, f"elastic.sampler.{name}.epoch")
+            sampler.load_state_dict({"epoch": epoch, "processed_indices": set().union(*seen)})
 
     def _save_torch(self):
         if self.model is not None:
@@ -158,6 +176,8 @@ class TorchState(ObjectState):
 
     def save(self):
         self._save_torch()
+        self._merge_samplers()
+        self._saved_samplers = {k: v.state_dict() for k, v in self._samplers.items()}
         super().save()
 
     def restore(self):
@@ -165,6 +185,9 @@ class TorchState(ObjectState):
             self.model.load_state_dict(self._saved_model)
         if self.optimizer is not None and self._saved_optimizer is not None:
             self.optimizer.load_state_dict(self._saved_optimizer)
+        for k, v in self._samplers.items():
+            if k in self._saved_samplers:
+                v.load_state_dict(self._saved_samplers[k])
         super().restore()
 
     def sync(self):
@@ -172,13 +195,15 @@ class TorchState(ObjectState):
             _fn.broadcast_parameters(self.model.state_dict(), root_rank=0)
         if self.optimizer is not None:
             _fn.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        self._merge_samplers()
         super().sync()
 
     def _saved_payload(self):
         return {"objects": self._saved, "model": self._saved_model,
-                "optimizer": self._saved_optimizer}
+                "optimizer": self._saved_optimizer, "samplers": self._saved_samplers}
 
     def _load_payload(self, payload):
         super()._load_payload(payload)
         self._saved_model = payload.get("model")
         self._saved_optimizer = payload.get("optimizer")
+        self._saved_samplers = payload.get("samplers", {})
