@@ -6,7 +6,8 @@
 // ddprun stacks --run-id ID: every worker's current stack on every node of a running job.
 //
 // Exit codes: 0 every worker succeeded; 1 a worker failed and restarts are exhausted (or the
-// launcher itself failed); 2 bad command line; 128+N stopped by signal N.
+// launcher itself failed); 2 bad command line; 75 the workers checkpointed on request and ask
+// to be requeued (ddp::kRequeueExitStatus); 128+N stopped by signal N.
 
 #include <cstdio>
 #include <string>

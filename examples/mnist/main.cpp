@@ -4,12 +4,19 @@
 // progress, and ends with the training time, the throughput over all ranks and the test accuracy:
 //
 //   ddprun --standalone --nproc-per-node 2 build/examples/mnist/mnist --epochs 1
+//
+// With --checkpoint-dir, SIGUSR1 or SIGTERM on any rank (SLURM's --signal=USR1@N, scancel,
+// preemption; ddprun forwards both) stops every rank after the same step: they checkpoint it
+// and exit with ddp::kRequeueExitStatus (75), and the same command resumes there.
 #include <fmt/format.h>
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
+#include <signal.h>
+
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 
@@ -18,6 +25,7 @@
 #include "ddp/torch/ddp/stream_order.hpp"
 #include "ddp/torch/ddp/tensor_adapter.hpp"
 #include "ddp/torch/models/mnist_cnn.hpp"
+#include "step_recovery.hpp"
 
 namespace {
 
@@ -38,6 +46,7 @@ struct Args {
   bool checkpoint_sync = false;
   int64_t total_steps = -1;
   std::string loss_log;
+  std::string recovery = "group";  // --recovery step: step_recovery.hpp
 };
 
 // The --comm-hook choices: how DDP averages a gradient bucket (comm_hooks.hpp).
@@ -120,13 +129,21 @@ int run(const Args& args) {
       at = resume->progress;
     }
   }
+  // A preemption notice on any rank stops all of them after the same step: the flag rides in
+  // DDP's gradient all-reduce (stop_request.hpp), so it costs no collective of its own.
+  ddp::StopRequestPtr preempt;
+  if (checkpoints) {
+    preempt =
+        std::make_shared<ddp::StopRequest>(ddp::StopRequestOptions().signals({SIGUSR1, SIGTERM}));
+  }
   std::ofstream loss_log;
   if (rank == 0 && !args.loss_log.empty()) loss_log.open(args.loss_log, std::ios::app);
 
   ddp::DistributedDataParallel ddp_model(model, pg,
                                          ddp::DistributedDataParallelOptions()
                                              .comm_hook(comm_hook_named(args.comm_hook))
-                                             .timeline_path(args.timeline));
+                                             .timeline_path(args.timeline)
+                                             .stop_request(preempt));
 
   ddp::DistributedSampler sampler(train.size(),
                                   ddp::DistributedSamplerOptions(world, rank).seed(args.seed));
@@ -171,8 +188,25 @@ int run(const Args& args) {
         // Hex floats: the resume test compares losses bit for bit.
         loss_log << fmt::format("{} {:a}\n", at.step, loss.item<float>()) << std::flush;
       }
-      if (checkpoints && args.checkpoint_every > 0 && at.step % args.checkpoint_every == 0) {
-        checkpoints->save(at, *model, &optimizer);
+      const bool saved_now =
+          checkpoints && args.checkpoint_every > 0 && at.step % args.checkpoint_every == 0;
+      if (saved_now) checkpoints->save(at, *model, &optimizer);
+      if (preempt && preempt->agreed()) {
+        const int sig = preempt->signal();
+        std::cout << fmt::format(
+                         "rank {}: stop agreed after step {} ({}); checkpointing it and "
+                         "exiting with {}\n",
+                         rank, at.step,
+                         sig != 0 ? fmt::format("SIG{} here", sigabbrev_np(sig))
+                                  : std::string("asked by another rank"),
+                         ddp::kRequeueExitStatus)
+                  << std::flush;
+        if (!saved_now) checkpoints->save(at, *model, &optimizer);
+        checkpoints->wait();
+        // Rank 0's wait() returns once the checkpoint is complete: after this barrier no rank
+        // exits (and no job script requeues) before it is.
+        pg->barrier()->wait(pg->timeout());
+        return ddp::kRequeueExitStatus;
       }
       if (batch_idx % 100 == 0 && rank == 0) {
         const double l = loss.item<double>();
@@ -261,7 +295,18 @@ int main(int argc, char** argv) {
                  "before a resume (default: run every epoch)");
   app.add_option("--loss-log", args.loss_log,
                  "Rank 0 appends each step's number and loss (hex float) to this file");
+  app.add_option("--recovery", args.recovery,
+                 "step: train under ddp::StepManager for 'ddprun --recovery step' (a failed rank "
+                 "is restarted alone and healed from a peer; docs/recovery.md); group: the "
+                 "usual loop (default: group)")
+      ->check(CLI::IsMember({"group", "step"}));
   CLI11_PARSE(app, argc, argv);
+  if (args.recovery == "step" &&
+      (!args.snapshot.empty() || !args.checkpoint_dir.empty() || args.device != "auto")) {
+    std::cerr << "mnist: --recovery step does not combine with --snapshot, --checkpoint-dir or "
+                 "--device yet (it heals from a live peer, on the CPU); drop those flags\n";
+    return 2;
+  }
   if (args.checkpoint_every > 0 && args.checkpoint_dir.empty()) {
     std::cerr << "mnist: --checkpoint-every needs --checkpoint-dir DIR (where to write them)\n";
     return 2;
@@ -270,6 +315,18 @@ int main(int argc, char** argv) {
   // and every step faults them back in (about 15 % of a CPU step; malloc_tuning.hpp).
   ddp::keep_freed_memory();
   try {
+    if (args.recovery == "step") {
+      mnist_example::StepRecoveryArgs step;
+      step.epochs = args.epochs;
+      step.batch_size = args.batch_size;
+      step.lr = args.lr;
+      step.data_dir = args.data_dir;
+      step.seed = args.seed;
+      step.total_steps = args.total_steps;
+      step.loss_log = args.loss_log;
+      step.comm_hook = comm_hook_named(args.comm_hook);
+      return mnist_example::run_with_step_recovery(step);
+    }
     return run(args);
   } catch (const ddp::Error& e) {
     std::cerr << "mnist: " << e.what() << "\n";

@@ -8,6 +8,9 @@
 //   ddp::DistributedSampler sampler(dataset.size(), ddp::DistributedSamplerOptions(pg->size(),
 //                                                                                  pg->rank()));
 //   ddp::SnapshotManager snapshots(ddp::SnapshotOptions("snapshot.pt"));
+//   auto stop = std::make_shared<ddp::StopRequest>(ddp::StopRequestOptions().signals({SIGUSR1}));
+//   // DistributedDataParallelOptions().stop_request(stop); after a step: if (stop->agreed()) {
+//   //   checkpoint; return ddp::kRequeueExitStatus; }   (preemption, stop_request.hpp)
 //
 // examples/toy/main.cpp and examples/mnist/main.cpp are complete trainers.
 // CMake: find_package(ddp CONFIG REQUIRED) and target_link_libraries(trainer PRIVATE ddp::ddp).
@@ -20,10 +23,12 @@
 #include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/comm/process_group.hpp"
+#include "ddp/comm/recoverable_group.hpp"
 #include "ddp/comm/types.hpp"
 #include "ddp/comm/work.hpp"
 #include "ddp/comm/world_info.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/exit_status.hpp"
 
 // DistributedDataParallel, its options and communication hooks, Join for uneven inputs, the
 // device of this rank.
@@ -33,6 +38,7 @@
 #include "ddp/torch/ddp/local_device.hpp"
 #include "ddp/torch/ddp/options.hpp"
 #include "ddp/torch/ddp/powersgd_hook.hpp"
+#include "ddp/torch/ddp/stop_request.hpp"
 
 // SyncBatchNorm{1,2,3}d and convert_sync_batchnorm.
 #include "ddp/torch/nn/sync_batch_norm.hpp"
@@ -51,5 +57,7 @@
 #include "ddp/torch/optim/optimizer_state_bytes.hpp"
 #include "ddp/torch/optim/zero_redundancy_optimizer.hpp"
 #include "ddp/torch/progress/progress.hpp"
+#include "ddp/torch/recovery/peer_heal.hpp"
+#include "ddp/torch/recovery/step_manager.hpp"
 #include "ddp/torch/snapshot/snapshot.hpp"
 #include "ddp/util/malloc_tuning.hpp"

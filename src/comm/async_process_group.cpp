@@ -152,8 +152,14 @@ void AsyncProcessGroup::on_failure(const CallInfo& call, const std::string& what
     shared->cv.notify_all();
   }).detach();
   std::unique_lock<std::mutex> lock(shared->mutex);
-  if (!shared->cv.wait_for(lock, limit + std::chrono::seconds(1),
-                           [&] { return shared->finished; })) {
+  // A peer's loss announced meanwhile (notify_peer_lost: in-place recovery) ends the wait: the
+  // dead rank will not ack, and the survivors should re-form rather than wait for it.
+  const auto until = std::chrono::steady_clock::now() + limit + std::chrono::seconds(1);
+  while (!shared->finished && !abort_.raised() && std::chrono::steady_clock::now() < until) {
+    shared->cv.wait_for(lock, std::chrono::milliseconds(50));
+  }
+  if (abort_.raised()) return;
+  if (!shared->finished) {
     log::get("ddp.comm")
         ->warn(
             "flight recorder: {}: the store did not answer within {} ms; the other ranks may not "
@@ -268,8 +274,18 @@ void AsyncProcessGroup::worker_loop() {
   }
 }
 
+void AsyncProcessGroup::notify_peer_lost(const PeerLostError& cause) {
+  abort_.raise(std::make_exception_ptr(cause));
+}
+
 void AsyncProcessGroup::execute(Job& job) {
   std::exception_ptr error;
+  if (abort_.raised()) {
+    // The typed error itself (not "group broken"): callers re-form on PeerLostError.
+    if (recorder_) recorder_->finished(job.record_id, false, "not started: a peer was lost");
+    job.work->finish(abort_.error());
+    return;
+  }
   {
     std::exception_ptr broken;
     {
@@ -310,7 +326,10 @@ void AsyncProcessGroup::execute(Job& job) {
       std::lock_guard<std::mutex> lock(mutex_);
       broken_ = error;
     }
-    if (recorder_) {
+    if (abort_.raised()) {
+      // A wait gave up because of notify_peer_lost: expected, so no flight record.
+      if (recorder_) recorder_->finished(job.record_id, false, what);
+    } else if (recorder_) {
       recorder_->finished(job.record_id, false, what);
       on_failure(job.call, what);  // before finish(): the caller may exit on the error
     }

@@ -30,6 +30,7 @@
 #include <string>
 #include <thread>
 
+#include "abort_signal.hpp"
 #include "call_info.hpp"
 #include "ddp/comm/process_group.hpp"
 #include "ddp/store/store.hpp"
@@ -81,6 +82,12 @@ class AsyncProcessGroup : public ProcessGroup {
 
   FlightRecorder* flight_recorder() override { return recorder_.get(); }
 
+  // In-place recovery: raises abort_signal(); queued and later operations fail with `cause`
+  // at once, the running one when its backend's wait next polls the signal (cpu: shared
+  // memory waits, at least every 100 ms). No flight record is written for it (an expected
+  // event, and the store round trips of a dump would delay the survivors).
+  void notify_peer_lost(const PeerLostError& cause) override;
+
   // Writes this rank's flight record (once per group; later calls return "") and logs the
   // path. Returns the path, or "" when nothing was written.
   std::string dump_flight_record(const std::string& reason);
@@ -127,6 +134,9 @@ class AsyncProcessGroup : public ProcessGroup {
   // "rank 1 of 4 (backend cpu, group default_pg/0/)"
   std::string where() const;
 
+  // Raised by notify_peer_lost; backends pass it to their blocking waits.
+  const AbortSignal& abort_signal() const { return abort_; }
+
   GroupConfig config_;
 
  private:
@@ -156,6 +166,7 @@ class AsyncProcessGroup : public ProcessGroup {
   std::exception_ptr broken_;
   std::thread worker_;
 
+  AbortSignal abort_;
   std::unique_ptr<FlightRecorder> recorder_;
   std::atomic<bool> dumped_{false};
   std::mutex watch_mutex_;

@@ -185,7 +185,8 @@ std::shared_ptr<Store> store_from_env(int rank, int world_size, const WorldInfo&
   o.host = *addr;
   o.port = static_cast<uint16_t>(*port);
   o.timeout = timeout;
-  o.is_server = rank == 0;
+  // Under ddprun --recovery step the launcher hosts this store, so it outlives any rank.
+  o.is_server = rank == 0 && env::get("DDP_RECOVERY").value_or("") != "step";
   return std::make_shared<TcpStore>(o);
 }
 

@@ -20,9 +20,11 @@
 #include "ddp/launcher/signals.hpp"
 #include "ddp/launcher/stack_service.hpp"
 #include "ddp/launcher/stacks.hpp"
+#include "ddp/launcher/step_recovery.hpp"
 #include "ddp/launcher/torch_progress.hpp"
 #include "ddp/launcher/worker_group.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/exit_status.hpp"
 
 namespace ddp::launcher {
 
@@ -158,6 +160,7 @@ AgentResult report_failure(const AgentOptions& options, const AttemptResult& att
   report.others = attempt.others;
   report.stacks_summary = stacks_summary(attempt.stacks);
   report.stacks_file = attempt.stacks_file;
+  report.stacks_file_kept = options.log_dir.has_value();  // else ~RunDirectory removes it
   std::string text = format_failure_report(report);
   write_fully(options.notice_fd, text.data(), text.size());
   AgentResult result;
@@ -167,17 +170,43 @@ AgentResult report_failure(const AgentOptions& options, const AttemptResult& att
   return result;
 }
 
+// The workers stopped on request and asked to be started again (util/exit_status.hpp): no
+// restart here, the job script requeues the job.
+AgentResult requeue_result(const AgentOptions& options, const AttemptResult& attempt,
+                           int restarts) {
+  notice(options.notice_fd,
+         fmt::format("the workers stopped on request{} and ask to be started again later; "
+                     "exiting with {} (requeue)",
+                     attempt.signal != 0 ? " after " + signal_name(attempt.signal) : "",
+                     kRequeueExitStatus));
+  AgentResult result;
+  result.exit_code = kRequeueExitStatus;
+  result.restart_count = restarts;
+  result.signal = attempt.signal;
+  return result;
+}
+
 AgentResult run_single_node(const AgentOptions& options) {
   // Signals are queued from here on, so none is lost between attempts.
-  SignalChannel signals;
+  SignalChannel signals(options.handled_signals);
   RunDirectory run_dir(options.log_dir, options.run_id);
   // After the signal mask: the service's threads inherit it and leave signals to the loop.
   Diagnostics diagnostics = start_diagnostics(options, run_dir);
+  // --recovery step: after the signal mask too (its store serves on a thread).
+  std::optional<StepRecovery> step;
+  if (options.step_recovery_port) {
+    step.emplace(*options.step_recovery_port, options.max_restarts, options.notice_fd);
+  }
 
   for (int restart = 0;; ++restart) {
     WorldAssignment world = options.rendezvous(restart);
+    if (step) world.master_port = step->port();
     AttemptSpec spec = make_spec(options, world, run_dir, restart, restart, diagnostics);
+    if (step) {
+      spec.replace_failed = [&step](const WorkerFailure& f) { return step->on_worker_failed(f); };
+    }
     AttemptResult attempt = run_attempt(spec, signals);
+    if (step) restart = step->restarts();  // restarts in place count against --max-restarts
 
     AgentResult result;
     result.restart_count = restart;
@@ -192,11 +221,13 @@ AgentResult run_single_node(const AgentOptions& options) {
         result.exit_code = 128 + attempt.signal;
         result.signal = attempt.signal;
         return result;
+      case AttemptOutcome::kRequeue:
+        return requeue_result(options, attempt, restart);
       case AttemptOutcome::kFailed:
         break;
     }
     print_hang_report(options.notice_fd, run_dir, attempt);
-    if (restart < options.max_restarts) {
+    if (restart < options.max_restarts && !step) {
       notice(options.notice_fd,
              fmt::format("{}; restarting the worker group (restart {} of {})",
                          describe_failure(*attempt.root_cause), restart + 1, options.max_restarts));
@@ -263,7 +294,7 @@ MembershipRound join_round(Membership& membership, SignalChannel& signals, int n
 
 AgentResult run_multi_node(const AgentOptions& options) {
   Membership& m = *options.membership;
-  SignalChannel signals;
+  SignalChannel signals(options.handled_signals);
   RunDirectory run_dir(options.log_dir, options.run_id);
   Diagnostics diagnostics = start_diagnostics(options, run_dir);
 
@@ -301,8 +332,10 @@ AgentResult run_multi_node(const AgentOptions& options) {
     if (diagnostics.service) {
       // Other nodes' `ddprun stacks` requests reach this one through the job's store.
       try {
-        diagnostics.service->join_round(m.connect_side_store(), round.generation,
-                                        round.world.group_rank, round.world.group_world_size);
+        std::shared_ptr<Store> side = m.connect_side_store();
+        diagnostics.service->join_round(side, round.generation, round.world.group_rank,
+                                        round.world.group_world_size,
+                                        side ? "" : m.why_no_side_store());
       } catch (const Error& e) {
         notice(options.notice_fd,
                std::string("'ddprun stacks' on other nodes will not reach this one: ") + e.what());
@@ -325,6 +358,9 @@ AgentResult run_multi_node(const AgentOptions& options) {
       case AttemptOutcome::kSucceeded:
         m.finished();
         return result;
+      case AttemptOutcome::kRequeue:  // every node's workers stop at the same agreed step
+        m.finished();
+        return requeue_result(options, attempt, charged);
       case AttemptOutcome::kInterrupted:
         m.leave(fmt::format("the agent on {} was stopped by {}", options.host,
                             signal_name(attempt.signal)));

@@ -12,6 +12,8 @@
 #include <map>
 #include <random>
 
+#include "ddp/launcher/signals.hpp"
+#include "ddp/launcher/step_recovery.hpp"
 #include "ddp/rendezvous/options.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/version.hpp"
@@ -355,6 +357,19 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
   bool_flag("no_python", "--no-python,--no_python", "PET_NO_PYTHON",
             "Execute PROGRAM directly, even a .py file");
   bool_flag("module", "-m,--module", "PET_MODULE", "Run PROGRAM as a Python module (python -m)");
+  value_flag("signals_to_handle", "--signals-to-handle,--signals_to_handle",
+             "PET_SIGNALS_TO_HANDLE",
+             "Comma-separated signals ddprun catches and forwards to every worker; SIGINT, "
+             "SIGTERM, SIGHUP, SIGQUIT then stop the workers (grace, SIGKILL), SIGUSR1 and SIGUSR2 "
+             "leave them running; signals not listed keep their default action (default "
+             "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2)");
+  value_flag("shutdown_timeout", "--shutdown-timeout,--shutdown_timeout", "PET_SHUTDOWN_TIMEOUT",
+             "Seconds the workers get to exit after SIGTERM before SIGKILL (default: "
+             "DDPRUN_TERM_GRACE_S, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, or 30)");
+  value_flag("recovery", "--recovery", "PET_RECOVERY",
+             "After a worker fails: group (stop every worker, restart the group) or step (restart "
+             "only that worker; the others drop the step in flight and go on; one node; "
+             "docs/recovery.md) (default group)");
   value_flag("hang_timeout", "--hang-timeout,--hang_timeout", "PET_HANG_TIMEOUT",
              "End the job when no collective completed for this many seconds while one waited "
              "(PyTorch workers' flight recorder; docs/ddprun.md, 'My job is stuck') (default off)");
@@ -581,10 +596,28 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
   if (auto limit = env_seconds(env, "DDPRUN_STACKS_TIMEOUT_S", Seconds::kZeroOrMore)) {
     o.stacks_limit = *limit;
   }
+  if (auto grace = env_seconds(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", Seconds::kZeroOrMore)) {
+    o.term_grace = *grace;
+  }
   if (auto grace = env_seconds(env, "DDPRUN_TERM_GRACE_S", Seconds::kZeroOrMore)) {
     o.term_grace = *grace;
   }
+  if (auto s = value_of(v["shutdown_timeout"], env)) {
+    char* end = nullptr;
+    const double seconds = std::strtod(s->value.c_str(), &end);
+    if (end == s->value.c_str() || *end != '\0' || !(seconds >= 0)) {
+      throw UsageError(
+          fmt::format("{} {}: expected seconds (0 or more, e.g. 30 or 0.5)", s->source, s->value));
+    }
+    o.term_grace = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  }
+  if (auto s = value_of(v["signals_to_handle"], env)) {
+    o.signals_to_handle = parse_signal_list(s->value, s->source);
+  }
   o.rdzv_progress_interval = env_seconds(env, "DDPRUN_RDZV_PROGRESS_S", Seconds::kPositive);
+  if (auto s = value_of(v["recovery"], env)) {
+    o.recovery_step = parse_recovery_mode(s->value, s->source) == RecoveryMode::kStep;
+  }
 
   ParsedCommandLine result;
   result.options = std::move(o);

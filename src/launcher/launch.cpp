@@ -13,9 +13,11 @@
 #include "ddp/launcher/command.hpp"
 #include "ddp/launcher/multi_node.hpp"
 #include "ddp/launcher/output.hpp"
+#include "ddp/launcher/step_recovery.hpp"
 #include "ddp/launcher/worker_env.hpp"
 #include "ddp/launcher/world.hpp"
 #include "ddp/store/auth.hpp"
+#include "ddp/util/error.hpp"
 #include "ddp/util/socket.hpp"
 
 namespace ddp::launcher {
@@ -50,6 +52,7 @@ int launch(const LaunchOptions& options, const EnvLookup& env) {
   a.tee = o.tee;
   a.local_ranks_filter = o.local_ranks_filter;
   a.term_grace = o.term_grace;
+  a.handled_signals = o.signals_to_handle;
   // At least 10 ms, so a tiny interval cannot turn the event loop into a busy loop.
   a.monitor_interval =
       std::max(std::chrono::milliseconds(10),
@@ -70,6 +73,18 @@ int launch(const LaunchOptions& options, const EnvLookup& env) {
         "ddprun: --redirects without --log-dir: redirected output is kept only in a temporary "
         "directory removed at exit; add --log-dir DIR to keep it\n";
     write_fully(2, note.data(), note.size());
+  }
+
+  if (o.recovery_step) {
+    if (is_multi_node(o)) {
+      throw UsageError(
+          "--recovery step runs on one node for now (no --nnodes above 1, --rdzv-endpoint or "
+          "c10d/etcd rendezvous); use --recovery group for multi-node jobs (docs/recovery.md)");
+    }
+    // The agent hosts the workers' store (step_recovery.hpp): the fixed --master-port, or a
+    // free one with --standalone.
+    a.step_recovery_port = static_cast<uint16_t>(o.standalone ? 0 : o.master_port);
+    set_env_entry(a.base_env, kRecoveryEnvVar, "step");
   }
 
   std::unique_ptr<Membership> membership;

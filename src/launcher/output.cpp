@@ -33,7 +33,8 @@ bool write_fully(int fd, const char* data, size_t size) {
 
 StreamForwarder::StreamForwarder(StreamRoute route) : route_(std::move(route)) {
   if (!route_.log_path.empty()) {
-    int fd = ::open(route_.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int mode = route_.append ? O_APPEND : O_TRUNC;
+    int fd = ::open(route_.log_path.c_str(), O_WRONLY | O_CREAT | mode | O_CLOEXEC, 0644);
     if (fd < 0) {
       throw Error(
           fmt::format("cannot create log file {}: {}", route_.log_path, std::strerror(errno)));

@@ -14,6 +14,7 @@
 #include "ddp/rendezvous/etcd/etcd_store.hpp"
 #include "ddp/rendezvous/membership_watcher.hpp"
 #include "ddp/rendezvous/rendezvous.hpp"
+#include "ddp/store/auth.hpp"
 #include "ddp/store/tcp_store_server.hpp"
 #include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
@@ -143,8 +144,33 @@ class RendezvousMembership : public Membership {
   }
 
   std::shared_ptr<Store> connect_side_store() override {
-    if (!store_) return nullptr;
+    if (!store_ || !store_authenticated()) return nullptr;
     return store_->connect_another();
+  }
+
+  std::string why_no_side_store() const override {
+    if (etcd_) {
+      return "the other nodes cannot be asked: the job uses the etcd rendezvous backend, and "
+             "ddprun reaches other nodes only through a c10d or static store; run `ddprun "
+             "stacks` on each node";
+    }
+    if (store_ && !store_authenticated()) {
+      return "the other nodes cannot be asked: the job's store has no auth token, and ddprun "
+             "serves stack requests from other nodes only over an authenticated store; give "
+             "every node the job's token (--rdzv-conf token_file=FILE, or DDP_STORE_TOKEN / "
+             "DDP_STORE_TOKEN_FILE), or run `ddprun stacks` on each node";
+    }
+    return "";
+  }
+
+  // Whether this node's store connections carry a token: a client with a token refuses a
+  // server that cannot prove it has the same one, so then the store is authenticated.
+  bool store_authenticated() const {
+    try {
+      return !store_auth::resolve_token(options_.token).empty();
+    } catch (const Error&) {
+      return false;
+    }
   }
 
   // Keys "ddprun_hang/<run id>/<generation>/<node rank>" in the rendezvous store; the agent

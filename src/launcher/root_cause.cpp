@@ -96,7 +96,13 @@ std::string format_failure_report(const FailureReport& r) {
   if (!r.stacks_summary.empty()) {
     out += "Where the running workers were when ddprun stopped them:\n";
     out += "  " + r.stacks_summary + "\n";
-    if (!r.stacks_file.empty()) out += "  every stack: " + r.stacks_file + "\n";
+    if (!r.stacks_file.empty() && r.stacks_file_kept) {
+      out += "  every stack: " + r.stacks_file + "\n";
+    } else if (!r.stacks_file.empty()) {
+      out +=
+          "  every stack: not kept (ddprun's temporary run folder is removed at exit); rerun "
+          "with --log-dir DIR to keep every thread's stack in DIR/<run id>/attempt_<n>/\n";
+    }
   }
   out += "========================================================\n";
   return out;

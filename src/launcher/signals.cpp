@@ -5,18 +5,58 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 
+#include "ddp/launcher/process.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp::launcher {
 
-namespace {
+std::vector<int> default_handled_signals() {
+  return {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+}
 
-constexpr int kHandled[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+const std::vector<int>& handleable_signals() {
+  static const std::vector<int> all = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+  return all;
+}
 
-}  // namespace
+std::vector<int> parse_signal_list(const std::string& text, const std::string& source) {
+  auto allowed = [] {
+    std::string names;
+    for (int s : handleable_signals()) names += (names.empty() ? "" : ", ") + signal_name(s);
+    return names;
+  };
+  std::vector<int> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = text.find(',', start);
+    std::string entry = text.substr(start, comma == std::string::npos ? comma : comma - start);
+    entry.erase(0, entry.find_first_not_of(" \t"));
+    entry.erase(entry.find_last_not_of(" \t") + 1);
+    std::string upper = entry;
+    std::transform(upper.begin(), upper.end(), upper.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+    if (upper.rfind("SIG", 0) != 0) upper = "SIG" + upper;
+    int found = 0;
+    for (int s : handleable_signals()) {
+      if (signal_name(s) == upper) found = s;
+    }
+    if (found == 0) {
+      throw UsageError(fmt::format(
+          "{} '{}': '{}' is not a signal ddprun can handle; use a comma-separated list of {} "
+          "(SIGKILL and SIGSTOP cannot be caught; SIGCHLD is always handled)",
+          source, text, entry, allowed()));
+    }
+    if (std::find(out.begin(), out.end(), found) == out.end()) out.push_back(found);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
 
 bool is_terminating_signal(int signo) {
   return signo == SIGINT || signo == SIGTERM || signo == SIGHUP || signo == SIGQUIT;
@@ -26,10 +66,11 @@ bool is_forward_only_signal(int signo) {
   return signo == SIGUSR1 || signo == SIGUSR2;
 }
 
-SignalChannel::SignalChannel() {
+SignalChannel::SignalChannel(const std::vector<int>& handled) {
   sigset_t set;
   sigemptyset(&set);
-  for (int s : kHandled) sigaddset(&set, s);
+  sigaddset(&set, SIGCHLD);
+  for (int s : handled) sigaddset(&set, s);
   if (::sigprocmask(SIG_BLOCK, &set, &saved_mask_) != 0) {
     throw Error(fmt::format("cannot block signals: {}", std::strerror(errno)));
   }

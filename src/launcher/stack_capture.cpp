@@ -101,16 +101,23 @@ struct Job {
 };
 
 bool spawn_tool(Job& job, const std::vector<std::string>& argv) {
+  // Non-blocking read ends: drain() reads until EAGAIN, which on a blocking pipe would be a
+  // wait for the tool's exit, past the capture's deadline. pipe2 sets O_NONBLOCK on both ends;
+  // the tool's write ends get it cleared below (a tool may not expect EAGAIN on stdout).
   int out_pipe[2], err_pipe[2];
-  if (::pipe2(out_pipe, O_CLOEXEC) != 0) {
+  if (::pipe2(out_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
     job.error = fmt::format("cannot create a pipe: {}", std::strerror(errno));
     return false;
   }
-  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+  if (::pipe2(err_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
     job.error = fmt::format("cannot create a pipe: {}", std::strerror(errno));
     ::close(out_pipe[0]);
     ::close(out_pipe[1]);
     return false;
+  }
+  for (int w : {out_pipe[1], err_pipe[1]}) {
+    const int flags = ::fcntl(w, F_GETFL);
+    if (flags >= 0) ::fcntl(w, F_SETFL, flags & ~O_NONBLOCK);
   }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -146,22 +153,30 @@ bool spawn_tool(Job& job, const std::vector<std::string>& argv) {
   return true;
 }
 
-// Reads what is available; closes the fd at EOF.
+// A runaway tool's output is cut here.
+constexpr size_t kMaxToolOutput = 64u << 20;
+
+// Reads what is available from a non-blocking fd; closes it at EOF, on an error, or once
+// kMaxToolOutput bytes were read (a runaway tool: enough; the tool then gets SIGPIPE or is
+// killed at the deadline).
 void drain(int& fd, std::string& into) {
   char buf[65536];
   for (;;) {
     const ssize_t n = ::read(fd, buf, sizeof(buf));
     if (n > 0) {
       into.append(buf, static_cast<size_t>(n));
-      if (into.size() > (64u << 20)) break;  // a runaway tool: enough
+      if (into.size() >= kMaxToolOutput) {
+        into.resize(kMaxToolOutput);
+        break;
+      }
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno == EAGAIN) return;
-    ::close(fd);
-    fd = -1;
-    return;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    break;
   }
+  ::close(fd);
+  fd = -1;
 }
 
 std::string ptrace_fix() {
@@ -322,6 +337,10 @@ std::vector<RankStacks> capture_stacks(const std::vector<StackTarget>& targets,
     r.global_rank = j.target.global_rank;
     r.pid = j.target.pid;
     r.host = host;
+    if (j.child > 0 &&
+        (j.out_text.size() >= kMaxToolOutput || j.err_text.size() >= kMaxToolOutput)) {
+      ::kill(j.child, SIGKILL);  // a runaway tool whose output was cut
+    }
     if (j.out >= 0 || j.err >= 0) {
       // Past the deadline: a tool that hangs (a process in D state, a stopped tracer) must not
       // hold the report.

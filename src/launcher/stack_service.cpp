@@ -22,6 +22,7 @@
 #include "ddp/launcher/output.hpp"
 #include "ddp/launcher/process.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/logging.hpp"
 
 namespace ddp::launcher {
 
@@ -31,6 +32,43 @@ using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 constexpr std::chrono::milliseconds kSlice{200};
 constexpr std::chrono::milliseconds kClientSendLimit{2000};
+// How long a client may take to read the answer once it is ready (the client reads as it
+// arrives; one that does not must not hold the service).
+constexpr std::chrono::milliseconds kClientReadLimit{5000};
+
+void warn(const std::string& text) {
+  ddp::log::get("ddp.launcher")->warn("ddprun stacks: {}", text);
+}
+
+// Writes all of `data` to the non-blocking socket `fd` by `deadline`; false when the peer went
+// away or did not read in time.
+bool write_until(int fd, const std::string& data, Clock::time_point deadline) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return false;
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd, POLLOUT, 0};
+    if (::poll(&p, 1, static_cast<int>(left)) < 0 && errno != EINTR) return false;
+  }
+  return true;
+}
+
+// Joins a thread however the scope is left (a capture that throws must not leave it joinable,
+// which would be std::terminate).
+struct JoinOnExit {
+  std::thread& t;
+  ~JoinOnExit() {
+    if (t.joinable()) t.join();
+  }
+};
 
 std::string env_or_empty(const char* name) {
   const char* v = std::getenv(name);
@@ -93,6 +131,8 @@ struct StackService::State {
   // The round (multi-node).
   std::shared_ptr<Store> store;
   int generation = -1, node_rank = 0, num_nodes = 1;
+  // Why the other nodes of a multi-node round cannot be asked (no store: etcd, no token).
+  std::string no_store_reason;
   std::thread round_thread;
   std::atomic<bool> round_stop{false};
   struct Outgoing {
@@ -113,12 +153,18 @@ struct StackService::State {
   }
 
   // Asks the other nodes of the round; returns each node's answer ("" for none) by `deadline`.
-  std::vector<std::string> ask_other_nodes(Clock::time_point deadline, int& nodes) {
+  // Without a store, `why` says why the other `nodes` - 1 were not asked.
+  std::vector<std::string> ask_other_nodes(Clock::time_point deadline, int& nodes,
+                                           std::string& why) {
     auto request = std::make_shared<Outgoing>();
     request->deadline = deadline;
     std::unique_lock<std::mutex> lock(mutex);
     if (!store) {
-      nodes = 1;
+      nodes = num_nodes;
+      if (num_nodes > 1) {
+        why = no_store_reason.empty() ? "the other nodes cannot be asked (no store connection)"
+                                      : no_store_reason;
+      }
       return {};
     }
     nodes = num_nodes;
@@ -140,6 +186,7 @@ struct StackService::State {
       if (::poll(&p, 1, static_cast<int>(left)) <= 0) return;
       char buf[4096];
       const ssize_t n = ::read(fd, buf, sizeof(buf));
+      if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
       if (n <= 0) return;
       line.append(buf, static_cast<size_t>(n));
       if (line.size() > 65536) return;
@@ -159,13 +206,17 @@ struct StackService::State {
     std::vector<RankStacks> stacks;
     int nodes = 1;
     std::vector<std::string> remote;
+    std::string not_asked;
     std::thread asking;
-    if (all_nodes) {
-      // The other nodes capture while this one does.
-      asking = std::thread([&] { remote = ask_other_nodes(deadline, nodes); });
+    {
+      JoinOnExit join{asking};
+      if (all_nodes) {
+        // The other nodes capture while this one does.
+        asking = std::thread([&] { remote = ask_other_nodes(deadline, nodes, not_asked); });
+      }
+      stacks = capture(deadline);
     }
-    stacks = capture(deadline);
-    if (asking.joinable()) asking.join();
+    if (!not_asked.empty()) notes.push_back(not_asked);
     json answered = json::array();
     int me = 0;
     {
@@ -183,7 +234,7 @@ struct StackService::State {
       try {
         for (auto& s : decode_stacks(remote[n])) stacks.push_back(std::move(s));
         answered.push_back(n);
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {
         notes.push_back(fmt::format("node rank {} sent an unreadable answer: {}", n, e.what()));
       }
     }
@@ -192,8 +243,11 @@ struct StackService::State {
     answer["answered"] = answered;
     answer["notes"] = notes;
     answer["run_id"] = options.run_id;
-    const std::string text = answer.dump() + "\n";
-    write_fully(fd, text.data(), text.size());
+    const std::string text = answer.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+    if (!write_until(fd, text, Clock::now() + kClientReadLimit)) {
+      warn(fmt::format("a client did not take the answer ({} bytes) within {} s; dropped it",
+                       text.size(), kClientReadLimit.count() / 1000));
+    }
   }
 
   void socket_loop() {
@@ -203,12 +257,14 @@ struct StackService::State {
       if (n < 0 && errno != EINTR) return;
       if (fds[1].revents != 0) return;
       if (fds[0].revents == 0) continue;
-      UniqueFd client(::accept4(listen_fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      // Non-blocking: every read and write on it waits in poll() under a deadline.
+      UniqueFd client(::accept4(listen_fd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
       if (!client.valid()) continue;
       try {
         serve_client(client.get());
-      } catch (const std::exception&) {
+      } catch (const std::exception& e) {
         // A client that went away, a store that broke: the next request starts afresh.
+        warn(fmt::format("a request failed: {}", e.what()));
       }
     }
   }
@@ -272,14 +328,24 @@ struct StackService::State {
             space == std::string::npos ? 5000 : std::atoll(value.c_str() + space + 1), 100,
             kMaxCapture.count());
         if (from != me) {
-          // Answer a little before the asker stops waiting.
-          const auto stacks = capture(Clock::now() + std::chrono::milliseconds(budget_ms * 8 / 10));
-          s->set(fmt::format("{}resp/{}/{}", prefix, next, me), encode_stacks(stacks));
+          try {
+            // Answer a little before the asker stops waiting.
+            const auto stacks =
+                capture(Clock::now() + std::chrono::milliseconds(budget_ms * 8 / 10));
+            s->set(fmt::format("{}resp/{}/{}", prefix, next, me), encode_stacks(stacks));
+          } catch (const Error&) {
+            throw;  // the store: handled below
+          } catch (const std::exception& e) {
+            // Anything else (an encoding, memory) loses this answer, not the service.
+            warn(fmt::format("request {} from node rank {} failed: {}", next, from, e.what()));
+          }
         }
         ++next;
       }
     } catch (const Error&) {
       // The store is gone (the round ended, its host exited): requests get no other nodes.
+    } catch (const std::exception& e) {
+      warn(fmt::format("stack requests of other nodes are off for this round: {}", e.what()));
     }
     // Whoever waits for this thread's answers gets what there is.
     std::lock_guard<std::mutex> lock(mutex);
@@ -358,9 +424,8 @@ std::vector<RankStacks> StackService::capture_local(Clock::time_point deadline) 
 }
 
 void StackService::join_round(std::shared_ptr<Store> store, int generation, int node_rank,
-                              int num_nodes) {
+                              int num_nodes, std::string no_store_reason) {
   leave_round();
-  if (!store) return;
   State& s = *state_;
   {
     std::lock_guard<std::mutex> lock(s.mutex);
@@ -368,7 +433,9 @@ void StackService::join_round(std::shared_ptr<Store> store, int generation, int 
     s.generation = generation;
     s.node_rank = node_rank;
     s.num_nodes = num_nodes;
+    s.no_store_reason = std::move(no_store_reason);
   }
+  if (!store) return;  // requests name the other nodes as not asked, and why
   s.round_stop = false;
   s.round_thread = std::thread([&s, store, generation, node_rank, num_nodes] {
     s.round_loop(store, generation, node_rank, num_nodes);
@@ -383,6 +450,7 @@ void StackService::leave_round() {
   s.store.reset();
   s.node_rank = 0;
   s.num_nodes = 1;
+  s.no_store_reason.clear();
 }
 
 const std::string& StackService::socket_path() const {

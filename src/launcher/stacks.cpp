@@ -275,7 +275,10 @@ std::string encode_stacks(const std::vector<RankStacks>& stacks) {
                    {"error", s.error},
                    {"threads", std::move(threads)}});
   }
-  return out.dump();
+  // Thread names (/proc/<pid>/task/<tid>/comm, cut at 15 bytes, may split a UTF-8 character)
+  // and frames are bytes, not checked UTF-8: invalid sequences become U+FFFD instead of the
+  // strict handler's type_error.
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::vector<RankStacks> decode_stacks(const std::string& json_text) {

@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -88,41 +89,85 @@ std::vector<AgentRecord> find_agents(const StacksCommand& c, std::string& looked
   return records_in(registry, c.run_id + ".", c.run_id);
 }
 
+int64_t ms_left(Clock::time_point deadline) {
+  return std::max<int64_t>(
+      0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+}
+
+TimeoutError no_answer(const AgentRecord& agent, double timeout_s) {
+  return TimeoutError(
+      fmt::format("the agent (pid {}) did not answer within {:.1f} s; pass a longer --timeout",
+                  agent.pid, timeout_s));
+}
+
+// Connects the non-blocking `fd` by `deadline`: an agent whose listen queue is full (its
+// service thread stuck) must not hold `ddprun stacks` past --timeout. Returns 0 or an errno.
+int connect_until(int fd, const sockaddr_un& addr, Clock::time_point deadline) {
+  for (;;) {
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) return 0;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN) {  // a Unix socket's full listen queue: try again shortly
+      if (ms_left(deadline) <= 0) return ETIMEDOUT;
+      ::usleep(20000);
+      continue;
+    }
+    if (errno != EINPROGRESS) return errno;
+    pollfd p{fd, POLLOUT, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(ms_left(deadline)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return ETIMEDOUT;
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return errno;
+    return err;
+  }
+}
+
 // One request, one answer, both bounded by `deadline`.
 std::string ask(const AgentRecord& agent, double timeout_s, Clock::time_point deadline) {
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (!fd.valid() || agent.socket.size() >= sizeof(addr.sun_path)) {
     throw NetworkError(fmt::format("cannot open a socket for {}", agent.socket));
   }
   std::memcpy(addr.sun_path, agent.socket.c_str(), agent.socket.size() + 1);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  const int err = connect_until(fd.get(), addr, deadline);
+  if (err == ETIMEDOUT) throw no_answer(agent, timeout_s);
+  if (err != 0) {
     throw NetworkError(fmt::format(
-        "cannot reach the agent (pid {}) at {}: {}{}", agent.pid, agent.socket,
-        std::strerror(errno),
-        errno == EACCES ? " (the job runs as another user: run ddprun stacks as that user)" : ""));
+        "cannot reach the agent (pid {}) at {}: {}{}", agent.pid, agent.socket, std::strerror(err),
+        err == EACCES ? " (the job runs as another user: run ddprun stacks as that user)" : ""));
   }
   const std::string request =
       json{{"timeout_ms", static_cast<int64_t>(timeout_s * 1000)}, {"all_nodes", true}}.dump() +
       "\n";
-  write_fully(fd.get(), request.data(), request.size());
+  for (size_t sent = 0; sent < request.size();) {
+    const ssize_t n = ::send(fd.get(), request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+      throw NetworkError(fmt::format("cannot send the request to the agent (pid {}): {}", agent.pid,
+                                     std::strerror(errno)));
+    }
+    if (ms_left(deadline) <= 0) throw no_answer(agent, timeout_s);
+    pollfd p{fd.get(), POLLOUT, 0};
+    ::poll(&p, 1, static_cast<int>(ms_left(deadline)));
+  }
   std::string answer;
   for (;;) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) {
-      throw TimeoutError(
-          fmt::format("the agent (pid {}) did not answer within {:.1f} s; pass a longer --timeout",
-                      agent.pid, timeout_s));
-    }
+    const int64_t left = ms_left(deadline);
+    if (left <= 0) throw no_answer(agent, timeout_s);
     pollfd p{fd.get(), POLLIN, 0};
     const int n = ::poll(&p, 1, static_cast<int>(left));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) continue;
     char buf[65536];
     const ssize_t got = ::read(fd.get(), buf, sizeof(buf));
-    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (got <= 0) break;
     answer.append(buf, static_cast<size_t>(got));
   }

@@ -30,6 +30,7 @@
 #include "ddp/util/deadline.hpp"
 #include "ddp/util/dump_signal.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/exit_status.hpp"
 
 namespace ddp::launcher {
 
@@ -193,19 +194,33 @@ class AttemptRunner {
         remove_torch_progress(attempt_dir_, world);
       }
       first = false;
+      workers_.push_back(spawn_worker(id, spec_.restart_count, /*append_logs=*/false));
+    }
+    publish_workers();
+    next_watch_ = Clock::now() + kWatchdogPeriod;
+  }
+
+  // Starts the worker of rank `id` (at the attempt's start, or again in place: --recovery step).
+  std::unique_ptr<Worker> spawn_worker(const WorkerIdentity& id, int restart_count,
+                                       bool append_logs) {
+    const WorldAssignment& world = *spec_.world;
+    std::string dir = spec_.run_dir->rank_dir(spec_.attempt, id.global_rank);
+    {
       auto w = std::make_unique<Worker>();
       w->id = id;
       w->error_file = dir + "/error.json";
       ::unlink(w->error_file.c_str());  // a stale file must not be reported as this failure
       for (int s = 0; s < 2; ++s) {
-        w->streams[s] = std::make_unique<StreamForwarder>(route_for(id, dir, s));
+        StreamRoute route = route_for(id, dir, s);
+        route.append = append_logs;
+        w->streams[s] = std::make_unique<StreamForwarder>(std::move(route));
       }
       WorkerEnvInputs env;
       env.world = &world;
       env.worker = id;
       env.role = spec_.role;
       env.run_id = spec_.run_id;
-      env.restart_count = spec_.restart_count;
+      env.restart_count = restart_count;
       env.max_restarts = spec_.max_restarts;
       env.error_file = w->error_file;
       env.set_omp_threads = spec_.set_omp_threads;
@@ -229,10 +244,39 @@ class AttemptRunner {
       note_memory_cgroup(*w);
       w->fds[0] = std::move(p.stdout_read);
       w->fds[1] = std::move(p.stderr_read);
-      workers_.push_back(std::move(w));
+      return w;
+    }
+  }
+
+  // --recovery step: offers the failed worker `w` to spec_.replace_failed and, when it agrees,
+  // starts its rank again in w's slot. The old worker's output is drained and closed first
+  // (it is reaped; a descendant still holding its pipes loses the rest of its output).
+  bool replace_in_place(Worker& w) {
+    if (!spec_.replace_failed || phase_ != Phase::kRunning || root_cause_ != nullptr) return false;
+    // A peer that already finished cannot heal the replacement: fail as with --recovery group.
+    for (const auto& other : workers_) {
+      if (other.get() != &w && other->exited) return false;
+    }
+    std::optional<int> restart_count = spec_.replace_failed(failure_of(w));
+    if (!restart_count) return false;
+    for (int s = 0; s < 2; ++s) {
+      while (w.fds[s].valid() && read_stream(w, s)) {
+      }
+      w.fds[s].reset();
+      w.streams[s]->finish();
+    }
+    std::unique_ptr<Worker> fresh;
+    try {
+      fresh = spawn_worker(w.id, *restart_count, /*append_logs=*/true);
+    } catch (const Error& e) {
+      notice(fmt::format("cannot restart rank {}: {}", w.id.global_rank, e.what()));
+      return false;  // the attempt fails as with --recovery group
+    }
+    for (auto& slot : workers_) {
+      if (slot.get() == &w) slot = std::move(fresh);
     }
     publish_workers();
-    next_watch_ = Clock::now() + kWatchdogPeriod;
+    return true;
   }
 
   // Tells `ddprun stacks` which workers run now.
@@ -376,6 +420,21 @@ class AttemptRunner {
   bool all_succeeded() const {
     return std::all_of(workers_.begin(), workers_.end(),
                        [](const auto& w) { return w->exited && w->status.success(); });
+  }
+
+  // kRequeueExitStatus (util/exit_status.hpp): stopped on request after a checkpoint.
+  static bool asks_requeue(const ExitStatus& s) {
+    return !s.signaled && s.code == kRequeueExitStatus;
+  }
+
+  bool all_asked_requeue() const {
+    return std::all_of(workers_.begin(), workers_.end(),
+                       [](const auto& w) { return w->exited && asks_requeue(w->status); });
+  }
+
+  bool any_asked_requeue() const {
+    return std::any_of(workers_.begin(), workers_.end(),
+                       [](const auto& w) { return w->exited && asks_requeue(w->status); });
   }
 
   bool all_exited() const {
@@ -689,13 +748,21 @@ class AttemptRunner {
     w.exited_after_stop = stopping();
     w.peak_rss_kib = peak_rss_kib;
     publish_workers();
-    if (!w.status.success()) w.kill = explain(w);
+    if (!w.status.success() && !asks_requeue(w.status)) w.kill = explain(w);
     // Its output is in the pipe already; read it now so the report sees the stderr tail.
     for (int s = 0; s < 2; ++s) {
       while (w.fds[s].valid() && read_stream(w, s)) {
       }
     }
-    if (w.status.success() || phase_ != Phase::kRunning) return;
+    if (asks_requeue(w.status) && !requeue_noted_) {
+      requeue_noted_ = true;
+      notice(
+          fmt::format("rank {} (pid {}) exited with {}: it stopped on request and asks to be "
+                      "started again later; waiting for the other workers, no restart",
+                      w.id.global_rank, w.pid, kRequeueExitStatus));
+    }
+    if (w.status.success() || asks_requeue(w.status) || phase_ != Phase::kRunning) return;
+    if (replace_in_place(w)) return;  // w is gone: --recovery step restarted its rank
     root_cause_ = &w;
     notice(fmt::format("{}; stopping the other workers", describe_failure(failure_of(w))));
     processes_ = snapshot_processes();  // before the stop changes what they are doing
@@ -769,7 +836,8 @@ class AttemptRunner {
   AttemptResult result() const {
     AttemptResult r;
     if (interrupt_signal_ != 0) {
-      r.outcome = AttemptOutcome::kInterrupted;
+      // Every worker checkpointed and asked to be requeued (SIGTERM of a preemption): say so.
+      r.outcome = all_asked_requeue() ? AttemptOutcome::kRequeue : AttemptOutcome::kInterrupted;
       r.signal = interrupt_signal_;
       return r;
     }
@@ -782,7 +850,8 @@ class AttemptRunner {
       return r;
     }
     if (root_cause_ == nullptr) {
-      r.outcome = AttemptOutcome::kSucceeded;
+      // Every worker exited 0 or kRequeueExitStatus.
+      r.outcome = any_asked_requeue() ? AttemptOutcome::kRequeue : AttemptOutcome::kSucceeded;
       return r;
     }
     r.outcome = AttemptOutcome::kFailed;
@@ -830,6 +899,7 @@ class AttemptRunner {
   Worker* root_cause_ = nullptr;
   int interrupt_signal_ = 0;
   bool stop_requested_ = false;
+  bool requeue_noted_ = false;  // the first worker's kRequeueExitStatus was announced
 };
 
 }  // namespace

@@ -26,6 +26,14 @@ printf '{"header":{"revision":"3"},"kvs":[{"key":"Zm9v","value":"YmFy","mod_revi
 printf '{"header":{"revision":"9"},"succeeded":true,"responses":[{"response_put":{"prev_kv":{"key":"aw==","create_revision":"4"}}},{"response_range":{"kvs":[]}}]}' \
   >"$corpus/etcd/txn"
 printf '{"result":{"header":{},"created":true,"events":[{"kv":{"key":"dzE="}}]}}' >"$corpus/etcd/watch"
+# Edge cases: padding inside or before base64 ("=AAA", "AA=A"), trailing whitespace, integers
+# past int64 (as strings and as JSON numbers): each must be a ProtocolError, nothing worse.
+printf '{"header":{"revision":"3"},"kvs":[{"key":"=AAA","value":"AA=A"}],"count":"1"}' \
+  >"$corpus/etcd/bad_padding"
+printf '{"header":{"revision":"3"},"kvs":[{"key":"Zm9v    ","value":"QQ==\\n"}]}' \
+  >"$corpus/etcd/whitespace"
+printf '{"header":{"revision":"99999999999999999999"},"count":18446744073709551615}' \
+  >"$corpus/etcd/overflow"
 # Seeds: pickles (protocol 2): a small dict; 2,000 nested MARKs closed by LIST ops (a crafted
 # deep nest once overflowed the snapshot reader's stack); a list appended to itself through
 # the memo (a cycle).

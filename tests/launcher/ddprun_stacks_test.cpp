@@ -106,9 +106,35 @@ TEST_F(DdprunStacks, NoRunningJobIsAClearError) {
   EXPECT_NE(out2.find("pass --run-id ID"), std::string::npos) << out2;
 }
 
-// Two agents of one c10d job on loopback (two "nodes"), C++ workers: `ddprun stacks` on one
-// reaches the other through the job's store, and the four identical stacks fold into one.
+// Two agents of one c10d job on loopback (two "nodes"), C++ workers, an authenticated store:
+// `ddprun stacks` on one reaches the other through the job's store, and the four identical
+// stacks fold into one.
 TEST_F(DdprunStacks, NativeStacksOfTwoAgentsFold) {
+  if (!have("eu-stack")) GTEST_SKIP() << "no eu-stack (apt-get install elfutils)";
+  const std::string endpoint =
+      "127.0.0.1:" + std::to_string(ddp::test::free_ports_below_ephemeral_range());
+  EnvPairs e = env();
+  e.push_back({"DDP_STORE_TOKEN", "stacks-test-token"});
+  std::vector<pid_t> agents;
+  for (int n = 0; n < 2; ++n) {
+    agents.push_back(start(
+        {"--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+         endpoint, "--run-id", "cxxstacks", "--no-python", worker(), "sleep", "120"},
+        e));
+  }
+  auto [code, out] = stacks_until("cxxstacks", {"ranks 0-3 (4 of 4)", "sleep_for"});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("4 ranks from 2 of 2 nodes"), std::string::npos) << out;
+  EXPECT_NE(out.find("ranks 0-3 (4 of 4), eu-stack"), std::string::npos) << out;
+  EXPECT_NE(out.find("sleep_for"), std::string::npos) << out;
+  for (pid_t a : agents) stop(a);
+  expect_no_survivors();
+}
+
+// The same job without a store token: the other node does not serve stack requests (anyone
+// reaching the store's port could make it ptrace its workers), and `ddprun stacks` counts both
+// nodes, answers for its own and says what the other needs.
+TEST_F(DdprunStacks, WithoutAStoreTokenOtherNodesAreNotAsked) {
   if (!have("eu-stack")) GTEST_SKIP() << "no eu-stack (apt-get install elfutils)";
   const std::string endpoint =
       "127.0.0.1:" + std::to_string(ddp::test::free_ports_below_ephemeral_range());
@@ -116,14 +142,13 @@ TEST_F(DdprunStacks, NativeStacksOfTwoAgentsFold) {
   for (int n = 0; n < 2; ++n) {
     agents.push_back(start(
         {"--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-         endpoint, "--run-id", "cxxstacks", "--no-python", worker(), "sleep", "120"},
+         endpoint, "--run-id", "notoken", "--no-python", worker(), "sleep", "120"},
         env()));
   }
-  auto [code, out] = stacks_until("cxxstacks", {"ranks 0-3 (4 of 4)", "sleep_for"});
-  EXPECT_EQ(code, 0) << out;
-  EXPECT_NE(out.find("4 ranks from 2 of 2 nodes"), std::string::npos) << out;
-  EXPECT_NE(out.find("ranks 0-3 (4 of 4), eu-stack"), std::string::npos) << out;
-  EXPECT_NE(out.find("sleep_for"), std::string::npos) << out;
+  auto [code, out] = stacks_until("notoken", {"2 ranks from 1 of 2 nodes", "sleep_for"});
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("2 ranks from 1 of 2 nodes"), std::string::npos) << out;
+  EXPECT_NE(out.find("the job's store has no auth token"), std::string::npos) << out;
   for (pid_t a : agents) stop(a);
   expect_no_survivors();
 }

@@ -1,9 +1,26 @@
 // Unit tests of the stack model (stacks.hpp), the hang watchdog (hang_watchdog.hpp), the
 // progress records (torch_progress.hpp) and PyTorch flight recorder dumps (hang_report.hpp).
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
 
 #include "ddp/launcher/hang_report.hpp"
 #include "ddp/launcher/hang_watchdog.hpp"
+#include "ddp/launcher/process.hpp"
+#include "ddp/launcher/root_cause.hpp"
+#include "ddp/launcher/stack_capture.hpp"
+#include "ddp/launcher/stack_service.hpp"
 #include "ddp/launcher/stacks.hpp"
 #include "ddp/launcher/torch_progress.hpp"
 #include "ddp/util/error.hpp"
@@ -110,6 +127,164 @@ TEST(Stacks, SurviveTheirJsonTransport) {
   ASSERT_EQ(back.size(), 1u);
   EXPECT_EQ(stacks_summary(back), stacks_summary(stacks));
   EXPECT_THROW(decode_stacks("[{\"rank\": 0}]"), ProtocolError);
+}
+
+// Thread names from /proc are cut at 15 bytes, which may split a UTF-8 character; frames are
+// whatever the tool printed. Neither may make the encoder throw (nlohmann's type_error 316).
+TEST(Stacks, InvalidUtf8IsEncodedNotThrown) {
+  std::vector<RankStacks> stacks = {python_rank(0, "all_reduce", 88)};
+  stacks[0].threads[0].name = "worker-\xe2\x82";  // "€" cut after two of its three bytes
+  stacks[0].threads[0].frames[0].function = "f\xff\xfe";
+  std::string text;
+  ASSERT_NO_THROW(text = encode_stacks(stacks));
+  std::vector<RankStacks> back;
+  ASSERT_NO_THROW(back = decode_stacks(text));
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0].threads[0].name, "worker-\xef\xbf\xbd");  // U+FFFD
+  EXPECT_EQ(back[0].threads[0].frames[0].function.rfind("f", 0), 0u);
+}
+
+TEST(RootCause, ATemporaryStacksFileIsNotNamed) {
+  FailureReport r;
+  r.role = "default";
+  r.run_id = "x";
+  r.stacks_summary = "rank 0 was in f at a.py:1";
+  r.stacks_file = "/tmp/ddprun-abc/attempt_0/stacks.node.txt";
+  r.stacks_file_kept = false;
+  std::string text = format_failure_report(r);
+  EXPECT_EQ(text.find(r.stacks_file), std::string::npos) << text;
+  EXPECT_NE(text.find("rerun with --log-dir DIR"), std::string::npos) << text;
+  r.stacks_file_kept = true;
+  text = format_failure_report(r);
+  EXPECT_NE(text.find("every stack: " + r.stacks_file), std::string::npos) << text;
+}
+
+// A folder of the test's own, removed at the end; fake stack tools are written into it.
+class StacksWithTools : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/ddp-stacks-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    const char* old = std::getenv("DDPRUN_RUNTIME_DIR");
+    if (old) old_runtime_dir_ = old;
+    ::setenv("DDPRUN_RUNTIME_DIR", (dir_ + "/rt").c_str(), 1);
+  }
+  void TearDown() override {
+    if (old_runtime_dir_) {
+      ::setenv("DDPRUN_RUNTIME_DIR", old_runtime_dir_->c_str(), 1);
+    } else {
+      ::unsetenv("DDPRUN_RUNTIME_DIR");
+    }
+    (void)!::system(("rm -rf " + dir_).c_str());
+  }
+  std::string tool(const std::string& name, const std::string& script) {
+    const std::string path = dir_ + "/" + name;
+    std::ofstream(path) << "#!/bin/sh\n" << script << "\n";
+    ::chmod(path.c_str(), 0755);
+    return path;
+  }
+  std::string dir_;
+  std::optional<std::string> old_runtime_dir_;
+};
+
+// The tool printed a line and then hangs: the capture still ends at its deadline, kills the
+// tool and says so (a blocking pipe used to hold it until the tool exited, 60 s here).
+TEST_F(StacksWithTools, AToolThatPrintsThenHangsIsStoppedAtTheDeadline) {
+  StackTools tools;
+  tools.eu_stack = tool("eu-stack", "echo 'PID 1 - process'\nexec sleep 60");
+  const auto started = std::chrono::steady_clock::now();
+  const auto stacks =
+      capture_stacks({{0, ::getpid()}}, "node", tools, started + std::chrono::milliseconds(1500));
+  ASSERT_EQ(stacks.size(), 1u);
+  EXPECT_NE(stacks[0].error.find("eu-stack did not answer in time"), std::string::npos)
+      << stacks[0].error;
+  // Generous: it must not have waited for the tool's 60 s.
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(30));
+}
+
+int connect_to(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void send_request(int fd, int64_t timeout_ms) {
+  const std::string line =
+      nlohmann::json{{"timeout_ms", timeout_ms}, {"all_nodes", true}}.dump() + "\n";
+  ASSERT_EQ(::write(fd, line.data(), line.size()), static_cast<ssize_t>(line.size()));
+}
+
+// The whole answer, or "" when it did not come within `limit`.
+std::string read_answer(int fd, std::chrono::seconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  std::string text;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          until - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0) return "";
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
+    char buf[65536];
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n <= 0) return text;
+    text.append(buf, static_cast<size_t>(n));
+  }
+}
+
+// A client that asks and never reads a large answer must not wedge the service: the next
+// client is answered, and the service's destructor returns.
+TEST_F(StacksWithTools, AClientThatDoesNotReadDoesNotWedgeTheService) {
+  StackServiceOptions so;
+  so.run_id = "wedge";
+  so.host = "node";
+  // Some megabytes of stack: more than a Unix socket buffers.
+  so.tools.eu_stack = tool("eu-stack",
+                           "awk 'BEGIN { print \"PID 1 - process\"; print \"TID 1:\"; "
+                           "for (i = 0; i < 40000; i++) printf \"#%d  0x00007f38b2aed545 "
+                           "function_number_%d(int, char const*)\\n\", i, i }'");
+  auto service = std::make_unique<StackService>(so);
+  service->set_workers({{0, ::getpid()}, {1, ::getpid()}});
+  UniqueFd idle(connect_to(service->socket_path()));
+  ASSERT_TRUE(idle.valid());
+  send_request(idle.get(), 3000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  UniqueFd second(connect_to(service->socket_path()));
+  ASSERT_TRUE(second.valid());
+  send_request(second.get(), 3000);
+  const std::string text = read_answer(second.get(), std::chrono::seconds(30));
+  ASSERT_FALSE(text.empty()) << "the service did not answer a second client";
+  const auto answer = nlohmann::json::parse(text, nullptr, false);
+  ASSERT_TRUE(answer.is_object()) << text.size() << " bytes";
+  EXPECT_EQ(answer["stacks"].size(), 2u);
+  service.reset();  // with `idle` still connected and unread
+}
+
+// Without a store (etcd, or one without auth token) the other nodes of a round are not
+// asked: the answer counts them all and says why, so `ddprun stacks` does not report
+// "1 of 1 nodes" on a 4-node job.
+TEST_F(StacksWithTools, OtherNodesWithoutAStoreAreCountedAndExplained) {
+  StackServiceOptions so;
+  so.run_id = "nostore";
+  so.host = "node";
+  StackService service(so);
+  service.join_round(nullptr, 0, 0, 4, "the other nodes cannot be asked: etcd");
+  UniqueFd client(connect_to(service.socket_path()));
+  ASSERT_TRUE(client.valid());
+  send_request(client.get(), 1000);
+  const auto answer =
+      nlohmann::json::parse(read_answer(client.get(), std::chrono::seconds(20)), nullptr, false);
+  ASSERT_TRUE(answer.is_object());
+  EXPECT_EQ(answer["nodes"], 4);
+  EXPECT_EQ(answer["answered"], nlohmann::json::array({0}));
+  EXPECT_EQ(answer["notes"], nlohmann::json::array({"the other nodes cannot be asked: etcd"}));
 }
 
 RankProgress progress(int rank, int64_t completed, int64_t open_since_us) {

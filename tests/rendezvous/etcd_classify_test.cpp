@@ -66,6 +66,16 @@ TEST(EtcdClassify, AMemberThatAcceptedButNeverAnsweredIsATimeout) {
       << m;
 }
 
+TEST(EtcdClassify, AnIdempotentRequestThatTimedOutGoesToTheNextMember) {
+  // A stopped (SIGSTOPped) member accepts connections and never answers: a read, a lease
+  // renewal or a watch is sent to the next member instead of failing after read_timeout.
+  HttpOptions o;
+  Failure f = classify(curl_failure(CURLE_OPERATION_TIMEDOUT, "Operation timed out", true), kMember,
+                       "POST /v3/kv/range", o, /*idempotent=*/true);
+  EXPECT_TRUE(f.retry);
+  EXPECT_NE(f.reason.find("no answer"), std::string::npos) << f.reason;
+}
+
 TEST(EtcdClassify, TlsFailuresNameTheCauseAndTheFix) {
   HttpOptions o;
   o.https = true;

@@ -1,6 +1,7 @@
 // The etcd client's JSON side: encoding, etcd's replies as the v3 gateway writes them, and
 // the ProtocolErrors of replies that are not etcd's.
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "../support/throws_with.hpp"
@@ -23,6 +24,36 @@ TEST(EtcdJson, Base64RoundTripsEveryLength) {
   EXPECT_TRUE(
       throws_with<ProtocolError>([] { base64_decode("abc", "ctx"); }, {"ctx", "not base64"}));
   EXPECT_TRUE(throws_with<ProtocolError>([] { base64_decode("a*b=", "ctx"); }, {"not base64"}));
+}
+
+TEST(EtcdJson, Base64IsStrict) {
+  EXPECT_EQ(base64_decode("QQ==", "t"), "A");
+  EXPECT_EQ(base64_decode("QUI=", "t"), "AB");
+  EXPECT_EQ(base64_decode("AAAA", "t"), std::string(3, '\0'));
+  // '=' only at the end and at most two; no whitespace (EVP_DecodeBlock alone takes these).
+  for (const char* bad : {"=AAA", "AA=A", "A===", "====", "QQ==QQ==", "AAAA    ", "  AAAA", "QQ=\n",
+                          "AA\nA", "QUI=\r\n\r\n", "QQ-_"}) {
+    EXPECT_TRUE(
+        throws_with<ProtocolError>([&] { base64_decode(bad, "ctx"); }, {"ctx", "not base64"}))
+        << quote_start(bad);
+  }
+}
+
+TEST(EtcdJson, IntFieldRejectsOverflowAndJunkNamingTheField) {
+  Json j = Json::parse(
+      R"({"max":"9223372036854775807","min":"-9223372036854775808","n":-3,"big":"9223372036854775808",)"
+      R"("huge":"-99999999999999999999","unsigned":18446744073709551615,"space":" 7","plus":"+7",)"
+      R"("minus":"-"})");
+  EXPECT_EQ(int_field(j, "max", "t"), INT64_MAX);
+  EXPECT_EQ(int_field(j, "min", "t"), INT64_MIN);
+  EXPECT_EQ(int_field(j, "n", "t"), -3);
+  EXPECT_EQ(int_field(j, "absent", "t", 5), 5);
+  for (const char* name : {"big", "huge", "unsigned", "space", "plus", "minus"}) {
+    const std::string quoted = fmt::format("'{}'", name);
+    EXPECT_TRUE(throws_with<ProtocolError>([&] { int_field(j, name, "ctx"); },
+                                           {"ctx", quoted.c_str(), "expected an integer"}))
+        << name;
+  }
 }
 
 TEST(EtcdJson, RangeReplyAsTheGatewayWritesIt) {

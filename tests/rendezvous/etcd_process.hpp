@@ -83,6 +83,11 @@ class EtcdProcess {
   }
   const std::string& dir() const { return dir_; }
 
+  // Sends `sig` to member i (SIGSTOP: a member that accepts connections and never answers).
+  void signal(int i, int sig) {
+    if (pids_[i] > 0) ::kill(pids_[i], sig);
+  }
+
   // SIGKILL member i and reap it.
   void kill(int i) {
     if (pids_[i] <= 0) return;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <csignal>
 #include <future>
 #include <set>
 #include <thread>
@@ -12,6 +13,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 
 #include "../support/free_port_range.hpp"
 #include "../support/throws_with.hpp"
@@ -201,6 +203,139 @@ TEST(EtcdStore, FailsOverToTheNextMember) {
   EtcdStore s(o);
   s.set("k", "v");
   EXPECT_EQ(s.get("k"), "v");
+}
+
+// A member that accepts connections and never answers (a listening socket nobody reads, as a
+// SIGSTOPped etcd): reads, and so a get, go on to the next member after read_timeout instead
+// of failing with a TimeoutError.
+TEST(EtcdStore, FailsOverFromAMemberThatNeverAnswers) {
+  DDP_SKIP_WITHOUT_ETCD();
+  EtcdProcess etcd;
+  net::Socket silent = net::listen_tcp("127.0.0.1", 0, 16);
+  EtcdStoreOptions o = store_options(etcd, "/t6/");
+  o.endpoints.insert(o.endpoints.begin(),
+                     Endpoint{"127.0.0.1", static_cast<uint16_t>(net::local_port(silent.fd()))});
+  o.read_timeout = 1s;
+  auto start = std::chrono::steady_clock::now();
+  EtcdStore s(o);
+  s.set_timeout(5s);
+  s.set("k", "v");
+  EXPECT_EQ(s.get("k"), "v");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 8s);
+  EXPECT_TRUE(s.check({"k"}));
+}
+
+// The lease is renewed through the next member when the first never answers: each renewal
+// attempt is bounded by min(read_timeout, ttl/3) and a timed-out renewal fails over, so the
+// run's keys outlive a stalled member.
+TEST(EtcdStore, LeaseSurvivesAMemberThatNeverAnswers) {
+  DDP_SKIP_WITHOUT_ETCD();
+  EtcdProcess etcd;
+  net::Socket silent = net::listen_tcp("127.0.0.1", 0, 16);
+  EtcdStoreOptions o = store_options(etcd, "/t7/");
+  o.endpoints.insert(o.endpoints.begin(),
+                     Endpoint{"127.0.0.1", static_cast<uint16_t>(net::local_port(silent.fd()))});
+  o.read_timeout = 2s;
+  o.lease_key = "lease";
+  o.lease_ttl = 3s;
+  EtcdStore reader(store_options(etcd, "/t7/"));
+  EtcdStore writer(o);
+  writer.set("shared", "1");
+  std::this_thread::sleep_for(6s);  // twice the TTL
+  EXPECT_TRUE(reader.check({"shared"})) << "the lease expired while its client lives";
+}
+
+// A member that dies silently (SIGSTOP) while a get watches through it: the watch ends after
+// watch_attempt, the keys are read again through the next member, and the get sees a put made
+// through another member, well before its own limit.
+TEST(EtcdStore, WaitFailsOverWhenTheWatchedMemberStops) {
+  DDP_SKIP_WITHOUT_ETCD();
+  EtcdProcess etcd(3);
+  EtcdStoreOptions o = store_options(etcd, "/t8/");
+  o.read_timeout = 2s;
+  o.connect_timeout = 10s;
+  o.watch_attempt = 1s;
+  EtcdStore waiter(o);
+  waiter.set_timeout(40s);
+  auto got = std::async(std::launch::async, [&] { return waiter.get("k"); });
+  std::this_thread::sleep_for(500ms);  // the watch is open on member 0
+  etcd.signal(0, SIGSTOP);
+  EtcdStoreOptions others = o;
+  others.endpoints.erase(others.endpoints.begin());
+  auto start = std::chrono::steady_clock::now();
+  {
+    EtcdStore setter(others);
+    setter.set("k", "v");
+  }
+  bool ready = got.wait_for(25s) == std::future_status::ready;
+  etcd.signal(0, SIGCONT);
+  ASSERT_TRUE(ready) << "the get still waits on the stopped member";
+  EXPECT_EQ(got.get(), "v");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 25s);
+}
+
+// A fake etcd that has no keys and cancels every watch at once: a wait opens watches after a
+// growing pause (no busy loop against etcd), and its TimeoutError carries etcd's reason.
+TEST(EtcdStore, AWatchCancelledOverAndOverBacksOffAndNamesTheReason) {
+  DDP_SKIP_WITHOUT_ETCD();
+  net::Socket listener = net::listen_tcp("127.0.0.1", 0, 16);
+  uint16_t port = static_cast<uint16_t>(net::local_port(listener.fd()));
+  std::atomic<bool> stop{false};
+  std::atomic<int> watches{0};
+  std::thread server([&] {
+    while (!stop) {
+      pollfd p{listener.fd(), POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      int c = ::accept(listener.fd(), nullptr, nullptr);
+      if (c < 0) continue;
+      int flags = ::fcntl(c, F_GETFL);
+      ::fcntl(c, F_SETFL, flags & ~O_NONBLOCK);
+      timeval tv{2, 0};  // bounded reads
+      ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      std::string request;
+      char buf[4096];
+      ssize_t n;
+      while (request.find("\r\n\r\n") == std::string::npos || request.back() != '}') {
+        if ((n = ::read(c, buf, sizeof buf)) <= 0) break;
+        request.append(buf, static_cast<size_t>(n));
+      }
+      std::string body;
+      if (request.find("POST /v3/watch") == 0) {
+        ++watches;
+        body = R"({"result":{"header":{},"canceled":true,"cancel_reason":"test: no access"}})"
+               "\n";
+      } else if (request.find("POST /v3/kv/txn") == 0) {
+        body = R"({"header":{"revision":"5"},"responses":[{"response_range":{"header":{}}}]})";
+      } else {
+        body = R"({"header":{"revision":"5"}})";
+      }
+      std::string reply = fmt::format(
+          "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
+          "Connection: close\r\n\r\n{}",
+          body.size(), body);
+      (void)!::write(c, reply.data(), reply.size());
+      ::shutdown(c, SHUT_WR);
+      while (::read(c, buf, sizeof buf) > 0) {
+      }
+      ::close(c);
+    }
+  });
+  EtcdStoreOptions o;
+  o.endpoints = {{"127.0.0.1", port}};
+  o.connect_timeout = 1s;
+  o.read_timeout = 2s;
+  {
+    EtcdStore s(o);
+    EXPECT_TRUE(throws_with<TimeoutError>(
+        [&] { s.wait({"k"}, 2s); },
+        {"waiting for 1 of 1 keys (k)", "etcd cancelled the last watch: test: no access"}));
+  }
+  // Pauses of 50, 100, 200, 400 ms, then 1 s: a handful of watches in 2 s, not hundreds.
+  EXPECT_GE(watches.load(), 2);
+  EXPECT_LE(watches.load(), 10);
+  stop = true;
+  ::shutdown(listener.fd(), SHUT_RDWR);
+  server.join();
 }
 
 // The rendezvous protocol, unchanged, on etcd: 2 to 3 agents as threads, then one goes silent

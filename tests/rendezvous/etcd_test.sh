@@ -36,7 +36,7 @@ ETCD=$(command -v etcd || true)
 # etcd and the agents die with this script even when it is killed (a ctest timeout), not only
 # through the EXIT trap.
 PDEATH=()
-setpriv --help 2>/dev/null | grep -q pdeathsig && PDEATH=(setpriv --pdeathsig KILL)
+setpriv --help 2>/dev/null | grep pdeathsig >/dev/null && PDEATH=(setpriv --pdeathsig KILL)
 T=$(mktemp -d /tmp/ddp-etcd-test.XXXXXX)
 PIDS=()
 cleanup() {
@@ -168,7 +168,7 @@ elastic)
   kill -9 "$C"
   wait_grep 60 "rendezvous round 2 of run 'elastic1': 2 nodes" "$T/a.log" "$T/b.log"
   wait_count 60 "world=2" 2 "$T/a.log" "$T/b.log"
-  cat "$T/a.log" "$T/b.log" | grep -q "missed 3 heartbeats" ||
+  grep -qF "missed 3 heartbeats" "$T/a.log" "$T/b.log" ||
     fail "no survivor named the lost node (missed 3 heartbeats)"
   touch "$T/done"
   wait_exit "$A" 60; ra=$?
@@ -323,7 +323,7 @@ netns)
     eval "N$n=\$!"
   done
   wait_grep 60 "world=2" "$T/node1.log" "$T/node2.log"
-  grep -h "WORKER" "$T/node1.log" "$T/node2.log" | grep -q "master=10.79.0.[23]" ||
+  grep -h "WORKER" "$T/node1.log" "$T/node2.log" | grep "master=10.79.0.[23]" >/dev/null ||
     fail "MASTER_ADDR is not a node's address"
   ip -n "$NS_PREFIX-2" link set rdzv0 down
   wait_grep 60 "world=1" "$T/node1.log"

@@ -24,6 +24,7 @@
 #include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/types.hpp"
 #include "ddp/comm/work.hpp"
+#include "ddp/util/error.hpp"
 
 namespace ddp {
 
@@ -76,6 +77,17 @@ class ProcessGroup {
   virtual WorkPtr recv(void* data, size_t count, DataType dtype, int src, int tag) = 0;
 
   std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // In-place recovery (docs/recovery.md): a member is gone. The operation in flight and every
+  // later one fail with `cause` (a PeerLostError, not a TimeoutError) within a bound of about
+  // 100 ms instead of the group timeout; the group stays unusable and is replaced by a new
+  // generation (RecoverableGroup). Callable from any thread, idempotent (the first cause wins).
+  // Backends without it throw NotSupportedError. nccl would map it onto ncclCommAbort (its
+  // abort(reason)) and rethrow `cause` from the aborted works; a new communicator per
+  // generation comes from the unique-id exchange under the new generation's store prefix.
+  virtual void notify_peer_lost(const PeerLostError& /*cause*/) {
+    throw NotSupportedError("backend " + backend_name() + " does not support notify_peer_lost");
+  }
 
   // This group's flight recorder (its last collectives, dumped on a timeout or failure), or
   // nullptr when the backend has none or DDP_FLIGHT_RECORDER_ENTRIES=0.

@@ -13,6 +13,7 @@
 
 #include "ddp/launcher/membership.hpp"
 #include "ddp/launcher/root_cause.hpp"
+#include "ddp/launcher/signals.hpp"
 #include "ddp/launcher/std_streams.hpp"
 #include "ddp/launcher/world.hpp"
 
@@ -31,6 +32,8 @@ struct AgentOptions {
   std::optional<std::vector<int>> local_ranks_filter;
   std::chrono::milliseconds term_grace{30000};
   std::chrono::milliseconds monitor_interval{5000};
+  // --signals-to-handle: caught and forwarded (signals.hpp); the others keep their default.
+  std::vector<int> handled_signals = default_handled_signals();
   std::string host;
   int console_out = 1;
   int console_err = 2;
@@ -41,6 +44,9 @@ struct AgentOptions {
   bool serve_stacks = true;
   // --hang-timeout (hang_watchdog.hpp); unset: off.
   std::optional<std::chrono::milliseconds> hang_timeout;
+  // --recovery step (step_recovery.hpp), single node only: set = the agent hosts the workers'
+  // store on this port (0: a free one) and restarts a failed worker alone; unset = group.
+  std::optional<uint16_t> step_recovery_port;
   // restart_count -> the world of that attempt.
   std::function<WorldAssignment(int restart_count)> rendezvous;
   // Multi-node: used instead of `rendezvous` when set. Not owned.
@@ -48,7 +54,9 @@ struct AgentOptions {
 };
 
 struct AgentResult {
-  // 0 all workers succeeded; 1 failed after restarts; 128+signo interrupted.
+  // 0 all workers succeeded; 1 failed after restarts; 128+signo interrupted;
+  // kRequeueExitStatus (util/exit_status.hpp) the workers stopped on request and ask to be
+  // started again.
   int exit_code = 0;
   int restart_count = 0;
   std::optional<FailureReport> failure;

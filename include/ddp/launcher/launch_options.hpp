@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/launcher/signals.hpp"
 #include "ddp/launcher/std_streams.hpp"
 
 namespace ddp::launcher {
@@ -70,13 +71,20 @@ struct LaunchOptions {
   std::string program;
   std::vector<std::string> program_args;
 
+  // --recovery group|step (step_recovery.hpp, docs/recovery.md): "step" restarts only a failed
+  // worker, single node only.
+  bool recovery_step = false;
+
   // --hang-timeout SECONDS: the no-progress watchdog (hang_watchdog.hpp); unset: off.
   std::optional<std::chrono::milliseconds> hang_timeout;
   // DDPRUN_STACKS_TIMEOUT_S: limit of the stack capture before a stop (0: no capture).
   std::chrono::milliseconds stacks_limit{5000};
 
-  // SIGTERM -> SIGKILL grace when stopping workers (torchrun: 30 s; DDPRUN_TERM_GRACE_S).
+  // SIGTERM -> SIGKILL grace when stopping workers (torchrun: 30 s; --shutdown-timeout,
+  // TORCH_ELASTIC_SHUTDOWN_TIMEOUT or DDPRUN_TERM_GRACE_S).
   std::chrono::milliseconds term_grace{30000};
+  // --signals-to-handle: the signals ddprun catches and forwards (signals.hpp).
+  std::vector<int> signals_to_handle = default_handled_signals();
   // Multi-node: time between the progress lines of a node waiting for the rendezvous
   // (DDPRUN_RDZV_PROGRESS_S); unset: kDefaultJoinProgressInterval (join_progress.hpp).
   std::optional<std::chrono::milliseconds> rdzv_progress_interval;

@@ -62,7 +62,12 @@ class Membership {
   // A new connection to the job's store (authenticated like the agent's), for side requests
   // such as `ddprun stacks` from other nodes; nullptr when there is none. Throws ddp::Error
   // when the store cannot be reached.
+  // nullptr too when the store is not authenticated (no token): side requests make every node
+  // ptrace its workers, so they are not served to whoever reaches the store's port.
   virtual std::shared_ptr<Store> connect_side_store() { return nullptr; }
+  // Why connect_side_store() gives none in a multi-node job, for `ddprun stacks` to print
+  // ("" when it gives one, or when there are no other nodes to reach).
+  virtual std::string why_no_side_store() const { return ""; }
 
   virtual std::vector<std::string> exchange_hang_records(int generation, const std::string& mine,
                                                          std::chrono::milliseconds limit) {

@@ -20,6 +20,7 @@ struct StreamRoute {
   std::string prefix;     // prepended to every console line
   std::string log_path;   // empty: no log file; otherwise created (truncated)
   size_t tail_lines = 0;  // how many last lines to keep
+  bool append = false;    // append to log_path instead (a worker restarted in place)
 };
 
 class StreamForwarder {

@@ -45,6 +45,9 @@ struct FailureReport {
   // stacks_summary), and the file holding all of them ("" none).
   std::string stacks_summary;
   std::string stacks_file;
+  // Whether stacks_file outlives ddprun (--log-dir); a temporary run folder's is removed at
+  // exit, so the report then says how to keep it instead of naming it.
+  bool stacks_file_kept = true;
 };
 
 std::string format_failure_report(const FailureReport& report);

@@ -11,13 +11,19 @@
 //   {"timeout_ms": N, "all_nodes": true}; the answer one JSON object
 //   {"stacks": [...], "nodes": K, "answered": [node ranks], "notes": [...]}, then EOF.
 // - Other nodes: in a round (join_round()), a thread holds its own connection to the job's
-//   store (authenticated like the agent's own), waits on `ddprun_stacks/<run>/<gen>/req/<n>`
-//   in slices of 200 ms, captures its workers' stacks on a request and sets
+//   store (authenticated like the agent's own; never an unauthenticated one), waits on
+//   `ddprun_stacks/<run>/<gen>/req/<n>` in slices of 200 ms, captures its workers' stacks on a
+//   request and sets
 //   `.../resp/<n>/<node rank>`. The node asked first sets the request and waits for the others'
 //   answers until the request's deadline; nodes that do not answer are named.
 //
-// Contract: every wait is bounded (a client that sends nothing: 2 s; a capture: the request's
-// timeout, at most kMaxCapture); threads stop within one slice. Errors reach the client as
+// - Other nodes are served and asked only over an authenticated store (a token configured):
+//   a request makes every node ptrace its workers. Without one (or with etcd) the answer counts
+//   every node of the round, names the others as not asked and why.
+//
+// Contract: every wait is bounded (a client that sends nothing: 2 s; one that does not read
+// the answer: 5 s; a capture: the request's timeout, at most kMaxCapture); threads stop
+// within one slice. The accepted sockets are non-blocking. Errors reach the client as
 // notes; nothing throws out of the threads.
 
 #include <chrono>
@@ -60,7 +66,10 @@ class StackService {
 
   // Multi-node: serve and ask the other nodes of round `generation` through `store` (a
   // connection of the service's own). leave_round() stops that.
-  void join_round(std::shared_ptr<Store> store, int generation, int node_rank, int num_nodes);
+  // A null `store` (etcd, or a store without auth token: see Membership::connect_side_store)
+  // serves no other node; requests then count `num_nodes` and say `no_store_reason`.
+  void join_round(std::shared_ptr<Store> store, int generation, int node_rank, int num_nodes,
+                  std::string no_store_reason = "");
   void leave_round();
 
   const std::string& socket_path() const;

@@ -12,12 +12,20 @@
 // - SIGINT/SIGTERM/SIGHUP/SIGQUIT arrive  -> forwarded to every worker group, then the same
 //   stop -> kInterrupted; a second such signal kills at once
 // - SIGUSR1/SIGUSR2 arrive                -> forwarded; monitoring goes on
+// - a worker exits with kRequeueExitStatus (util/exit_status.hpp: stopped on request after a
+//   checkpoint) -> not a failure: the others are awaited; when every worker exited 0 or with
+//   it (and some with it) -> kRequeue; after a terminating signal, when every worker exited
+//   with it -> kRequeue (signal set) instead of kInterrupted
 // - --hang-timeout: no collective completed while one waited, for that long -> the same as a
 //   failure, with the rank in no collective (else the lowest waiting one) as the root cause
 // - stop_fd turns readable (membership change in a multi-node run) -> the same stop ->
 //   kStopped, unless a worker had already failed (kFailed)
+// - --recovery step (replace_failed set): a worker that fails while the others run is offered
+//   to replace_failed first; when it answers a restart count, only that worker is started
+//   again (same rank, its logs appended) and the attempt goes on; otherwise as above
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -76,15 +84,19 @@ struct AttemptSpec {
   // progress hook from `python_hook_dir` (torch_progress.hpp).
   std::optional<std::chrono::milliseconds> hang_timeout;
   std::string python_hook_dir;
+  // --recovery step (step_recovery.hpp): called when a worker failed while every other one
+  // runs. Returns the restarted worker's TORCHELASTIC_RESTART_COUNT to restart only it, or
+  // nullopt to fail the attempt as usual. Unset: never called (--recovery group).
+  std::function<std::optional<int>(const WorkerFailure&)> replace_failed;
 };
 
-enum class AttemptOutcome { kSucceeded, kFailed, kInterrupted, kStopped };
+enum class AttemptOutcome { kSucceeded, kFailed, kInterrupted, kStopped, kRequeue };
 
 struct AttemptResult {
   AttemptOutcome outcome = AttemptOutcome::kSucceeded;
   std::optional<WorkerFailure> root_cause;  // kFailed: the first worker that failed
   std::vector<WorkerFailure> others;        // other non-zero exits (kFailed)
-  int signal = 0;                           // kInterrupted: the signal received
+  int signal = 0;  // kInterrupted (kRequeue after a signal): the signal received
   // kFailed (kStopped): every worker's process as ddprun saw it at the first failure (at the
   // stop request), for the hang report.
   std::vector<RankProcess> processes;

@@ -84,7 +84,9 @@ struct RendezvousConf {
   // --client-cert-auth. cert alone: a PEM file holding both.
   std::optional<std::string> cert;
   std::optional<std::string> key;
-  // Bound of one request to etcd (a watch waits as long as its caller asked).
+  // Bound of one request to a member of etcd; a read that times out goes on to the next
+  // member. Lease renewals wait at most key_ttl/3 whatever this is, so it may exceed key_ttl.
+  // A wait watches in steps of 10 s up to its caller's limit.
   Millis read_timeout = kDefaultReadTimeout;
   // Every key lives under this etcd prefix.
   std::string etcd_prefix = "/ddprun/";

@@ -3,6 +3,7 @@
 // message names everything involved (rank, peer, host:port, key, elapsed and limit) and the
 // likely fix. The library never prints and exits; callers (apps) decide how to report.
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -47,6 +48,22 @@ class StoreError : public Error {
 class CollectiveError : public Error {
  public:
   using Error::Error;
+};
+
+// A member of a process group was lost (its process died; ddprun --recovery step announced it
+// through the store) while this rank ran or waited on a collective. The group is unusable
+// afterwards: form the next generation (ddp::RecoverableGroup). lost_rank() is -1 when unknown;
+// generation() is the membership generation that announced the loss.
+class PeerLostError : public CollectiveError {
+ public:
+  PeerLostError(const std::string& what, int lost_rank, int64_t generation)
+      : CollectiveError(what), lost_rank_(lost_rank), generation_(generation) {}
+  int lost_rank() const { return lost_rank_; }
+  int64_t generation() const { return generation_; }
+
+ private:
+  int lost_rank_;
+  int64_t generation_;
 };
 
 // A backend lacks an optional operation: "backend X does not support Y".

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "../gloo/gloo_comm.hpp"
+#include "../recorded_p2p.hpp"
 #include "../reduce_kernels.hpp"
 #include "ddp/util/deadline.hpp"
 #include "ddp/util/env.hpp"
@@ -169,7 +170,9 @@ WorkPtr CpuProcessGroup::send(const void* data, size_t count, DataType dtype, in
   CallInfo c{OpKind::kSend, dtype, ReduceOp::kSum, false, dst, tag, count, 0, 0};
   const size_t bytes = count * element_size(dtype);
   if (topo_.host_of_rank[dst] != topo_.my_host) {
-    return all_ranks(c).post_send(data, bytes, dst, tag, c);
+    const uint64_t record = record_p2p_started(flight_recorder(), "send", dtype, count, dst);
+    return record_p2p_completion(flight_recorder(), record,
+                                 all_ranks(c).post_send(data, bytes, dst, tag, c));
   }
   auto work = std::make_shared<FutureWork>(c.describe() + " on " + where());
   const uint64_t record = record_p2p("send", dtype, count, dst);
@@ -192,7 +195,9 @@ WorkPtr CpuProcessGroup::recv(void* data, size_t count, DataType dtype, int src,
   CallInfo c{OpKind::kRecv, dtype, ReduceOp::kSum, false, src, tag, count, 0, 0};
   const size_t bytes = count * element_size(dtype);
   if (topo_.host_of_rank[src] != topo_.my_host) {
-    return all_ranks(c).post_recv(data, bytes, src, tag, c);
+    const uint64_t record = record_p2p_started(flight_recorder(), "recv", dtype, count, src);
+    return record_p2p_completion(flight_recorder(), record,
+                                 all_ranks(c).post_recv(data, bytes, src, tag, c));
   }
   auto work = std::make_shared<FutureWork>(c.describe() + " on " + where());
   const uint64_t record = record_p2p("recv", dtype, count, src);
@@ -240,6 +245,7 @@ ShmContext CpuProcessGroup::context(const CallInfo& call) const {
   ctx.timeout = timeout_;
   ctx.deadline = deadline_after(timeout_);
   ctx.where = where();
+  ctx.abort = &abort_signal();
   return ctx;
 }
 

@@ -39,7 +39,8 @@ void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nan
 }  // namespace
 
 bool wait_reached(std::atomic<uint32_t>* word, uint32_t target, std::atomic<uint32_t>* waiters,
-                  Clock::time_point deadline, std::chrono::microseconds spin, bool* slept) {
+                  Clock::time_point deadline, std::chrono::microseconds spin, bool* slept,
+                  const std::atomic<bool>* cancel) {
   if (slept) *slept = false;
   if (reached(word->load(std::memory_order_acquire), target)) return true;
   if (spin.count() > 0) {
@@ -68,6 +69,7 @@ bool wait_reached(std::atomic<uint32_t>* word, uint32_t target, std::atomic<uint
     if (reached(seen, target)) return true;
     const auto now = Clock::now();
     if (now >= deadline) return false;
+    if (cancel != nullptr && cancel->load(std::memory_order_acquire)) return false;
     // Sleep at most 100 ms at a time so a lost wake-up (a peer process killed mid-publish)
     // only costs latency, never correctness.
     const auto slice =

@@ -137,10 +137,11 @@ void ShmGroup::wait_all(const ShmContext& ctx) {
   for (int j = 0; j < n_; ++j) {
     if (j == me_) continue;
     bool slept = false;
-    const bool ok =
-        wait_reached(&ctl_[j].phase, phase_, &header_->waiters, ctx.deadline, spin_now(), &slept);
+    const bool ok = wait_reached(&ctl_[j].phase, phase_, &header_->waiters, ctx.deadline,
+                                 spin_now(), &slept, ctx.abort ? ctx.abort->flag() : nullptr);
     if (spin_.count() > 0) after_wait(slept);
     if (ok) continue;
+    if (ctx.abort != nullptr && ctx.abort->raised()) ctx.abort->rethrow();
     std::vector<int> missing;
     for (int k = 0; k < n_; ++k) {
       if (!reached(ctl_[k].phase.load(), phase_)) missing.push_back(group_ranks_[k]);
@@ -155,7 +156,11 @@ void ShmGroup::wait_all(const ShmContext& ctx) {
 
 void ShmGroup::wait_word(std::atomic<uint32_t>* word, uint32_t target, const ShmContext& ctx,
                          const char* waiting_for, int peer) {
-  if (wait_reached(word, target, &header_->waiters, ctx.deadline, spin_now())) return;
+  if (wait_reached(word, target, &header_->waiters, ctx.deadline, spin_now(), nullptr,
+                   ctx.abort ? ctx.abort->flag() : nullptr)) {
+    return;
+  }
+  if (ctx.abort != nullptr && ctx.abort->raised()) ctx.abort->rethrow();
   throw TimeoutError(fmt::format("{} on {}: timed out after {} ms waiting for rank {} to {}",
                                  ctx.call->describe(), ctx.where, ctx.timeout.count(),
                                  group_ranks_[peer], waiting_for));

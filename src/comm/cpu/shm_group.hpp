@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "../abort_signal.hpp"
 #include "../call_info.hpp"
 #include "ddp/comm/types.hpp"
 #include "ddp/util/error.hpp"
@@ -47,6 +48,8 @@ struct ShmContext {
   Clock::time_point deadline;
   std::string where;  // "rank 0 of 2 (backend cpu, group ...)"
   std::chrono::milliseconds timeout{0};
+  // The group's abort (notify_peer_lost): a wait it ends rethrows its error. May be null.
+  const AbortSignal* abort = nullptr;
 };
 
 class ShmGroup {

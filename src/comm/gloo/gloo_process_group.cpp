@@ -1,6 +1,7 @@
 #include "gloo_process_group.hpp"
 
 #include "../host_topology.hpp"
+#include "../recorded_p2p.hpp"
 
 namespace ddp::detail {
 
@@ -34,13 +35,17 @@ void GlooProcessGroup::run_all_gather_v(const void* in, void* out,
 WorkPtr GlooProcessGroup::send(const void* data, size_t count, DataType dtype, int dst, int tag) {
   validate_p2p(data, count, dst, "send", "dst");
   CallInfo c{OpKind::kSend, dtype, ReduceOp::kSum, false, dst, tag, count, 0, 0};
-  return comm_->post_send(data, count * element_size(dtype), dst, tag, c);
+  const uint64_t record = record_p2p_started(flight_recorder(), "send", dtype, count, dst);
+  return record_p2p_completion(flight_recorder(), record,
+                               comm_->post_send(data, count * element_size(dtype), dst, tag, c));
 }
 
 WorkPtr GlooProcessGroup::recv(void* data, size_t count, DataType dtype, int src, int tag) {
   validate_p2p(data, count, src, "recv", "src");
   CallInfo c{OpKind::kRecv, dtype, ReduceOp::kSum, false, src, tag, count, 0, 0};
-  return comm_->post_recv(data, count * element_size(dtype), src, tag, c);
+  const uint64_t record = record_p2p_started(flight_recorder(), "recv", dtype, count, src);
+  return record_p2p_completion(flight_recorder(), record,
+                               comm_->post_recv(data, count * element_size(dtype), src, tag, c));
 }
 
 }  // namespace ddp::detail

@@ -18,6 +18,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxReplyBytes = size_t(64) << 20;
+// The start of the reason of an idempotent request that a member accepted and left unanswered.
+const std::string kNoAnswer = "accepted the request, no answer";
 
 bool contains(const std::string& text, const char* part) {
   return text.find(part) != std::string::npos;
@@ -109,7 +111,7 @@ std::string base_url(const Endpoint& endpoint, bool https) {
 }
 
 Failure classify(const Attempt& a, const std::string& member, const std::string& request,
-                 const HttpOptions& o) {
+                 const HttpOptions& o, bool idempotent) {
   if (a.curl_code != CURLE_OK) {
     if (auto tls = tls_failure(a, member, o)) return *tls;
     switch (a.curl_code) {
@@ -119,6 +121,8 @@ Failure classify(const Attempt& a, const std::string& member, const std::string&
         return retry_failure(a.curl_error.empty() ? "connection refused" : a.curl_error);
       case CURLE_OPERATION_TIMEDOUT:
         if (!a.connected) return retry_failure("connecting timed out: " + a.curl_error);
+        // Sending it again elsewhere does no harm; the member may be stopped or cut off.
+        if (idempotent) return retry_failure(kNoAnswer + (": " + a.curl_error));
         return final_failure<TimeoutError>(fmt::format(
             "etcd at {} accepted {} but did not answer within {:.1f} s (--rdzv-conf "
             "read_timeout): the etcd cluster may be overloaded or have lost its quorum; check "
@@ -237,6 +241,10 @@ struct EtcdHttp::Impl {
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     // The cluster is named by the user: no proxy from the environment may sit in between.
     curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
+    // A peer that vanished without a reset (power loss, a cut cable) breaks the connection.
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPIDLE, 10L);
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPINTVL, 5L);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, static_cast<long>(std::max<int64_t>(total.count(), 1)));
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
                      static_cast<long>(std::max<int64_t>(connect.count(), 1)));
@@ -284,7 +292,7 @@ struct EtcdHttp::Impl {
   }
 
   [[noreturn]] void give_up(const std::string& request, const std::vector<std::string>& last,
-                            Clock::time_point first_failure) {
+                            Clock::time_point first_failure, Millis per_attempt) {
     std::vector<std::string> parts;
     bool no_leader = true;
     for (size_t m = 0; m < last.size(); ++m) {
@@ -292,6 +300,17 @@ struct EtcdHttp::Impl {
       no_leader = no_leader && last[m].rfind("unavailable", 0) == 0;
     }
     double tried = std::chrono::duration<double>(Clock::now() - first_failure).count();
+    bool none_answered = true;
+    for (const auto& reason : last) {
+      none_answered = none_answered && reason.rfind(kNoAnswer, 0) == 0;
+    }
+    if (none_answered) {
+      throw TimeoutError(fmt::format(
+          "every etcd member accepted {} but none answered within {:.1f} s (--rdzv-conf "
+          "read_timeout) ({}): the etcd cluster may be overloaded, stopped or have lost its "
+          "quorum; check `etcdctl endpoint status --cluster`",
+          request, per_attempt.count() / 1000.0, fmt::join(parts, "; ")));
+    }
     bool gateway_cut_off = no_leader;
     for (const auto& reason : last) {
       gateway_cut_off = gateway_cut_off && !contains(reason, "etcdserver:");
@@ -342,8 +361,9 @@ struct EtcdHttp::Impl {
 
   // Runs attempts over the members until one completes. For a watch, `deadline` bounds the
   // whole call and a timeout after connecting is no error (the watched key stayed unset).
+  // `per_attempt`: the bound of one unary attempt.
   void run(const std::string& path, const std::string& body, Clock::time_point deadline,
-           bool is_watch, Result& on_complete) {
+           bool is_watch, bool idempotent, Millis per_attempt, Result& on_complete) {
     const std::string request = "POST " + path;
     std::vector<std::string> last(options.endpoints.size());
     std::optional<Clock::time_point> first_failure;
@@ -352,7 +372,7 @@ struct EtcdHttp::Impl {
     for (;;) {
       Sink sink;
       sink.context = fmt::format("etcd at {} ({})", member(current), request);
-      Millis total = is_watch ? remaining(deadline) : options.read_timeout;
+      Millis total = is_watch ? remaining(deadline) : per_attempt;
       const std::function<bool(const WatchMessage&)>* callback = nullptr;
       if (is_watch) callback = on_complete.callback;
       sink.on_message = callback;
@@ -377,14 +397,19 @@ struct EtcdHttp::Impl {
           return;
         }
       }
-      Failure f = classify(a, member(current), request, options);
+      Failure f = classify(a, member(current), request, options, idempotent || is_watch);
       if (!f.retry) std::rethrow_exception(f.final_error);
       last[current] = f.reason;
       auto now = Clock::now();
       if (!first_failure) first_failure = now;
+      // Every member accepted the request and kept silent: waiting on them again is no use.
+      if (std::all_of(last.begin(), last.end(),
+                      [](const std::string& r) { return r.rfind(kNoAnswer, 0) == 0; })) {
+        give_up(request, last, *first_failure, per_attempt);
+      }
       if (now - *first_failure >= options.retry_for || now >= deadline) {
         if (is_watch && now >= deadline) return;
-        give_up(request, last, *first_failure);
+        give_up(request, last, *first_failure, per_attempt);
       }
       current = (current + 1) % options.endpoints.size();
       if (++tried_in_pass >= options.endpoints.size()) {
@@ -422,10 +447,15 @@ std::string EtcdHttp::members() const {
   return fmt::format("{}", fmt::join(m, ", "));
 }
 
-Json EtcdHttp::call(const std::string& path, const Json& body) {
+Json EtcdHttp::call(const std::string& path, const Json& body, const CallOptions& how) {
   Impl::Result r;
-  auto deadline = deadline_after(impl_->options.read_timeout + impl_->options.retry_for);
-  impl_->run(path, body.dump(), deadline, false, r);
+  const Millis per_attempt = how.timeout.value_or(impl_->options.read_timeout);
+  const bool idempotent = how.idempotent || path == "/v3/kv/range";
+  // An idempotent request may time out at each member in turn before one answers.
+  const size_t tries = idempotent ? impl_->options.endpoints.size() : 1;
+  auto deadline =
+      deadline_after(per_attempt * static_cast<int64_t>(tries) + impl_->options.retry_for);
+  impl_->run(path, body.dump(), deadline, false, idempotent, per_attempt, r);
   return parse_reply(r.body,
                      fmt::format("etcd at {} (POST {})", impl_->member(impl_->current), path));
 }
@@ -434,7 +464,7 @@ bool EtcdHttp::watch(const Json& body, Millis limit,
                      const std::function<bool(const WatchMessage&)>& on_message) {
   Impl::Result r;
   r.callback = &on_message;
-  impl_->run("/v3/watch", body.dump(), deadline_after(limit), true, r);
+  impl_->run("/v3/watch", body.dump(), deadline_after(limit), true, true, limit, r);
   return r.done;
 }
 

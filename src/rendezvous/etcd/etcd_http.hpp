@@ -9,12 +9,16 @@
 //     is left for the next member of the list; passes over the list repeat with a short
 //     backoff for `retry_for` (connect_timeout) from the first such failure, then a
 //     NetworkError names every member and its last error, and the fix.
+//   - A member that accepted an idempotent request (a read, a lease renewal, a watch) but did
+//     not answer within its timeout is left for the next member too: it may be stopped
+//     (SIGSTOP), swapping or cut off without a reset, and only another member can answer.
+//     TCP keepalive is on, so a connection whose peer vanished breaks instead of hanging.
 //   - Everything else is final at once, with one message naming the cause and the fix: a TLS
 //     failure (StoreError: etcd's certificate not verified by cacert, this node's certificate
 //     refused, TLS against plain HTTP or the reverse, unreadable TLS files), a reply that is
 //     not etcd's JSON API (ProtocolError), etcd refusing the request (StoreError; a lost lease
-//     is LeaseNotFoundError), a member that accepted the request but did not answer within
-//     read_timeout (TimeoutError).
+//     is LeaseNotFoundError), a member that accepted a request that is not idempotent (a write)
+//     but did not answer within read_timeout (TimeoutError: etcd may have applied it).
 // A request is therefore sent again after a failure that may have happened after etcd applied
 // it: callers make their requests idempotent (EtcdStore's add() does so with a marker key).
 // Not thread-safe: one object per thread (it owns its curl handles and connections).
@@ -71,9 +75,19 @@ struct Failure {
   std::exception_ptr final_error;  // set when !retry
 };
 // Pure: the classification described in the contract above. `member` is "host:port",
-// `request` "POST /v3/kv/put". Not called for an HTTP 200 of a completed request.
+// `request` "POST /v3/kv/put"; `idempotent`: the request may be sent again to another member
+// after it timed out there. Not called for an HTTP 200 of a completed request.
 Failure classify(const Attempt& attempt, const std::string& member, const std::string& request,
-                 const HttpOptions& options);
+                 const HttpOptions& options, bool idempotent = false);
+
+// How one call() is sent.
+struct CallOptions {
+  // Sending it twice does no harm (a read, a lease renewal): a member that accepted it and
+  // did not answer in time is left for the next one. Reads (/v3/kv/range) always are.
+  bool idempotent = false;
+  // Bound of one attempt at a member; nullopt: HttpOptions::read_timeout.
+  std::optional<Millis> timeout;
+};
 
 class EtcdHttp {
  public:
@@ -83,11 +97,13 @@ class EtcdHttp {
   EtcdHttp& operator=(const EtcdHttp&) = delete;
 
   // POSTs body to path (e.g. "/v3/kv/range") and returns etcd's JSON reply.
-  Json call(const std::string& path, const Json& body);
+  Json call(const std::string& path, const Json& body, const CallOptions& how = {});
 
   // Opens a watch (body: watch_create) and passes each message to on_message until it
   // returns true (then true) or `limit` passes (then false). A stream that breaks is opened
   // again on the next member with the same body, so the watch must name its start revision.
+  // A stream that stays silent ends at `limit` like an unset key: callers keep `limit` short
+  // (EtcdStore: watch_attempt) and read again, so a member that died silently is found.
   bool watch(const Json& body, Millis limit,
              const std::function<bool(const WatchMessage&)>& on_message);
 

@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <openssl/evp.h>
 
+#include <cctype>
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 
 #include "ddp/util/error.hpp"
@@ -25,15 +28,24 @@ std::string base64_decode(const std::string& text, const std::string& context) {
                     context, quote_start(text, 40)));
   };
   if (text.empty()) return "";
+  // Standard base64 as Go's encoding/base64 writes it: groups of 4 of the 64 letters, with
+  // '=' padding (at most 2) only at the very end. EVP_DecodeBlock alone would also take
+  // whitespace and '=' elsewhere, and then miscount the padding.
   if (text.size() % 4 != 0) throw bad();
+  size_t pad = 0;
+  while (pad < text.size() && text[text.size() - 1 - pad] == '=') ++pad;
+  if (pad > 2) throw bad();
+  for (size_t i = 0; i + pad < text.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(text[i]);
+    if (!(std::isalnum(c) && c < 0x80) && c != '+' && c != '/') throw bad();
+  }
   std::string out(text.size() / 4 * 3, '\0');
   int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
                           reinterpret_cast<const unsigned char*>(text.data()),
                           static_cast<int>(text.size()));
-  if (n < 0) throw bad();
+  if (n < 0 || static_cast<size_t>(n) != out.size()) throw bad();
   // EVP_DecodeBlock counts the bytes '=' padding stands for; drop them.
-  size_t pad = text[text.size() - 1] == '=' ? (text[text.size() - 2] == '=' ? 2 : 1) : 0;
-  out.resize(static_cast<size_t>(n) - pad);
+  out.resize(out.size() - pad);
   return out;
 }
 
@@ -69,15 +81,23 @@ int64_t int_field(const Json& object, const char* name, const std::string& conte
                   int64_t fallback) {
   auto it = object.find(name);
   if (it == object.end() || it->is_null()) return fallback;
-  if (it->is_number_integer()) return it->get<int64_t>();
-  if (it->is_string()) {
+  if (it->is_number_unsigned()) {
+    if (it->get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)) return it->get<int64_t>();
+  } else if (it->is_number_integer()) {
+    return it->get<int64_t>();
+  } else if (it->is_string()) {
     const std::string& s = it->get_ref<const std::string&>();
     char* end = nullptr;
+    errno = 0;
     long long v = std::strtoll(s.c_str(), &end, 10);
-    if (!s.empty() && *end == '\0') return v;
+    // No leading space or '+' (Go's strconv writes neither), nothing after, no overflow.
+    if (!s.empty() && (s[0] == '-' || std::isdigit(static_cast<unsigned char>(s[0]))) &&
+        *end == '\0' && errno != ERANGE) {
+      return v;
+    }
   }
-  throw ProtocolError(fmt::format("{}: field '{}' holds {}, expected an integer", context, name,
-                                  quote_start(it->dump(), 60)));
+  throw ProtocolError(fmt::format("{}: field '{}' holds {}, expected an integer (signed 64-bit)",
+                                  context, name, quote_start(it->dump(), 60)));
 }
 
 namespace {

@@ -2,6 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <optional>
+
 #include "ddp/util/logging.hpp"
 
 namespace ddp::rdzv::etcd {
@@ -10,8 +15,13 @@ namespace {
 
 constexpr int kAcquireAttempts = 8;
 
-int64_t renew(EtcdHttp& http, int64_t id) {
-  Json reply = http.call("/v3/lease/keepalive", {{"ID", std::to_string(id)}});
+// Renewals are sent again to another member after a timeout, and each attempt is bounded by
+// `timeout` (nullopt: read_timeout).
+int64_t renew(EtcdHttp& http, int64_t id, std::optional<Millis> timeout = std::nullopt) {
+  CallOptions how;
+  how.idempotent = true;
+  how.timeout = timeout;
+  Json reply = http.call("/v3/lease/keepalive", {{"ID", std::to_string(id)}}, how);
   // The gateway streams keepalive replies: one {"result": {...}} for one request.
   const Json& r = reply.contains("result") ? reply["result"] : reply;
   return int_field(r, "TTL", "etcd lease keepalive reply");
@@ -20,7 +30,11 @@ int64_t renew(EtcdHttp& http, int64_t id) {
 }  // namespace
 
 SharedLease::SharedLease(HttpOptions http, std::string lease_key, Millis ttl)
-    : http_(std::move(http)), key_(std::move(lease_key)), ttl_(ttl) {
+    : http_(http),
+      renew_http_(http),
+      key_(std::move(lease_key)),
+      ttl_(ttl),
+      read_timeout_(http.read_timeout) {
   thread_ = std::thread([this] { keep_alive(); });
 }
 
@@ -49,7 +63,12 @@ int64_t SharedLease::acquire_locked() {
   for (int attempt = 0; attempt < kAcquireAttempts; ++attempt) {
     RangeReply current = parse_range(http_.call("/v3/kv/range", range_op(key_)), context);
     if (!current.kvs.empty()) {
-      int64_t theirs = std::strtoll(current.kvs.front().value.c_str(), nullptr, 10);
+      const std::string& v = current.kvs.front().value;
+      errno = 0;
+      char* end = nullptr;
+      long long parsed = std::strtoll(v.c_str(), &end, 10);
+      // Not a lease id (written by something else): replaced below once it is gone.
+      int64_t theirs = (v.empty() || *end != '\0' || errno == ERANGE) ? 0 : parsed;
       if (theirs != 0 && renew(http_, theirs) > 0) return theirs;
       continue;  // expired since it was read: etcd deletes the key with it
     }
@@ -78,22 +97,39 @@ int64_t SharedLease::acquire_locked() {
 }
 
 void SharedLease::keep_alive() {
+  // One renewal attempt at a member waits at most a third of the TTL, whatever read_timeout.
+  const Millis bound = std::min(read_timeout_, std::max(ttl_ / 3, Millis(1)));
+  Millis pause = ttl_ / 3;
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    stop_cv_.wait_for(lock, ttl_ / 3, [this] { return stop_; });
+    stop_cv_.wait_for(lock, pause, [this] { return stop_; });
     if (stop_) return;
-    if (id_ == 0) continue;
+    pause = ttl_ / 3;
+    const int64_t id = id_;
+    if (id == 0) continue;
+    // The request goes out without the lock: id() and lost() go on meanwhile.
+    lock.unlock();
+    int64_t ttl_left = 1;
+    std::optional<std::string> failure;
     try {
-      if (renew(http_, id_) <= 0) {
-        log::get("ddp.rdzv")
-            ->warn(
-                "the etcd lease {} of {} expired: every agent was gone for {} s; the run's "
-                "keys were deleted with it",
-                id_, key_, ttl_.count() / 1000.0);
-        id_ = 0;
-      }
+      ttl_left = renew(renew_http_, id, bound);
+    } catch (const LeaseNotFoundError&) {
+      ttl_left = 0;
     } catch (const Error& e) {
-      log::get("ddp.rdzv")->warn("could not renew the etcd lease of {}: {}", key_, e.what());
+      failure = e.what();
+    }
+    lock.lock();
+    if (failure) {
+      log::get("ddp.rdzv")->warn("could not renew the etcd lease of {}: {}", key_, *failure);
+      // Soon again: the lease has at most ttl - bound left.
+      pause = std::min(pause, Millis(1000));
+    } else if (ttl_left <= 0 && id_ == id) {
+      log::get("ddp.rdzv")
+          ->warn(
+              "the etcd lease {} of {} expired: every agent was gone for {} s; the run's "
+              "keys were deleted with it",
+              id, key_, ttl_.count() / 1000.0);
+      id_ = 0;
     }
   }
 }

@@ -8,9 +8,13 @@
 // The lease's id is stored at the lease key, itself attached to the lease. Acquiring: read the
 // key; if it names a live lease, use it; else grant a lease and create the key with a
 // compare-and-set (the loser revokes its lease and uses the winner's). A background thread
-// renews the lease every ttl/3 on a connection of its own; a renewal that finds the lease gone
-// (every client was stopped or cut off for ttl) forgets it, and the next id() acquires a new one.
-// Thread-safe.
+// renews the lease every ttl/3 on a connection of its own, without holding the lock that id()
+// takes, so a slow renewal never delays a write. Each renewal attempt at a member is bounded by
+// min(read_timeout, ttl/3) independently of read_timeout (a member that does not answer is left
+// for the next one), and a failed renewal is retried after a second: with the defaults
+// (read_timeout 60 s, key_ttl 30 s) a stalled member cannot make the lease expire while a
+// renewal waits on it. A renewal that finds the lease gone (every client was stopped or cut off
+// for ttl) forgets it, and the next id() acquires a new one. Thread-safe.
 
 #include <condition_variable>
 #include <cstdint>
@@ -40,9 +44,11 @@ class SharedLease {
   int64_t acquire_locked();
   void keep_alive();
 
-  EtcdHttp http_;
+  EtcdHttp http_;        // acquiring (under mutex_)
+  EtcdHttp renew_http_;  // the renewal thread's own
   const std::string key_;
   const Millis ttl_;
+  const Millis read_timeout_;
   std::mutex mutex_;
   std::condition_variable stop_cv_;
   bool stop_ = false;

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <random>
+#include <thread>
 
 #include "../keys.hpp"
 #include "../store_wait.hpp"
@@ -41,8 +43,9 @@ std::string random_client_id() {
 
 int64_t parse_counter(const std::string& v, const std::string& context) {
   char* end = nullptr;
+  errno = 0;
   long long n = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0') {
+  if (v.empty() || *end != '\0' || errno == ERANGE) {
     throw ProtocolError(
         fmt::format("{} holds '{}', not an integer counter", context, quote_start(v, 40)));
   }
@@ -106,7 +109,9 @@ struct EtcdStore::Impl {
       Json ops = Json::array();
       for (size_t i = begin; i < end; ++i)
         ops.push_back({{"request_range", range_op(full(keys[i]))}});
-      TxnReply r = parse_txn(http.call("/v3/kv/txn", txn(Json::array(), ops, Json::array())),
+      CallOptions how;
+      how.idempotent = true;  // ranges only
+      TxnReply r = parse_txn(http.call("/v3/kv/txn", txn(Json::array(), ops, Json::array()), how),
                              context("range", keys[begin]));
       if (r.ranges.size() != end - begin) {
         throw ProtocolError(fmt::format("{}: {} range results for {} ranges",
@@ -129,6 +134,8 @@ struct EtcdStore::Impl {
     std::vector<std::string> out(keys.size());
     std::vector<size_t> pending(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) pending[i] = i;
+    std::string cancel_reason;  // of the last watch etcd cancelled
+    Millis cancel_backoff{0};
     for (;;) {
       std::vector<std::string> ask;
       for (size_t i : pending) ask.push_back(keys[i]);
@@ -147,16 +154,37 @@ struct EtcdStore::Impl {
         std::vector<std::string> missing;
         for (size_t i = 0; i < pending.size() && i < 8; ++i) missing.push_back(keys[pending[i]]);
         throw TimeoutError(fmt::format(
-            "timed out after {} ms waiting for {} of {} keys ({}{}) in etcd at {} (prefix {})",
+            "timed out after {} ms waiting for {} of {} keys ({}{}) in etcd at {} (prefix {}){}",
             std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start).count(),
             pending.size(), keys.size(), fmt::join(missing, ", "),
-            pending.size() > missing.size() ? ", ..." : "", http.members(), options.prefix));
+            pending.size() > missing.size() ? ", ..." : "", http.members(), options.prefix,
+            cancel_reason.empty()
+                ? std::string()
+                : fmt::format("; etcd cancelled the last watch: {}", cancel_reason)));
       }
       // Watch the first missing key from the revision just read: a put after the read is
-      // delivered even if it came before the watch was created. Compaction cancels the watch:
-      // the loop reads again.
-      http.watch(watch_create(full(keys[pending.front()]), revision + 1), remaining(deadline),
-                 [](const WatchMessage& m) { return m.put_events > 0 || m.canceled; });
+      // delivered even if it came before the watch was created. Each watch lasts at most
+      // watch_attempt, then the keys are read again (failing over when the member is gone
+      // silently: a silent stream looks like an unset key). Compaction cancels the watch: the
+      // loop reads again, after a pause that grows while etcd keeps cancelling.
+      bool canceled = false;
+      std::string reason;
+      http.watch(watch_create(full(keys[pending.front()]), revision + 1),
+                 std::min(remaining(deadline), options.watch_attempt), [&](const WatchMessage& m) {
+                   if (m.canceled) {
+                     canceled = true;
+                     reason = m.cancel_reason.empty() ? "(no reason given)" : m.cancel_reason;
+                   }
+                   return m.put_events > 0 || m.canceled;
+                 });
+      if (canceled) {
+        cancel_reason = std::move(reason);
+        cancel_backoff = std::min(std::max(cancel_backoff * 2, Millis(50)), Millis(1000));
+        auto pause = std::min(cancel_backoff, remaining(deadline));
+        if (pause.count() > 0) std::this_thread::sleep_for(pause);
+      } else {
+        cancel_backoff = Millis(0);
+      }
     }
   }
 };

@@ -64,26 +64,15 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   if (!base_) throw UsageError("DistributedDataParallel: the module is null");
   if (!pg_) throw UsageError("DistributedDataParallel: the process group is null");
   timeout_ = options_.timeout().count() > 0 ? options_.timeout() : pg_->timeout();
-  // Every SyncBatchNorm inside synchronizes over this group unless given one explicitly.
-  for (const auto& m : base_->modules(/*include_self=*/true)) {
-    if (auto* sync_bn = dynamic_cast<SyncBatchNormBase*>(m.get())) {
-      sync_bn->adopt_process_group(pg_);
-    }
-  }
+  adopt_group_in_sync_batch_norms();
   timeline_file_ = timeline_file_for(options_.timeline_path(), pg_->rank(), pg_->size());
   if (!timeline_file_.empty()) timeline_ = std::make_shared<Timeline>(pg_->rank());
 
   std::vector<NamedTensor> described;
   std::vector<torch::Tensor> all;
-  std::vector<torch::Tensor> grad_params;
-  std::vector<std::string> grad_names;
   for (const auto& item : base_->named_parameters(true)) {
     described.push_back({"parameter " + item.key(), item.value()});
     all.push_back(item.value());
-    if (item.value().requires_grad()) {
-      grad_params.push_back(item.value());
-      grad_names.push_back(item.key());
-    }
   }
   for (const auto& item : base_->named_buffers(true)) {
     described.push_back({"buffer " + item.key(), item.value()});
@@ -98,9 +87,31 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   }
   if (on_cpu) detail::warn_once_if_reference_blas();
   FlightRecorder::ScopedThreadTag tag("DDP construction");  // names these in a hang report
-  verify_same_tensors(*pg_, described, "parameters and buffers", timeout_);
-  if (pg_->size() > 1) broadcast_tensors(*pg_, all, /*root=*/0, timeout_);
+  if (options_.init_sync()) {
+    verify_same_tensors(*pg_, described, "parameters and buffers", timeout_);
+    if (pg_->size() > 1) broadcast_tensors(*pg_, all, /*root=*/0, timeout_);
+  }
+  reducer_ = make_reducer();
+}
 
+void DistributedDataParallelBase::adopt_group_in_sync_batch_norms() {
+  // Every SyncBatchNorm inside synchronizes over this group unless given one explicitly.
+  for (const auto& m : base_->modules(/*include_self=*/true)) {
+    if (auto* sync_bn = dynamic_cast<SyncBatchNormBase*>(m.get())) {
+      sync_bn->adopt_process_group(pg_);
+    }
+  }
+}
+
+std::unique_ptr<Reducer> DistributedDataParallelBase::make_reducer() const {
+  std::vector<torch::Tensor> grad_params;
+  std::vector<std::string> grad_names;
+  for (const auto& item : base_->named_parameters(true)) {
+    if (item.value().requires_grad()) {
+      grad_params.push_back(item.value());
+      grad_names.push_back(item.key());
+    }
+  }
   ReducerConfig config;
   config.first_bucket_cap_bytes =
       megabytes_to_bytes(options_.first_bucket_cap_mb(), "first_bucket_cap_mb");
@@ -109,9 +120,25 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   config.gradient_as_bucket_view = options_.gradient_as_bucket_view();
   config.static_graph = options_.static_graph();
   config.comm_hook = options_.comm_hook();
+  config.stop_request = options_.stop_request();
   config.timeout = timeout_;
   config.timeline = timeline_;
-  reducer_ = std::make_unique<Reducer>(std::move(grad_params), std::move(grad_names), pg_, config);
+  return std::make_unique<Reducer>(std::move(grad_params), std::move(grad_names), pg_, config);
+}
+
+void DistributedDataParallelBase::reset_process_group(ProcessGroupPtr pg) {
+  if (!pg) throw UsageError("DistributedDataParallel::reset_process_group: the group is null");
+  if (pg->size() != pg_->size() || pg->rank() != pg_->rank()) {
+    throw UsageError(fmt::format(
+        "DistributedDataParallel::reset_process_group: the new group has rank {} of {}, the old "
+        "one rank {} of {}; in-place recovery keeps every rank and the world size",
+        pg->rank(), pg->size(), pg_->rank(), pg_->size()));
+  }
+  reducer_.reset();  // unhooks the old reducer before the new one hooks the same parameters
+  pg_ = std::move(pg);
+  timeout_ = options_.timeout().count() > 0 ? options_.timeout() : pg_->timeout();
+  adopt_group_in_sync_batch_norms();
+  reducer_ = make_reducer();
 }
 
 DistributedDataParallelBase::~DistributedDataParallelBase() {

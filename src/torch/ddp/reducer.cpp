@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "ddp/torch/ddp/bucketing.hpp"
+#include "ddp/torch/ddp/stop_request.hpp"
 #include "ddp/torch/ddp/stream_order.hpp"
 #include "ddp/torch/ddp/tensor_adapter.hpp"
 #include "ddp/util/error.hpp"
@@ -125,7 +126,9 @@ void Reducer::build_buckets(const std::vector<std::vector<size_t>>& assignment) 
   for (const auto& members : assignment) {
     Bucket bucket;
     bucket.params = members;
-    int64_t total = 0;
+    // The stop request's flag rides at the end of the bucket launched last (stop_request.hpp).
+    const bool carries_stop = config_.stop_request && buckets.size() + 1 == assignment.size();
+    int64_t total = carries_stop ? 1 : 0;
     for (size_t i : members) total += params_[i].numel();
     bucket.buffer = torch::zeros({total}, params_[members.front()].options().requires_grad(false));
     int64_t offset = 0;
@@ -144,6 +147,11 @@ void Reducer::build_buckets(const std::vector<std::vector<size_t>>& assignment) 
         bucket.views.back().copy_(params_[i].grad());
         params_[i].mutable_grad() = bucket.views.back();
       }
+    }
+    if (carries_stop) {
+      bucket.info.offsets.push_back(offset);
+      bucket.info.shapes.push_back({1});
+      bucket.info.names.push_back(StopRequest::kStopRequestMember);
     }
     bucket.pending = members.size();
     buckets.push_back(std::move(bucket));
@@ -365,6 +373,10 @@ void Reducer::launch_ready_buckets_locked() {
         fmt::format("DDP bucket {}, iteration {}", next_bucket_ - 1, iteration_));
     try {
       bucket.info.iteration = iteration_ - 1;
+      if (config_.stop_request && bucket.info.is_last()) {
+        bucket.buffer.narrow(0, bucket.buffer.numel() - 1, 1)
+            .fill_(config_.stop_request->outgoing());
+      }
       const auto begin = Timeline::Clock::now();
       bucket.reduction = config_.comm_hook->launch(*pg_, bucket.buffer, bucket.info);
       // A small bucket may be reduced inline: the launch then blocks until every peer joined.
@@ -468,6 +480,10 @@ void Reducer::finalize_locked() {
     }
     ++finishing;  // past the used-parameter counts: names the statistics below if they fail
     end_straggler_iteration_locked();
+    if (config_.stop_request) {
+      const torch::Tensor& last = buckets_.back().buffer;
+      config_.stop_request->incoming(last.narrow(0, last.numel() - 1, 1).clone(), iteration_);
+    }
   } catch (...) {
     abandon_iteration_locked();
     rethrow_with_iteration_context(

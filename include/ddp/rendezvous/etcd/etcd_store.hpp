@@ -23,9 +23,10 @@
 // under `unleased_prefixes`.
 //
 // Every request is bounded (read_timeout; connect_timeout for unreachable members, which are
-// left for the next member of `endpoints`); every wait by its own limit. Failures are the
-// library's errors with the cause and the fix: NetworkError (no member reachable), StoreError
-// (TLS refused, etcd refused), ProtocolError (the endpoint is not etcd), TimeoutError.
+// left for the next member of `endpoints`, as are members that accepted a read and did not
+// answer in time); every wait by its own limit, and each watch within it by watch_attempt. Failures
+// are the library's errors with the cause and the fix: NetworkError (no member reachable),
+// StoreError (TLS refused, etcd refused), ProtocolError (the endpoint is not etcd), TimeoutError.
 // Not thread-safe (like TcpStore): one object per thread, or a caller that serialises use.
 
 #include <memory>
@@ -54,6 +55,9 @@ struct EtcdStoreOptions {
   // The local address connections leave from (nullopt: the kernel's choice). The load bench
   // gives each simulated node its own loopback address, as real nodes have their own.
   std::optional<std::string> local_address;
+  // Longest single watch of a wait: then the keys are read again and watched anew, so a member
+  // that died silently (stopped, cut off without a reset) costs this long, not the whole wait.
+  Millis watch_attempt{10000};
 };
 
 class EtcdStore : public Store {

@@ -108,6 +108,13 @@ class DistributedDataParallelBase : public Joinable {
   // Completes a pending gradient average; a no-op when backward already did.
   void finalize() { reducer_->finalize(); }
 
+  // In-place recovery (recovery/step_manager.hpp): moves the wrapper onto `pg`, the re-formed
+  // group of a new membership generation (same ranks and size). The reducer of the old group
+  // is dropped with its iteration in flight (its gradients are unspecified until the next
+  // backward) and a new one builds its buckets on `pg`, as at construction; SyncBatchNorm
+  // layers that took the old group take `pg`. Not collective: nothing is broadcast.
+  void reset_process_group(ProcessGroupPtr pg);
+
   // How many forwards searched their autograd graph for unused parameters
   // (find_unused_parameters: one per forward with grad mode; static_graph: none).
   int64_t unused_parameter_searches() const { return reducer_->unused_parameter_searches(); }
@@ -144,6 +151,8 @@ class DistributedDataParallelBase : public Joinable {
   std::string timeline_file_;
   std::vector<torch::Tensor> buffers_;
   std::unique_ptr<Reducer> reducer_;
+  std::unique_ptr<Reducer> make_reducer() const;
+  void adopt_group_in_sync_batch_norms();
 
   // Join protocol (ddp_join.cpp). A rank still training, before its forward: the "not joined"
   // all-reduce, the buffers from the highest rank still training, the "will backward sync"

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ddp/torch/ddp/comm_hooks.hpp"
+#include "ddp/torch/ddp/stop_request.hpp"
 
 namespace ddp {
 
@@ -24,6 +25,11 @@ struct DistributedDataParallelOptions {
   // Broadcast the module's buffers (e.g. BatchNorm running stats) from rank 0 before every
   // forward through the wrapper.
   TORCH_ARG(bool, broadcast_buffers) = true;
+  // Construction checks that every rank has the same parameters and broadcasts rank 0's
+  // parameters and buffers (PyTorch's init_sync). false skips both: the step manager
+  // (recovery/step_manager.hpp) brings every rank to the state of a healthy peer instead, which
+  // a rank restarted in place needs (rank 0 may be the restarted one).
+  TORCH_ARG(bool, init_sync) = true;
   // Allow parameters that get no gradient in some iterations (costs a graph traversal per
   // forward and one small all-reduce per backward).
   TORCH_ARG(bool, find_unused_parameters) = false;
@@ -44,6 +50,9 @@ struct DistributedDataParallelOptions {
   // optimizer steps; "{rank}" is replaced by the rank (required when world size > 1). Empty:
   // no timeline. Written when the wrapper is destroyed, or by write_timeline().
   TORCH_ARG(std::string, timeline_path) = "";
+  // A stop request the gradient all-reduce carries, so every rank agrees on it at the same step
+  // with no collective of its own (stop_request.hpp). Null: nothing carried.
+  TORCH_ARG(StopRequestPtr, stop_request) = nullptr;
   // Bound on every wait for communication; zero means the process group's timeout.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::milliseconds(0);
 };

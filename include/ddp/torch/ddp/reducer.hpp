@@ -51,6 +51,7 @@
 namespace ddp {
 
 class StaticGraph;
+class StopRequest;
 
 struct ReducerConfig {
   size_t first_bucket_cap_bytes = 1 << 20;
@@ -59,6 +60,8 @@ struct ReducerConfig {
   bool gradient_as_bucket_view = false;
   bool static_graph = false;  // see DistributedDataParallelOptions::static_graph
   CommHookPtr comm_hook;      // null: allreduce_hook()
+  // Carried as one more element of the last bucket (stop_request.hpp); null: none.
+  std::shared_ptr<StopRequest> stop_request;
   std::chrono::milliseconds timeout{ProcessGroup::kDefaultTimeout};
   std::shared_ptr<Timeline> timeline;  // null: no spans recorded
   // Synchronized iterations per straggler check (straggler.hpp); 0: off.

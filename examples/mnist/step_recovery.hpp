@@ -1,0 +1,135 @@
+#pragma once
+// mnist --recovery step: the training loop under ddp::StepManager, for
+// `ddprun --recovery step` (docs/recovery.md). A rank that dies is restarted alone by ddprun and
+// healed from a live peer; the survivors drop the step in flight and redo it. The batch of every
+// step is a function of the step counter (the DistributedSampler's epoch = step / steps per
+// epoch + 1, then the step's slice of this rank's indices), so a redone or healed step sees the
+// same samples.
+//
+//   ddprun --standalone --nproc-per-node 3 --recovery step --max-restarts 3
+//       build/examples/mnist/mnist --recovery step --total-steps 300   (one command line)
+//
+// Demo aid: DDP_TEST_KILL_AT_STEP=S (and DDP_TEST_KILL_RANK=R, default 1) make rank R's first
+// incarnation SIGKILL itself between forward and backward of step S.
+#include <fmt/format.h>
+#include <signal.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include <ddp/ddp.hpp>
+
+#include "ddp/torch/models/mnist_cnn.hpp"
+
+namespace mnist_example {
+
+struct StepRecoveryArgs {
+  int64_t epochs = 1;
+  int64_t batch_size = 32;
+  double lr = 1e-3;
+  std::string data_dir;
+  uint64_t seed = 0;
+  int64_t total_steps = -1;  // -1: epochs * steps per epoch
+  std::string loss_log;
+  ddp::CommHookPtr comm_hook;
+};
+
+inline int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::stoll(v) : fallback;
+}
+
+inline int run_with_step_recovery(const StepRecoveryArgs& args) {
+  ddp::StepManager manager;
+  const int rank = manager.rank(), world = manager.world_size();
+  auto train = ddp::load_mnist(ddp::MnistOptions().directory(args.data_dir));
+  auto test =
+      ddp::load_mnist(ddp::MnistOptions().directory(args.data_dir).split(ddp::MnistSplit::kTest));
+
+  torch::manual_seed(args.seed);
+  ddp::models::MnistCnn model(ddp::models::MnistCnnOptions::tutorial());
+  ddp::FusedAdam optimizer(model->parameters(), torch::optim::AdamOptions(args.lr));
+  // No construction broadcast: attach() brings every rank to a healthy peer's state.
+  ddp::DistributedDataParallel ddp_model(
+      model, manager.process_group(),
+      ddp::DistributedDataParallelOptions().init_sync(false).comm_hook(args.comm_hook));
+  manager.attach(ddp_model, optimizer);
+
+  ddp::DistributedSampler sampler(train.size(),
+                                  ddp::DistributedSamplerOptions(world, rank).seed(args.seed));
+  const int64_t steps_per_epoch = sampler.num_samples() / args.batch_size;
+  const int64_t total = args.total_steps >= 0 ? args.total_steps : args.epochs * steps_per_epoch;
+  std::ofstream loss_log;
+  if (rank == 0 && !args.loss_log.empty()) loss_log.open(args.loss_log, std::ios::app);
+  const bool first_life = env_int("TORCHELASTIC_RESTART_COUNT", 0) == 0;
+  const int64_t kill_step = env_int("DDP_TEST_KILL_AT_STEP", -1);
+  const int64_t kill_rank = env_int("DDP_TEST_KILL_RANK", 1);
+
+  if (rank == 0) {
+    std::cout << fmt::format("Entering training loop at step {} of {} (--recovery step)\n",
+                             manager.step(), total)
+              << std::flush;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  int64_t epoch = -1;
+  std::vector<int64_t> indices;
+  while (manager.step() < total) {
+    const int64_t step = manager.step();
+    if (step / steps_per_epoch + 1 != epoch) {
+      epoch = step / steps_per_epoch + 1;
+      sampler.set_epoch(epoch);
+      indices = sampler.indices();
+    }
+    const int64_t first = (step % steps_per_epoch) * args.batch_size;
+    const std::vector<int64_t> idx(indices.begin() + first,
+                                   indices.begin() + first + args.batch_size);
+    const auto batch = train.get_batch(idx);
+    torch::Tensor loss = manager.run_step([&] {
+      auto l = torch::nll_loss(ddp_model(batch.data), batch.target);
+      if (first_life && rank == kill_rank && step == kill_step) ::kill(::getpid(), SIGKILL);
+      l.backward();
+      return l;
+    });
+    if (loss_log.is_open()) {
+      loss_log << fmt::format("{} {:a}\n", manager.step(), loss.item<float>()) << std::flush;
+    }
+    if (rank == 0 && manager.step() % 100 == 0) {
+      std::cout << fmt::format("step {}/{} (epoch {}) loss {:.6f}\n", manager.step(), total, epoch,
+                               loss.item<float>())
+                << std::flush;
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  torch::NoGradGuard no_grad;
+  model->eval();
+  int64_t correct[2] = {0, 0};
+  for (int64_t i = rank; i < test.size(); i += world * 1000) {
+    std::vector<int64_t> idx;
+    for (int64_t j = i; j < std::min<int64_t>(test.size(), i + world * 1000); j += world) {
+      idx.push_back(j);
+    }
+    const auto b = test.get_batch(idx);
+    correct[0] += model->forward(b.data).argmax(1).eq(b.target).sum().item<int64_t>();
+    correct[1] += static_cast<int64_t>(idx.size());
+  }
+  auto& pg = *manager.process_group();
+  pg.all_reduce(correct, 2, ddp::DataType::kInt64, ddp::ReduceOp::kSum)->wait(pg.timeout());
+  if (rank == 0) {
+    std::cout << fmt::format(
+                     "Training time = {:.2f} s | {} steps on {} ranks | generation {} | {} "
+                     "attempts dropped on rank 0 | test accuracy {:.2f}% ({}/{})\n",
+                     seconds, manager.step(), world, manager.generation(), manager.steps_dropped(),
+                     100.0 * correct[0] / std::max<int64_t>(correct[1], 1), correct[0], correct[1])
+              << std::flush;
+  }
+  return 0;
+}
+
+}  // namespace mnist_example

@@ -1,0 +1,112 @@
+#pragma once
+// RecoverableGroup: a process group that outlives a member (in-place recovery,
+// docs/recovery.md). It holds the group of the current membership generation and a watcher
+// thread that reads the generation counter ddprun --recovery step publishes in the job's store
+// (recovery_notice.hpp) every watch_interval.
+//
+// When a rank is lost the watcher
+// - marks the group stale (stale(): an atomic load, no store round trip, cheap enough for
+//   every training step), and
+// - calls notify_peer_lost on it, so the collective in flight ends within about
+//   watch_interval + 100 ms with a PeerLostError naming the lost rank and the generation,
+//   instead of waiting out the group timeout.
+// reform() then builds the group of the newest generation in the same process, under its own
+// store key prefix ("<group_name>/g<generation>"), which the restarted rank joins too (it reads
+// the generation when it starts). Ranks and world size stay the same (ddprun restarts the lost
+// rank in place).
+//
+// Backends: cpu on one host polls the abort in its shared-memory waits; gloo's waits do not,
+// but end as soon as the dead peer's sockets close (NetworkError), before or after the notice.
+// Carrying this over to nccl: notify_peer_lost maps onto ncclCommAbort, and reform() creates
+// a new communicator, its unique id exchanged under the new generation's prefix, exactly as
+// here.
+//
+// Thread-safety: group(), reform() and generation() are for the training thread; stale() and
+// lost_rank() may be called from any thread.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "ddp/comm/process_group.hpp"
+#include "ddp/store/store.hpp"
+
+namespace ddp {
+
+struct RecoverableGroupOptions {
+  std::string backend = "cpu";  // cpu (one host) or gloo
+  // Bounds forming a generation (every rank, the restarted one included, must join) and every
+  // collective of the groups.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // How often the watcher reads the generation counter (one store round trip each).
+  std::chrono::milliseconds watch_interval{100};
+  // Unset: from the environment (RANK, WORLD_SIZE as ddprun sets them).
+  std::optional<int> rank;
+  std::optional<int> world_size;
+  // Null: TcpStore clients of MASTER_ADDR:MASTER_PORT. Under ddprun --recovery step
+  // (DDP_RECOVERY=step) ddprun hosts that store, so it survives any rank; otherwise rank 0
+  // hosts it, as init_process_group does, and no generation ever changes.
+  std::shared_ptr<Store> store;
+  // The watcher's own connection (a blocking call on `store` must not delay it). Null: a second
+  // client from the environment, or `store` itself when `store` was given.
+  std::shared_ptr<Store> watch_store;
+  std::string group_name = "recovery";
+};
+
+class RecoverableGroup {
+ public:
+  // Joins the current generation; blocks until every rank joined it (TimeoutError after
+  // options.timeout, naming how many did).
+  explicit RecoverableGroup(RecoverableGroupOptions options = {});
+  ~RecoverableGroup();
+  RecoverableGroup(const RecoverableGroup&) = delete;
+  RecoverableGroup& operator=(const RecoverableGroup&) = delete;
+
+  const ProcessGroupPtr& group() const { return group_; }
+  int64_t generation() const { return generation_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+
+  // Whether a newer generation than group()'s was announced. No store round trip.
+  bool stale() const { return announced_.load(std::memory_order_acquire) > generation_; }
+
+  // The rank whose loss opened the newest generation seen (nullopt before any loss).
+  std::optional<int> lost_rank() const;
+
+  // Aborts the current group (if the watcher has not yet), destroys it and joins the newest
+  // generation. Collective over the live ranks and the restarted one. Returns the new group.
+  const ProcessGroupPtr& reform();
+
+ private:
+  void watch_loop();
+  ProcessGroupPtr form(int64_t generation);
+  PeerLostError lost_error(int64_t generation, std::optional<int> lost) const;
+
+  RecoverableGroupOptions options_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  std::shared_ptr<Store> store_;
+  std::shared_ptr<Store> watch_store_;
+  // From the environment: a new connection per generation (recoverable_group.cpp); else unset.
+  std::function<std::shared_ptr<Store>()> connect_;
+  ProcessGroupPtr group_;
+  int64_t generation_ = 0;
+  std::atomic<int64_t> announced_{0};
+
+  mutable std::mutex mutex_;  // guards lost_, current_ (the watcher's view of group_)
+  std::optional<int> lost_;
+  ProcessGroupPtr current_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool store_unreachable_ = false;  // the watcher's last read failed (warned once)
+  std::thread watcher_;
+};
+
+}  // namespace ddp

@@ -1,0 +1,108 @@
+#pragma once
+// StepManager: a failure costs one step, not a restart (in-place recovery, docs/recovery.md).
+//
+//   ddp::StepManager steps;                          // joins the current generation
+//   ddp::DistributedDataParallel model(net, steps.process_group(),
+//                                      ddp::DistributedDataParallelOptions().init_sync(false));
+//   torch::optim::Adam opt(model.parameters(), 1e-3);
+//   steps.attach(model, opt);                        // every rank gets a healthy peer's state
+//   while (steps.step() < total) {
+//     auto batch = batch_for_step(steps.step());     // the data position follows the step
+//     steps.run_step([&] { auto loss = loss_fn(model(batch.x), batch.y); loss.backward();
+//                          return loss; });
+//   }
+//
+// Run under `ddprun --recovery step`: when a rank dies, ddprun restarts it in place and
+// announces the loss in the job's store; the survivors' collective in flight fails with
+// PeerLostError within about RecoverableGroupOptions::watch_interval + 100 ms.
+//
+// Contract of run_step(fn):
+// - fn runs forward and backward through the DDP wrapper (gradients are zeroed before it);
+//   run_step then runs optimizer.step() and counts the step. The step is committed on this rank
+//   when run_step returns.
+// - Membership is checked at the start of every step with one atomic load (no store round trip)
+//   when nothing changed.
+// - A member lost during the step: no optimizer step on partial gradients. The survivors drop
+//   the attempt (gradients zeroed, the CPU generator rewound to the step's start), re-form the
+//   group in the same processes, rebuild DDP's reducer on it, bring every rank (the restarted
+//   one included) to the state of the most advanced healthy rank (peer_heal.hpp), and run fn
+//   again for the same step. Gradients are averaged over the ranks that took part, which with
+//   in-place restarts is the full world again.
+// - fn must be a function of step() (the batch, any schedule) and must not act on the outside
+//   world before run_step returns (log after it: a dropped attempt is invisible).
+// - Other errors propagate unchanged; so does a loss when this rank has no StepManager state
+//   attached yet.
+//
+// Backends: cpu on one host (its waits poll the abort) and gloo (a dead peer's socket closes,
+// which ends the collective in flight; the notice then confirms the loss).
+// Not yet (docs/recovery.md): ZeroRedundancyOptimizer, the CUDA generator's state, multi-host
+// cpu groups whose peer hangs rather than dies.
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "ddp/comm/recoverable_group.hpp"
+#include "ddp/torch/ddp/distributed_data_parallel.hpp"
+
+namespace ddp {
+
+struct StepManagerOptions {
+  RecoverableGroupOptions group;
+  // A step redone this many times in a row (a loss during every attempt) gives up with the last
+  // PeerLostError.
+  int max_attempts_per_step = 16;
+  // A collective that fails with NetworkError or CollectiveError before ddprun's notice arrived
+  // (gloo sees a dead peer's socket close first) waits up to this long for the notice; with it
+  // the step is redone, without it the error propagates after the wait.
+  std::chrono::milliseconds notice_wait{5000};
+};
+
+class StepManager {
+ public:
+  explicit StepManager(StepManagerOptions options = {});
+  ~StepManager();
+  StepManager(const StepManager&) = delete;
+  StepManager& operator=(const StepManager&) = delete;
+
+  // The current generation's group: build DDP on it (init_sync(false)).
+  const ProcessGroupPtr& process_group() const { return group_.group(); }
+  int rank() const { return group_.rank(); }
+  int world_size() const { return group_.world_size(); }
+  int64_t generation() const { return group_.generation(); }
+
+  // Registers the training state and heals it (collective): afterwards every rank holds the
+  // parameters, buffers, optimizer state, step counter and generator state of a healthy peer
+  // (rank 0 at the job's start). Call once, after building DDP on process_group().
+  void attach(DistributedDataParallelBase& model, torch::optim::Optimizer& optimizer);
+
+  // Steps committed (restored from the peer when this rank (re)joined).
+  int64_t step() const { return step_; }
+  // Attempts dropped on this rank because a member was lost.
+  int64_t steps_dropped() const { return dropped_; }
+  // Re-forms this rank took part in.
+  int64_t recoveries() const { return recoveries_; }
+
+  // Runs one step; see the contract above. Returns fn's result of the committed attempt.
+  torch::Tensor run_step(const std::function<torch::Tensor()>& fn);
+
+ private:
+  // Re-forms the group, moves DDP onto it and heals; repeats while further losses strike.
+  void recover();
+  // Whether the error in flight is a member's loss: announced already, or (for errors a lost
+  // peer can cause) announced within options_.notice_wait.
+  bool loss_announced(const std::exception& error) const;
+
+  StepManagerOptions options_;
+  RecoverableGroup group_;
+  DistributedDataParallelBase* model_ = nullptr;
+  torch::optim::Optimizer* optimizer_ = nullptr;
+  int64_t step_ = 0;
+  int64_t dropped_ = 0;
+  int64_t recoveries_ = 0;
+};
+
+}  // namespace ddp

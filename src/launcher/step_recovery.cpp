@@ -1,0 +1,56 @@
+#include "ddp/launcher/step_recovery.hpp"
+
+#include <fmt/format.h>
+
+#include "ddp/launcher/output.hpp"
+#include "ddp/store/recovery_notice.hpp"
+#include "ddp/store/tcp_store.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp::launcher {
+
+RecoveryMode parse_recovery_mode(const std::string& value, const std::string& source) {
+  if (value == "group") return RecoveryMode::kGroup;
+  if (value == "step") return RecoveryMode::kStep;
+  throw UsageError(fmt::format(
+      "{} '{}': unknown recovery mode; use 'group' (stop every worker and restart the group, "
+      "the default) or 'step' (restart only the failed worker; the others drop the step in "
+      "flight and go on, see docs/recovery.md)",
+      source, value));
+}
+
+StepRecovery::StepRecovery(uint16_t port, int max_restarts, int notice_fd)
+    : max_restarts_(max_restarts), notice_fd_(notice_fd) {
+  TcpStoreOptions o;
+  o.host = "127.0.0.1";  // the client side of this object; the server binds every interface
+  o.port = port;
+  o.is_server = true;
+  store_ = std::make_unique<TcpStore>(o);
+  recovery_notice::read_generation(*store_);  // generation 0, readable before any worker runs
+}
+
+StepRecovery::~StepRecovery() = default;
+
+uint16_t StepRecovery::port() const {
+  return store_->port();
+}
+
+std::optional<int> StepRecovery::on_worker_failed(const WorkerFailure& failure) {
+  const std::string what = describe_failure(failure);
+  if (restarts_ >= max_restarts_) {
+    std::string line = fmt::format(
+        "ddprun: {}; no restart left (--max-restarts {}), stopping the job\n", what, max_restarts_);
+    write_fully(notice_fd_, line.data(), line.size());
+    return std::nullopt;
+  }
+  generation_ = recovery_notice::publish_lost_rank(*store_, generation_, failure.global_rank);
+  ++restarts_;
+  std::string line = fmt::format(
+      "ddprun: {}; restarting only rank {} (--recovery step, restart {} of {}, membership "
+      "generation {}); the other workers go on\n",
+      what, failure.global_rank, restarts_, max_restarts_, generation_);
+  write_fully(notice_fd_, line.data(), line.size());
+  return restarts_;
+}
+
+}  // namespace ddp::launcher

@@ -1,0 +1,133 @@
+#include "ddp/torch/recovery/step_manager.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include <thread>
+
+#include "ddp/torch/recovery/peer_heal.hpp"
+#include "ddp/util/error.hpp"
+#include "ddp/util/logging.hpp"
+
+namespace ddp {
+
+namespace {
+
+torch::Tensor generator_state() {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_generator_state(const torch::Tensor& state) {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+}  // namespace
+
+StepManager::StepManager(StepManagerOptions options)
+    : options_(std::move(options)), group_(options_.group) {
+  if (options_.max_attempts_per_step < 1) {
+    throw UsageError(
+        fmt::format("StepManagerOptions::max_attempts_per_step must be at least 1, "
+                    "got {}",
+                    options_.max_attempts_per_step));
+  }
+}
+
+StepManager::~StepManager() = default;
+
+void StepManager::attach(DistributedDataParallelBase& model, torch::optim::Optimizer& optimizer) {
+  if (model_ != nullptr) throw UsageError("StepManager::attach: already attached");
+  if (&model.process_group() != group_.group().get()) {
+    throw UsageError(
+        "StepManager::attach: the DDP wrapper runs on another process group; build it on "
+        "StepManager::process_group() (with DistributedDataParallelOptions().init_sync(false))");
+  }
+  model_ = &model;
+  optimizer_ = &optimizer;
+  // This process starts with no trained state: at the job's start (every rank fresh) rank 0's
+  // state goes everywhere, after a restart the survivors' does.
+  HealTarget target{&model.base_module(), &optimizer, &step_};
+  for (;;) {
+    try {
+      heal_from_peer(*group_.group(), target, /*fresh=*/true, group_.group()->timeout());
+      return;
+    } catch (const std::exception& e) {
+      if (!loss_announced(e)) throw;
+    }
+    // Another rank was lost while this one joined.
+    group_.reform();
+    model_->reset_process_group(group_.group());
+  }
+}
+
+bool StepManager::loss_announced(const std::exception& error) const {
+  if (group_.stale()) return true;
+  const bool peer_related = dynamic_cast<const NetworkError*>(&error) != nullptr ||
+                            dynamic_cast<const CollectiveError*>(&error) != nullptr;
+  if (!peer_related) return false;
+  const auto until = std::chrono::steady_clock::now() + options_.notice_wait;
+  while (std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (group_.stale()) return true;
+  }
+  return false;
+}
+
+void StepManager::recover() {
+  for (int tries = 0;; ++tries) {
+    try {
+      group_.reform();
+      ++recoveries_;
+      model_->reset_process_group(group_.group());
+      const HealResult healed =
+          heal_from_peer(*group_.group(), HealTarget{&model_->base_module(), optimizer_, &step_},
+                         /*fresh=*/false, group_.group()->timeout());
+      log::get("ddp.recovery")
+          ->info("rank {}: group re-formed at generation {} (rank {} was lost); {} at step {}",
+                 rank(), generation(),
+                 group_.lost_rank() ? std::to_string(*group_.lost_rank()) : std::string("?"),
+                 healed.transferred ? fmt::format("state from rank {}", healed.source)
+                                    : std::string("no state sent"),
+                 step_);
+      return;
+    } catch (const std::exception& e) {
+      if (!loss_announced(e) || tries + 1 >= options_.max_attempts_per_step) throw;
+    }
+  }
+}
+
+torch::Tensor StepManager::run_step(const std::function<torch::Tensor()>& fn) {
+  if (model_ == nullptr) {
+    throw UsageError("StepManager::run_step: call attach(model, optimizer) first");
+  }
+  for (int attempt = 1;; ++attempt) {
+    if (group_.stale()) recover();  // one atomic load when nothing changed
+    const torch::Tensor rng_at_start = generator_state();
+    optimizer_->zero_grad();
+    try {
+      torch::Tensor out = fn();
+      model_->finalize();
+      // Every gradient holds the average over all ranks now: commit, even when a loss was
+      // announced meanwhile (a peer that dropped this step heals from this rank's state).
+      optimizer_->step();
+      ++step_;
+      return out;
+    } catch (const std::exception& e) {
+      // A loss shows as PeerLostError, as a socket error (gloo), or as whatever an autograd
+      // hook made of it: ddprun's notice, seen by the watcher, is what decides.
+      if (!loss_announced(e) || attempt >= options_.max_attempts_per_step) throw;
+      ++dropped_;
+      log::get("ddp.recovery")
+          ->warn("rank {}: step {} dropped (a member was lost: {}); re-forming and redoing it",
+                 rank(), step_, e.what());
+      optimizer_->zero_grad();
+      set_generator_state(rng_at_start);
+    }
+  }
+}
+
+}  // namespace ddp

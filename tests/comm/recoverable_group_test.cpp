@@ -1,0 +1,120 @@
+// RecoverableGroup (in-place recovery) with ranks as threads on one HashStore: the collective
+// in flight ends with PeerLostError naming the lost rank once the launcher's notice is in the
+// store, and the group re-forms in the same "processes" with the replacement rank.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "ddp/comm/recoverable_group.hpp"
+#include "ddp/store/hash_store.hpp"
+#include "ddp/store/recovery_notice.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp {
+namespace {
+
+constexpr int kWorld = 3;
+
+RecoverableGroupOptions options_for(int rank, const std::shared_ptr<Store>& store) {
+  RecoverableGroupOptions o;
+  o.rank = rank;
+  o.world_size = kWorld;
+  o.store = store;
+  // Far beyond the test's run time: a collective that ends must have ended by the notice.
+  o.timeout = std::chrono::minutes(5);
+  o.watch_interval = std::chrono::milliseconds(20);
+  return o;
+}
+
+float all_reduce_one(ProcessGroup& pg, float value) {
+  pg.all_reduce(&value, 1, DataType::kFloat32, ReduceOp::kSum)->wait(pg.timeout());
+  return value;
+}
+
+TEST(RecoverableGroup, LostMemberAbortsTheCollectiveAndTheGroupReforms) {
+  auto store = std::make_shared<HashStore>();
+  store->set_timeout(std::chrono::minutes(5));
+  std::array<std::optional<PeerLostError>, kWorld> lost_errors;
+  std::array<float, kWorld> sums{};
+  std::array<int64_t, kWorld> generations{};
+  std::atomic<int> waiting{0};
+
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {  // the survivors
+    threads.emplace_back([&, r] {
+      RecoverableGroup group(options_for(r, store));
+      EXPECT_FALSE(group.stale());
+      EXPECT_EQ(all_reduce_one(*group.group(), 1.0f), 3.0f);
+      ++waiting;
+      try {
+        all_reduce_one(*group.group(), 1.0f);  // rank 2 never joins this one
+      } catch (const PeerLostError& e) {
+        lost_errors[r] = e;
+      }
+      EXPECT_TRUE(group.stale());
+      group.reform();
+      generations[r] = group.generation();
+      sums[r] = all_reduce_one(*group.group(), static_cast<float>(r + 1));
+    });
+  }
+  // Rank 2's first incarnation: takes part in the first collective, then "dies".
+  {
+    RecoverableGroup doomed(options_for(2, store));
+    EXPECT_EQ(all_reduce_one(*doomed.group(), 1.0f), 3.0f);
+  }
+  while (waiting.load() < 2) std::this_thread::yield();
+  // ddprun's part: record the loss, then restart the rank, which joins the new generation.
+  EXPECT_EQ(recovery_notice::publish_lost_rank(*store, 0, 2), 1);
+  threads.emplace_back([&] {
+    RecoverableGroup replacement(options_for(2, store));
+    generations[2] = replacement.generation();
+    sums[2] = all_reduce_one(*replacement.group(), 3.0f);
+  });
+  for (auto& t : threads) t.join();
+
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(lost_errors[r].has_value()) << "rank " << r << " got no PeerLostError";
+    EXPECT_EQ(lost_errors[r]->lost_rank(), 2);
+    EXPECT_EQ(lost_errors[r]->generation(), 1);
+    EXPECT_NE(std::string(lost_errors[r]->what()).find("rank 2 of 3 was lost"), std::string::npos)
+        << lost_errors[r]->what();
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(generations[r], 1) << "rank " << r;
+    EXPECT_EQ(sums[r], 6.0f) << "rank " << r;
+  }
+}
+
+TEST(RecoverableGroup, LaterOperationsOfAnAbortedGroupFailWithTheSameError) {
+  auto store = std::make_shared<HashStore>();
+  RecoverableGroupOptions o = options_for(0, store);
+  o.world_size = 1;
+  RecoverableGroup group(o);
+  group.group()->notify_peer_lost(PeerLostError("rank 1 of 2 was lost", 1, 1));
+  float x = 1.0f;
+  try {
+    group.group()
+        ->all_reduce(&x, 1, DataType::kFloat32, ReduceOp::kSum)
+        ->wait(std::chrono::minutes(1));
+    FAIL() << "the aborted group ran a collective";
+  } catch (const PeerLostError& e) {
+    EXPECT_EQ(e.lost_rank(), 1);
+  }
+}
+
+TEST(RecoverableGroup, BadOptionsAreUsageErrors) {
+  RecoverableGroupOptions o = options_for(0, std::make_shared<HashStore>());
+  o.watch_interval = std::chrono::milliseconds(0);
+  EXPECT_THROW(RecoverableGroup{o}, UsageError);
+  o = options_for(3, std::make_shared<HashStore>());
+  EXPECT_THROW(RecoverableGroup{o}, UsageError);
+}
+
+}  // namespace
+}  // namespace ddp

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""In-place recovery end to end (docs/recovery.md), real processes and real kills.
+
+Backends cpu (shared memory; the survivors' collective is aborted by ddprun's notice) and gloo.
+
+1 host x 3 ranks of recovery_worker under ddprun:
+- a run without a failure gives the reference parameters;
+- 5 seeds: rank, step and phase of a kill -9 drawn from the seed; ddprun --recovery step must
+  restart only that rank, the job must exit 0, every rank must end with exactly the requested
+  number of committed steps, and every rank's parameters must be bitwise equal to each other and
+  to the reference (no committed step lost, none applied twice);
+- --recovery group (the default) with the same kill restarts the whole group, as before;
+- a bad --recovery value is a usage error naming the choices.
+"""
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+WORLD = 3
+STEPS = 30
+
+
+def run(ddprun, worker, out, recovery, env_extra):
+    env = dict(os.environ)
+    env.update(env_extra)
+    cmd = [ddprun, "--standalone", "--nproc-per-node", str(WORLD), "--max-restarts", "2"]
+    if recovery:
+        cmd += ["--recovery", recovery]
+    cmd += ["--no-python", worker, "--steps", str(STEPS), "--out", out]
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=300)
+    return p
+
+
+def read_params(out):
+    return [open(os.path.join(out, f"rank{r}.params"), "rb").read() for r in range(WORLD)]
+
+
+def read_reports(out):
+    return [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(WORLD)]
+
+
+def fail(msg, p=None):
+    print("FAIL:", msg)
+    if p is not None:
+        print("--- stdout ---\n" + p.stdout[-4000:])
+        print("--- stderr ---\n" + p.stderr[-8000:])
+    sys.exit(1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ddprun", required=True)
+    ap.add_argument("--worker", required=True)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="ddp_recovery_test_")
+
+    # Reference: no failure.
+    ref_dir = os.path.join(tmp, "reference")
+    os.makedirs(ref_dir)
+    p = run(args.ddprun, args.worker, ref_dir, "step", {})
+    if p.returncode != 0:
+        fail(f"the run without a failure exited {p.returncode}", p)
+    reference = read_params(ref_dir)
+    if len(set(reference)) != 1:
+        fail("ranks differ after a run without a failure")
+    print(f"reference: {STEPS} steps, {len(reference[0])} parameter bytes per rank")
+
+    phases = ["forward", "backward", "between"]
+    for seed in range(5):
+        rnd = random.Random(seed)
+        kill_rank = seed % WORLD  # rank 0 too: the store lives in ddprun, not in rank 0
+        kill_step = rnd.randrange(1, STEPS - 1)
+        phase = phases[seed % len(phases)]
+        out = os.path.join(tmp, f"seed{seed}")
+        os.makedirs(out)
+        p = run(args.ddprun, args.worker, out, "step", {
+            "DDP_TEST_KILL_AT_STEP": str(kill_step),
+            "DDP_TEST_KILL_RANK": str(kill_rank),
+            "DDP_TEST_KILL_PHASE": phase,
+        })
+        what = f"seed {seed} (kill -9 of rank {kill_rank} at step {kill_step}, {phase})"
+        if p.returncode != 0:
+            fail(f"{what}: ddprun exited {p.returncode}", p)
+        if f"restarting only rank {kill_rank}" not in p.stderr:
+            fail(f"{what}: ddprun did not restart rank {kill_rank} alone", p)
+        if "restarting the worker group" in p.stderr:
+            fail(f"{what}: ddprun restarted the whole group", p)
+        # The survivors' collective in flight ended by ddprun's notice (PeerLostError), not by
+        # the group timeout (a TimeoutError message).
+        lost = f"rank {kill_rank} of {WORLD} was lost (membership generation 1"
+        if p.stderr.count(lost) < WORLD - 1 or "timed out" in p.stderr:
+            fail(f"{what}: the survivors did not drop the step on ddprun's notice", p)
+        reports = read_reports(out)
+        for r in reports:
+            if r["step"] != STEPS:
+                fail(f"{what}: rank {r['rank']} committed {r['step']} steps, not {STEPS}", p)
+        restarted = reports[kill_rank]
+        if restarted["restart_count"] != 1 or restarted["generation"] != 1:
+            fail(f"{what}: the restarted rank reports {restarted}", p)
+        survivors = [r for r in reports if r["rank"] != kill_rank]
+        if any(r["recoveries"] != 1 for r in survivors):
+            fail(f"{what}: survivors did not re-form exactly once: {survivors}", p)
+        params = read_params(out)
+        if len(set(params)) != 1:
+            fail(f"{what}: parameters differ between ranks", p)
+        if params[0] != reference[0]:
+            fail(f"{what}: parameters differ from the run without a failure (a step lost or "
+                 f"applied twice)", p)
+        print(f"ok: {what}: exit 0, {STEPS} steps on every rank, parameters bitwise equal "
+              f"to each other and to the reference; survivors dropped "
+              f"{[r['dropped'] for r in survivors]} attempts")
+
+    # A failure in the first step, two failures in a row (the second rank dies after the first
+    # one was healed; --max-restarts 2 covers both), and
+    # A replacement killed while the survivors heal it (before its attach()).
+    for name, steps, ranks, phase, generations, in_heal in [
+            ("first step", "0", "2", "forward", 1, "0"),
+            ("two failures in a row", "4,9", "1,2", "backward", 2, "0"),
+            ("replacement killed while being healed", "6", "1", "backward", 2, "1")]:
+        out = os.path.join(tmp, name.replace(" ", "_"))
+        os.makedirs(out)
+        p = run(args.ddprun, args.worker, out, "step", {
+            "DDP_TEST_KILL_AT_STEP": steps, "DDP_TEST_KILL_RANK": ranks,
+            "DDP_TEST_KILL_PHASE": phase, "DDP_TEST_KILL_IN_HEAL": in_heal})
+        if p.returncode != 0:
+            fail(f"{name}: ddprun exited {p.returncode}", p)
+        reports = read_reports(out)
+        if any(r["step"] != STEPS or r["generation"] != generations for r in reports):
+            fail(f"{name}: reports {reports}", p)
+        params = read_params(out)
+        if len(set(params)) != 1 or params[0] != reference[0]:
+            fail(f"{name}: parameters differ between ranks or from the reference", p)
+        print(f"ok: {name}: exit 0, generation {generations}, parameters bitwise equal to the "
+              f"reference")
+
+    # The gloo backend: the collective in flight ends on the dead peer's socket, the notice
+    # confirms the loss. Its own reference (gloo sums in another order than cpu).
+    gloo_ref_dir = os.path.join(tmp, "gloo_reference")
+    os.makedirs(gloo_ref_dir)
+    p = run(args.ddprun, args.worker, gloo_ref_dir, "step", {"DDP_TEST_BACKEND": "gloo"})
+    if p.returncode != 0:
+        fail(f"gloo: the run without a failure exited {p.returncode}", p)
+    gloo_reference = read_params(gloo_ref_dir)
+    for seed in (5, 6):
+        rnd = random.Random(seed)
+        kill_rank = 0 if seed == 5 else 2
+        kill_step = rnd.randrange(1, STEPS - 1)
+        out = os.path.join(tmp, f"gloo_seed{seed}")
+        os.makedirs(out)
+        p = run(args.ddprun, args.worker, out, "step", {
+            "DDP_TEST_BACKEND": "gloo", "DDP_TEST_KILL_AT_STEP": str(kill_step),
+            "DDP_TEST_KILL_RANK": str(kill_rank), "DDP_TEST_KILL_PHASE": "backward"})
+        what = f"gloo, kill -9 of rank {kill_rank} at step {kill_step}"
+        if p.returncode != 0:
+            fail(f"{what}: ddprun exited {p.returncode}", p)
+        reports = read_reports(out)
+        if any(r["step"] != STEPS or r["generation"] != 1 for r in reports):
+            fail(f"{what}: reports {reports}", p)
+        params = read_params(out)
+        if len(set(params)) != 1 or params[0] != gloo_reference[0]:
+            fail(f"{what}: parameters differ between ranks or from the gloo reference", p)
+        print(f"ok: {what}: exit 0, parameters bitwise equal to the gloo reference")
+
+    # --recovery group (explicit) and the default: the whole group restarts, as before.
+    for recovery in ["group", None]:
+        out = os.path.join(tmp, f"group_{recovery}")
+        os.makedirs(out)
+        p = run(args.ddprun, args.worker, out, recovery, {
+            "DDP_TEST_KILL_AT_STEP": "5", "DDP_TEST_KILL_RANK": "1",
+            "DDP_TEST_KILL_PHASE": "backward"})
+        if p.returncode != 0:
+            fail(f"--recovery {recovery}: exited {p.returncode}", p)
+        if "restarting the worker group (restart 1 of 2)" not in p.stderr:
+            fail(f"--recovery {recovery}: the group was not restarted as before", p)
+        if "restarting only rank" in p.stderr:
+            fail(f"--recovery {recovery}: a rank was restarted alone", p)
+        if any(r["restart_count"] != 1 for r in read_reports(out)):
+            fail(f"--recovery {recovery}: not every rank is of the restarted group", p)
+        print(f"ok: --recovery {recovery or '(default)'} restarts the whole group")
+
+    # A bad value: usage error, exit 2, naming the choices.
+    p = subprocess.run([args.ddprun, "--recovery", "later", "--standalone", "--no-python",
+                        "true"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=60)
+    if p.returncode != 2 or "--recovery 'later': unknown recovery mode; use 'group'" not in \
+            p.stderr or "'step'" not in p.stderr:
+        fail(f"a bad --recovery value: exit {p.returncode}", p)
+    print("ok: a bad --recovery value is a usage error")
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()

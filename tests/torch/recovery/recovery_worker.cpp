@@ -1,0 +1,150 @@
+// A training worker for the in-place recovery tests (recovery_test.py): a small MLP with dropout
+// on synthetic data that is a pure function of the step, trained with ddp::StepManager.
+//
+//   recovery_worker --steps N --out DIR
+//
+// Fault injection (this program only, not the library): DDP_TEST_KILL_AT_STEP=S,
+// DDP_TEST_KILL_RANK=R and DDP_TEST_KILL_PHASE=forward|backward|between make rank R of the
+// first incarnation (TORCHELASTIC_RESTART_COUNT=0) SIGKILL itself at step S: before the forward,
+// between forward and backward, or after the step committed. S and R may be comma-separated
+// lists of the same length (several failures, one per pair).
+//
+// At the end each rank writes DIR/rank<R>.params (every parameter's bytes, in order) and
+// DIR/rank<R>.json (committed steps, attempts dropped, re-forms, generation, restart count);
+// every committed step is appended to DIR/rank<R>.commits as "<pid> <step>".
+#include <fmt/format.h>
+#include <signal.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <ddp/ddp.hpp>
+
+namespace {
+
+struct Net : torch::nn::Module {
+  Net() {
+    fc1 = register_module("fc1", torch::nn::Linear(16, 64));
+    fc2 = register_module("fc2", torch::nn::Linear(64, 64));
+    fc3 = register_module("fc3", torch::nn::Linear(64, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::relu(fc1->forward(x));
+    h = torch::dropout(h, 0.2, is_training());
+    h = torch::relu(fc2->forward(h));
+    return fc3->forward(h);
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : fallback;
+}
+
+std::vector<int64_t> int_list(const std::string& text) {
+  std::vector<int64_t> out;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t comma = text.find(',', at);
+    out.push_back(std::stoll(text.substr(at, comma - at)));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return out;
+}
+
+// This rank's batch of step `step`: the same on every incarnation of the rank.
+std::pair<torch::Tensor, torch::Tensor> batch_for(int64_t step, int rank) {
+  torch::Generator g = at::detail::createCPUGenerator(static_cast<uint64_t>(step * 1000 + rank));
+  auto x = torch::randn({32, 16}, g);
+  auto y = torch::randint(0, 4, {32}, g);
+  return {x, y};
+}
+
+int run(int64_t steps, const std::string& out) {
+  ddp::StepManagerOptions options;
+  options.group.timeout = std::chrono::seconds(60);
+  options.group.backend = env_or("DDP_TEST_BACKEND", "cpu");
+  ddp::StepManager manager(options);
+  const int rank = manager.rank();
+
+  torch::manual_seed(0);
+  auto net = std::make_shared<Net>();
+  ddp::DistributedDataParallel model(net, manager.process_group(),
+                                     ddp::DistributedDataParallelOptions().init_sync(false));
+  torch::optim::Adam optimizer(model.parameters(), torch::optim::AdamOptions(1e-2));
+  // DDP_TEST_KILL_IN_HEAL=1: the first replacement (restart count 1) dies after it joined the
+  // new generation, while the survivors wait in the healing collectives.
+  if (env_or("DDP_TEST_KILL_IN_HEAL", "0") == "1" &&
+      env_or("TORCHELASTIC_RESTART_COUNT", "0") == "1") {
+    ::kill(::getpid(), SIGKILL);
+  }
+  manager.attach(model, optimizer);
+
+  const bool first_life = env_or("TORCHELASTIC_RESTART_COUNT", "0") == "0";
+  const std::vector<int64_t> kill_steps = int_list(env_or("DDP_TEST_KILL_AT_STEP", ""));
+  const std::vector<int64_t> kill_ranks = int_list(env_or("DDP_TEST_KILL_RANK", ""));
+  const std::string kill_phase = env_or("DDP_TEST_KILL_PHASE", "backward");
+  auto maybe_die = [&](const char* phase) {
+    if (!first_life || kill_phase != phase) return;
+    for (size_t i = 0; i < kill_steps.size() && i < kill_ranks.size(); ++i) {
+      if (rank == kill_ranks[i] && manager.step() == kill_steps[i]) ::kill(::getpid(), SIGKILL);
+    }
+  };
+
+  std::ofstream commits(fmt::format("{}/rank{}.commits", out, rank), std::ios::app);
+  while (manager.step() < steps) {
+    const auto [x, y] = batch_for(manager.step(), rank);
+    manager.run_step([&] {
+      maybe_die("forward");
+      auto loss = torch::cross_entropy_loss(model(x), y);
+      maybe_die("backward");
+      loss.backward();
+      return loss;
+    });
+    commits << ::getpid() << " " << manager.step() << "\n" << std::flush;
+    maybe_die("between");
+  }
+
+  std::ofstream params(fmt::format("{}/rank{}.params", out, rank), std::ios::binary);
+  for (const auto& p : model.parameters()) {
+    auto c = p.detach().contiguous();
+    params.write(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
+  }
+  std::ofstream(fmt::format("{}/rank{}.json", out, rank)) << fmt::format(
+      "{{\"rank\":{},\"step\":{},\"dropped\":{},\"recoveries\":{},\"generation\":{},"
+      "\"restart_count\":{}}}\n",
+      rank, manager.step(), manager.steps_dropped(), manager.recoveries(), manager.generation(),
+      env_or("TORCHELASTIC_RESTART_COUNT", "0"));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t steps = 20;
+  std::string out = ".";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--steps") {
+      steps = std::stoll(argv[i + 1]);
+    } else if (flag == "--out") {
+      out = argv[i + 1];
+    } else {
+      std::cerr << "recovery_worker: unknown flag " << flag << "; use --steps N --out DIR\n";
+      return 2;
+    }
+  }
+  try {
+    return run(steps, out);
+  } catch (const std::exception& e) {
+    std::cerr << "recovery_worker: " << e.what() << "\n";
+    return 1;
+  }
+}
