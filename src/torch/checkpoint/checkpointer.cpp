@@ -132,7 +132,7 @@ ResumedCheckpoint Checkpointer::load(const std::string& path, torch::nn::Module*
     if (!module) throw UsageError("checkpoint: loading an optimizer needs its module (names)");
     checkpoint::load_optimizer(reader, *module, *optimizer);
   }
-  checkpoint::load_rng(reader, rank);
+  checkpoint::load_rng(reader, rank, module);
   ResumedCheckpoint r;
   r.path = path;
   r.progress = checkpoint::load_progress(reader);

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <numeric>
+#include <optional>
 
 #include "ddp/torch/snapshot/torch_pickle.hpp"
 #include "ddp/util/error.hpp"
@@ -65,6 +66,18 @@ std::string dtype_name(torch::ScalarType t) {
                   c10::toString(t)));
 }
 
+// The CUDA device the module lives on (its first CUDA parameter or buffer), if any: whose
+// generator a checkpoint of a GPU run keeps beside the CPU one (dropout on the GPU draws there).
+std::optional<c10::Device> cuda_device_of(const torch::nn::Module& module) {
+  for (const auto& p : module.parameters(/*recurse=*/true)) {
+    if (p.is_cuda()) return p.device();
+  }
+  for (const auto& b : module.buffers(/*recurse=*/true)) {
+    if (b.is_cuda()) return b.device();
+  }
+  return std::nullopt;
+}
+
 torch::ScalarType dtype_from_name(const std::string& name, const std::string& fqn) {
   for (const auto& [type, n] : kDtypes) {
     if (name == n) return type;
@@ -96,6 +109,13 @@ std::vector<Item> collect_items(const TrainingProgress& progress, const torch::n
     std::lock_guard<std::mutex> lock(gen.mutex());
     items.push_back(tensor_item("rng." + std::to_string(rank), {"rng", std::to_string(rank)},
                                 gen.get_state(), WrittenBy::kThisRank));
+  }
+  if (const auto device = cuda_device_of(module)) {
+    auto gen = at::globalContext().defaultGenerator(*device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    items.push_back(tensor_item("rng_cuda." + std::to_string(rank),
+                                {"rng_cuda", std::to_string(rank)}, gen.get_state(),
+                                WrittenBy::kThisRank));
   }
   for (const auto& [name, v] : extras) {
     if (v.isTensor()) {
@@ -275,13 +295,23 @@ CheckpointExtras load_extras(const EntryReader& reader) {
   return extras;
 }
 
-bool load_rng(const EntryReader& reader, int rank) {
+bool load_rng(const EntryReader& reader, int rank, const torch::nn::Module* module) {
   const std::string key = "rng." + std::to_string(rank);
   if (!reader.has(key)) return false;
   torch::Tensor state = reader.tensor(key);
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  }
+  const std::string cuda_key = "rng_cuda." + std::to_string(rank);
+  if (module && reader.has(cuda_key)) {
+    if (const auto device = cuda_device_of(*module)) {
+      auto gen = at::globalContext().defaultGenerator(*device);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(reader.tensor(cuda_key));
+    }
+  }
   return true;
 }
 

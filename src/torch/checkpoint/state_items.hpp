@@ -73,8 +73,10 @@ void load_optimizer(const EntryReader& reader, const torch::nn::Module& module,
                     torch::optim::Optimizer& optimizer);
 TrainingProgress load_progress(const EntryReader& reader);
 CheckpointExtras load_extras(const EntryReader& reader);
-// Restores the CPU generator from rng.<rank>; false when the checkpoint has none for it.
-bool load_rng(const EntryReader& reader, int rank);
+// Restores the CPU generator from rng.<rank> and, when `module` is on a CUDA device and the
+// checkpoint has rng_cuda.<rank> (saved from a module on a GPU), that device's generator; false
+// when the checkpoint has no rng.<rank>.
+bool load_rng(const EntryReader& reader, int rank, const torch::nn::Module* module);
 
 // "float32" <-> torch::kFloat32 (DCP writes torch's attribute names).
 std::string dtype_name(torch::ScalarType t);
