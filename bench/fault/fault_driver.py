@@ -125,7 +125,7 @@ def main():
     if a.steps_per_epoch and resumed and t_kill is not None:
         offset, prev, renumbered, reset = (int(resumed.group(1)) - 1) * a.steps_per_epoch, 0, [], False
         for s, t in lines:
-            reset = reset or (t > t_kill and s < prev)
+            reset = reset or (t > t_kill and s == 1 and prev > 1)
             renumbered.append((s + offset if reset else s, t))
             prev = s
         lines = renumbered

@@ -97,6 +97,7 @@ int run(const Args& args) {
   // snapshots taken with either load into the other.
   ddp::FusedAdam optimizer(model->parameters(), torch::optim::AdamOptions(args.lr));
   int64_t first_epoch = 1;
+  bool resumed_at_epoch_start = false;  // from a snapshot (per-step checkpoints know the step)
   std::optional<ddp::SnapshotManager> snapshots;
   if (!args.snapshot.empty()) {
     snapshots.emplace(ddp::SnapshotOptions(args.snapshot));
@@ -110,6 +111,7 @@ int run(const Args& args) {
       }
       ddp::restore_snapshot(resume->snapshot, *model, &optimizer);
       first_epoch = resume->snapshot.epochs_run + 1;
+      resumed_at_epoch_start = true;
     }
   }
   // Per-step checkpoints (--checkpoint-dir): the newest complete one is resumed mid-epoch, with
@@ -127,6 +129,7 @@ int run(const Args& args) {
                   << "\n";
       }
       at = resume->progress;
+      resumed_at_epoch_start = false;
     }
   }
   // A preemption notice on any rank stops all of them after the same step: the flag rides in
@@ -147,6 +150,14 @@ int run(const Args& args) {
 
   ddp::DistributedSampler sampler(train.size(),
                                   ddp::DistributedSamplerOptions(world, rank).seed(args.seed));
+  if (resumed_at_epoch_start) {
+    // A snapshot holds whole epochs: count their steps, so --total-steps and --loss-log go on
+    // from where the interrupted run was instead of from 0.
+    const int64_t epoch_batches = static_cast<int64_t>(sampler.indices().size()) / args.batch_size;
+    const int64_t per_epoch =
+        args.max_steps >= 0 ? std::min(args.max_steps, epoch_batches) : epoch_batches;
+    at.step = (first_epoch - 1) * per_epoch;
+  }
   if (rank == 0) std::cout << "Entering training loop...\n" << std::flush;
   int64_t steps_total = 0;
   const auto start = std::chrono::steady_clock::now();

@@ -67,12 +67,16 @@ def main():
 
         # Snapshot of the C++ CNN: resumable in C++, and loadable into the Python twin's CNN.
         mnist = [os.path.join(args.bin_dir, "mnist", "mnist"), "--max-steps", "5",
-                 "--snapshot", "cnn.pt"]
+                 "--snapshot", "cnn.pt", "--loss-log", "steps.log"]
         run(launch + ["--nproc-per-node", "2"] + mnist + ["--epochs", "1"], tmp)
         out = run(launch + ["--nproc-per-node", "2"] + mnist + ["--epochs", "2"], tmp)
         expect("Resuming from" in out and "at epoch 2" in out, "mnist resume line", out)
         expect("Train Epoch: 1 " not in out and "Train Epoch: 2 " in out,
                "resumed mnist must train epoch 2 only", out)
+        # The resumed run counts on from the snapshot's steps (5 per epoch here), not from 0.
+        with open(os.path.join(tmp, "steps.log")) as f:
+            logged = [int(line.split()[0]) for line in f if line.strip()]
+        expect(logged == list(range(1, 11)), "steps numbered 1-10 across the resume", str(logged))
         if subprocess.run([sys.executable, "-c", "import torch"]).returncode != 0:
             print(f"mnist snapshot: resumed in C++; Python twin check skipped: {sys.executable} "
                   "cannot import torch (run scripts/install-deps.sh)")
