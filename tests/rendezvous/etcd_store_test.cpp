@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <functional>
 #include <future>
 #include <set>
 #include <thread>
@@ -37,6 +38,59 @@ EtcdStoreOptions store_options(const EtcdProcess& etcd, const std::string& prefi
   o.read_timeout = 10s;
   return o;
 }
+
+// A loopback HTTP server standing in for etcd: each connection's request (headers and a JSON
+// body ending in '}', read with a 2 s bound) gets `respond(request)` as the whole reply, and
+// the connection is closed only after the client did, so no unread byte turns the close into
+// a reset.
+class FakeHttpServer {
+ public:
+  explicit FakeHttpServer(std::function<std::string(const std::string&)> respond)
+      : listener_(net::listen_tcp("127.0.0.1", 0, 16)),
+        port_(static_cast<uint16_t>(net::local_port(listener_.fd()))),
+        respond_(std::move(respond)),
+        thread_([this] { serve(); }) {}
+  ~FakeHttpServer() {
+    stop_ = true;
+    ::shutdown(listener_.fd(), SHUT_RDWR);
+    thread_.join();
+  }
+  uint16_t port() const { return port_; }
+
+ private:
+  void serve() {
+    while (!stop_) {
+      // The listener may be non-blocking: wait for a connection (bounded, to see stop_).
+      pollfd p{listener_.fd(), POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      int c = ::accept(listener_.fd(), nullptr, nullptr);
+      if (c < 0) continue;
+      int flags = ::fcntl(c, F_GETFL);
+      ::fcntl(c, F_SETFL, flags & ~O_NONBLOCK);
+      timeval tv{2, 0};
+      ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      std::string request;
+      char buf[4096];
+      ssize_t n;
+      while (request.find("\r\n\r\n") == std::string::npos || request.back() != '}') {
+        if ((n = ::read(c, buf, sizeof buf)) <= 0) break;
+        request.append(buf, static_cast<size_t>(n));
+      }
+      const std::string reply = respond_(request);
+      (void)!::write(c, reply.data(), reply.size());
+      ::shutdown(c, SHUT_WR);
+      while (::read(c, buf, sizeof buf) > 0) {
+      }
+      ::close(c);
+    }
+  }
+
+  net::Socket listener_;
+  uint16_t port_;
+  std::function<std::string(const std::string&)> respond_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 TEST(EtcdStore, StoreContract) {
   DDP_SKIP_WITHOUT_ETCD();
@@ -154,44 +208,15 @@ TEST(EtcdStore, UnreachableEndpointFailsNamingItAndTheFix) {
 TEST(EtcdStore, EndpointThatIsNotEtcdFailsAtOnce) {
   DDP_SKIP_WITHOUT_ETCD();
   // A TCP server that answers every request with a fixed HTTP reply that is not etcd's.
-  net::Socket listener = net::listen_tcp("127.0.0.1", 0, 4);
-  uint16_t port = static_cast<uint16_t>(net::local_port(listener.fd()));
-  std::atomic<bool> stop{false};
-  std::thread server([&] {
-    while (!stop) {
-      // The listener may be non-blocking: wait for a connection (bounded, to see `stop`).
-      pollfd p{listener.fd(), POLLIN, 0};
-      if (::poll(&p, 1, 100) <= 0) continue;
-      int c = ::accept(listener.fd(), nullptr, nullptr);
-      if (c < 0) continue;
-      int flags = ::fcntl(c, F_GETFL);
-      ::fcntl(c, F_SETFL, flags & ~O_NONBLOCK);
-      // Read the whole request (headers and the JSON body, which ends with '}'), answer, and
-      // close only after the client did, so no unread byte turns the close into a reset.
-      std::string request;
-      char buf[4096];
-      ssize_t n;
-      while (request.find("\r\n\r\n") == std::string::npos || request.back() != '}') {
-        if ((n = ::read(c, buf, sizeof buf)) <= 0) break;
-        request.append(buf, static_cast<size_t>(n));
-      }
-      const char reply[] =
-          "HTTP/1.1 200 OK\r\nContent-Length: 11\r\nConnection: close\r\n\r\nhello world";
-      (void)!::write(c, reply, sizeof reply - 1);
-      ::shutdown(c, SHUT_WR);
-      while (::read(c, buf, sizeof buf) > 0) {
-      }
-      ::close(c);
-    }
+  FakeHttpServer server([](const std::string&) {
+    return std::string(
+        "HTTP/1.1 200 OK\r\nContent-Length: 11\r\nConnection: close\r\n\r\nhello world");
   });
   EtcdStoreOptions o;
-  o.endpoints = {{"127.0.0.1", port}};
+  o.endpoints = {{"127.0.0.1", server.port()}};
   o.connect_timeout = 1s;
   EXPECT_TRUE(throws_with<ProtocolError>([&] { EtcdStore s(o); },
                                          {"not etcd's v3 JSON API", "hello world", "2379"}));
-  stop = true;
-  ::shutdown(listener.fd(), SHUT_RDWR);
-  server.join();
 }
 
 TEST(EtcdStore, FailsOverToTheNextMember) {
@@ -278,50 +303,25 @@ TEST(EtcdStore, WaitFailsOverWhenTheWatchedMemberStops) {
 // growing pause (no busy loop against etcd), and its TimeoutError carries etcd's reason.
 TEST(EtcdStore, AWatchCancelledOverAndOverBacksOffAndNamesTheReason) {
   DDP_SKIP_WITHOUT_ETCD();
-  net::Socket listener = net::listen_tcp("127.0.0.1", 0, 16);
-  uint16_t port = static_cast<uint16_t>(net::local_port(listener.fd()));
-  std::atomic<bool> stop{false};
   std::atomic<int> watches{0};
-  std::thread server([&] {
-    while (!stop) {
-      pollfd p{listener.fd(), POLLIN, 0};
-      if (::poll(&p, 1, 100) <= 0) continue;
-      int c = ::accept(listener.fd(), nullptr, nullptr);
-      if (c < 0) continue;
-      int flags = ::fcntl(c, F_GETFL);
-      ::fcntl(c, F_SETFL, flags & ~O_NONBLOCK);
-      timeval tv{2, 0};  // bounded reads
-      ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-      std::string request;
-      char buf[4096];
-      ssize_t n;
-      while (request.find("\r\n\r\n") == std::string::npos || request.back() != '}') {
-        if ((n = ::read(c, buf, sizeof buf)) <= 0) break;
-        request.append(buf, static_cast<size_t>(n));
-      }
-      std::string body;
-      if (request.find("POST /v3/watch") == 0) {
-        ++watches;
-        body = R"({"result":{"header":{},"canceled":true,"cancel_reason":"test: no access"}})"
-               "\n";
-      } else if (request.find("POST /v3/kv/txn") == 0) {
-        body = R"({"header":{"revision":"5"},"responses":[{"response_range":{"header":{}}}]})";
-      } else {
-        body = R"({"header":{"revision":"5"}})";
-      }
-      std::string reply = fmt::format(
-          "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
-          "Connection: close\r\n\r\n{}",
-          body.size(), body);
-      (void)!::write(c, reply.data(), reply.size());
-      ::shutdown(c, SHUT_WR);
-      while (::read(c, buf, sizeof buf) > 0) {
-      }
-      ::close(c);
+  FakeHttpServer server([&](const std::string& request) {
+    std::string body;
+    if (request.find("POST /v3/watch") == 0) {
+      ++watches;
+      body = R"({"result":{"header":{},"canceled":true,"cancel_reason":"test: no access"}})"
+             "\n";
+    } else if (request.find("POST /v3/kv/txn") == 0) {
+      body = R"({"header":{"revision":"5"},"responses":[{"response_range":{"header":{}}}]})";
+    } else {
+      body = R"({"header":{"revision":"5"}})";
     }
+    return fmt::format(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
+        "Connection: close\r\n\r\n{}",
+        body.size(), body);
   });
   EtcdStoreOptions o;
-  o.endpoints = {{"127.0.0.1", port}};
+  o.endpoints = {{"127.0.0.1", server.port()}};
   o.connect_timeout = 1s;
   o.read_timeout = 2s;
   {
@@ -333,9 +333,6 @@ TEST(EtcdStore, AWatchCancelledOverAndOverBacksOffAndNamesTheReason) {
   // Pauses of 50, 100, 200, 400 ms, then 1 s: a handful of watches in 2 s, not hundreds.
   EXPECT_GE(watches.load(), 2);
   EXPECT_LE(watches.load(), 10);
-  stop = true;
-  ::shutdown(listener.fd(), SHUT_RDWR);
-  server.join();
 }
 
 // The rendezvous protocol, unchanged, on etcd: 2 to 3 agents as threads, then one goes silent

@@ -21,6 +21,8 @@ import subprocess
 import tempfile
 import time
 
+from mnist_runs import run
+
 REQUEUE = 75
 EXTRA_STEPS = 5  # trained after the resume
 
@@ -32,14 +34,6 @@ def mnist_args(args, seed):
 def ddprun(args):
     return [args.ddprun, "--standalone", "--nproc-per-node", "2", "--signals-to-handle",
             "SIGTERM,SIGINT,SIGUSR1"]
-
-
-def run(cmd, cwd):
-    p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=300)
-    if p.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout}")
-    return p.stdout
 
 
 def losses(path):

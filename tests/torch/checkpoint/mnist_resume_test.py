@@ -11,18 +11,11 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import tempfile
 
+from mnist_runs import run
+
 EPOCHS, STEPS_PER_EPOCH = 2, 20
-
-
-def run(cmd, cwd):
-    p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=300)
-    if p.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout}")
-    return p.stdout
 
 
 def losses(path):
