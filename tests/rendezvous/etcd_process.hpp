@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,17 +51,27 @@ class EtcdProcess {
     char dir[] = "/tmp/ddp_etcd_test_XXXXXX";
     if (::mkdtemp(dir) == nullptr) throw Error("mkdtemp failed");
     dir_ = dir;
-    int base = ddp::test::free_ports_below_ephemeral_range(2 * members);
-    std::vector<std::string> peers;
-    for (int i = 0; i < members; ++i) {
-      client_ports_.push_back(base + 2 * i);
-      peer_ports_.push_back(base + 2 * i + 1);
-      peers.push_back(fmt::format("m{}=http://127.0.0.1:{}", i, peer_ports_.back()));
+    // Another test may pick the same free ports before either binds them: the member that
+    // loses exits ("address already in use") while the other test's etcd answers on its port.
+    // Then start again on ports found free now (the winner holds the old ones).
+    for (int attempt = 1;; ++attempt) {
+      int base = ddp::test::free_ports_below_ephemeral_range(2 * members);
+      std::vector<std::string> peers;
+      client_ports_.clear();
+      peer_ports_.clear();
+      for (int i = 0; i < members; ++i) {
+        client_ports_.push_back(base + 2 * i);
+        peer_ports_.push_back(base + 2 * i + 1);
+        peers.push_back(fmt::format("m{}=http://127.0.0.1:{}", i, peer_ports_.back()));
+      }
+      cluster_ = fmt::format("{}", fmt::join(peers, ","));
+      pids_.assign(members, -1);
+      for (int i = 0; i < members; ++i) start(i);
+      if (wait_healthy(/*may_retry=*/attempt < 3)) break;
+      for (int i = 0; i < members; ++i) kill(i);
+      // The abandoned cluster's data dirs.
+      for (int i = 0; i < members; ++i) std::filesystem::remove_all(fmt::format("{}/m{}", dir_, i));
     }
-    cluster_ = fmt::format("{}", fmt::join(peers, ","));
-    pids_.assign(members, -1);
-    for (int i = 0; i < members; ++i) start(i);
-    wait_healthy();
   }
   ~EtcdProcess() {
     for (int i = 0; i < static_cast<int>(pids_.size()); ++i) kill(i);
@@ -140,9 +151,10 @@ class EtcdProcess {
 
   std::string log_path(int i) const { return fmt::format("{}/m{}.log", dir_, i); }
 
-  // Until every member answers a read (a cluster answers once it has a leader); 60 s at most,
-  // and at once when a member exited (its log is quoted).
-  void wait_healthy() {
+  // Until every member answers a read on its own port (a cluster answers once it has a
+  // leader); 60 s at most, and at once when a member exited (its log is quoted). False when a
+  // member lost its port to another process and `may_retry`: the caller starts again.
+  bool wait_healthy(bool may_retry) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     for (int i = 0; i < static_cast<int>(pids_.size()); ++i) {
       for (;;) {
@@ -150,16 +162,54 @@ class EtcdProcess {
           pids_[i] = -1;
           std::ifstream in(log_path(i));
           std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+          if (may_retry && log.find("address already in use") != std::string::npos) return false;
           throw Error(fmt::format("etcd member {} exited at start: {}", i, log.substr(0, 2000)));
         }
         try {
           probe(i);
-          break;
+          // An answer from someone else's etcd on that port does not count.
+          if (listens_on(pids_[i], client_ports_[i])) break;
         } catch (const Error& e) {
           if (std::chrono::steady_clock::now() > deadline) throw;
         }
+        if (std::chrono::steady_clock::now() > deadline) {
+          throw Error(fmt::format("etcd member {}: port {} answers but is not its own", i,
+                                  client_ports_[i]));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     }
+    return true;
+  }
+
+  // Whether process `pid` holds the listening TCP socket of 127.0.0.1:`port` (/proc/net/tcp's
+  // LISTEN entry for the port, whose inode is one of the process's descriptors).
+  static bool listens_on(pid_t pid, int port) {
+    std::ifstream tcp("/proc/net/tcp");
+    std::string line;
+    std::getline(tcp, line);  // header
+    const std::string local = fmt::format(":{:04X}", port);
+    std::vector<std::string> inodes;
+    while (std::getline(tcp, line)) {
+      std::istringstream f(line);
+      std::string slot, local_addr, remote, state, queues, timer, retr, uid, timeout, inode;
+      f >> slot >> local_addr >> remote >> state >> queues >> timer >> retr >> uid >> timeout >>
+          inode;
+      if (state == "0A" && local_addr.size() > local.size() &&
+          local_addr.compare(local_addr.size() - local.size(), local.size(), local) == 0) {
+        inodes.push_back("socket:[" + inode + "]");
+      }
+    }
+    std::error_code ec;
+    for (const auto& fd :
+         std::filesystem::directory_iterator(fmt::format("/proc/{}/fd", pid), ec)) {
+      std::error_code link_ec;
+      const std::string target = std::filesystem::read_symlink(fd.path(), link_ec).string();
+      for (const auto& in : inodes) {
+        if (target == in) return true;
+      }
+    }
+    return false;
   }
 
   void probe(int i) {
