@@ -11,12 +11,13 @@
 #include <set>
 #include <thread>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 
-#include "../support/free_port_range.hpp"
 #include "../support/throws_with.hpp"
 #include "ddp/rendezvous/etcd/etcd_store.hpp"
 #include "ddp/rendezvous/membership_watcher.hpp"
@@ -38,6 +39,24 @@ EtcdStoreOptions store_options(const EtcdProcess& etcd, const std::string& prefi
   o.read_timeout = 10s;
   return o;
 }
+
+// A loopback port that refuses every connection and that no other test can take meanwhile: a
+// socket bound to it that never listens.
+struct RefusingPort {
+  net::Socket socket{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+  uint16_t port = 0;
+  RefusingPort() {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(socket.fd(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::getsockname(socket.fd(), reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      throw NetworkError("cannot bind a loopback port for the test");
+    }
+    port = ntohs(a.sin_port);
+  }
+};
 
 // A loopback HTTP server standing in for etcd: each connection's request (headers and a JSON
 // body ending in '}', read with a 2 s bound) gets `respond(request)` as the whole reply, and
@@ -197,7 +216,8 @@ TEST(EtcdStore, LeasedKeysOutliveTheirWriterAndVanishAfterTheLastClient) {
 TEST(EtcdStore, UnreachableEndpointFailsNamingItAndTheFix) {
   DDP_SKIP_WITHOUT_ETCD();
   EtcdStoreOptions o;
-  uint16_t port = static_cast<uint16_t>(ddp::test::free_ports_below_ephemeral_range());
+  RefusingPort refusing;
+  const uint16_t port = refusing.port;
   o.endpoints = {{"127.0.0.1", port}};
   o.connect_timeout = 500ms;
   EXPECT_TRUE(throws_with<NetworkError>(
@@ -223,8 +243,8 @@ TEST(EtcdStore, FailsOverToTheNextMember) {
   DDP_SKIP_WITHOUT_ETCD();
   EtcdProcess etcd;
   EtcdStoreOptions o = store_options(etcd, "/t5/");
-  uint16_t dead = static_cast<uint16_t>(ddp::test::free_ports_below_ephemeral_range());
-  o.endpoints.insert(o.endpoints.begin(), Endpoint{"127.0.0.1", dead});
+  RefusingPort dead;
+  o.endpoints.insert(o.endpoints.begin(), Endpoint{"127.0.0.1", dead.port});
   EtcdStore s(o);
   s.set("k", "v");
   EXPECT_EQ(s.get("k"), "v");
