@@ -30,6 +30,14 @@ _check_torch_version()
 
 from . import _C  # noqa: E402  (after the version check, which names the mismatch)
 
+import atexit as _atexit  # noqa: E402
+
+# Before Python finalizes: a future's callback still running on a group's completer thread (or
+# dropping its Python objects) would take the GIL during finalization, which ends that thread
+# in a way that aborts the process (a rank that raised an error then died of SIGABRT instead of
+# exiting with its error). Registered at import, so it runs after the user's own atexit hooks.
+_atexit.register(_C._quiesce_for_exit, 5.0)
+
 __all__ = ["BACKEND_NAME"]
 
 BACKEND_NAME = "ddp"

@@ -6,6 +6,7 @@
 
 #include "ddp/comm/types.hpp"
 #include "process_group_ddp.hpp"
+#include "work_ddp.hpp"
 
 namespace py = pybind11;
 
@@ -28,5 +29,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>(),
         "Joins a ddp process group through `store` (what torch.distributed's backend registry "
         "calls).");
+  m.def(
+      "_quiesce_for_exit",
+      [](double limit_s) {
+        ddp::python::Completer::quiesce_all_for_exit(
+            std::chrono::milliseconds(static_cast<int64_t>(limit_s * 1000)));
+      },
+      py::arg("limit_s"), py::call_guard<py::gil_scoped_release>(),
+      "At interpreter exit: lets every group's future callbacks that run finish (at most "
+      "limit_s seconds) and starts no other, so none takes the GIL while Python finalizes.");
   m.attr("torch_version_major") = TORCH_VERSION_MAJOR;
 }

@@ -4,6 +4,8 @@
 #include <ATen/core/jit_type.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "ddp/util/error.hpp"
 
 namespace ddp::python {
@@ -112,6 +114,17 @@ std::vector<at::Tensor> WorkDDP::result() {
 
 bool WorkDDP::wait(std::chrono::milliseconds timeout) {
   const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
+  // A callback waiting for an operation (it issued, or an earlier one) waits in ddp, not in
+  // user code: the rescue must not fire meanwhile.
+  auto completer = completer_.lock();
+  if (completer && !completer->is_current_thread()) completer.reset();
+  if (completer) completer->enter_ddp_wait();
+  struct Leave {
+    Completer* c;
+    ~Leave() {
+      if (c) c->leave_ddp_wait();
+    }
+  } leave{completer.get()};
   if (!wait_issued(limit)) throw not_issued_error(limit);
   std::exception_ptr err;
   for (auto& w : inner_) {
@@ -221,7 +234,36 @@ int64_t now_ns() {
 }
 }  // namespace
 
+namespace {
+// Every live Completer, for quiesce_all_for_exit.
+std::mutex registry_mutex;
+std::vector<Completer*>& registry() {
+  static auto* completers = new std::vector<Completer*>;  // never destroyed: used at exit
+  return *completers;
+}
+}  // namespace
+
+Completer::Completer() {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  registry().push_back(this);
+}
+
+void Completer::quiesce_all_for_exit(std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  std::lock_guard<std::mutex> registry_lock(registry_mutex);
+  for (Completer* c : registry()) {
+    std::unique_lock<std::mutex> lock(c->mutex_);
+    c->exiting_ = true;
+    c->cv_.wait_until(lock, deadline, [&] { return c->processing_ == 0; });
+  }
+}
+
 Completer::~Completer() {
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    auto& all = registry();
+    all.erase(std::remove(all.begin(), all.end(), this), all.end());
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
@@ -270,9 +312,9 @@ void Completer::process(WorkDDP& work) {
 }
 
 void Completer::complete_inline(WorkDDP& work) {
-  ++ddp_waits_;
+  enter_ddp_wait();
   std::exception_ptr err = work.wait_inner();
-  --ddp_waits_;
+  leave_ddp_wait();
   user_code_since_ns_ = now_ns();  // back in the caller's callback after this completes
   work.complete(err);
 }
@@ -293,15 +335,19 @@ void Completer::loop() {
     c10::intrusive_ptr<WorkDDP> work;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stop_ and nothing left
+      cv_.wait(lock, [&] { return stop_ || (!exiting_ && !queue_.empty()); });
+      if (queue_.empty() || exiting_) return;  // stop_ and nothing left, or the process exits
       work = std::move(queue_.front());
       queue_.pop_front();
       ++processing_;
     }
     process(*work);
-    std::lock_guard<std::mutex> lock(mutex_);
-    --processing_;
+    work.reset();  // before it counts as processed: dropping it may release Python objects
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      --processing_;
+    }
+    cv_.notify_all();  // quiesce_all_for_exit waits for processing_ == 0
   }
 }
 
@@ -310,14 +356,28 @@ void Completer::watchdog_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     cv_.wait_for(lock, kRescueAfter / 5);
-    if (stop_ && queue_.empty()) return;
+    if ((stop_ && queue_.empty()) || exiting_) return;
     if (queue_.empty() || !stuck_in_user_code()) continue;
     // The in-order thread waits in a callback, perhaps for one of these: complete the next.
     c10::intrusive_ptr<WorkDDP> work = std::move(queue_.front());
     queue_.pop_front();
+    ++processing_;
     lock.unlock();
+    if (!warned_rescue_) {
+      warned_rescue_ = true;
+      fmt::print(stderr,
+                 "ddp backend: a future's callback ran for {} s outside ddp's waits (it waits "
+                 "for a later operation's future, or is slow): completing queued operations "
+                 "of its group without it, so they may be issued in a different order than on "
+                 "other ranks; a callback should not wait for an operation issued after its "
+                 "own\n",
+                 std::chrono::duration_cast<std::chrono::seconds>(kRescueAfter).count());
+    }
     if (work->is_issued() || work->issue_deferred()) work->wait_and_complete();
+    work.reset();
     lock.lock();
+    --processing_;
+    cv_.notify_all();
   }
 }
 

@@ -107,12 +107,17 @@ class WorkDDP : public c10d::Work {
 // in-order thread would only complete after that callback: a deadlock. So a watchdog thread
 // completes queued Works itself while the in-order thread has been in user code (a callback,
 // outside any wait of ddp's own) for kRescueAfter. Only then may futures complete out of
-// order; PowerSGD's callbacks wait inside ddp's own waits (complete_inline) and never trigger
-// it.
+// order; PowerSGD's callbacks wait inside ddp's own waits (complete_inline, or Work.wait() on
+// an operation they issued) and never trigger it. The limit is long because a rescue that
+// fires while a callback is merely slow (a loaded machine, the GIL) issues a deferred
+// operation before the one that callback is about to issue, on this rank only: its peers then
+// reduce tensors of different sizes (seen at 2 s on a loaded CI machine).
 class Completer {
  public:
-  Completer() = default;
-  ~Completer();  // finishes the queued Works (each bounded by the group timeout), then joins
+  Completer();
+  // Finishes the queued Works (each bounded by the group timeout; none after
+  // quiesce_all_for_exit), then joins.
+  ~Completer();
   void watch(c10::intrusive_ptr<WorkDDP> work);
   // Queues `work` (with its deferred start) behind the queued Works when called from a
   // thread other than the completer's while Works are queued or a callback runs (see "Issue
@@ -123,9 +128,21 @@ class Completer {
   void complete_inline(WorkDDP& work);
   // Whether the caller is one of this completer's threads (running a future's callback).
   bool is_current_thread() const;
+  // Marks a wait of ddp's own (WorkDDP::wait) on this completer's thread, which is not user
+  // code stuck on a later future; the waits nest.
+  void enter_ddp_wait() { ++ddp_waits_; }
+  void leave_ddp_wait() { --ddp_waits_; }
+
+  // Before the interpreter finalizes (atexit, the GIL released): every Completer finishes the
+  // callback it runs, if any, waiting at most `limit` in all, and starts no other. A callback
+  // left running (or a Python object it drops) would take the GIL while Python finalizes,
+  // and Python ends such a thread with pthread_exit, whose unwinding through a destructor
+  // aborts the process ("terminate called without an active exception", after a rank's
+  // error had already been raised). Queued Works stay unfinished: the process is exiting.
+  static void quiesce_all_for_exit(std::chrono::milliseconds limit);
 
  private:
-  static constexpr std::chrono::milliseconds kRescueAfter{2000};
+  static constexpr std::chrono::milliseconds kRescueAfter{10000};
   void loop();
   void watchdog_loop();
   void start_threads();  // with mutex_ held
@@ -140,11 +157,13 @@ class Completer {
   std::deque<c10::intrusive_ptr<WorkDDP>> queue_;
   int processing_ = 0;  // Works popped and not yet processed (guarded by mutex_)
   bool stop_ = false;
+  bool exiting_ = false;  // guarded by mutex_: quiesce_all_for_exit ran; take no more Works
   std::thread thread_;
   std::thread watchdog_;
   std::atomic<bool> in_user_code_{false};
   std::atomic<int> ddp_waits_{0};  // complete_inline waits in progress on completer threads
   std::atomic<int64_t> user_code_since_ns_{0};
+  bool warned_rescue_ = false;  // watchdog thread only
 };
 
 }  // namespace ddp::python

@@ -93,6 +93,50 @@ class DdprunStacks : public LauncherTest {
     ::kill(pid, SIGTERM);
     wait(pid, 60);
   }
+  // Starts two agents of one c10d job on loopback (two "nodes"), each with two C++ workers
+  // that sleep, and waits (bounded) until both finished their rendezvous; empty (a test
+  // failure showing both agents' stderr) when they do not within 60 s. Another test may bind
+  // the endpoint port between the probe here and the first agent's bind: both agents then
+  // join that stranger's server as clients and never rendezvous, so they are stopped and
+  // started again on another port. (A CI run once failed here after 60 s of `ddprun stacks`
+  // finding no agent, with nothing to say why: hence the stderr.)
+  std::vector<pid_t> start_two_nodes(const std::string& run_id, const EnvPairs& e) {
+    const std::string stranger = "already served on this machine";
+    const std::string joined = "rendezvous round 0 of run '" + run_id + "'";
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      const std::string endpoint =
+          "127.0.0.1:" + std::to_string(ddp::test::free_ports_below_ephemeral_range());
+      std::vector<pid_t> agents;
+      std::vector<std::string> errs;
+      for (int n = 0; n < 2; ++n) {
+        agents.push_back(start(
+            {"--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+             endpoint, "--run-id", run_id, "--no-python", worker(), "sleep", "120"},
+            e));
+        errs.push_back(current_err_path());
+      }
+      auto both_have = [&](const std::string& text) {
+        return read_file(errs[0]).find(text) != std::string::npos &&
+               read_file(errs[1]).find(text) != std::string::npos;
+      };
+      const auto until = Clock::now() + std::chrono::seconds(60);
+      while (Clock::now() < until && !both_have(joined)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      if (both_have(joined)) return agents;
+      const bool port_taken = both_have(stranger);
+      const std::string why =
+          "agent 0's stderr:\n" + read_file(errs[0]) + "\nagent 1's stderr:\n" + read_file(errs[1]);
+      for (pid_t a : agents) stop(a);
+      if (!port_taken) {
+        ADD_FAILURE() << "the agents of run '" << run_id << "' did not rendezvous in 60 s;\n"
+                      << why;
+        return {};
+      }
+    }
+    ADD_FAILURE() << "another program took the rendezvous port three times";
+    return {};
+  }
 };
 
 TEST_F(DdprunStacks, NoRunningJobIsAClearError) {
@@ -111,17 +155,10 @@ TEST_F(DdprunStacks, NoRunningJobIsAClearError) {
 // stacks fold into one.
 TEST_F(DdprunStacks, NativeStacksOfTwoAgentsFold) {
   if (!have("eu-stack")) GTEST_SKIP() << "no eu-stack (apt-get install elfutils)";
-  const std::string endpoint =
-      "127.0.0.1:" + std::to_string(ddp::test::free_ports_below_ephemeral_range());
   EnvPairs e = env();
   e.push_back({"DDP_STORE_TOKEN", "stacks-test-token"});
-  std::vector<pid_t> agents;
-  for (int n = 0; n < 2; ++n) {
-    agents.push_back(start(
-        {"--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-         endpoint, "--run-id", "cxxstacks", "--no-python", worker(), "sleep", "120"},
-        e));
-  }
+  const std::vector<pid_t> agents = start_two_nodes("cxxstacks", e);
+  ASSERT_EQ(agents.size(), 2u);
   auto [code, out] = stacks_until("cxxstacks", {"ranks 0-3 (4 of 4)", "sleep_for"});
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("4 ranks from 2 of 2 nodes"), std::string::npos) << out;
@@ -136,15 +173,8 @@ TEST_F(DdprunStacks, NativeStacksOfTwoAgentsFold) {
 // nodes, answers for its own and says what the other needs.
 TEST_F(DdprunStacks, WithoutAStoreTokenOtherNodesAreNotAsked) {
   if (!have("eu-stack")) GTEST_SKIP() << "no eu-stack (apt-get install elfutils)";
-  const std::string endpoint =
-      "127.0.0.1:" + std::to_string(ddp::test::free_ports_below_ephemeral_range());
-  std::vector<pid_t> agents;
-  for (int n = 0; n < 2; ++n) {
-    agents.push_back(start(
-        {"--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-         endpoint, "--run-id", "notoken", "--no-python", worker(), "sleep", "120"},
-        env()));
-  }
+  const std::vector<pid_t> agents = start_two_nodes("notoken", env());
+  ASSERT_EQ(agents.size(), 2u);
   auto [code, out] = stacks_until("notoken", {"2 ranks from 1 of 2 nodes", "sleep_for"});
   EXPECT_EQ(code, 1) << out;
   EXPECT_NE(out.find("2 ranks from 1 of 2 nodes"), std::string::npos) << out;

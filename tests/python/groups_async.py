@@ -5,6 +5,8 @@ import datetime
 import os
 import sys
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -69,8 +71,12 @@ check_equal("callback waits for a later future", got, float(2 * n * (1 << 16)))
 # PowerSGD's hook does per bucket): every rank must issue them in the same order, whatever the
 # timing. Rank 0 issues `nxt` while `big` is still in flight; the other ranks only after `big`
 # finished and its callback issued `inner`. Issued in arrival order, rank 0 would reduce `nxt`
-# (5 elements) against the others' `inner` (3 elements) and fail.
+# (5 elements) against the others' `inner` (3 elements) and fail. Rank 0's callback is slow
+# (3 s, as on a loaded machine): the completer must not give up on it and issue `nxt` first (it
+# did after 2 s, and the CI machine's load once made that happen).
 def reduce_inner(_):
+    if rank == 0:
+        time.sleep(3)
     inner = torch.full((3,), float(rank))
     dist.all_reduce(inner)
     return inner
