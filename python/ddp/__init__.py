@@ -38,7 +38,7 @@ import atexit as _atexit  # noqa: E402
 # exiting with its error). Registered at import, so it runs after the user's own atexit hooks.
 _atexit.register(_C._quiesce_for_exit, 5.0)
 
-__all__ = ["BACKEND_NAME"]
+__all__ = ["BACKEND_NAME", "StepManager", "recovery_enabled"]
 
 BACKEND_NAME = "ddp"
 
@@ -78,3 +78,12 @@ def _register():
 
 
 _register()
+
+
+from .recovery import StepManager, recovery_enabled  # noqa: E402
+
+if recovery_enabled():
+    # ddprun --recovery step hosts the job's store: env:// must use it (docs/recovery.md).
+    from .recovery import _install_env_rendezvous
+
+    _install_env_rendezvous()

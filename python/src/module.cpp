@@ -5,6 +5,8 @@
 #include <torch/extension.h>
 
 #include "ddp/comm/types.hpp"
+#include "ddp/util/error.hpp"
+#include "job_store.hpp"
 #include "process_group_ddp.hpp"
 #include "work_ddp.hpp"
 
@@ -19,6 +21,16 @@ c10::intrusive_ptr<ddp::python::ProcessGroupBase> create_process_group(
   return c10::make_intrusive<ddp::python::ProcessGroupDDP>(store, rank, size, ms, group_name);
 }
 
+// The ddp backend behind a torch.distributed Backend object, or a UsageError.
+ddp::python::ProcessGroupDDP& ddp_backend(
+    const c10::intrusive_ptr<ddp::python::ProcessGroupBase>& b) {
+  auto* pg = dynamic_cast<ddp::python::ProcessGroupDDP*>(b.get());
+  if (pg == nullptr) {
+    throw ddp::UsageError("not a process group of the 'ddp' backend (init_process_group(\"ddp\"))");
+  }
+  return *pg;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -29,6 +41,32 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>(),
         "Joins a ddp process group through `store` (what torch.distributed's backend registry "
         "calls).");
+  // In-place recovery (python/ddp/recovery.py, docs/recovery.md).
+  m.def(
+      "_connect_job_store",
+      [](std::chrono::duration<double> timeout) {
+        return ddp::python::connect_job_store(
+            std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+      },
+      py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
+      "A torch.distributed Store over the store ddprun hosts (MASTER_ADDR:MASTER_PORT).");
+  m.def("_recoverable", [](const c10::intrusive_ptr<ddp::python::ProcessGroupBase>& b) {
+    return ddp_backend(b).recoverable();
+  });
+  m.def("_generation", [](const c10::intrusive_ptr<ddp::python::ProcessGroupBase>& b) {
+    return ddp_backend(b).generation();
+  });
+  m.def("_stale", [](const c10::intrusive_ptr<ddp::python::ProcessGroupBase>& b) {
+    return ddp_backend(b).stale();
+  });
+  m.def("_lost_rank", [](const c10::intrusive_ptr<ddp::python::ProcessGroupBase>& b) {
+    return ddp_backend(b).lost_rank();
+  });
+  m.def(
+      "_reform",
+      [](const c10::intrusive_ptr<ddp::python::ProcessGroupBase>& b) { ddp_backend(b).reform(); },
+      py::call_guard<py::gil_scoped_release>(),
+      "Joins the newest membership generation (collective; blocks up to the group timeout).");
   m.def(
       "_quiesce_for_exit",
       [](double limit_s) {

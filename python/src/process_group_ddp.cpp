@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "ddp/comm/init.hpp"
+#include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
 #include "store_bridge.hpp"
 #include "tensor_args.hpp"
@@ -105,14 +106,28 @@ ProcessGroupDDP::ProcessGroupDDP(const c10::intrusive_ptr<c10d::Store>& store, i
       store_(store),
       completer_(std::make_shared<Completer>()),
       timeout_(timeout) {
-  InitOptions o;
-  o.backend = "cpu";
-  o.timeout = timeout;
-  o.rank = rank;
-  o.world_size = size;
-  o.store = std::make_shared<C10dStoreBridge>(store);
-  o.group_name = group_name;
-  pg_ = init_process_group(o);
+  if (env::get("DDP_RECOVERY").value_or("") == "step" && group_name == "default_pg") {
+    // The group rendezvouses through ddprun's store (its own connections), under the
+    // generation's prefix, not through `store`: every generation must be reachable by a
+    // restarted rank, whatever torch prefixed.
+    RecoverableGroupOptions r;
+    r.backend = "cpu";
+    r.timeout = timeout;
+    r.rank = rank;
+    r.world_size = size;
+    r.group_name = "python_recovery";
+    recoverable_ = std::make_unique<RecoverableGroup>(r);
+    pg_ = recoverable_->group();
+  } else {
+    InitOptions o;
+    o.backend = "cpu";
+    o.timeout = timeout;
+    o.rank = rank;
+    o.world_size = size;
+    o.store = std::make_shared<C10dStoreBridge>(store);
+    o.group_name = group_name;
+    pg_ = init_process_group(o);
+  }
 #if TORCH_VERSION_MAJOR < 2
   init();
 #endif
@@ -123,6 +138,7 @@ ProcessGroupDDP::~ProcessGroupDDP() {
 }
 
 ProcessGroup* ProcessGroupDDP::live() const {
+  std::lock_guard<std::mutex> lock(pg_mutex_);
   if (!pg_) {
     throw UsageError(
         "this ddp process group was shut down (destroy_process_group); make a new "
@@ -131,8 +147,59 @@ ProcessGroup* ProcessGroupDDP::live() const {
   return pg_.get();
 }
 
+RecoverableGroup& ProcessGroupDDP::recoverable_group() const {
+  if (!recoverable_) {
+    throw UsageError(
+        "this ddp process group has no in-place recovery: only the default group of a job "
+        "launched with 'ddprun --recovery step' has (DDP_RECOVERY=step)");
+  }
+  return *recoverable_;
+}
+
+int64_t ProcessGroupDDP::generation() const {
+  return recoverable_group().generation();
+}
+
+bool ProcessGroupDDP::stale() const {
+  return recoverable_group().stale();
+}
+
+int ProcessGroupDDP::lost_rank() const {
+  return recoverable_group().lost_rank().value_or(-1);
+}
+
+void ProcessGroupDDP::reform() {
+  RecoverableGroup& group = recoverable_group();
+  live();
+  // Operations still queued or in flight belong to the aborted generation: let them fail
+  // there (at once) rather than be issued on the next.
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  std::deque<c10::intrusive_ptr<WorkDDP>> in_flight;
+  {
+    std::lock_guard<std::mutex> lock(in_flight_mutex_);
+    in_flight.swap(in_flight_);
+  }
+  for (auto& w : in_flight) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    try {
+      w->wait(std::max(left, std::chrono::milliseconds(1)));
+    } catch (const std::exception&) {
+      // Failed (aborted), as expected; a Work still running after the limit is left behind.
+    }
+  }
+  ProcessGroupPtr next = group.reform();
+  {
+    std::lock_guard<std::mutex> lock(pg_mutex_);
+    pg_ = next;
+  }
+}
+
 void ProcessGroupDDP::shutdown() {
-  if (!pg_) return;
+  {
+    std::lock_guard<std::mutex> lock(pg_mutex_);
+    if (!pg_) return;
+  }
   // The completer may be running a future's callback that needs the GIL (a Python comm hook);
   // joining it while holding the GIL would deadlock.
   PyThreadState* saved = nullptr;
@@ -142,7 +209,13 @@ void ProcessGroupDDP::shutdown() {
     std::lock_guard<std::mutex> lock(in_flight_mutex_);
     in_flight_.clear();
   }
-  pg_.reset();  // waits for the operations still queued (each bounded by the timeout)
+  ProcessGroupPtr pg;
+  {
+    std::lock_guard<std::mutex> lock(pg_mutex_);
+    pg.swap(pg_);
+  }
+  pg.reset();            // waits for the operations still queued (each bounded by the timeout)
+  recoverable_.reset();  // its watcher thread; the group itself went above
   if (saved) PyEval_RestoreThread(saved);
 }
 

@@ -29,6 +29,7 @@
 #include <mutex>
 
 #include "ddp/comm/process_group.hpp"
+#include "ddp/comm/recoverable_group.hpp"
 #include "work_ddp.hpp"
 
 namespace ddp::python {
@@ -95,6 +96,24 @@ class ProcessGroupDDP : public ProcessGroupBase {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
+  // In-place recovery (docs/recovery.md, "Python"). Under `ddprun --recovery step`
+  // (DDP_RECOVERY=step) the default group ("default_pg") runs on a ddp::RecoverableGroup:
+  // the collectives of the current membership generation, which ddprun's notice of a lost
+  // rank aborts (PeerLostError) and reform() replaces in this same object, so PyTorch's
+  // DistributedDataParallel keeps its process group. Other groups, and every group without
+  // step recovery, are plain: recoverable() is false and the calls below are UsageErrors.
+  bool recoverable() const { return recoverable_ != nullptr; }
+  int64_t generation() const;
+  // A newer generation was announced (one atomic load).
+  bool stale() const;
+  // The rank whose loss opened the newest generation, -1 before any.
+  int lost_rank() const;
+  // Waits (bounded by the group timeout) until the operations handed to this group finished
+  // (they fail at once once aborted), then joins the newest generation (collective over the
+  // live ranks and the restarted one). The training thread's call, with no operation of its
+  // own in flight.
+  void reform();
+
   // The number of collectives this group issued (sends and receives not counted), equal on
   // every rank of a group used correctly. torch's ProcessGroupWrapper, which wraps every group
   // under TORCH_DISTRIBUTED_DEBUG=DETAIL, calls setSequenceNumberForGroup() when it is made and
@@ -131,9 +150,12 @@ class ProcessGroupDDP : public ProcessGroupBase {
   void check_root(int64_t root, const char* op) const;
   // The ddp group, or a UsageError once shutdown() ran.
   ProcessGroup* live() const;
+  RecoverableGroup& recoverable_group() const;
 
   c10::intrusive_ptr<c10d::Store> store_;  // this group's (torch prefixes its keys per group)
+  mutable std::mutex pg_mutex_;            // guards pg_ (reform() replaces it)
   ProcessGroupPtr pg_;
+  std::unique_ptr<RecoverableGroup> recoverable_;  // step recovery's default group, else null
   std::shared_ptr<Completer> completer_;
   std::chrono::milliseconds timeout_;
   std::mutex in_flight_mutex_;

@@ -14,6 +14,7 @@
 #include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/scatter.h>
+#include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <netdb.h>
@@ -105,6 +106,18 @@ std::function<void(void*, const void*, const void*, size_t)> reducer(DataType dt
 
 }  // namespace
 
+void GlooComm::close_connections() noexcept {
+  if (!context_) return;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    try {
+      if (auto& pair = context_->getPair(r)) pair->close();
+    } catch (const std::exception&) {
+      // Already failed or closed: nothing left to tell that peer.
+    }
+  }
+}
+
 GlooComm::GlooComm(std::shared_ptr<Store> store, const std::string& prefix, int rank, int size,
                    std::chrono::milliseconds timeout, std::vector<int> group_ranks,
                    std::string where)
@@ -184,6 +197,7 @@ void GlooComm::guarded(const CallInfo& call, Fn&& fn) {
       throw TimeoutError(fmt::format("{} on {} timed out after {} ms in gloo: {} ({})",
                                      call.describe(), where_, timeout_.count(), who, what));
     }
+    close_connections();
     throw NetworkError(fmt::format("{} on {} failed in gloo: {}; a peer process probably died",
                                    call.describe(), where_, what));
   } catch (const std::exception& e) {

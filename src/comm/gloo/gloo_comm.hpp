@@ -70,6 +70,12 @@ class GlooComm {
   Options call_options(uint32_t tag) const;
   // After a timeout: the ranks (of the enclosing group) that never reached `call`.
   std::vector<int> missing_ranks(const CallInfo& call);
+  // After a connection failed: closes every connection of this communicator (unusable now),
+  // so that peers waiting on this rank fail at once ("connection closed by peer") instead of
+  // at the group timeout. Without it a peer whose partner in the collective was this rank,
+  // alive but out of the collective, waited the whole timeout (in-place recovery then lost a
+  // minute and a second restart: rank 2 died, rank 1 saw it, rank 0 waited on rank 1).
+  void close_connections() noexcept;
 
   std::shared_ptr<Store> store_;
   std::string prefix_;

@@ -11,6 +11,10 @@ Backends cpu (shared memory; the survivors' collective is aborted by ddprun's no
   to the reference (no committed step lost, none applied twice);
 - --recovery group (the default) with the same kill restarts the whole group, as before;
 - a bad --recovery value is a usage error naming the choices.
+
+With --python PY --python-worker recovery_worker.py the same checks (cpu only: reference, 3
+seeds, a failure in the first step, two in a row, a replacement killed while being healed) run
+PyTorch's DistributedDataParallel on the ddp backend with ddp.StepManager.
 """
 import argparse
 import json
@@ -25,12 +29,13 @@ STEPS = 30
 
 
 def run(ddprun, worker, out, recovery, env_extra):
+    """worker: the command (a list) that runs one rank."""
     env = dict(os.environ)
     env.update(env_extra)
     cmd = [ddprun, "--standalone", "--nproc-per-node", str(WORLD), "--max-restarts", "2"]
     if recovery:
         cmd += ["--recovery", recovery]
-    cmd += ["--no-python", worker, "--steps", str(STEPS), "--out", out]
+    cmd += ["--no-python"] + worker + ["--steps", str(STEPS), "--out", out]
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        timeout=300)
     return p
@@ -55,8 +60,14 @@ def fail(msg, p=None):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ddprun", required=True)
-    ap.add_argument("--worker", required=True)
+    ap.add_argument("--worker", help="the C++ recovery_worker")
+    ap.add_argument("--python", help="the interpreter for --python-worker")
+    ap.add_argument("--python-worker", help="tests/python/recovery_worker.py")
     args = ap.parse_args()
+    python = args.python_worker is not None
+    if python == (args.worker is not None) or (python and not args.python):
+        ap.error("give --worker, or --python and --python-worker")
+    args.worker = [args.python, args.python_worker] if python else [args.worker]
     tmp = tempfile.mkdtemp(prefix="ddp_recovery_test_")
 
     # Reference: no failure.
@@ -71,7 +82,7 @@ def main():
     print(f"reference: {STEPS} steps, {len(reference[0])} parameter bytes per rank")
 
     phases = ["forward", "backward", "between"]
-    for seed in range(5):
+    for seed in range(3 if python else 5):
         rnd = random.Random(seed)
         kill_rank = seed % WORLD  # rank 0 too: the store lives in ddprun, not in rank 0
         kill_step = rnd.randrange(1, STEPS - 1)
@@ -137,6 +148,10 @@ def main():
             fail(f"{name}: parameters differ between ranks or from the reference", p)
         print(f"ok: {name}: exit 0, generation {generations}, parameters bitwise equal to the "
               f"reference")
+
+    if python:
+        print("PASS")
+        return
 
     # The gloo backend: the collective in flight ends on the dead peer's socket, the notice
     # confirms the loss. Its own reference (gloo sums in another order than cpu).

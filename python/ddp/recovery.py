@@ -1,0 +1,233 @@
+"""In-place recovery for PyTorch's DistributedDataParallel on the ddp backend.
+
+Under ``ddprun --recovery step`` a worker that dies is restarted alone; the survivors drop the
+step they were in, re-form the default process group in the same processes, hand the
+restarted rank their training state over the group and redo the step (docs/recovery.md)::
+
+    import ddp, torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("ddp")             # env://: the store ddprun hosts
+    model = DDP(net, init_sync=False)          # StepManager.attach syncs instead
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = ddp.StepManager(model, opt)        # every rank: a healthy peer's state
+    while steps.step < total:
+        x, y = batch_for_step(steps.step)      # the data position follows the step
+        loss = steps.run_step(lambda: loss_fn(model(x), y))   # forward; run_step backprops
+        log(steps.step, loss)                  # only committed steps reach the log
+
+What ddp does for it:
+
+- ``import ddp`` under ``DDP_RECOVERY=step`` makes ``env://`` hand torch.distributed the store
+  ddprun hosts (it outlives any rank; rank 0 must not host one), and the ddp backend runs the
+  default group on a ddp RecoverableGroup, whose collectives ddprun's notice of a lost rank
+  aborts within about 100 ms (a RuntimeError naming the lost rank) and which re-forms in this
+  same process group object, so PyTorch's DDP keeps it.
+- The manager registers a comm hook (an all-reduce average, as DDP's default) that records a
+  failed all-reduce instead of raising inside autograd, so DDP's reducer never sees an error
+  and a failed step can be dropped: no ``optimizer.step()``, gradients zeroed, the CPU
+  generator rewound. Register no other comm hook on the model.
+- Healing: every rank, the restarted one included, takes parameters, buffers, optimizer state,
+  the step counter and the CPU generator state from the rank with the most committed steps
+  (the lowest such rank), by broadcasts over the group. DDP's gradient buckets are rebuilt on
+  every rank in parameter order (see _same_buckets), so the restarted rank's fresh DDP and the
+  survivors' sum the same layout.
+"""
+
+import os
+import sys
+import time
+from datetime import timedelta
+from urllib.parse import parse_qs, urlparse
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+
+__all__ = ["StepManager", "recovery_enabled"]
+
+
+def recovery_enabled():
+    """Whether this worker runs under ``ddprun --recovery step``."""
+    return os.environ.get("DDP_RECOVERY") == "step"
+
+
+def _env_rendezvous_over_job_store(url, timeout=timedelta(minutes=30), **kwargs):
+    """env:// with the store ddprun hosts instead of a TCPStore on rank 0."""
+    query = {k: v[-1] for k, v in parse_qs(urlparse(url).query).items()}
+
+    def need(name, key):
+        if key in query:
+            return int(query[key])
+        value = os.environ.get(name)
+        if not value:
+            raise ValueError(f"env:// rendezvous: environment variable {name} expected, but not set")
+        return int(value)
+
+    rank, world_size = need("RANK", "rank"), need("WORLD_SIZE", "world_size")
+    yield (_C._connect_job_store(timeout), rank, world_size)
+    raise RuntimeError("Unable to perform re-rendezvous using env:// method")
+
+
+def _install_env_rendezvous():
+    import importlib
+
+    # The module (torch.distributed.rendezvous is also the name of a function there).
+    handlers = importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers
+    handlers["env"] = _env_rendezvous_over_job_store
+
+
+def _ddp_backend(group=None):
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    backend = pg._get_backend(torch.device("cpu"))
+    if not _C._recoverable(backend):
+        raise RuntimeError(
+            "ddp.StepManager needs the default process group of the 'ddp' backend under "
+            "'ddprun --recovery step' (init_process_group(\"ddp\") after import ddp)")
+    return backend
+
+
+class _PeerLost(RuntimeError):
+    pass
+
+
+class StepManager:
+    """Runs training steps that survive the loss of a rank (see the module's docstring).
+
+    model: a torch.nn.parallel.DistributedDataParallel over the default 'ddp' group, made with
+        init_sync=False. optimizer: over its parameters. notice_wait: how long a failed
+        collective waits for ddprun's notice of a lost rank before it counts as an ordinary
+        error (re-raised).
+    """
+
+    def __init__(self, model, optimizer, notice_wait=5.0):
+        self.model = model
+        self.optimizer = optimizer
+        self.notice_wait = notice_wait
+        self.step = 0
+        self.recoveries = 0  # re-forms of the group this process took part in
+        self.dropped = 0  # attempts dropped because a rank was lost
+        self._backend = _ddp_backend()
+        self._world = dist.get_world_size()
+        self._hook_error = None
+        model.register_comm_hook(self, StepManager._average_hook)
+        self._heal_until_done()
+
+    @property
+    def generation(self):
+        """The membership generation of the current group (0 until a rank is lost)."""
+        return _C._generation(self._backend)
+
+    # The comm hook: DDP's averaging all-reduce, recording a failure instead of raising it in
+    # autograd (the step is dropped after backward returns).
+    def _average_hook(self, bucket):
+        buffer = bucket.buffer()
+        try:
+            fut = dist.all_reduce(buffer, async_op=True).get_future()
+        except RuntimeError as e:
+            self._hook_error = self._hook_error or e
+            done = torch.futures.Future()
+            done.set_result(buffer)
+            return done
+
+        def average(f):
+            try:
+                return f.value()[0].div_(self._world)
+            except RuntimeError as e:
+                self._hook_error = self._hook_error or e
+                return buffer
+
+        return fut.then(average)
+
+    def run_step(self, fn):
+        """Zeroes the gradients, runs fn() (the forward, returning the loss), backpropagates,
+        and steps the optimizer: the step is then committed and ``step`` counts it. When a
+        rank is lost meanwhile the attempt is dropped, the group re-formed and healed, and fn
+        runs again for the same step. Returns fn's loss of the committed attempt."""
+        while True:
+            if _C._stale(self._backend):
+                self._recover()
+            rng = torch.get_rng_state()
+            self.optimizer.zero_grad(set_to_none=False)
+            self._hook_error = None
+            try:
+                loss = fn()
+                loss.backward()
+                error = self._hook_error
+            except RuntimeError as e:
+                error = e
+            if error is None:
+                self.optimizer.step()
+                self.step += 1
+                return loss
+            if not self._lost_peer():
+                raise error
+            self.dropped += 1
+            print(f"ddp.StepManager: rank {dist.get_rank()} dropped step {self.step} and "
+                  f"re-forms the group: {error}", file=sys.stderr, flush=True)
+            torch.set_rng_state(rng)
+            self.optimizer.zero_grad(set_to_none=False)
+            self._recover()
+
+    def _lost_peer(self):
+        # A collective that failed because a peer died fails before or after ddprun's notice
+        # (the peer's sockets close first): wait a little for the notice.
+        deadline = time.monotonic() + self.notice_wait
+        while not _C._stale(self._backend):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def _recover(self):
+        _C._reform(self._backend)
+        self.recoveries += 1
+        self._heal_until_done()
+
+    def _heal_until_done(self):
+        # A rank lost while healing (the replacement itself, or another) opens the next
+        # generation: re-form again and heal from the start.
+        while True:
+            try:
+                self._heal()
+                return
+            except RuntimeError as e:
+                if not self._lost_peer():
+                    raise
+                print(f"ddp.StepManager: rank {dist.get_rank()} lost a peer while healing and "
+                      f"re-forms the group: {e}", file=sys.stderr, flush=True)
+            _C._reform(self._backend)
+            self.recoveries += 1
+
+    def _same_buckets(self):
+        # DDP lays gradients out in buckets, first in reverse parameter order, then (after the
+        # first backward) in the order they became ready; the all-reduce sums buffers position
+        # by position. A restarted rank's DDP is new while the survivors' rebuilt long ago, so
+        # their layouts would differ and the sums mix different parameters (no error: the
+        # sizes match). So on every rank, at the start and at every heal, DDP rebuilds its
+        # buckets now, in parameter order, rank 0's layout broadcast (a collective), and never
+        # again: every rank, and every run, sums in the same layout.
+        self.model._update_process_group(dist.distributed_c10d._get_default_group())
+        self.model.reducer._push_all_rebuilt_params()
+        self.model.reducer._rebuild_buckets()
+
+    def _heal(self):
+        """Every rank takes the state of the rank with the most committed steps (lowest rank
+        among equals): parameters and buffers, optimizer state, step, CPU generator."""
+        self._same_buckets()
+        rank = dist.get_rank()
+        key = torch.tensor([self.step * self._world + (self._world - 1 - rank)], dtype=torch.int64)
+        dist.all_reduce(key, op=dist.ReduceOp.MAX)
+        src = self._world - 1 - int(key.item()) % self._world
+        self.step = int(key.item()) // self._world
+        with torch.no_grad():
+            for t in self.model.module.state_dict(keep_vars=True).values():
+                dist.broadcast(t.data if t.requires_grad else t, src)
+        state = [self.optimizer.state_dict() if rank == src else None]
+        dist.broadcast_object_list(state, src)
+        if rank != src:
+            self.optimizer.load_state_dict(state[0])
+        rng = torch.get_rng_state()
+        dist.broadcast(rng, src)
+        torch.set_rng_state(rng)
