@@ -224,7 +224,10 @@ c10::intrusive_ptr<WorkDDP> ProcessGroupDDP::make_work(c10d::OpType type, WorkDD
                                                        std::vector<at::Tensor> outputs,
                                                        bool counted) {
   live();  // a group that was shut down refuses at the call
-  if (counted && type != c10d::OpType::SEND && type != c10d::OpType::RECV) ++seq_;
+  if (counted && type != c10d::OpType::SEND && type != c10d::OpType::RECV &&
+      type != c10d::OpType::RECVANYSOURCE) {
+    ++seq_;
+  }
   auto work = c10::make_intrusive<WorkDDP>(rank_, type, std::move(epilogue), std::move(outputs),
                                            timeout_, completer_);
   // Issued at once unless a future's callbacks may still issue operations before it (see
@@ -858,10 +861,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::recv(std::vector<at::Tensor>& te
   return make_work(c10d::OpType::RECV, start, [t, buf] { copy_back(t, buf); }, {t});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::recvAnysource(std::vector<at::Tensor>& /*t*/,
-                                                              int /*tag*/) {
-  throw NotSupportedError(
-      "backend ddp does not support recv from any source (recv/irecv without src); pass src");
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                              int tag) {
+  const auto& t = single_tensor(tensors, "recv");
+  auto buf = contiguous(t);
+  const auto e = move_elements(t.scalar_type(), t.numel());
+  auto source = std::make_shared<int>(-1);
+  auto start = [this, buf, e, tag, source] {
+    return std::vector<WorkPtr>{
+        live()->recv_any_source(buf.data_ptr(), e.count, e.dtype, tag, source)};
+  };
+  auto work = make_work(c10d::OpType::RECVANYSOURCE, start, [t, buf] { copy_back(t, buf); }, {t});
+  work->set_source(source);
+  return work;
 }
 
 }  // namespace ddp::python

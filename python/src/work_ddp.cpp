@@ -98,6 +98,11 @@ bool WorkDDP::isCompleted() {
   return true;
 }
 
+int WorkDDP::sourceRank() const {
+  if (!source_) return c10d::Work::sourceRank();
+  return *source_;  // written before the ddp Work completed, which completed this one
+}
+
 bool WorkDDP::isSuccess() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return completed_ && !exception_;

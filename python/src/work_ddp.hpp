@@ -31,6 +31,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -72,6 +73,12 @@ class WorkDDP : public c10d::Work {
   // Waits for the ddp Works (up to the group timeout) and completes; the Completer's job.
   void wait_and_complete();
 
+  // A recv from any source: where the ddp Work stores the sender's rank.
+  void set_source(std::shared_ptr<int> source) { source_ = std::move(source); }
+  // The sender of a recv from any source once completed (torch's work._source_rank());
+  // c10d's error for other Works.
+  int sourceRank() const override;
+
  private:
   friend class Completer;
   // The ddp Works' first error after waiting for all of them (up to the group timeout).
@@ -97,6 +104,7 @@ class WorkDDP : public c10d::Work {
   bool done_ = false;     // guarded by future_mutex_
   std::exception_ptr error_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::shared_ptr<int> source_;  // set by the recv from any source, else null
 };
 
 // Completes the futures of Works (getFuture) of one process group, in issue order, on one

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -50,6 +51,68 @@ TEST_P(Backends, SendRecvMatchesTagsInOrder) {
       if (pg.rank() == 2) wait(pg.send(nullptr, 0, DataType::kUInt8, 0, 9));
     }
   });
+}
+
+// Recv from any source (PyTorch's recv without src), cpu backend within one host: rank 0
+// takes one message per sender with tag 7, whichever comes first, and learns who sent it; a
+// message with another tag that arrived first is kept for the recv that names it.
+TEST(CpuAnySource, ReceivesEachSenderOnceAndKeepsOtherTags) {
+  run_ranks(4, thread_options("cpu"), [](ProcessGroup& pg) {
+    const size_t big = 100000;  // several shared-memory chunks
+    if (pg.rank() == 0) {
+      std::vector<int> senders;
+      for (int k = 1; k < pg.size(); ++k) {
+        std::vector<int32_t> got(big, -1);
+        auto source = std::make_shared<int>(-1);
+        wait(pg.recv_any_source(got.data(), big, DataType::kInt32, /*tag=*/7, source));
+        ASSERT_GE(*source, 1);
+        ASSERT_LT(*source, pg.size());
+        for (size_t i = 0; i < big; ++i) ASSERT_EQ(got[i], *source * 1000 + static_cast<int>(i));
+        senders.push_back(*source);
+      }
+      std::sort(senders.begin(), senders.end());
+      EXPECT_EQ(senders, (std::vector<int>{1, 2, 3}));
+      int32_t early = 0;
+      wait(pg.recv(&early, 1, DataType::kInt32, 1, /*tag=*/3));
+      EXPECT_EQ(early, -3);
+    } else {
+      if (pg.rank() == 1) {
+        int32_t other = -3;  // sent first, with a tag the any-source recvs do not take
+        wait(pg.send(&other, 1, DataType::kInt32, 0, /*tag=*/3));
+      }
+      std::vector<int32_t> msg(big);
+      for (size_t i = 0; i < big; ++i) msg[i] = pg.rank() * 1000 + static_cast<int>(i);
+      wait(pg.send(msg.data(), big, DataType::kInt32, 0, /*tag=*/7));
+    }
+  });
+}
+
+TEST(CpuAnySource, NothingSentIsATimeoutAndAcrossHostsIsNotSupported) {
+  auto errors = run_ranks_collect_errors(2, thread_options("cpu", milliseconds(1000)),
+                                         [](ProcessGroup& pg) {
+                                           if (pg.rank() != 0) return;
+                                           int32_t x = 0;
+                                           wait(pg.recv_any_source(&x, 1, DataType::kInt32, 4,
+                                                                   std::make_shared<int>(-1)));
+                                         });
+  EXPECT_NE(errors[0].find("from any source"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("no rank sent a message with tag 4 within 1000 ms"), std::string::npos)
+      << errors[0];
+  auto customize = [](int rank, InitOptions& o) { o.host_id = "host" + std::to_string(rank); };
+  run_ranks(
+      2, thread_options("cpu"),
+      [](ProcessGroup& pg) {
+        int32_t x = 0;
+        try {
+          pg.recv_any_source(&x, 1, DataType::kInt32, 0, std::make_shared<int>(-1));
+          ADD_FAILURE() << "recv from any source across hosts did not throw";
+        } catch (const NotSupportedError& e) {
+          EXPECT_NE(std::string(e.what()).find("within one host only (this group spans 2 hosts)"),
+                    std::string::npos)
+              << e.what();
+        }
+      },
+      customize);
 }
 
 TEST_P(Backends, SubGroupsAndSeveralGroupsPerProcess) {

@@ -7,7 +7,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from common import DTYPES, check_equal, done, init
+from common import DTYPES, check_equal, done, expect_error, init
 
 if "--hosts" in sys.argv:
     # Simulated hosts (rank % 2): the hierarchical path, shared memory within a host and Gloo
@@ -159,6 +159,29 @@ for dt in DTYPES:
     check_equal(f"send/recv {tag}", t, full((5,), left + 1, dt))
     if rank == 0:
         print(f"{tag}: ok", flush=True)
+
+# recv from any source (src=None), within one host: rank 0 takes one message from every other
+# rank in arrival order, learns the sender from recv's return value (irecv: the Work's
+# _source_rank()). Across simulated hosts it is refused, naming the limit.
+if "--hosts" not in sys.argv:
+    if rank == 0:
+        seen = []
+        for k in range(1, n):
+            t = torch.zeros(6)
+            if k % 2:
+                src = dist.recv(t, tag=11)
+            else:
+                w = dist.irecv(t, tag=11)
+                w.wait()
+                src = w._source_rank()
+            check_equal(f"recv from any source {k}", t, torch.full((6,), float(src * 10)))
+            seen.append(src)
+        check_equal("recv from any source: every sender once", sorted(seen), list(range(1, n)))
+    else:
+        dist.send(torch.full((6,), float(rank * 10)), dst=0, tag=11)
+elif rank == 0:
+    expect_error("recv from any source across hosts", lambda: dist.recv(torch.zeros(2)),
+                 "supported within one host only")
 
 # dtypes ddp does not reduce still move: bool, int8, int16, complex64 (all_reduce SUM on complex
 # goes through torch's view_as_real).

@@ -48,9 +48,6 @@ if BACKEND == "ddp":
     # subgroups ("subgroup"). Not "gpu"/"cuda": it takes CPU tensors only.
     for feature in ("plugin", "ddp", "subgroup"):
         DistTestCases.backend_feature[feature].add("ddp")
-    # What it lacks, in the suite's own terms: recv/irecv without a source (ddp pairs sends and
-    # receives per (source, destination); docs/python.md).
-    DistTestCases.skip_collective["sendrecv anysource"].add("ddp")
 
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
     DistributedTest,

@@ -75,6 +75,14 @@ class ProcessGroup {
   // Point to point. A recv matches the send from `src` with the same tag, in order.
   virtual WorkPtr send(const void* data, size_t count, DataType dtype, int dst, int tag) = 0;
   virtual WorkPtr recv(void* data, size_t count, DataType dtype, int src, int tag) = 0;
+  // Receives the next message sent to this rank with `tag` by any rank (PyTorch's recv
+  // without src); `*source` holds the sender's rank once the Work completed. Backend cpu
+  // within one host; others throw NotSupportedError.
+  virtual WorkPtr recv_any_source(void* /*data*/, size_t /*count*/, DataType /*dtype*/, int /*tag*/,
+                                  std::shared_ptr<int> /*source*/) {
+    throw NotSupportedError("backend " + backend_name() +
+                            " does not support recv from any source; pass the source rank");
+  }
 
   std::chrono::milliseconds timeout() const { return timeout_; }
 

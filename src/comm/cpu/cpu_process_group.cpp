@@ -160,7 +160,8 @@ CpuProcessGroup::~CpuProcessGroup() {
 
 SerialExecutor& CpuProcessGroup::p2p_executor(int index) {
   std::lock_guard<std::mutex> lock(p2p_mutex_);
-  if (p2p_.empty()) p2p_.resize(2 * size_);
+  // Sends to each rank, recvs from each rank, then recvs from any source.
+  if (p2p_.empty()) p2p_.resize(2 * size_ + 1);
   if (!p2p_[index]) p2p_[index] = std::make_unique<SerialExecutor>();
   return *p2p_[index];
 }
@@ -206,6 +207,64 @@ WorkPtr CpuProcessGroup::recv(void* data, size_t count, DataType dtype, int src,
     p2p_started(record);
     try {
       shm_->recv(data, bytes, topo_.local_rank_of(src), tag, context(c));
+    } catch (...) {
+      error = std::current_exception();
+    }
+    p2p_finished(record, error);
+    work->finish(error);
+  });
+  return work;
+}
+
+WorkPtr CpuProcessGroup::recv_any_source(void* data, size_t count, DataType dtype, int tag,
+                                         std::shared_ptr<int> source) {
+  if (data == nullptr && count > 0) {
+    throw UsageError(fmt::format(
+        "recv from any source: data is null but count is {}; pass a buffer of that many "
+        "elements",
+        count));
+  }
+  if (size_ == 1) {
+    throw UsageError("recv from any source: this group has no other rank to receive from");
+  }
+  if (topo_.num_hosts() > 1) {
+    throw NotSupportedError(fmt::format(
+        "recv from any source on {}: supported within one host only (this group spans {} "
+        "hosts); pass the source rank",
+        where(), topo_.num_hosts()));
+  }
+  CallInfo c{OpKind::kRecv, dtype, ReduceOp::kSum, false, -1, tag, count, 0, 0};
+  const size_t bytes = count * element_size(dtype);
+  auto work = std::make_shared<FutureWork>(c.describe() + " from any source on " + where());
+  const uint64_t record = record_p2p("recv", dtype, count, -1);
+  p2p_executor(2 * size_).post([this, work, c, data, bytes, tag, record, source] {
+    std::exception_ptr error;
+    p2p_started(record);
+    try {
+      const ShmContext ctx = context(c);
+      const auto& locals = topo_.ranks_of_host[topo_.my_host];
+      const int n = static_cast<int>(locals.size());
+      auto nap = std::chrono::microseconds(20);
+      for (int found = -1; found < 0;) {
+        // Round-robin from the next rank, so no sender is always asked last.
+        for (int k = 1; k < n && found < 0; ++k) {
+          const int local = (topo_.local_rank + k) % n;
+          if (shm_->try_recv(data, bytes, local, tag, ctx)) found = locals[local];
+        }
+        if (found >= 0) {
+          *source = found;
+          break;
+        }
+        if (abort_signal().raised()) std::rethrow_exception(abort_signal().error());
+        if (Clock::now() >= ctx.deadline) {
+          throw TimeoutError(
+              fmt::format("{} from any source on {}: no rank sent a message "
+                          "with tag {} within {} ms",
+                          c.describe(), where(), tag, timeout_.count()));
+        }
+        std::this_thread::sleep_for(nap);
+        nap = std::min(nap * 2, std::chrono::microseconds(1000));
+      }
     } catch (...) {
       error = std::current_exception();
     }

@@ -42,6 +42,11 @@ class CpuProcessGroup : public AsyncProcessGroup {
   // Across hosts they are posted to Gloo without waiting.
   WorkPtr send(const void* data, size_t count, DataType dtype, int dst, int tag) override;
   WorkPtr recv(void* data, size_t count, DataType dtype, int src, int tag) override;
+  // Within one host: polls every peer's channel (try_recv) on a thread of its own, backing off
+  // from 20 us to 1 ms between rounds, until a message with `tag` arrives, the group timeout
+  // passes or the group is aborted. Groups spanning hosts: NotSupportedError.
+  WorkPtr recv_any_source(void* data, size_t count, DataType dtype, int tag,
+                          std::shared_ptr<int> source) override;
 
  protected:
   void run_all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,

@@ -83,7 +83,8 @@ ShmGroup::ShmGroup(ShmSegment segment, ShmLayout layout, int local_rank,
       spin_(spin),
       sent_(n_, 0),
       consumed_(n_, 0),
-      pending_(n_) {
+      pending_(n_),
+      source_mutex_(std::make_unique<std::mutex[]>(static_cast<size_t>(n_))) {
   char* base = static_cast<char*>(segment_.data());
   header_ = reinterpret_cast<Header*>(base);
   if (header_->magic != kMagic || header_->ranks != static_cast<uint32_t>(n_) ||
@@ -382,47 +383,68 @@ void ShmGroup::send(const void* data, size_t bytes, int dst, int tag, const ShmC
   } while (off < bytes);
 }
 
-void ShmGroup::recv(void* data, size_t bytes, int src, int tag, const ShmContext& ctx) {
-  auto size_error = [&](size_t got) {
-    return CollectiveError(fmt::format(
-        "{} on {}: the matching send from rank {} with tag {} carries {} bytes but this recv "
-        "expects {} bytes; send and recv must use the same count and dtype",
-        ctx.call->describe(), ctx.where, group_ranks_[src], tag, got, bytes));
-  };
+CollectiveError ShmGroup::size_mismatch(const ShmContext& ctx, int src, int tag, size_t got,
+                                        size_t bytes) const {
+  return CollectiveError(fmt::format(
+      "{} on {}: the matching send from rank {} with tag {} carries {} bytes but this recv "
+      "expects {} bytes; send and recv must use the same count and dtype",
+      ctx.call->describe(), ctx.where, group_ranks_[src], tag, got, bytes));
+}
+
+bool ShmGroup::take_early(void* data, size_t bytes, int src, int tag, const ShmContext& ctx) {
   auto& early = pending_[src];
   for (auto it = early.begin(); it != early.end(); ++it) {
     if (it->first != tag) continue;
-    if (it->second.size() != bytes) throw size_error(it->second.size());
+    if (it->second.size() != bytes) throw size_mismatch(ctx, src, tag, it->second.size(), bytes);
     if (bytes > 0) std::memcpy(data, it->second.data(), bytes);
     early.erase(it);
-    return;
+    return true;
   }
+  return false;
+}
+
+bool ShmGroup::read_message(void* data, size_t bytes, int src, int tag, const ShmContext& ctx) {
   Channel& ch = channel(src, me_);
   const char* buf = channel_buffer(src, me_);
-  for (;;) {
-    // Read one whole message; keep it aside when its tag is not the one we want.
-    std::string stash;
-    bool match = false;
-    size_t total = 0, off = 0;
-    do {
-      wait_word(&ch.written, consumed_[src] + 1, ctx, "send (no matching send arrived)", src);
-      total = ch.total_bytes;
-      const size_t c = ch.chunk_bytes;
-      if (off == 0) {
-        match = ch.tag == tag;
-        if (match && total != bytes) {
-          throw size_error(total);
-        }
-        if (!match) stash.resize(total);
-      }
-      if (c > 0) std::memcpy(match ? static_cast<char*>(data) + off : stash.data() + off, buf, c);
-      const int msg_tag = ch.tag;
-      off += c;
-      publish(&ch.consumed, ++consumed_[src], &header_->waiters);
-      if (!match && off >= total) early.emplace_back(msg_tag, std::move(stash));
-    } while (off < total);
-    if (match) return;
+  std::string stash;
+  bool match = false;
+  size_t total = 0, off = 0;
+  do {
+    wait_word(&ch.written, consumed_[src] + 1, ctx, "send (no matching send arrived)", src);
+    total = ch.total_bytes;
+    const size_t c = ch.chunk_bytes;
+    if (off == 0) {
+      match = ch.tag == tag;
+      if (match && total != bytes) throw size_mismatch(ctx, src, tag, total, bytes);
+      if (!match) stash.resize(total);
+    }
+    if (c > 0) std::memcpy(match ? static_cast<char*>(data) + off : stash.data() + off, buf, c);
+    const int msg_tag = ch.tag;
+    off += c;
+    publish(&ch.consumed, ++consumed_[src], &header_->waiters);
+    // Kept aside for a later recv with its tag.
+    if (!match && off >= total) pending_[src].emplace_back(msg_tag, std::move(stash));
+  } while (off < total);
+  return match;
+}
+
+void ShmGroup::recv(void* data, size_t bytes, int src, int tag, const ShmContext& ctx) {
+  std::lock_guard<std::mutex> lock(source_mutex_[src]);
+  if (take_early(data, bytes, src, tag, ctx)) return;
+  while (!read_message(data, bytes, src, tag, ctx)) {
   }
+}
+
+bool ShmGroup::try_recv(void* data, size_t bytes, int src, int tag, const ShmContext& ctx) {
+  std::unique_lock<std::mutex> lock(source_mutex_[src], std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  if (take_early(data, bytes, src, tag, ctx)) return true;
+  Channel& ch = channel(src, me_);
+  // A chunk not yet consumed: a message has begun.
+  while (ch.written.load(std::memory_order_acquire) != consumed_[src]) {
+    if (read_message(data, bytes, src, tag, ctx)) return true;
+  }
+  return false;
 }
 
 }  // namespace ddp::detail

@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -78,6 +80,11 @@ class ShmGroup {
   void barrier(const ShmContext& ctx);
   void send(const void* data, size_t bytes, int dst, int tag, const ShmContext& ctx);
   void recv(void* data, size_t bytes, int src, int tag, const ShmContext& ctx);
+  // For a recv from any source: receives a message from `src` with `tag` if one has arrived
+  // (or has begun to arrive: then it waits for the rest), stashing the earlier ones with other
+  // tags; false when none has, or when a recv from `src` is in progress on another thread (its
+  // messages are that recv's). Never waits for a message to begin.
+  bool try_recv(void* data, size_t bytes, int src, int tag, const ShmContext& ctx);
 
  private:
   friend struct ShmLayout;
@@ -98,6 +105,13 @@ class ShmGroup {
   char* slot(int set, int rank) const;
   int next_set() { return static_cast<int>(round_++ & 1); }
   Channel& channel(int src, int dst) const;
+  // recv's and try_recv's: a matching early message from `src` taken into `data`, if any.
+  bool take_early(void* data, size_t bytes, int src, int tag, const ShmContext& ctx);
+  // Reads one whole message from `src` (waiting for its chunks): into `data` when its tag is
+  // `tag` (true), else into pending_ (false).
+  bool read_message(void* data, size_t bytes, int src, int tag, const ShmContext& ctx);
+  CollectiveError size_mismatch(const ShmContext& ctx, int src, int tag, size_t got,
+                                size_t bytes) const;
   char* channel_buffer(int src, int dst) const;
 
   ShmSegment segment_;
@@ -121,6 +135,10 @@ class ShmGroup {
   std::vector<uint32_t> consumed_;  // chunks consumed per source channel
   // Messages that arrived before their recv was posted, per source, in arrival order.
   std::vector<std::deque<std::pair<int, std::string>>> pending_;
+  // Per source: held by a recv from it (which may wait), tried by try_recv, so consumed_[src]
+  // and pending_[src] have one user at a time (recvs from different sources run on different
+  // threads).
+  std::unique_ptr<std::mutex[]> source_mutex_;
 };
 
 }  // namespace ddp::detail
