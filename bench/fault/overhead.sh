@@ -10,7 +10,9 @@
 # JSON lines: one `fault` line per run (bench/fault/README.md's keys; no kill), then one
 # `recovery_overhead` line: `step_s_plain`, `step_s_step` (medians over runs of each run's
 # median step interval on rank 0), `overhead_pct` (step over plain, minus 1), `wall_s_plain`,
-# `wall_s_step`, `runs`, `load1_before`, `load1_after`, `target_under_2pct`.
+# `wall_s_step` (medians of whole runs: start, training, evaluation, exit), `steps_plain`,
+# `steps_step` (rank 0's committed steps, must both be STEPS), `runs`, `load1_before`,
+# `load1_after`, `target_under_2pct`.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -19,6 +21,9 @@ build=${1:-$root/build}
 WORLD=${WORLD:-3}
 STEPS=${STEPS:-400}
 REPEAT=${REPEAT:-3}
+# Enough epochs for STEPS (312 steps per epoch at 3 ranks x 64): plain mnist stops at the end
+# of its last epoch even before --total-steps.
+EPOCHS=$(( (STEPS + 60000 / WORLD / 64 - 1) / (60000 / WORLD / 64) ))
 ddprun=$build/apps/ddprun/ddprun
 mnist=$build/examples/mnist/mnist
 for b in "$ddprun" "$mnist"; do
@@ -37,11 +42,12 @@ run() {
   mkdir -p "$dir"
   case $system in
     ddp_plain)
-      cmd=("$ddprun" --standalone --nproc-per-node "$WORLD" "$mnist" --batch-size 64
+      cmd=("$ddprun" --standalone --nproc-per-node "$WORLD" "$mnist" --batch-size 64 --epochs "$EPOCHS"
            --total-steps "$STEPS" --loss-log "$dir/loss.log") ;;
     ddp_step)
       cmd=("$ddprun" --standalone --nproc-per-node "$WORLD" --recovery step "$mnist"
-           --recovery step --batch-size 64 --total-steps "$STEPS" --loss-log "$dir/loss.log") ;;
+           --recovery step --batch-size 64 --epochs "$EPOCHS" --total-steps "$STEPS"
+           --loss-log "$dir/loss.log") ;;
   esac
   "$PY" "$here/fault_driver.py" --system "$system" --log "$dir/loss.log" --kill-at 0 \
     --out "$dir/output.txt" -- "${cmd[@]}" | tee -a "$out"
@@ -63,6 +69,8 @@ print(json.dumps({"bench": "recovery_overhead", "runs": len(of("ddp_step", "wall
                   "step_s_plain": plain, "step_s_step": step, "overhead_pct": pct,
                   "wall_s_plain": med(of("ddp_plain", "wall_s")),
                   "wall_s_step": med(of("ddp_step", "wall_s")),
+                  "steps_plain": sorted(set(of("ddp_plain", "last_step"))),
+                  "steps_step": sorted(set(of("ddp_step", "last_step"))),
                   "all_exit_0": all(r["exit_code"] == 0 for r in rows),
                   "load1_before": float(sys.argv[2]), "load1_after": float(sys.argv[3]),
                   "target_under_2pct": pct is not None and pct < 2}), flush=True)
