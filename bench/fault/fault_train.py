@@ -27,6 +27,12 @@ the (s % steps_per_epoch)-th batch of this rank's indices.
   The step counter is torchft's (manager.current_step()); a replica that (re)joins is healed
   from a live peer by torchft (PGTransport, as in train_ddp.py). Rank 0 prints
   "attempts dropped: N" (steps whose optimizer step torchft did not commit) at the end.
+
+  ddp_step (PyTorch's DistributedDataParallel on the `ddp` backend with ddp.StepManager under
+  ddprun --recovery step: ddprun restarts the killed rank alone, the survivors drop the step,
+  re-form and heal it from a live peer; docs/recovery.md):
+    ddprun --standalone --nproc-per-node 3 --recovery step --max-restarts 1 .venv/bin/python \
+        fault_train.py ddp_step --total-steps 624 --loss-log /tmp/loss.log
 """
 import argparse
 import os
@@ -201,9 +207,39 @@ def run_torchft(args):
     manager.shutdown(wait=False)
 
 
+def run_ddp_step(args):
+    import ddp
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("ddp")  # env:// gives the store ddprun hosts (import ddp)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    images, labels, _ = load_data()
+    data = StepData(images, labels, world, rank)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(Cnn(), init_sync=False)  # StepManager syncs instead
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    steps = ddp.StepManager(model, optimizer)  # a restarted rank gets a live peer's state here
+    log = open_log(args.loss_log, rank == 0)
+
+    def forward():
+        # The batch of the step being run (a redo after healing may run a later step).
+        source, targets = data.batch(steps.step)
+        return F.nll_loss(model(source), targets)
+
+    begin = time.perf_counter()
+    while steps.step < args.total_steps:
+        loss = steps.run_step(forward)
+        if log:
+            log.write(f"{steps.step} {loss.item()!r}\n")
+    if rank == 0:
+        print(f"Training time = {time.perf_counter() - begin:.2f} s | attempts dropped: "
+              f"{steps.dropped}", flush=True)
+    dist.destroy_process_group()
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("recipe", choices=["torchrun", "torchft"])
+    p.add_argument("recipe", choices=["torchrun", "torchft", "ddp_step"])
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--save-every", type=int, default=1)
     p.add_argument("--snapshot", default="snapshot.pt")
@@ -217,6 +253,8 @@ def main():
     torch.set_num_threads(1)
     if args.recipe == "torchrun":
         run_torchrun(args)
+    elif args.recipe == "ddp_step":
+        run_ddp_step(args)
     else:
         run_torchft(args)
 

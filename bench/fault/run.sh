@@ -18,7 +18,7 @@
 # without. Prints each run's JSON line, then one fault_summary line per system and a last
 # fault_targets line (targets of issue 26). Keys: bench/fault/README.md.
 #
-#   bench/fault/run.sh [BUILD_DIR]        SYSTEMS=ddp_step,ddp_group,torchrun,torchft (default)
+#   bench/fault/run.sh [BUILD_DIR]        SYSTEMS=ddp_step,ddp_step_python,ddp_group,torchrun,torchft (default)
 #   (REPEAT=N runs each pair N times, the medians go into the summary; KEEP=DIR keeps every
 #   run's loss log and output there.)
 set -euo pipefail
@@ -33,7 +33,7 @@ EPOCHS=2
 TOTAL=$((EPOCHS * SPE))
 KILL_AT=${KILL_AT:-$((SPE + SPE / 2))}
 REPEAT=${REPEAT:-1}
-SYSTEMS=${SYSTEMS:-ddp_step,ddp_group,torchrun,torchft}
+SYSTEMS=${SYSTEMS:-ddp_step,ddp_step_python,ddp_group,torchrun,torchft}
 ddprun=$build/apps/ddprun/ddprun
 mnist=$build/examples/mnist/mnist
 for b in "$ddprun" "$mnist"; do
@@ -65,6 +65,10 @@ run() {
       cmd=("$ddprun" --standalone --nproc-per-node "$WORLD" --max-restarts 1
            "$mnist" --batch-size "$BATCH" --epochs "$EPOCHS" --snapshot "$dir/snapshot.pt"
            --loss-log "$dir/loss.log") ;;
+    ddp_step_python)
+      cmd=("$ddprun" --standalone --nproc-per-node "$WORLD" --recovery step --max-restarts 1
+           --no-python env "PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$here/fault_train.py"
+           ddp_step --total-steps "$TOTAL" --loss-log "$dir/loss.log") ;;
     torchrun)
       cmd=("$TORCHRUN" --standalone --nproc-per-node "$WORLD" --max-restarts 1
            "$here/fault_train.py" torchrun --epochs "$EPOCHS" --save-every 1
@@ -129,6 +133,13 @@ if "ddp_step" in summary:
     for peer in ("torchft", "torchft_fixed_hook"):
         if peer in summary:
             t[f"less_than_{peer}"] = d["lost_s"] < summary[peer]["lost_s"]
+if "ddp_step_python" in summary and summary["ddp_step_python"]["lost_s"]:
+    d = summary["ddp_step_python"]
+    t["ddp_step_python_lost_s"] = d["lost_s"]
+    t["ddp_step_python_under_1s_plus_one_step"] = d["lost_s"] < 1 + d["step_s"]
+    for peer in ("torchrun", "torchft", "torchft_fixed_hook"):
+        if peer in summary and summary[peer]["lost_s"] is not None:
+            t[f"{peer}_over_ddp_step_python"] = round(summary[peer]["lost_s"] / d["lost_s"], 1)
 print(json.dumps(t), flush=True)
 PYEOF
 echo "bench/fault: done; uptime: $(uptime)" >&2

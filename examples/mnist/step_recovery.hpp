@@ -78,8 +78,9 @@ inline int run_with_step_recovery(const StepRecoveryArgs& args) {
   const auto start = std::chrono::steady_clock::now();
   int64_t epoch = -1;
   std::vector<int64_t> indices;
-  while (manager.step() < total) {
-    const int64_t step = manager.step();
+  // The batch of the step being run, read inside run_step's function: a redo after healing
+  // runs the healed step, a later one when some rank had committed this one.
+  auto batch_of_step = [&](int64_t step) {
     if (step / steps_per_epoch + 1 != epoch) {
       epoch = step / steps_per_epoch + 1;
       sampler.set_epoch(epoch);
@@ -88,8 +89,12 @@ inline int run_with_step_recovery(const StepRecoveryArgs& args) {
     const int64_t first = (step % steps_per_epoch) * args.batch_size;
     const std::vector<int64_t> idx(indices.begin() + first,
                                    indices.begin() + first + args.batch_size);
-    const auto batch = train.get_batch(idx);
+    return train.get_batch(idx);
+  };
+  while (manager.step() < total) {
     torch::Tensor loss = manager.run_step([&] {
+      const int64_t step = manager.step();
+      const auto batch = batch_of_step(step);
       auto l = torch::nll_loss(ddp_model(batch.data), batch.target);
       if (first_life && rank == kill_rank && step == kill_step) ::kill(::getpid(), SIGKILL);
       l.backward();

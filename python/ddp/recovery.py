@@ -11,9 +11,13 @@ restarted rank their training state over the group and redo the step (docs/recov
     model = DDP(net, init_sync=False)          # StepManager.attach syncs instead
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     steps = ddp.StepManager(model, opt)        # every rank: a healthy peer's state
+
+    def forward():                             # the forward of step `steps.step`
+        x, y = batch_for_step(steps.step)      # read inside: a redo may run a later step
+        return loss_fn(model(x), y)            # run_step backprops and steps the optimizer
+
     while steps.step < total:
-        x, y = batch_for_step(steps.step)      # the data position follows the step
-        loss = steps.run_step(lambda: loss_fn(model(x), y))   # forward; run_step backprops
+        loss = steps.run_step(forward)
         log(steps.step, loss)                  # only committed steps reach the log
 
 What ddp does for it:
@@ -144,7 +148,9 @@ class StepManager:
         """Zeroes the gradients, runs fn() (the forward, returning the loss), backpropagates,
         and steps the optimizer: the step is then committed and ``step`` counts it. When a
         rank is lost meanwhile the attempt is dropped, the group re-formed and healed, and fn
-        runs again for the same step. Returns fn's loss of the committed attempt."""
+        runs again, for ``step`` as healed (the most advanced rank's: a later step when some
+        rank had committed this one), so fn must read ``step`` itself to pick its batch.
+        Returns fn's loss of the committed attempt."""
         while True:
             if _C._stale(self._backend):
                 self._recover()

@@ -100,9 +100,10 @@ int run(int64_t steps, const std::string& out) {
 
   std::ofstream commits(fmt::format("{}/rank{}.commits", out, rank), std::ios::app);
   while (manager.step() < steps) {
-    const auto [x, y] = batch_for(manager.step(), rank);
     manager.run_step([&] {
       maybe_die("forward");
+      // The step being run: a redo after healing may run a later one.
+      const auto [x, y] = batch_for(manager.step(), rank);
       auto loss = torch::cross_entropy_loss(model(x), y);
       maybe_die("backward");
       loss.backward();
