@@ -5,6 +5,11 @@
 //
 //   ddprun --standalone --nproc-per-node 2 --max-restarts 3 build/examples/toy/toy 50 10
 //
+// In-place recovery instead of snapshots (docs/recovery.md): a worker that dies is restarted
+// alone and healed from a live peer; the others drop the step and redo it:
+//   ddprun --standalone --nproc-per-node 2 --recovery step --max-restarts 3 \
+//       build/examples/toy/toy 50 10 --recovery step
+//
 // Output follows the tutorial:
 //   [RANK0] Epoch 0 | Batchsize: 32 | Steps: 32
 //   Epoch 0 | Training snapshot saved at snapshot.pt
@@ -15,6 +20,10 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <iostream>
 
 #include <ddp/ddp.hpp>
@@ -32,6 +41,7 @@ struct Args {
   uint64_t seed = 0;
   std::string backend = "auto";
   std::string device = "auto";
+  std::string recovery = "group";
 };
 
 // A short digest of the final parameters, so runs can be compared from their logs.
@@ -106,6 +116,73 @@ int run(const Args& args) {
   return 0;
 }
 
+// --recovery step: ddp::StepManager. The batch of every step is a function of the step (the
+// sampler's epoch and the batch within it), so a healed rank picks up exactly where the
+// group is; no snapshot is written or read.
+int run_step_recovery(const Args& args) {
+  ddp::StepManagerOptions options;
+  options.group.backend = args.backend == "auto" ? "cpu" : args.backend;
+  ddp::StepManager steps(options);
+  const int rank = steps.rank();
+  auto dataset = ddp::make_synthetic_dataset(ddp::SyntheticOptions().size(2048).seed(args.seed));
+  torch::manual_seed(args.seed);
+  torch::nn::Linear model(20, 1);
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(1e-3));
+  ddp::DistributedDataParallel ddp_model(model, steps.process_group(),
+                                         ddp::DistributedDataParallelOptions().init_sync(false));
+  steps.attach(ddp_model, optimizer);  // every rank: a healthy peer's state
+  const int world = steps.process_group()->size();
+  ddp::DistributedSampler sampler(dataset.size(),
+                                  ddp::DistributedSamplerOptions(world, rank).seed(args.seed));
+  const int64_t steps_per_epoch = static_cast<int64_t>(sampler.indices().size()) / args.batch_size;
+  const int64_t total = args.total_epochs * steps_per_epoch;
+  int64_t epoch = -1;
+  std::vector<int64_t> indices;
+  auto batch_of_step = [&](int64_t step) {
+    if (step / steps_per_epoch != epoch) {
+      epoch = step / steps_per_epoch;
+      sampler.set_epoch(epoch);
+      indices = sampler.indices();
+    }
+    const auto first = indices.begin() + (step % steps_per_epoch) * args.batch_size;
+    return dataset.get_batch(std::vector<int64_t>(first, first + args.batch_size));
+  };
+  if (rank == 0) {
+    std::cout << "Training from step " << steps.step() << " of " << total << " (--recovery step, "
+              << steps_per_epoch << " steps per epoch)\n"
+              << std::flush;
+  }
+  // Fault injection for tests (examples_test.py), as in examples/mnist: rank
+  // DDP_TEST_KILL_RANK of the first incarnation SIGKILLs itself in step DDP_TEST_KILL_AT_STEP,
+  // between its forward and its backward.
+  const char* kill_at = std::getenv("DDP_TEST_KILL_AT_STEP");
+  const char* kill_rank = std::getenv("DDP_TEST_KILL_RANK");
+  const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const int64_t kill_step = kill_at != nullptr ? std::atoll(kill_at) : -1;
+  const bool victim = (kill_rank != nullptr ? std::atoi(kill_rank) : 1) == rank &&
+                      (restarts == nullptr || std::string(restarts) == "0");
+  while (steps.step() < total) {
+    steps.run_step([&] {
+      const auto batch = batch_of_step(steps.step());  // a redo may run a later step
+      auto loss = torch::mse_loss(ddp_model(batch.data), batch.target);
+      if (victim && steps.step() == kill_step) ::kill(::getpid(), SIGKILL);
+      loss.backward();
+      return loss;
+    });
+    if (steps.step() % steps_per_epoch == 0) {
+      std::cout << "[RANK" << rank << "] Epoch " << steps.step() / steps_per_epoch - 1
+                << " | Batchsize: " << args.batch_size << " | Steps: " << steps_per_epoch << "\n"
+                << std::flush;
+    }
+  }
+  if (rank == 0) {
+    std::cout << "Training finished | epochs " << args.total_epochs << " | parameters "
+              << parameter_digest(*model) << " | steps dropped " << steps.steps_dropped() << "\n"
+              << std::flush;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -129,9 +206,13 @@ int main(int argc, char** argv) {
   app.add_option("--device", args.device,
                  "cpu, cuda (cuda:LOCAL_RANK), cuda:N, or auto: cuda when a GPU is usable "
                  "(default: auto)");
+  app.add_option("--recovery", args.recovery,
+                 "group: snapshots, the whole group restarts (default); step: in-place "
+                 "recovery under ddprun --recovery step (docs/recovery.md)")
+      ->check(CLI::IsMember({"group", "step"}));
   CLI11_PARSE(app, argc, argv);
   try {
-    return run(args);
+    return args.recovery == "step" ? run_step_recovery(args) : run(args);
   } catch (const ddp::Error& e) {
     std::cerr << "toy: " << e.what() << "\n";
     return 1;

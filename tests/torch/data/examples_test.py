@@ -54,6 +54,27 @@ def main():
                "resumed run must start at epoch 3", out)
         print("toy: OK", flush=True)
 
+        # toy --recovery step: a kill -9 of rank 1 in step 100 costs that step only: ddprun
+        # restarts rank 1 alone, rank 0 drops the step, heals rank 1 and redoes it, and the
+        # parameters end bitwise equal to a run without the kill (the digest).
+        step_cmd = [args.ddprun, "--standalone", "--nproc-per-node", "2", "--recovery", "step",
+                    "--max-restarts", "1", toy, "20", "1", "--recovery", "step"]
+        clean = run(step_cmd, tmp)
+        digest = re.search(r"parameters ([0-9a-f]{16}) \| steps dropped 0", clean)
+        expect(digest is not None, "toy --recovery step: a digest and no step dropped", clean)
+        os.environ.update(DDP_TEST_KILL_AT_STEP="100", DDP_TEST_KILL_RANK="1")
+        try:
+            killed = run(step_cmd, tmp)
+        finally:
+            del os.environ["DDP_TEST_KILL_AT_STEP"], os.environ["DDP_TEST_KILL_RANK"]
+        expect("restarting only rank 1 (--recovery step" in killed,
+               "toy --recovery step: ddprun restarts rank 1 alone", killed)
+        expect(f"parameters {digest.group(1)} | steps dropped 1" in killed,
+               "toy --recovery step: the same parameters as without the kill, one step dropped",
+               killed)
+        print(f"toy --recovery step: OK (parameters {digest.group(1)} with and without a kill)",
+              flush=True)
+
         out = run(launch + ["--nproc-per-node", "2", os.path.join(args.bin_dir, "mnist", "mnist"),
                             "--max-steps", "30", "--batch-size", "16"], tmp)
         expect("Entering training loop..." in out, "start line", out)
