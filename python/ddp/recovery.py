@@ -113,6 +113,10 @@ class StepManager:
         self.recoveries = 0  # re-forms of the group this process took part in
         self.dropped = 0  # attempts dropped because a rank was lost
         self._backend = _ddp_backend()
+        if getattr(model, "process_group", None) is not dist.distributed_c10d._get_default_group():
+            raise RuntimeError(
+                "ddp.StepManager: the model must be a DistributedDataParallel over the default "
+                "process group (DistributedDataParallel(module, init_sync=False))")
         self._world = dist.get_world_size()
         self._hook_error = None
         model.register_comm_hook(self, StepManager._average_hook)
