@@ -12,6 +12,8 @@
 #            both in their diagnosis within join_timeout, the cut-off node fails at once
 #   static   --rdzv-backend static with --node-rank and a token file; a node with the wrong
 #            token is refused
+#   stacks   2 nodes x 2 sleeping workers, a token, a runtime folder per node: `ddprun stacks`
+#            on node 0 folds all 4 ranks' stacks, node 1's through the job's store
 #   hang     2 nodes x 2 hang_worker ranks (gloo, 3 s group timeout; HANG_WORKER is the 4th
 #            argument), rank 3 on node 1 stops after collective #12: each node's hang report
 #            names rank 3 from the records both agents shared through the rendezvous store
@@ -267,6 +269,38 @@ hang)
     "$T"/logs1/*/attempt_0/flight_recorder.*.rank3.json 2>/dev/null | wc -l)
   [[ $holders -eq 1 ]] || fail "rank 3's dump is in $holders log dirs, expected 1"
   echo "PASS: both nodes' hang reports name rank 3 from the records shared through the store"
+  ;;
+
+stacks)
+  # Two hosts in all but the kernel: each node has its own network namespace and its own
+  # runtime folder (where `ddprun stacks` finds the local agent), so node 0's `ddprun stacks`
+  # gets node 1's stacks only through the job's authenticated store.
+  command -v eu-stack >/dev/null || skip "no eu-stack (apt-get install elfutils)"
+  setup_nodes 2
+  echo "stacks-$TAG" >"$T/token"
+  chmod 600 "$T/token"
+  for node in 0 1; do
+    export DDPRUN_RUNTIME_DIR="$T/rt$node"
+    start_agent "$node" "node$node" --nnodes 2 --nproc-per-node 2 "${C10D[@]}" \
+      --rdzv-id "stacks$TAG" --rdzv-conf "join_timeout=60,token_file=$T/token" \
+      --no-python /bin/sleep 120
+    pids[node]=$LAST_PID
+  done
+  unset DDPRUN_RUNTIME_DIR
+  wait_grep 60 "rendezvous round 0" "$T/node0.log" "$T/node1.log"
+  for ((k = 0; k < 60; k++)); do
+    ip netns exec "$(ns_of 0)" env DDPRUN_RUNTIME_DIR="$T/rt0" \
+      "$DDPRUN" stacks --run-id "stacks$TAG" --timeout 10 >"$T/stacks.log" 2>&1
+    grep -q "4 ranks from 2 of 2 nodes" "$T/stacks.log" && grep -q "nanosleep" "$T/stacks.log" &&
+      break
+    sleep 0.5
+  done
+  expect_in "$T/stacks.log" "ddprun stacks: run 'stacks$TAG', 4 ranks from 2 of 2 nodes"
+  expect_in "$T/stacks.log" "ranks 0-3 (4 of 4), eu-stack"
+  expect_in "$T/stacks.log" "nanosleep"
+  for node in 0 1; do kill -TERM "${pids[node]}"; done
+  for node in 0 1; do wait_exit "${pids[node]}" 60; done
+  echo "PASS: ddprun stacks on node 0 folded the stacks of both nodes' workers (node 1's through the store)"
   ;;
 
 *)
