@@ -174,6 +174,44 @@ struct StackService::State {
     return request->answers;
   }
 
+  // This node's workers' stacks and, with `all_nodes`, the other nodes' (asked through the
+  // store while this node captures), by `deadline`; notes name the nodes not asked or silent.
+  Collected collect(Clock::time_point deadline, bool all_nodes, double limit_s) {
+    Collected got;
+    std::vector<std::string> remote;
+    std::string not_asked;
+    std::thread asking;
+    {
+      JoinOnExit join{asking};
+      if (all_nodes) {
+        // The other nodes capture while this one does.
+        asking = std::thread([&] { remote = ask_other_nodes(deadline, got.nodes, not_asked); });
+      }
+      got.stacks = capture(deadline);
+    }
+    if (!not_asked.empty()) got.notes.push_back(not_asked);
+    int me = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      me = node_rank;
+    }
+    got.answered.push_back(me);
+    for (size_t n = 0; n < remote.size(); ++n) {
+      if (static_cast<int>(n) == me) continue;
+      if (remote[n].empty()) {
+        got.notes.push_back(fmt::format("node rank {} did not answer within {:.1f} s", n, limit_s));
+        continue;
+      }
+      try {
+        for (auto& st : decode_stacks(remote[n])) got.stacks.push_back(std::move(st));
+        got.answered.push_back(static_cast<int>(n));
+      } catch (const std::exception& e) {
+        got.notes.push_back(fmt::format("node rank {} sent an unreadable answer: {}", n, e.what()));
+      }
+    }
+    return got;
+  }
+
   void serve_client(int fd) {
     // One JSON line, bounded in time.
     std::string line;
@@ -202,42 +240,13 @@ struct StackService::State {
     // Captures finish a little before the client's deadline, so the answer arrives in time.
     const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms * 8 / 10);
     json answer;
+    Collected got = collect(deadline, all_nodes, timeout_ms * 0.8 / 1000);
     json notes = json::array();
-    std::vector<RankStacks> stacks;
-    int nodes = 1;
-    std::vector<std::string> remote;
-    std::string not_asked;
-    std::thread asking;
-    {
-      JoinOnExit join{asking};
-      if (all_nodes) {
-        // The other nodes capture while this one does.
-        asking = std::thread([&] { remote = ask_other_nodes(deadline, nodes, not_asked); });
-      }
-      stacks = capture(deadline);
-    }
-    if (!not_asked.empty()) notes.push_back(not_asked);
+    for (auto& n : got.notes) notes.push_back(std::move(n));
     json answered = json::array();
-    int me = 0;
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      me = node_rank;
-    }
-    answered.push_back(me);
-    for (size_t n = 0; n < remote.size(); ++n) {
-      if (static_cast<int>(n) == me) continue;
-      if (remote[n].empty()) {
-        notes.push_back(
-            fmt::format("node rank {} did not answer within {:.1f} s", n, timeout_ms * 0.8 / 1000));
-        continue;
-      }
-      try {
-        for (auto& s : decode_stacks(remote[n])) stacks.push_back(std::move(s));
-        answered.push_back(n);
-      } catch (const std::exception& e) {
-        notes.push_back(fmt::format("node rank {} sent an unreadable answer: {}", n, e.what()));
-      }
-    }
+    for (int n : got.answered) answered.push_back(n);
+    std::vector<RankStacks>& stacks = got.stacks;
+    const int nodes = got.nodes;
     answer["stacks"] = json::parse(encode_stacks(stacks));
     answer["nodes"] = nodes;
     answer["answered"] = answered;
@@ -421,6 +430,11 @@ void StackService::set_workers(std::vector<StackTarget> workers) {
 
 std::vector<RankStacks> StackService::capture_local(Clock::time_point deadline) {
   return state_->capture(deadline);
+}
+
+StackService::Collected StackService::capture_all_nodes(Clock::time_point deadline) {
+  const double limit_s = std::chrono::duration<double>(deadline - Clock::now()).count();
+  return state_->collect(deadline, /*all_nodes=*/true, limit_s);
 }
 
 void StackService::join_round(std::shared_ptr<Store> store, int generation, int node_rank,

@@ -301,8 +301,18 @@ class AttemptRunner {
       }
     }
     if (targets.empty()) return;
-    stacks_ =
-        capture_stacks(targets, spec_.host, spec_.stack_tools, deadline_after(spec_.stacks_limit));
+    std::vector<std::string> notes;
+    if (spec_.stack_service != nullptr) {
+      // In a multi-node round with an authenticated store the other nodes' workers, still
+      // running, are captured too (their agents answer as for `ddprun stacks`).
+      publish_workers();
+      auto got = spec_.stack_service->capture_all_nodes(deadline_after(spec_.stacks_limit));
+      stacks_ = std::move(got.stacks);
+      notes = std::move(got.notes);
+    } else {
+      stacks_ = capture_stacks(targets, spec_.host, spec_.stack_tools,
+                               deadline_after(spec_.stacks_limit));
+    }
     const std::string summary = stacks_summary(stacks_);
     notice(headline.empty() ? summary : headline + "; " + summary);
     if (!attempt_dir_.empty()) {
@@ -316,6 +326,7 @@ class AttemptRunner {
     notice(fmt::format("stacks of the running workers, folded{}:",
                        stacks_file_.empty() ? "" : " (every thread: " + stacks_file_ + ")"));
     for (const auto& line : format_folded(stacks_, /*main_thread_only=*/true)) notice("  " + line);
+    for (const auto& note : notes) notice("stacks: " + note);
   }
 
   // The worker's memory cgroup and, the first time this attempt sees that cgroup, its

@@ -13,7 +13,8 @@
 #   static   --rdzv-backend static with --node-rank and a token file; a node with the wrong
 #            token is refused
 #   stacks   2 nodes x 2 sleeping workers, a token, a runtime folder per node: `ddprun stacks`
-#            on node 0 folds all 4 ranks' stacks, node 1's through the job's store
+#            on node 0 folds all 4 ranks' stacks, node 1's through the job's store; then a
+#            worker of node 1 is killed and node 1's failure report shows the 3 others' stacks
 #   hang     2 nodes x 2 hang_worker ranks (gloo, 3 s group timeout; HANG_WORKER is the 4th
 #            argument), rank 3 on node 1 stops after collective #12: each node's hang report
 #            names rank 3 from the records both agents shared through the rendezvous store
@@ -298,9 +299,17 @@ stacks)
   expect_in "$T/stacks.log" "ddprun stacks: run 'stacks$TAG', 4 ranks from 2 of 2 nodes"
   expect_in "$T/stacks.log" "ranks 0-3 (4 of 4), eu-stack"
   expect_in "$T/stacks.log" "nanosleep"
-  for node in 0 1; do kill -TERM "${pids[node]}"; done
-  for node in 0 1; do wait_exit "${pids[node]}" 60; done
-  echo "PASS: ddprun stacks on node 0 folded the stacks of both nodes' workers (node 1's through the store)"
+  # A worker of node 1 killed: node 1's failure report shows where the 3 others were, node 0's
+  # two included (asked through the store before the job stops).
+  victim=$(ip netns pids "$(ns_of 1)" | while read -r p; do
+    [[ $(cat "/proc/$p/comm" 2>/dev/null) == sleep ]] && echo "$p"; done | head -n 1)
+  [[ -n "$victim" ]] || fail "no worker found in node 1's namespace"
+  kill -9 "$victim"
+  for node in 0 1; do wait_exit "${pids[node]}" 60 && fail "node $node ended 0 after a worker died"; done
+  expect_in "$T/node1.log" "ddprun: stacks of the running workers, folded"
+  grep -qE "ranks [0-9,-]+ \(3 of 3\), eu-stack" "$T/node1.log" ||
+    fail "node 1's failure report lacks the 3 running ranks of both nodes"
+  echo "PASS: ddprun stacks on node 0 folded the stacks of both nodes' workers (node 1's through the store); node 1's failure report has both nodes' running workers"
   ;;
 
 *)

@@ -64,6 +64,16 @@ class StackService {
   // This node's workers' stacks, by `deadline`.
   std::vector<RankStacks> capture_local(std::chrono::steady_clock::time_point deadline);
 
+  // What a `ddprun stacks` request gets: this node's workers' stacks and, in a round with an
+  // authenticated store, every other node's (they capture at the same time), by `deadline`.
+  struct Collected {
+    std::vector<RankStacks> stacks;
+    int nodes = 1;                   // the nodes of the round
+    std::vector<int> answered;       // node ranks whose stacks are in `stacks`, this one first
+    std::vector<std::string> notes;  // nodes not asked (and why), silent or unreadable
+  };
+  Collected capture_all_nodes(std::chrono::steady_clock::time_point deadline);
+
   // Multi-node: serve and ask the other nodes of round `generation` through `store` (a
   // connection of the service's own). leave_round() stops that.
   // A null `store` (etcd, or a store without auth token: see Membership::connect_side_store)
