@@ -5,11 +5,13 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -32,6 +34,23 @@ bool executable(const std::string& path) {
   return !path.empty() && ::access(path.c_str(), X_OK) == 0;
 }
 
+}  // namespace
+
+std::string untrusted_tool_reason(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return fmt::format("cannot stat it ({})", std::strerror(errno));
+  if (st.st_uid != 0 && st.st_uid != ::geteuid()) {
+    return fmt::format("it belongs to uid {}, neither root nor this user", st.st_uid);
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    return fmt::format("other users may write it (mode {:o})", st.st_mode & 07777);
+  }
+  return "";
+}
+
+namespace {
+
 std::string find_tool(const char* env_name, const std::string& name,
                       const std::vector<std::string>& extra_dirs) {
   const std::string forced = env_or_empty(env_name);
@@ -47,7 +66,14 @@ std::string find_tool(const char* env_name, const std::string& name,
   }
   dirs.insert(dirs.end(), extra_dirs.begin(), extra_dirs.end());
   for (const auto& d : dirs) {
-    if (!d.empty() && executable(d + "/" + name)) return d + "/" + name;
+    if (d.empty() || !executable(d + "/" + name)) continue;
+    const std::string candidate = d + "/" + name;
+    const std::string why = untrusted_tool_reason(candidate);
+    if (why.empty()) return candidate;
+    // ddprun runs the tool with the right to ptrace its workers (as root, often): one that
+    // another user could have replaced is skipped, and said so (once per lookup).
+    std::fprintf(stderr, "ddprun: not using %s to read stacks: %s\n", candidate.c_str(),
+                 why.c_str());
   }
   return "";
 }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -142,6 +143,30 @@ TEST(Stacks, InvalidUtf8IsEncodedNotThrown) {
   ASSERT_EQ(back.size(), 1u);
   EXPECT_EQ(back[0].threads[0].name, "worker-\xef\xbf\xbd");  // U+FFFD
   EXPECT_EQ(back[0].threads[0].frames[0].function.rfind("f", 0), 0u);
+}
+
+// A tool that another user could have replaced is never run with ptrace rights: on the
+// search path it is skipped with its reason; one of this user's, not writable by others, is
+// used.
+TEST(StackTools, AToolOthersCanWriteIsSkippedWithItsReason) {
+  char tmpl[] = "/tmp/ddp-tools-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string tool = dir + "/eu-stack";
+  std::ofstream(tool) << "#!/bin/sh\n";
+  ASSERT_EQ(::chmod(tool.c_str(), 0777), 0);
+  EXPECT_EQ(untrusted_tool_reason(tool), "other users may write it (mode 777)");
+  const char* old_path = std::getenv("PATH");
+  const std::string saved = old_path ? old_path : "";
+  ::setenv("PATH", dir.c_str(), 1);
+  ::unsetenv("DDPRUN_EU_STACK");
+  EXPECT_EQ(find_stack_tools().eu_stack, "");  // skipped, though first on PATH
+  ASSERT_EQ(::chmod(tool.c_str(), 0755), 0);
+  EXPECT_EQ(untrusted_tool_reason(tool), "");
+  EXPECT_EQ(find_stack_tools().eu_stack, tool);
+  ::setenv("PATH", saved.c_str(), 1);
+  ::unlink(tool.c_str());
+  ::rmdir(dir.c_str());
 }
 
 TEST(RootCause, ATemporaryStacksFileIsNotNamed) {

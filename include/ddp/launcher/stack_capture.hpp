@@ -29,6 +29,11 @@ struct StackTools {
 // $DDPRUN_PY_SPY / $DDPRUN_EU_STACK when set, else the first `py-spy` / `eu-stack` on PATH or
 // in `extra_dirs` (ddprun passes the directory of the workers' Python, where pip put py-spy).
 StackTools find_stack_tools(const std::vector<std::string>& extra_dirs = {});
+// Why a tool found on the search path must not be run with ptrace rights ("" when it may):
+// it belongs to another user than root or this one, or others may write it. Found tools that
+// fail the check are skipped (and named on stderr); DDPRUN_PY_SPY / DDPRUN_EU_STACK are the
+// caller's explicit choice and are not checked.
+std::string untrusted_tool_reason(const std::string& path);
 
 struct StackTarget {
   int global_rank = 0;
