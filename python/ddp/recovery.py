@@ -92,10 +92,6 @@ def _ddp_backend(group=None):
     return backend
 
 
-class _PeerLost(RuntimeError):
-    pass
-
-
 class StepManager:
     """Runs training steps that survive the loss of a rank (see the module's docstring).
 
