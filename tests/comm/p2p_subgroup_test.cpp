@@ -88,13 +88,12 @@ TEST(CpuAnySource, ReceivesEachSenderOnceAndKeepsOtherTags) {
 }
 
 TEST(CpuAnySource, NothingSentIsATimeoutAndAcrossHostsIsNotSupported) {
-  auto errors = run_ranks_collect_errors(2, thread_options("cpu", milliseconds(1000)),
-                                         [](ProcessGroup& pg) {
-                                           if (pg.rank() != 0) return;
-                                           int32_t x = 0;
-                                           wait(pg.recv_any_source(&x, 1, DataType::kInt32, 4,
-                                                                   std::make_shared<int>(-1)));
-                                         });
+  auto errors =
+      run_ranks_collect_errors(2, thread_options("cpu", milliseconds(1000)), [](ProcessGroup& pg) {
+        if (pg.rank() != 0) return;
+        int32_t x = 0;
+        wait(pg.recv_any_source(&x, 1, DataType::kInt32, 4, std::make_shared<int>(-1)));
+      });
   EXPECT_NE(errors[0].find("from any source"), std::string::npos) << errors[0];
   EXPECT_NE(errors[0].find("no rank sent a message with tag 4 within 1000 ms"), std::string::npos)
       << errors[0];
