@@ -2,19 +2,11 @@
 
 #include <fmt/format.h>
 
+#include "c10d_bytes.hpp"
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp::python {
-
-namespace {
-std::vector<uint8_t> to_bytes(const std::string& s) {
-  return {s.begin(), s.end()};
-}
-std::string to_string(const std::vector<uint8_t>& v) {
-  return {v.begin(), v.end()};
-}
-}  // namespace
 
 JobStore::JobStore(TcpStoreOptions options) : options_(std::move(options)) {
   options_.is_server = false;

@@ -13,7 +13,6 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <memory>
-#include <mutex>
 
 #include "ddp/store/tcp_store.hpp"
 

@@ -6,18 +6,12 @@
 #include <algorithm>
 #include <thread>
 
+#include "c10d_bytes.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp::python {
 
 namespace {
-
-std::vector<uint8_t> to_bytes(const std::string& s) {
-  return {s.begin(), s.end()};
-}
-std::string to_string(const std::vector<uint8_t>& v) {
-  return {v.begin(), v.end()};
-}
 
 // c10d reports failures as c10::Error or std::exception; ddp code expects its own hierarchy.
 template <typename F>

@@ -32,15 +32,6 @@ CallInfo decode(const std::string& s) {
   return c;
 }
 
-void check_buffer(const void* p, size_t count, const char* name, const char* op) {
-  if (p == nullptr && count > 0) {
-    throw UsageError(
-        fmt::format("{}: {} is null but count is {}; pass a buffer of that many "
-                    "elements",
-                    op, name, count));
-  }
-}
-
 }  // namespace
 
 AsyncProcessGroup::AsyncProcessGroup(GroupConfig config)
@@ -477,6 +468,16 @@ WorkPtr AsyncProcessGroup::barrier() {
   CallInfo c{};
   c.kind = OpKind::kBarrier;
   return submit(c, [=](const CallInfo& call) { run_barrier(call); });
+}
+
+void AsyncProcessGroup::check_buffer(const void* p, size_t count, const char* name,
+                                     const char* op) {
+  if (p == nullptr && count > 0) {
+    throw UsageError(
+        fmt::format("{}: {} is null but count is {}; pass a buffer of that many "
+                    "elements",
+                    op, name, count));
+  }
 }
 
 void AsyncProcessGroup::validate_p2p(const void* data, size_t count, int peer, const char* op,

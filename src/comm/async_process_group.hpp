@@ -125,6 +125,8 @@ class AsyncProcessGroup : public ProcessGroup {
   virtual ProcessGroupPtr make_same_backend(GroupConfig config) = 0;
 
   // Throws UsageError for a bad peer (out of range or this rank) or a null buffer.
+  // UsageError "<op>: <name> is null but count is N; ..." for a null buffer of N > 0 elements.
+  static void check_buffer(const void* p, size_t count, const char* name, const char* op);
   void validate_p2p(const void* data, size_t count, int peer, const char* op,
                     const char* peer_name) const;
 

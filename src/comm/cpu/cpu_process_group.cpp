@@ -218,12 +218,7 @@ WorkPtr CpuProcessGroup::recv(void* data, size_t count, DataType dtype, int src,
 
 WorkPtr CpuProcessGroup::recv_any_source(void* data, size_t count, DataType dtype, int tag,
                                          std::shared_ptr<int> source) {
-  if (data == nullptr && count > 0) {
-    throw UsageError(fmt::format(
-        "recv from any source: data is null but count is {}; pass a buffer of that many "
-        "elements",
-        count));
-  }
+  check_buffer(data, count, "data", "recv from any source");
   if (size_ == 1) {
     throw UsageError("recv from any source: this group has no other rank to receive from");
   }
