@@ -4,9 +4,11 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "ddp/launcher/output.hpp"
 #include "ddp/launcher/process.hpp"
@@ -37,28 +39,32 @@ class RendezvousMembership : public Membership {
   MembershipRound next_round() override {
     connect_once();
     rdzv::RoundInfo r;
-    try {
-      r = join_reporting_progress();
-    } catch (const rdzv::RendezvousTimeoutError&) {
-      linger();
-      throw;
-    } catch (const rdzv::RendezvousClosedError& e) {
-      if (!rdzv::uses_etcd(options_.rdzv.backend) || joined_once_) throw;
-      // etcd keeps a run's keys key_ttl after its last agent: a new job reusing the id of one
-      // that was shut down moments ago finds its shutdown key.
-      throw rdzv::RendezvousClosedError(fmt::format(
-          "{} (etcd keeps a run's keys for key_ttl={:.0f} s after its last agent exits: if that "
-          "was an earlier job, wait that long or pass a new --rdzv-id)",
-          e.what(), options_.rdzv.conf.key_ttl.count() / 1000.0));
-    } catch (const NetworkError& e) {
-      if (etcd_) throw;
-      throw NetworkError(fmt::format(
-          "lost the rendezvous store at {} while joining (did the agent on the endpoint host "
-          "exit? see its output): {}",
-          net::format_endpoint(options_.rdzv.endpoint.host, options_.rdzv.endpoint.port),
-          e.what()));
+    for (;;) {
+      try {
+        r = join_reporting_progress();
+        break;
+      } catch (const rdzv::RendezvousTimeoutError&) {
+        linger();
+        throw;
+      } catch (const rdzv::RendezvousClosedError& e) {
+        if (!rdzv::uses_etcd(options_.rdzv.backend) || joined_once_) throw;
+        // etcd keeps a run's keys key_ttl after its last agent: a new job reusing the id of
+        // one that was shut down moments ago finds its shutdown key.
+        throw rdzv::RendezvousClosedError(fmt::format(
+            "{} (etcd keeps a run's keys for key_ttl={:.0f} s after its last agent exits: if "
+            "that was an earlier job, wait that long or pass a new --rdzv-id)",
+            e.what(), options_.rdzv.conf.key_ttl.count() / 1000.0));
+      } catch (const Error& e) {
+        if (etcd_ || !store_lost(e)) throw;
+        if (fail_over(e.what())) continue;
+        throw NetworkError(fmt::format(
+            "lost the rendezvous store at {} while joining (did the agent on the endpoint host "
+            "exit? see its output): {}",
+            net::format_endpoint(store_->endpoint().host, store_->port()), e.what()));
+      }
     }
     joined_once_ = true;
+    standbys_ = r.standbys;
     MembershipRound out;
     out.generation = static_cast<int>(r.generation);
     WorldAssignment& w = out.world;
@@ -114,13 +120,25 @@ class RendezvousMembership : public Membership {
     if (!watcher_) return std::nullopt;
     watcher_->stop();
     auto reason = watcher_->reason();
+    std::exception_ptr store_error = watcher_->store_error();
     watcher_.reset();
     wake_read_.reset();
     wake_write_.reset();
+    // The store's host died while the workers ran: move to a standby store now, so sharing
+    // the hang records and the next round use it (and nobody waits on the dead endpoint).
+    if (store_error) fail_over_after(store_error);
     return reason;
   }
 
-  void end_round(const std::string& reason) override { rdzv_->request_new_round(reason); }
+  void end_round(const std::string& reason) override {
+    try {
+      rdzv_->request_new_round(reason);
+    } catch (const Error& e) {
+      // The store's host is gone (this node's workers failed with it): the next round forms
+      // on a standby store, where the lost round does not exist.
+      if (etcd_ || !store_lost(e) || !fail_over(e.what())) throw;
+    }
+  }
 
   void finished() override {
     best_effort("report this node as finished", [&] { rdzv_->mark_finished(); });
@@ -279,6 +297,68 @@ class RendezvousMembership : public Membership {
 
   bool hosting() const { return store_ && store_->is_host(); }
 
+  // Whether `e`, from a call to the TCP store, means the store is gone: the connection broke,
+  // or a call got no reply and a new connection cannot be opened either (a host that vanished
+  // without closing its sockets). A rendezvous wait that timed out is not.
+  bool store_lost(const Error& e) {
+    if (!store_ || hosting()) return false;
+    if (dynamic_cast<const NetworkError*>(&e) != nullptr) return true;
+    if (dynamic_cast<const TimeoutError*>(&e) == nullptr) return false;
+    try {
+      store_->connect_another();
+      return false;
+    } catch (const Error&) {
+      return true;
+    }
+  }
+
+  // fail_over() when `error` means the store is lost; a failure to move is only noticed here
+  // (the next store call reports the lost store).
+  void fail_over_after(const std::exception_ptr& error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& e) {
+      if (etcd_ || !store_lost(e)) return;
+      try {
+        fail_over(e.what());
+      } catch (const Error& f) {
+        notice(std::string("could not move to a standby store: ") + f.what());
+      }
+    } catch (...) {
+    }
+  }
+
+  // The store was lost: this agent and its Rendezvous move to the first standby store of the
+  // last round that answers (this agent's own when it comes first: then it serves the store).
+  // False when the last round named none to try (not in a round yet, standby_stores=0, or
+  // every one tried already); a NetworkError naming each when none answers.
+  bool fail_over(const std::string& why) {
+    if (!store_ || hosting() || standbys_.empty()) return false;
+    const std::string lost = net::format_endpoint(store_->endpoint().host, store_->port());
+    std::vector<std::string> candidates = std::exchange(standbys_, {});
+    std::string list;
+    for (const auto& c : candidates) list += (list.empty() ? "" : ", ") + c;
+    notice(fmt::format(
+        "lost the rendezvous store at {} ({}); moving to the job's standby store (in order: {})",
+        lost, why, list));
+    const std::string used =
+        store_->fail_over(candidates, options_.rdzv.standby, options_.rdzv.conf.connect_timeout);
+    // A later loss goes on with the standbys after this one.
+    auto next = std::find(candidates.begin(), candidates.end(), used);
+    standbys_.assign(next + 1, candidates.end());
+    client_ = store_->store();
+    rdzv_->move_to_store(client_);
+    if (hosting()) {
+      options_.rdzv.standby.clear();
+      rdzv_->set_standby("");
+      notice(fmt::format("this node serves the rendezvous store now, at {} (its standby store)",
+                         used));
+    } else {
+      notice(fmt::format("moved to the rendezvous store at {}", used));
+    }
+    return true;
+  }
+
   void connect_once() {
     if (rdzv_) return;
     if (rdzv::uses_etcd(options_.rdzv.backend)) {
@@ -313,6 +393,13 @@ class RendezvousMembership : public Membership {
         notice(*warning);
       }
     }
+    if (options_.rdzv.backend == rdzv::Backend::kC10d && !store_->is_host() &&
+        options_.rdzv.conf.standby_stores > 0) {
+      // Where the others go if the agent serving the store is lost; published with this
+      // node's info, so node 0 can name the round's standbys (rendezvous.hpp).
+      options_.rdzv.standby =
+          net::format_endpoint(options_.rdzv.local_addr, store_->start_standby());
+    }
     client_ = store_->store();
     rdzv_ = std::make_unique<rdzv::Rendezvous>(options_.rdzv, client_);
   }
@@ -324,6 +411,8 @@ class RendezvousMembership : public Membership {
   std::shared_ptr<rdzv::EtcdStore> etcd_;
   std::shared_ptr<Store> client_;
   bool joined_once_ = false;  // a round was formed with this agent in it
+  // The last round's standby stores not tried yet ("HOST:PORT", in order of preference).
+  std::vector<std::string> standbys_;
   std::unique_ptr<rdzv::Rendezvous> rdzv_;
   std::unique_ptr<rdzv::MembershipWatcher> watcher_;
   UniqueFd wake_read_, wake_write_;

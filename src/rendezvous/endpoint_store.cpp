@@ -88,6 +88,56 @@ EndpointStore::EndpointStore(EndpointStoreOptions options) : options_(std::move(
 EndpointStore::~EndpointStore() {
   store_.reset();
   if (server_) server_->stop();
+  if (standby_) standby_->stop();
+}
+
+uint16_t EndpointStore::start_standby() {
+  if (server_) throw UsageError("EndpointStore::start_standby: this agent serves the store");
+  if (standby_) return standby_->port();
+  TcpStoreServerOptions so;
+  so.host = options_.endpoint.host.find(':') != std::string::npos ? "::" : "";
+  so.port = 0;
+  so.token = options_.token;
+  standby_ = std::make_unique<TcpStoreServer>(so);
+  standby_->start();
+  return standby_->port();
+}
+
+uint16_t EndpointStore::standby_port() const {
+  return standby_ ? standby_->port() : 0;
+}
+
+std::string EndpointStore::fail_over(const std::vector<std::string>& candidates,
+                                     const std::string& mine, Millis per_candidate) {
+  std::string tried;
+  for (const std::string& candidate : candidates) {
+    Endpoint e;
+    try {
+      e = parse_endpoint(candidate, 0);
+    } catch (const Error& err) {
+      tried += fmt::format("; {}: {}", candidate, err.what());
+      continue;
+    }
+    store_.reset();
+    options_.endpoint = e;
+    port_ = e.port;
+    if (candidate == mine && standby_) {
+      server_ = std::move(standby_);
+      options_.host = true;
+      store_ = connect(std::max(per_candidate, Millis(10000)));
+      return candidate;
+    }
+    try {
+      store_ = connect(per_candidate);
+      return candidate;
+    } catch (const Error& err) {
+      tried += fmt::format("; {}: {}", candidate, err.what());
+    }
+  }
+  throw NetworkError(fmt::format(
+      "no standby store of the job answered{}. Every node that kept one is gone: start the job "
+      "again",
+      tried.empty() ? " (the round named none)" : tried));
 }
 
 std::shared_ptr<TcpStore> EndpointStore::connect_another() const {

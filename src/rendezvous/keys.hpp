@@ -14,6 +14,8 @@
 //   rdzv/<run_id>/<g>/changed          set once: why round g ended
 //   rdzv/<run_id>/<g>/world            "num_nodes world_size master_port master_addr"
 //   rdzv/<run_id>/<g>/rank/<i>         first global rank of slot i
+//   rdzv/<run_id>/<g>/standbys         "HOST:PORT,..." the standby stores of round g, in
+//                                      order of preference ("-": none)
 
 #include <cstdint>
 #include <string>
@@ -51,6 +53,7 @@ struct Round {
   std::string changed() const { return base + "changed"; }
   std::string world() const { return base + "world"; }
   std::string rank(int i) const { return base + fmt::format("rank/{}", i); }
+  std::string standbys() const { return base + "standbys"; }
 };
 
 }  // namespace ddp::rdzv::keys

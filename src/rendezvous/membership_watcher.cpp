@@ -43,6 +43,11 @@ std::optional<std::string> MembershipWatcher::reason() const {
   return reason_;
 }
 
+std::exception_ptr MembershipWatcher::store_error() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return store_error_;
+}
+
 void MembershipWatcher::report(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -143,6 +148,10 @@ void MembershipWatcher::run() {
   } catch (const Error& e) {
     // The store is gone (its host died) or broke the protocol: the round cannot go on.
     if (!stop_) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        store_error_ = std::current_exception();
+      }
       report(fmt::format("lost the rendezvous store at {}: {}",
                          net::format_endpoint(options_.endpoint.host, options_.endpoint.port),
                          e.what()));

@@ -192,14 +192,24 @@ RendezvousConf parse_rdzv_conf(const std::string& text) {
     } else if (key == "token_file") {
       if (value.empty()) throw UsageError("--rdzv-conf token_file=: expected a file path");
       conf.token_file = value;
+    } else if (key == "standby_stores") {
+      char* end = nullptr;
+      const long n = std::strtol(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || n < 0 || n > 16) {
+        throw UsageError(fmt::format(
+            "--rdzv-conf standby_stores={}: expected a count from 0 (none) to 16", value));
+      }
+      conf.standby_stores = static_cast<int>(n);
+      conf.standby_stores_given = true;
     } else if (key == "is_host") {
       // torchrun's c10d keys that have no meaning here are accepted and ignored, so existing
       // job scripts keep working.
     } else {
       throw UsageError(fmt::format(
           "--rdzv-conf {}: unknown key '{}'; known keys: join_timeout, last_call_timeout, "
-          "close_timeout, heartbeat, connect_timeout, read_timeout, token_file; with the etcd "
-          "backends also protocol, cacert, cert, key, etcd_prefix, key_ttl, timeout",
+          "close_timeout, heartbeat, connect_timeout, read_timeout, token_file, "
+          "standby_stores; with the etcd backends also protocol, cacert, cert, key, etcd_prefix, "
+          "key_ttl, timeout",
           item, key));
     }
   }
@@ -295,6 +305,13 @@ void validate(const RendezvousOptions& o) {
         "not {}",
         o.conf.etcd_keys.front(), to_string(o.backend)));
   }
+  if (o.conf.standby_stores_given && o.backend != Backend::kC10d) {
+    throw UsageError(fmt::format(
+        "--rdzv-conf standby_stores: only the c10d backend keeps standby stores ({} {})",
+        to_string(o.backend),
+        uses_etcd(o.backend) ? "is served by the etcd cluster, whose members replicate it"
+                             : "ends with node 0, which every static round needs anyway"));
+  }
   if (o.endpoints.size() > 1 && !uses_etcd(o.backend)) {
     throw UsageError(fmt::format(
         "--rdzv-endpoint lists {} endpoints: only the etcd backends take a list (the members "
@@ -302,7 +319,8 @@ void validate(const RendezvousOptions& o) {
         o.endpoints.size(), to_string(o.backend)));
   }
   if (o.hostname.find_first_of("\t\n") != std::string::npos ||
-      o.local_addr.find_first_of("\t\n") != std::string::npos) {
+      o.local_addr.find_first_of("\t\n") != std::string::npos ||
+      o.standby.find_first_of("\t\n ,") != std::string::npos) {
     throw UsageError("host name or --local-addr contains a tab or newline");
   }
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include "ddp/util/deadline.hpp"
@@ -43,8 +44,25 @@ Rendezvous::Rendezvous(RendezvousOptions options, std::shared_ptr<Store> store)
     : options_(std::move(options)), store_(std::move(store)) {
   if (!store_) throw UsageError("Rendezvous: no store given");
   validate(options_);
+  set_standby(options_.standby);
+}
+
+void Rendezvous::set_standby(const std::string& standby) {
+  options_.standby = standby;
   info_ = encode_node_info(options_.hostname, options_.local_addr, options_.local_world_size,
-                           static_cast<long>(::getpid()));
+                           static_cast<long>(::getpid()), standby);
+}
+
+void Rendezvous::move_to_store(std::shared_ptr<Store> store) {
+  if (!store) throw UsageError("Rendezvous::move_to_store: no store given");
+  store_ = std::move(store);
+  registered_ = false;
+  in_round_ = false;
+  if (!last_generation_) return;
+  // The new store starts empty: the first member to arrive records the lost round as the
+  // current one (the others find it there), and advance_generation() moves every member past
+  // it as it would on the old store.
+  store_->compare_set(keys::generation(options_.run_id), "", std::to_string(*last_generation_));
 }
 
 void Rendezvous::register_run() {
@@ -236,6 +254,17 @@ std::optional<RoundInfo> Rendezvous::assemble(int64_t g, int n, Clock::time_poin
   r.master_port = options_.pick_master_port ? options_.pick_master_port() : default_master_port();
   out_keys.push_back(k.world());
   out_values.push_back(fmt::format("{} {} {} {}", n, r.world_size, r.master_port, r.master_addr));
+  std::string standbys;
+  for (const JoinedNode& node : r.nodes) {
+    if (node.standby.empty() ||
+        static_cast<int>(r.standbys.size()) >= options_.conf.standby_stores) {
+      continue;
+    }
+    r.standbys.push_back(node.standby);
+    standbys += (standbys.empty() ? "" : ",") + node.standby;
+  }
+  out_keys.push_back(k.standbys());
+  out_values.push_back(standbys.empty() ? "-" : standbys);
   store_->multi_set(out_keys, out_values);
   return r;
 }
@@ -243,7 +272,7 @@ std::optional<RoundInfo> Rendezvous::assemble(int64_t g, int n, Clock::time_poin
 std::optional<RoundInfo> Rendezvous::read_assignment(int64_t g, int slot, int n,
                                                      Clock::time_point deadline) {
   keys::Round k(options_.run_id, g);
-  std::vector<std::string> want = {k.world(), k.rank(slot)};
+  std::vector<std::string> want = {k.world(), k.rank(slot), k.standbys()};
   if (!wait_for_keys(*store_, want, remaining(deadline))) return std::nullopt;
   std::vector<std::string> v = store_->multi_get(want);
   RoundInfo r;
@@ -263,6 +292,10 @@ std::optional<RoundInfo> Rendezvous::read_assignment(int64_t g, int slot, int n,
   r.master_port = static_cast<int>(port);
   r.master_addr = addr;
   r.rank_offset = static_cast<int>(to_int(v[1], k.rank(slot)));
+  if (v[2] != "-") {
+    std::stringstream list(v[2]);
+    for (std::string standby; std::getline(list, standby, ',');) r.standbys.push_back(standby);
+  }
   return r;
 }
 

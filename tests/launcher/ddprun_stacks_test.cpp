@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <regex>
 #include <string>
 #include <thread>
 
@@ -243,7 +244,12 @@ TEST_F(DdprunStacks, FailureReportShowsTheOthersStacks) {
            ready, "await-peers", ready, "fail-if-rank", "1", "3", "1", "sleep", "60"},
           {{"DDPRUN_RUNTIME_DIR", runtime_dir()}, {"DDPRUN_TERM_GRACE_S", "5"}}, 90);
   EXPECT_EQ(r.exit_code, 1) << r.err;
-  EXPECT_NE(r.err.find("failed: exit code 3; ranks 0,2 were in clock_nanosleep"), std::string::npos)
+  // Both others are named in their sleep. Usually their stacks fold into one ("ranks 0,2 were
+  // in ..."); eu-stack sometimes misses the sleep_for frame of one of them, and then each has
+  // its own summary.
+  EXPECT_TRUE(std::regex_search(r.err, std::regex("failed: exit code 3; (ranks 0,2 were in "
+                                                  "clock_nanosleep|rank 0 was in clock_nanosleep"
+                                                  "[^;\\n]*; rank 2 was in clock_nanosleep)")))
       << r.err;
   EXPECT_NE(r.err.find("Where the running workers were when ddprun stopped them:"),
             std::string::npos)

@@ -153,6 +153,7 @@ pid_t LauncherTest::start(const std::vector<std::string>& args, const EnvPairs& 
   int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   EXPECT_EQ(rc, 0) << "cannot start " << argv[0] << ": " << std::strerror(rc);
+  outputs_[pid] = {out_path_, err_path_};
   return pid;
 }
 
@@ -177,8 +178,9 @@ RunResult LauncherTest::wait(pid_t pid, double timeout_s) {
   }
   if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
-  r.out = read_file(out_path_);
-  r.err = read_file(err_path_);
+  const auto files = outputs_.find(pid);
+  r.out = read_file(files != outputs_.end() ? files->second.first : out_path_);
+  r.err = read_file(files != outputs_.end() ? files->second.second : err_path_);
   return r;
 }
 

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <sys/types.h>
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +32,7 @@ class LauncherTest : public ::testing::Test {
   // overrides) a clean copy of this process's environment.
   pid_t start(const std::vector<std::string>& args, const EnvPairs& extra = {});
   // Waits (bounded) for ddprun to exit; a hang is a test failure and the process is killed.
+  // The result holds what that ddprun (started here) wrote.
   RunResult wait(pid_t pid, double timeout_s = 60);
   RunResult run(const std::vector<std::string>& args, const EnvPairs& extra = {},
                 double timeout_s = 60) {
@@ -57,7 +59,8 @@ class LauncherTest : public ::testing::Test {
   std::string dir_;
   std::string marker_;
   int runs_ = 0;
-  std::string out_path_, err_path_;
+  std::string out_path_, err_path_;  // the last started ddprun's stdout and stderr files
+  std::map<pid_t, std::pair<std::string, std::string>> outputs_;  // every one's, by pid
 };
 
 std::string read_file(const std::string& path);

@@ -139,6 +139,28 @@ TEST(RdzvOptions, EtcdKeysBelongToTheEtcdBackends) {
             std::string::npos);
 }
 
+TEST(RdzvOptions, StandbyStoresAreACountForC10dOnly) {
+  EXPECT_EQ(parse_rdzv_conf("").standby_stores, RendezvousConf::kDefaultStandbyStores);
+  EXPECT_EQ(parse_rdzv_conf("standby_stores=0").standby_stores, 0);
+  EXPECT_EQ(parse_rdzv_conf("standby_stores=3").standby_stores, 3);
+  for (const char* bad : {"standby_stores=-1", "standby_stores=two", "standby_stores=17"}) {
+    EXPECT_NE(usage_message([&] { parse_rdzv_conf(bad); }).find("expected a count from 0"),
+              std::string::npos)
+        << bad;
+  }
+  RendezvousOptions o;
+  o.conf = parse_rdzv_conf("standby_stores=1");
+  EXPECT_NO_THROW(validate(o));
+  o.backend = Backend::kEtcd;
+  EXPECT_NE(usage_message([&] { validate(o); }).find("only the c10d backend keeps standby"),
+            std::string::npos);
+  o.backend = Backend::kStatic;
+  o.nodes = {2, 2};
+  o.node_rank = 0;
+  EXPECT_NE(usage_message([&] { validate(o); }).find("only the c10d backend keeps standby"),
+            std::string::npos);
+}
+
 TEST(RdzvOptions, TokenFile) {
   std::string path = ::testing::TempDir() + "/rdzv_token";
   { std::ofstream(path) << "s3cret\n"; }

@@ -103,6 +103,55 @@ TEST(Rendezvous, NewRoundHasNextGenerationAndFreshKeys) {
   EXPECT_EQ(client->get("rdzv/job/gen"), "1");
 }
 
+// Node 0 names the round's standby stores: the first standby_stores members that offered one,
+// in node-rank order, and every member learns the same list.
+TEST(Rendezvous, RoundNamesTheFirstStandbyStoresInNodeRankOrder) {
+  LoopbackStore store;
+  std::vector<std::unique_ptr<Rendezvous>> agents;
+  for (int i = 0; i < 4; ++i) {
+    auto o = agent_options(store, "job", {4, 4}, i);
+    o.conf.standby_stores = 2;
+    // Agent 1 offers none (as the agent serving the store does).
+    if (i != 1) o.standby = "10.0.0." + std::to_string(i) + ":" + std::to_string(5000 + i);
+    agents.push_back(std::make_unique<Rendezvous>(o, store.connect()));
+  }
+  auto rounds = rounds_in_parallel(agents);
+  expect_consistent(rounds, 4, 4);
+  std::vector<std::string> offered;
+  const RoundInfo* node0 = nullptr;
+  for (const auto& r : rounds) node0 = r.node_rank == 0 ? &r : node0;
+  ASSERT_NE(node0, nullptr);
+  for (const JoinedNode& n : node0->nodes) {
+    if (!n.standby.empty()) offered.push_back(n.standby);
+  }
+  ASSERT_EQ(offered.size(), 3u);
+  const std::vector<std::string> expected(offered.begin(), offered.begin() + 2);
+  for (const auto& r : rounds) EXPECT_EQ(r.standbys, expected) << "node " << r.node_rank;
+}
+
+// The store's host died: the members move to an empty standby store and form the next round
+// there, with the generation after the lost one; a later loss moves on the same way.
+TEST(Rendezvous, MembersMovedToAStandbyStoreFormTheNextGeneration) {
+  auto first_store = std::make_unique<LoopbackStore>();
+  auto agents = make_agents(*first_store, "job", {2, 3}, 3);
+  rounds_in_parallel(agents);
+  auto before = rounds_in_parallel(agents);
+  ASSERT_EQ(before[0].generation, 1);
+  first_store.reset();  // the host agent is gone, and one of the nodes with it
+  agents.pop_back();
+
+  LoopbackStore standby;
+  for (auto& a : agents) a->move_to_store(standby.connect());
+  auto after = rounds_in_parallel(agents);
+  expect_consistent(after, 2, 4);
+  EXPECT_EQ(after[0].generation, 2);
+  EXPECT_EQ(standby.connect()->get("rdzv/job/gen"), "2");
+
+  LoopbackStore another;
+  for (auto& a : agents) a->move_to_store(another.connect());
+  EXPECT_EQ(rounds_in_parallel(agents)[0].generation, 3);
+}
+
 TEST(Rendezvous, LateNodeIsAdmittedAtTheNextRound) {
   LoopbackStore store;
   auto agents = make_agents(store, "job", {2, 3}, 2);

@@ -21,6 +21,7 @@ struct JoinedNode {
   std::string host;
   std::string addr;
   int local_world_size = 0;
+  std::string standby;  // HOST:PORT of its standby store (c10d), empty for none
 };
 
 struct OtherRun {

@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ddp/rendezvous/options.hpp"
 #include "ddp/store/tcp_store.hpp"
@@ -62,12 +63,30 @@ class EndpointStore {
   bool is_host() const { return server_ != nullptr; }
   // The port actually served/used (differs from options when hosting port 0).
   uint16_t port() const { return port_; }
+  // The endpoint this agent's connection goes to: the --rdzv-endpoint, or the standby store
+  // it moved to (fail_over).
+  const Endpoint& endpoint() const { return options_.endpoint; }
+
+  // Starts this agent's standby store: a second, empty store server on an ephemeral port of
+  // every interface, with the same token, which the agents move to when the store's host is
+  // lost (fail_over). Only for an agent that does not serve the store. Returns its port.
+  uint16_t start_standby();
+  uint16_t standby_port() const;  // 0 when no standby runs
+
+  // The store was lost (its host died): connects to the first of `candidates` ("HOST:PORT",
+  // in the round's order of preference) that answers, retrying one that refuses for
+  // `per_candidate`. When that is `mine` (this agent's standby), this agent serves the store
+  // from then on (is_host()). Returns the candidate now used; a NetworkError naming every
+  // candidate and its error when none answers.
+  std::string fail_over(const std::vector<std::string>& candidates, const std::string& mine,
+                        Millis per_candidate);
 
  private:
   std::shared_ptr<TcpStore> connect(Millis connect_timeout) const;
 
   EndpointStoreOptions options_;
   std::unique_ptr<TcpStoreServer> server_;
+  std::unique_ptr<TcpStoreServer> standby_;
   uint16_t port_ = 0;
   std::shared_ptr<TcpStore> store_;
 };

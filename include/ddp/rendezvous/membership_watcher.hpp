@@ -20,6 +20,7 @@
 // takes at most one wait slice (5 ms at first, doubling up to 500 ms).
 
 #include <atomic>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -48,6 +49,9 @@ class MembershipWatcher {
   void stop();
   // The reason reported, if any.
   std::optional<std::string> reason() const;
+  // The store's error that ended the watch (the store's host died, or it broke the
+  // protocol), for the owner to tell a lost store from a protocol error; null if none.
+  std::exception_ptr store_error() const;
 
  private:
   void run();
@@ -61,6 +65,7 @@ class MembershipWatcher {
   std::atomic<bool> stop_{false};
   mutable std::mutex mutex_;
   std::optional<std::string> reason_;
+  std::exception_ptr store_error_;
   std::thread thread_;
 
   // Ring-watch state: the slot watched and when its heartbeat last changed.

@@ -72,6 +72,12 @@ struct RendezvousConf {
   Millis connect_timeout = kDefaultConnectTimeout;
   // File whose contents (trailing newline stripped) are the store token.
   std::optional<std::string> token_file;
+  // c10d: how many agents keep a standby store the others move to when the agent serving the
+  // store is lost (docs/rendezvous.md, "When the store's host is lost"); 0: none, the job
+  // ends with its store host as torchrun's does.
+  static constexpr int kDefaultStandbyStores = 2;
+  int standby_stores = kDefaultStandbyStores;
+  bool standby_stores_given = false;
 
   // The etcd backends' keys (torchrun's names where torchrun has them); validate() refuses
   // them with another backend. docs/rendezvous.md, "The etcd backends".
@@ -129,6 +135,9 @@ struct RendezvousOptions {
   std::string local_addr;
   // Workers this node starts (heterogeneous across nodes is fine).
   int local_world_size = 1;
+  // "HOST:PORT" of this agent's standby store (c10d): published with its node info, so the
+  // round can name where everyone goes when the store's host is lost. Empty: none.
+  std::string standby;
 
   // Node 0's choice of MASTER_PORT for the workers of each round. Unset: a free port found
   // by binding port 0 on this machine.

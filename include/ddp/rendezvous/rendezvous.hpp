@@ -46,6 +46,9 @@ struct RoundInfo {
   int master_port = 0;
   // Every member, in node-rank order; filled on node rank 0 only (it is O(n)).
   std::vector<JoinedNode> nodes;
+  // "HOST:PORT" of the round's standby stores (the first conf.standby_stores members that
+  // offered one, in node-rank order): where every member goes when the store is lost.
+  std::vector<std::string> standbys;
 };
 
 class Rendezvous {
@@ -73,6 +76,14 @@ class Rendezvous {
   // has finished, left, or stopped heartbeating (kMissedHeartbeats periods), or `limit`
   // passes, so the store outlives its users. Returns whether all were accounted for.
   bool wait_for_peers_to_finish(Millis limit);
+
+  // This agent's standby store from the next round on (options().standby); "" for none, e.g.
+  // once this agent serves the job's store itself.
+  void set_standby(const std::string& standby);
+  // Goes on with `store` after the store of the current round was lost (its host died): the
+  // next next_round() joins the round after the last one on it, so generations keep
+  // increasing across the move. Every member of the lost round moves to the same store.
+  void move_to_store(std::shared_ptr<Store> store);
 
   // The current round; only valid after next_round() returned.
   const RoundInfo& round() const { return round_; }
