@@ -288,7 +288,7 @@ void Completer::start_threads() {
 void Completer::watch(c10::intrusive_ptr<WorkDDP> work) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back(std::move(work));
+    queue_.push_back({std::move(work), now_ns()});
     start_threads();
   }
   cv_.notify_all();
@@ -300,7 +300,7 @@ bool Completer::defer_if_busy(const c10::intrusive_ptr<WorkDDP>& work, WorkDDP::
     std::lock_guard<std::mutex> lock(mutex_);
     if (queue_.empty() && processing_ == 0) return false;
     work->defer(std::move(start));
-    queue_.push_back(work);
+    queue_.push_back({work, now_ns()});
     start_threads();
   }
   cv_.notify_all();
@@ -328,9 +328,10 @@ bool Completer::is_current_thread() const {
   return current_completer == this;
 }
 
-bool Completer::stuck_in_user_code() const {
-  return in_user_code_ && ddp_waits_ == 0 &&
-         now_ns() - user_code_since_ns_ >
+bool Completer::stuck_in_user_code(const Queued& front) const {
+  const int64_t since = user_code_since_ns_;
+  return in_user_code_ && ddp_waits_ == 0 && front.since_ns < since &&
+         now_ns() - since >
              std::chrono::duration_cast<std::chrono::nanoseconds>(kRescueAfter).count();
 }
 
@@ -342,7 +343,7 @@ void Completer::loop() {
       std::unique_lock<std::mutex> lock(mutex_);
       cv_.wait(lock, [&] { return stop_ || (!exiting_ && !queue_.empty()); });
       if (queue_.empty() || exiting_) return;  // stop_ and nothing left, or the process exits
-      work = std::move(queue_.front());
+      work = std::move(queue_.front().work);
       queue_.pop_front();
       ++processing_;
     }
@@ -362,9 +363,9 @@ void Completer::watchdog_loop() {
   for (;;) {
     cv_.wait_for(lock, kRescueAfter / 5);
     if ((stop_ && queue_.empty()) || exiting_) return;
-    if (queue_.empty() || !stuck_in_user_code()) continue;
-    // The in-order thread waits in a callback, perhaps for one of these: complete the next.
-    c10::intrusive_ptr<WorkDDP> work = std::move(queue_.front());
+    if (queue_.empty() || !stuck_in_user_code(queue_.front())) continue;
+    // The in-order thread waits in a callback, perhaps for this one: complete it.
+    c10::intrusive_ptr<WorkDDP> work = std::move(queue_.front().work);
     queue_.pop_front();
     ++processing_;
     lock.unlock();

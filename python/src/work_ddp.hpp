@@ -150,6 +150,10 @@ class Completer {
   static void quiesce_all_for_exit(std::chrono::milliseconds limit);
 
  private:
+  struct Queued {
+    c10::intrusive_ptr<WorkDDP> work;
+    int64_t since_ns = 0;  // when it was queued (now_ns)
+  };
   static constexpr std::chrono::milliseconds kRescueAfter{10000};
   void loop();
   void watchdog_loop();
@@ -157,12 +161,16 @@ class Completer {
   // Issues `work` if it was deferred, then waits for it and completes it (callbacks) unless
   // it was deferred and nobody asked for its future.
   void process(WorkDDP& work);
-  // The in-order thread ran callbacks outside ddp's waits for kRescueAfter.
-  bool stuck_in_user_code() const;
+  // The in-order thread ran callbacks outside ddp's waits for kRescueAfter, and `front` was
+  // queued before the running callback started (so that callback may be waiting for it). A
+  // Work queued later cannot be what it waits for: rescuing it could only reorder it, e.g.
+  // when the watchdog looks in the moment between a callback that just returned (its future
+  // waking the caller, who queues more) and the in-order thread leaving user code.
+  bool stuck_in_user_code(const Queued& front) const;
 
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<c10::intrusive_ptr<WorkDDP>> queue_;
+  std::deque<Queued> queue_;
   int processing_ = 0;  // Works popped and not yet processed (guarded by mutex_)
   bool stop_ = false;
   bool exiting_ = false;  // guarded by mutex_: quiesce_all_for_exit ran; take no more Works

@@ -339,7 +339,8 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
              "29400); etcd: HOST[:PORT][,HOST[:PORT]...], the etcd cluster's members (port 2379)");
   value_flag("rdzv_conf", "--rdzv-conf,--rdzv_conf", "PET_RDZV_CONF",
              "key=value,...: join_timeout, last_call_timeout, close_timeout, heartbeat, "
-             "connect_timeout (seconds), token_file; etcd: protocol, cacert, cert, key, "
+             "connect_timeout (seconds), token_file, standby_stores (c10d); etcd: protocol, "
+             "cacert, cert, key, "
              "read_timeout, etcd_prefix, key_ttl");
   value_flag("local_addr", "--local-addr,--local_addr", "PET_LOCAL_ADDR",
              "Address of this node for the others (default: the source address of the route "

@@ -7,6 +7,7 @@
 // ddprun's request) and "frozen" for a SIGSTOPped one; without --log-dir it still reports.
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -219,23 +220,31 @@ TEST(FlightRecorderE2E, TwoNodesOnLocalhostShareTheirRecords) {
   // The store's port must not be taken by an outgoing connection before the agents bind it
   // (both agents then found it "in use" and joined an absent store as clients).
   const int port = ddp::test::free_ports_below_ephemeral_range();
+  // 40 s, not the 18 s of the one-agent runs: two agents rendezvous first, and the ASan stage
+  // of a CI run once failed this test with nothing in its record to say why (its output was
+  // cut), while it takes about 4 s there otherwise.
   auto agent = [&](int node) {
-    return std::string("HANG_WORKER_TIMEOUT_MS=3000 timeout -k 2 18 ") + DDPRUN_BIN +
+    return std::string("HANG_WORKER_TIMEOUT_MS=3000 timeout -k 2 40 ") + DDPRUN_BIN +
            " --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:" +
            std::to_string(port) + " --rdzv-id hang2 --log-dir " + base + "/logs" +
            std::to_string(node) + " " + HANG_WORKER + " cpu stall 3 12 > " + base + "/node" +
            std::to_string(node) + ".txt 2>&1";
   };
-  std::thread node1([&] { EXPECT_NE(std::system(agent(1).c_str()), 0); });
-  EXPECT_NE(std::system(agent(0).c_str()), 0);
+  int status[2] = {0, 0};  // std::system's: exit status 124 is `timeout` stopping the agent
+  std::thread node1([&] { status[1] = std::system(agent(1).c_str()); });
+  status[0] = std::system(agent(0).c_str());
   node1.join();
   for (int node = 0; node < 2; ++node) {
     const std::string out = read_file(base + "/node" + std::to_string(node) + ".txt");
+    EXPECT_TRUE(WIFEXITED(status[node]) && WEXITSTATUS(status[node]) != 0 &&
+                WEXITSTATUS(status[node]) != 124)
+        << "node " << node << ": wait status " << status[node] << "\n"
+        << out;
     EXPECT_NE(out.find("ddprun: hang report: rank 3 is behind: its last collective was "
                        "all_reduce #12 (float32 x 256, sum, completed; iter=12); ranks 0,1,2 "
                        "wait in all_reduce #13 (iter=13) since "),
               std::string::npos)
-        << "node " << node << ":\n"
+        << "node " << node << " (wait status " << status[node] << "):\n"
         << out;
     EXPECT_NE(out.find("ddprun: hang report from 2 of 2 nodes"), std::string::npos) << out;
   }

@@ -15,6 +15,12 @@
 #   stacks   2 nodes x 2 sleeping workers, a token, a runtime folder per node: `ddprun stacks`
 #            on node 0 folds all 4 ranks' stacks, node 1's through the job's store; then a
 #            worker of node 1 is killed and node 1's failure report shows the 3 others' stacks
+#   store_host_lost  --nnodes 2:3, 2 workers per node: node 0, which serves the c10d store
+#            (the endpoint is its address), dies (every process in its namespace killed while
+#            the job trains); the two others move to the round's standby store, resume from
+#            the snapshot with WORLD_SIZE=4 and finish (exit 0)
+#   store_host_lost_torchrun  the same job under torchrun (PYTHON -m torch.distributed.run),
+#            for the record (docs/rendezvous.md): prints what the survivors did, asserts nothing
 #   hang     2 nodes x 2 hang_worker ranks (gloo, 3 s group timeout; HANG_WORKER is the 4th
 #            argument), rank 3 on node 1 stops after collective #12: each node's hang report
 #            names rank 3 from the records both agents shared through the rendezvous store
@@ -83,6 +89,21 @@ start_agent() {
     "$DDPRUN" "$@" >"$T/$log.log" 2>&1 &
   LAST_PID=$!
   AGENT_PIDS+=("$LAST_PID")
+}
+
+# start_torchrun NODE LOG ARGS...: PyTorch's torchrun in node NODE's namespace.
+start_torchrun() {
+  local node=$1 log=$2
+  shift 2
+  ip netns exec "$(ns_of "$node")" env GLOO_SOCKET_IFNAME=rdzv0 \
+    "$PY" -m torch.distributed.run "$@" >"$T/$log.log" 2>&1 &
+  LAST_PID=$!
+  AGENT_PIDS+=("$LAST_PID")
+}
+
+# kill_node NODE: SIGKILL every process in node NODE's namespace (the machine dies).
+kill_node() {
+  ip netns pids "$(ns_of "$1")" | xargs -r kill -9
 }
 
 # wait_exit PID LIMIT_S: the exit code, or fail when still running after LIMIT_S.
@@ -244,6 +265,56 @@ static)
   expect_in "$T/node0.log" "env RANK=1 LOCAL_RANK=1 WORLD_SIZE=3 GROUP_RANK=0 MASTER=10.78.0.1:29500"
   expect_in "$T/node1.log" "env RANK=2 LOCAL_RANK=0 WORLD_SIZE=3 GROUP_RANK=1 MASTER=10.78.0.1:29500"
   echo "PASS: static backend with node ranks and a token; the stranger was refused"
+  ;;
+
+store_host_lost | store_host_lost_torchrun)
+  setup_nodes 3
+  conf="join_timeout=90,last_call_timeout=2,heartbeat=1"
+  launch=(--nnodes 2:3 --nproc-per-node 2 --max-restarts 0 "${C10D[@]}" --rdzv-id "lost$TAG"
+    --rdzv-conf "$conf")
+  trainer=("$TRAINER" "$T/snapshot" 100 --step-s 0.1)
+  for node in 0 1 2; do
+    if [[ $SCENARIO == store_host_lost ]]; then
+      start_agent "$node" "node$node" "${launch[@]}" "$PY" "${trainer[@]}"
+    else
+      start_torchrun "$node" "node$node" "${launch[@]}" "${trainer[@]}"
+    fi
+    pids[node]=$LAST_PID
+    # Node 0 serves the store (the endpoint is its address): it starts first.
+    ((node == 0)) && sleep 2
+  done
+  wait_grep 120 "WORLD_SIZE=6 " "$T/node0.log" "$T/node1.log" "$T/node2.log"
+  wait_grep 60 '"step"' "$T/snapshot"
+  kill_node 0
+  wait "${pids[0]}" 2>/dev/null
+  echo "node 0 died (every process in its namespace SIGKILLed) at $(cat "$T/snapshot")"
+  if [[ $SCENARIO == store_host_lost_torchrun ]]; then
+    for node in 1 2; do
+      code=0
+      wait_exit "${pids[node]}" 200 || code=$?
+      echo "RECORD: torchrun on node $node exited with $code; its last lines:"
+      grep -v '^\s*$' "$T/node$node.log" | tail -n 12 | sed 's/^/    /'
+    done
+    exit 0
+  fi
+  for node in 1 2; do
+    wait_exit "${pids[node]}" 150 || fail "node $node: ddprun exited with $?"
+  done
+  cat "$T/node1.log" "$T/node2.log" >"$T/survivors.txt"
+  [[ $(grep -c '^done RANK=[0-3] WORLD_SIZE=4 step=100' "$T/survivors.txt") -eq 4 ]] ||
+    fail "expected 4 workers to finish with WORLD_SIZE=4"
+  for node in 1 2; do
+    expect_in "$T/node$node.log" "lost the rendezvous store at 10.78.0.1:29400"
+    expect_in "$T/node$node.log" "moving to the job's standby store (in order: 10.78.0."
+  done
+  [[ $(grep -c "this node serves the rendezvous store now" "$T/survivors.txt") -eq 1 ]] ||
+    fail "not exactly one survivor serves the store"
+  expect_in "$T/survivors.txt" "moved to the rendezvous store at 10.78.0."
+  expect_in "$T/survivors.txt" "a node was lost, so this restart does not count against --max-restarts"
+  grep "WORLD_SIZE=4 " "$T/survivors.txt" | grep -q "^worker" || fail "no worker restarted"
+  grep "^worker .*WORLD_SIZE=4 " "$T/survivors.txt" | grep -qv "start_step=0$" ||
+    fail "the round of 2 nodes did not resume from the snapshot"
+  echo "PASS: node 0, which served the store, died; the two others moved to a standby store and finished from the snapshot"
   ;;
 
 hang)
