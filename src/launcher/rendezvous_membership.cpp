@@ -234,7 +234,7 @@ class RendezvousMembership : public Membership {
     wait.backend = o.backend;
     wait.run_id = o.run_id;
     wait.endpoint =
-        etcd_ ? etcd_->describe() : net::format_endpoint(o.endpoint.host, store_->port());
+        etcd_ ? etcd_->describe() : net::format_endpoint(store_->endpoint().host, store_->port());
     wait.serves_store = hosting();
     wait.node_rank = o.backend == rdzv::Backend::kStatic ? o.node_rank : -1;
     wait.nodes = o.nodes;

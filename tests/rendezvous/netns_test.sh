@@ -270,14 +270,19 @@ static)
 store_host_lost | store_host_lost_torchrun)
   setup_nodes 3
   conf="join_timeout=90,last_call_timeout=2,heartbeat=1"
-  launch=(--nnodes 2:3 --nproc-per-node 2 --max-restarts 0 "${C10D[@]}" --rdzv-id "lost$TAG"
-    --rdzv-conf "$conf")
+  launch=(--nnodes 2:3 --nproc-per-node 2 --max-restarts 0 "${C10D[@]}" --rdzv-id "lost$TAG")
   trainer=("$TRAINER" "$T/snapshot" 100 --step-s 0.1)
   for node in 0 1 2; do
     if [[ $SCENARIO == store_host_lost ]]; then
-      start_agent "$node" "node$node" "${launch[@]}" "$PY" "${trainer[@]}"
+      start_agent "$node" "node$node" "${launch[@]}" --rdzv-conf "$conf" "$PY" "${trainer[@]}"
     else
-      start_torchrun "$node" "node$node" "${launch[@]}" "${trainer[@]}"
+      # torchrun knows a node by the machine's host name, which does not resolve to the
+      # namespace's address: each node is given its address (--local-addr) and node 0 is told
+      # that it serves the store (torchrun's is_host key).
+      node_conf=$conf
+      ((node == 0)) && node_conf+=",is_host=1"
+      start_torchrun "$node" "node$node" "${launch[@]}" --rdzv-conf "$node_conf" \
+        --local-addr "10.78.0.$((node + 1))" "${trainer[@]}"
     fi
     pids[node]=$LAST_PID
     # Node 0 serves the store (the endpoint is its address): it starts first.
@@ -288,11 +293,12 @@ store_host_lost | store_host_lost_torchrun)
   kill_node 0
   wait "${pids[0]}" 2>/dev/null
   echo "node 0 died (every process in its namespace SIGKILLed) at $(cat "$T/snapshot")"
+  died=$SECONDS
   if [[ $SCENARIO == store_host_lost_torchrun ]]; then
     for node in 1 2; do
       code=0
       wait_exit "${pids[node]}" 200 || code=$?
-      echo "RECORD: torchrun on node $node exited with $code; its last lines:"
+      echo "RECORD: torchrun on node $node exited with $code, $((SECONDS - died)) s after node 0 died; its last lines:"
       grep -v '^\s*$' "$T/node$node.log" | tail -n 12 | sed 's/^/    /'
     done
     exit 0
@@ -300,6 +306,8 @@ store_host_lost | store_host_lost_torchrun)
   for node in 1 2; do
     wait_exit "${pids[node]}" 150 || fail "node $node: ddprun exited with $?"
   done
+  echo "both survivors ended 0, $((SECONDS - died)) s after node 0 died"
+  grep -h "^done RANK=" "$T/node1.log" "$T/node2.log"
   cat "$T/node1.log" "$T/node2.log" >"$T/survivors.txt"
   [[ $(grep -c '^done RANK=[0-3] WORLD_SIZE=4 step=100' "$T/survivors.txt") -eq 4 ]] ||
     fail "expected 4 workers to finish with WORLD_SIZE=4"
@@ -310,7 +318,14 @@ store_host_lost | store_host_lost_torchrun)
   [[ $(grep -c "this node serves the rendezvous store now" "$T/survivors.txt") -eq 1 ]] ||
     fail "not exactly one survivor serves the store"
   expect_in "$T/survivors.txt" "moved to the rendezvous store at 10.78.0."
-  expect_in "$T/survivors.txt" "a node was lost, so this restart does not count against --max-restarts"
+  # The round moved with the store: the waiting line names the standby, not the lost endpoint.
+  for node in 1 2; do
+    expect_in "$T/node$node.log" "waiting for the other nodes of c10d run 'lost$TAG' (2 to 3 nodes): the rendezvous store is 10.78.0."
+    grep "waiting for the other nodes" "$T/node$node.log" | grep -q "store is 10.78.0.[23]:" ||
+      fail "node $node's waiting line after the move does not name the standby store"
+  done
+  # The survivors were stopped by the membership change (or their workers failed with the
+  # lost peers: then the smaller round does not count against --max-restarts 0).
   grep "WORLD_SIZE=4 " "$T/survivors.txt" | grep -q "^worker" || fail "no worker restarted"
   grep "^worker .*WORLD_SIZE=4 " "$T/survivors.txt" | grep -qv "start_step=0$" ||
     fail "the round of 2 nodes did not resume from the snapshot"
