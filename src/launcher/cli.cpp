@@ -389,6 +389,12 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
                      "Seconds allowed for each network step (default 3)");
   doctor->add_option("--token-file", doctor_command.token_file,
                      "File holding the store token (default: DDP_STORE_TOKEN)");
+  doctor->add_option("--rdzv-backend,--rdzv_backend", doctor_command.backend,
+                     "etcd or etcd-v2: check the etcd cluster's members listed in "
+                     "--rdzv-endpoint (version, leader, a timed write) instead of a ddp store");
+  doctor->add_option("--rdzv-conf,--rdzv_conf", doctor_command.rdzv_conf,
+                     "The job's --rdzv-conf: with etcd its TLS keys (protocol, cacert, cert, key) "
+                     "and etcd_prefix; token_file for a ddp store");
 
   // `ddprun trace FILES...`: the hang report from flight recorder dumps.
   TraceCommand trace_command;

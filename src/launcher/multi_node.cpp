@@ -8,6 +8,7 @@
 #include "ddp/cluster/detect.hpp"
 #include "ddp/cluster/doctor.hpp"
 #include "ddp/rendezvous/endpoint_store.hpp"
+#include "ddp/rendezvous/etcd/etcd_doctor.hpp"
 #include "ddp/rendezvous/options.hpp"
 #include "ddp/util/error.hpp"
 
@@ -199,10 +200,43 @@ RendezvousMembershipOptions rendezvous_settings(const LaunchOptions& o,
 
 int run_doctor_command(const DoctorCommand& command) {
   cluster::DoctorOptions d;
-  d.endpoint = command.endpoint;
   d.timeout = std::chrono::milliseconds(static_cast<int64_t>(command.timeout_s * 1000));
-  if (command.token_file) d.token = rdzv::read_token_file(*command.token_file);
+  const rdzv::Backend backend =
+      command.backend ? rdzv::parse_backend(*command.backend) : rdzv::Backend::kC10d;
+  const rdzv::RendezvousConf conf =
+      command.rdzv_conf ? rdzv::parse_rdzv_conf(*command.rdzv_conf) : rdzv::RendezvousConf();
+  std::optional<rdzv::EtcdStoreOptions> etcd;
+  if (rdzv::uses_etcd(backend)) {
+    // The etcd members are checked below; the ddp store checks (store-auth, clock-skew) would
+    // only say an etcd is not a ddp store.
+    if (!command.endpoint) {
+      throw UsageError(
+          "ddprun doctor --rdzv-backend etcd: give the etcd members to check with "
+          "--rdzv-endpoint HOST:PORT[,HOST:PORT...]");
+    }
+    rdzv::RendezvousOptions r;
+    r.backend = backend;
+    r.endpoints = rdzv::parse_endpoints(*command.endpoint, rdzv::kDefaultEtcdPort);
+    r.endpoint = r.endpoints.front();
+    r.conf = conf;
+    rdzv::validate(r);
+    etcd = rdzv::etcd_store_options(r);
+    etcd->connect_timeout = d.timeout;
+    etcd->read_timeout = d.timeout;
+  } else {
+    if (!conf.etcd_keys.empty()) {
+      throw UsageError(fmt::format(
+          "ddprun doctor --rdzv-conf {}: an etcd key; pass --rdzv-backend etcd to check an etcd",
+          conf.etcd_keys.front()));
+    }
+    d.endpoint = command.endpoint;
+    const auto token_file = command.token_file ? command.token_file : conf.token_file;
+    if (token_file) d.token = rdzv::read_token_file(*token_file);
+  }
   auto results = cluster::run_doctor(d);
+  if (etcd) {
+    for (auto& r : rdzv::check_etcd(*etcd)) results.push_back(std::move(r));
+  }
   cluster::print_doctor_report(std::cout, results);
   std::cout.flush();
   return cluster::doctor_exit_code(results);

@@ -18,6 +18,9 @@
 #            node 1 fails within read_timeout saying it cannot reach etcd
 #   cluster  a 3-member etcd cluster loses the member the agents talk to (SIGKILL) while a
 #            2-node job runs (etcd-v2): the job does not notice (one round) and ends 0
+#   doctor   `ddprun doctor --rdzv-backend etcd`: a healthy member (version, leader, a timed
+#            write); a refused port and etcd's peer port among the members; members of two
+#            different clusters; a 3-member cluster that lost 2 members (no leader)
 # KEEP_T=1 keeps the temporary directory (logs, certificates) for a look afterwards.
 # Exit 77 (ctest: skipped) with the reason only when etcd is not installed. Every wait is
 # bounded.
@@ -211,6 +214,16 @@ tls)
   expect_in "$T/good.log" "WORKER node=X"
   expect_in "$T/good.log" "world=1"
 
+  # ddprun doctor with the job's TLS keys: the right files pass, a cacert that does not verify
+  # etcd fails with the same message as the job.
+  timeout 60 "$DDPRUN" doctor --rdzv-backend etcd --rdzv-endpoint "$EP" --rdzv-conf "$good" \
+    >"$T/doctor-good.log" 2>&1 || fail "ddprun doctor with the right certificates exited $?"
+  expect_in "$T/doctor-good.log" "[ ok ] etcd-write"
+  timeout 60 "$DDPRUN" doctor --rdzv-backend etcd --rdzv-endpoint "$EP" \
+    --rdzv-conf "protocol=https,cacert=$T/rogue.pem,cert=$T/node.pem,key=$T/node.key" \
+    >"$T/doctor-wrongca.log" 2>&1 && fail "ddprun doctor passed a cacert that does not verify etcd"
+  expect_in "$T/doctor-wrongca.log" "presented a server certificate that cacert=$T/rogue.pem does not verify"
+
   run_job stranger "protocol=https,cacert=$T/ca.pem,cert=$T/stranger.pem,key=$T/stranger.key"
   rc=$?
   [[ $rc -ne 0 ]] || fail "a certificate of another CA was accepted"
@@ -251,6 +264,50 @@ tls)
   [[ $? -ne 0 ]] || fail "an etcd whose gateway cannot reach it was usable"
   expect_in "$T/gateway.log" "must also allow client authentication (extendedKeyUsage serverAuth, clientAuth)"
   echo "PASS: etcd TLS: right certificates run; wrong ones, plain HTTP, unreachable and non-etcd endpoints fail with their message"
+  ;;
+doctor)
+  doctor() {  # doctor LOG ENDPOINTS [ARGS...]: ddprun doctor on etcd; its exit code
+    local log=$1 eps=$2
+    shift 2
+    timeout 60 "$DDPRUN" doctor --rdzv-backend etcd --rdzv-endpoint "$eps" --timeout 2 "$@" \
+      >"$T/$log.log" 2>&1
+  }
+  start_etcd d 1 http
+  EP="$ETCD_ENDPOINTS"
+  doctor healthy "$EP" || fail "doctor on a healthy etcd exited $?"
+  expect_in "$T/healthy.log" "[ ok ] etcd $EP etcd 3."
+  expect_in "$T/healthy.log" "(the leader), raft term"
+  expect_in "$T/healthy.log" "[ ok ] etcd-cluster        1 of 1 listed members answer, one cluster"
+  grep -q '^\[ ok \] etcd-write          wrote, read back and deleted the probe key /ddprun/doctor/' \
+    "$T/healthy.log" || fail "healthy.log lacks the timed write"
+
+  dead=$(free_ports 1)
+  peer="127.0.0.1:$((ETCD_PORTS[0] + 1))"
+  doctor broken "$EP,127.0.0.1:$dead,$peer" && fail "doctor passed a refused port and a peer port"
+  expect_in "$T/broken.log" "[FAIL] etcd 127.0.0.1:$dead cannot reach etcd"
+  expect_in "$T/broken.log" "Connection refused"
+  expect_in "$T/broken.log" "[FAIL] etcd $peer etcd at $peer answered"
+  expect_in "$T/broken.log" "not etcd's v3 JSON API"
+  expect_in "$T/broken.log" "[warn] etcd-cluster        1 of 3 listed members answer"
+  expect_in "$T/broken.log" "[ ok ] etcd-write"
+
+  first="$EP"
+  start_etcd d2 1 http
+  doctor two "$first,$ETCD_ENDPOINTS" && fail "doctor passed members of two clusters"
+  expect_in "$T/two.log" "[FAIL] etcd-cluster        the endpoints belong to 2 different etcd clusters"
+
+  start_etcd q 3 http
+  survivor="127.0.0.1:${ETCD_PORTS[2]}"
+  kill -9 "${ETCD_PIDS[0]}" "${ETCD_PIDS[1]}"
+  # The survivor loses its leader after its election timeout (1 s by default).
+  for ((k = 0; k < 30; k++)); do
+    doctor quorum "$survivor" && fail "doctor passed a cluster without quorum"
+    grep -q "knows no leader" "$T/quorum.log" && break
+    sleep 1
+  done
+  expect_in "$T/quorum.log" "[FAIL] etcd-cluster        $survivor knows no leader: the cluster has lost its quorum"
+  expect_in "$T/quorum.log" "[FAIL] etcd-write"
+  echo "PASS: ddprun doctor names a healthy etcd, a refused port, a peer port, two clusters and a lost quorum"
   ;;
 cluster)
   start_etcd c 3 http

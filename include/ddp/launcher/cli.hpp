@@ -22,11 +22,15 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 // The process environment.
 EnvLookup process_env();
 
-// `ddprun doctor [--rdzv-endpoint HOST:PORT] [--timeout S] [--token-file FILE]`.
+// `ddprun doctor [--rdzv-endpoint HOST:PORT] [--timeout S] [--token-file FILE]`, or with
+// `--rdzv-backend etcd|etcd-v2 --rdzv-endpoint HOST:PORT,... [--rdzv-conf protocol=,cacert=,
+// cert=,key=,etcd_prefix=]`: the etcd cluster's members instead of a ddp store.
 struct DoctorCommand {
   std::optional<std::string> endpoint;
   double timeout_s = 3.0;
   std::optional<std::string> token_file;
+  std::optional<std::string> backend;
+  std::optional<std::string> rdzv_conf;
 };
 
 // `ddprun trace FILES...`: flight recorder dumps (or directories holding them) to analyse.
