@@ -3,8 +3,10 @@
 #   ddprun: N = 64, 256, 1024 agents (rdzv_bench; see rdzv_bench.cpp for the definitions of
 #           total_s, spawn_s, after_last_start_s and exit_s)
 #   torchrun: N = 4, 8 agents of PyTorch's torchrun (c10d, --no-python /bin/true), first start
-#           to every agent exited ("exit_s"), next to ddprun's exit_s at the same N
-# Usage: run_rdzv_bench.sh BUILD_DIR [SIZES...]
+#           to every agent exited ("exit_s"), next to ddprun's exit_s at the same N;
+#           TORCHRUN_SIZES="16 32" for others (each torchrun agent is a Python process with
+#           PyTorch imported: about 0.3 GB and 2-3 s of CPU, so this machine's memory bounds N)
+# Usage: run_rdzv_bench.sh BUILD_DIR [SIZES...]   (SIZES "none": only the torchrun comparison)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../python.sh"  # PY: the interpreter with PyTorch 2.13
 BUILD="${1:?usage: run_rdzv_bench.sh BUILD_DIR [SIZES...]}"
@@ -15,13 +17,16 @@ DDPRUN="$BUILD/apps/ddprun/ddprun"
 BENCH="$BUILD/bench/rendezvous/rdzv_bench"
 ulimit -n "$(ulimit -Hn)"
 
-for n in "${SIZES[@]}"; do
-  "$BENCH" --ddprun "$DDPRUN" --agents "$n" --repeat 2
-done
+if [[ ${SIZES[0]} != none ]]; then
+  for n in "${SIZES[@]}"; do
+    "$BENCH" --ddprun "$DDPRUN" --agents "$n" --repeat 2
+  done
+fi
+read -r -a TORCHRUN_SIZES <<<"${TORCHRUN_SIZES:-4 8}"
 
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 now() { date +%s.%N; }
-for n in 4 8; do
+for n in "${TORCHRUN_SIZES[@]}"; do
   for impl in torchrun ddprun; do
     port=$(free_port)
     logs=$(mktemp -d)
