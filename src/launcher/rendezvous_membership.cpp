@@ -162,15 +162,21 @@ class RendezvousMembership : public Membership {
   }
 
   std::shared_ptr<Store> connect_side_store() override {
+    if (etcd_) {
+      if (!etcd_authenticated()) return nullptr;
+      return std::make_shared<rdzv::EtcdStore>(rdzv::etcd_store_options(options_.rdzv));
+    }
     if (!store_ || !store_authenticated()) return nullptr;
     return store_->connect_another();
   }
 
   std::string why_no_side_store() const override {
-    if (etcd_) {
-      return "the other nodes cannot be asked: the job uses the etcd rendezvous backend, and "
-             "ddprun reaches other nodes only through a c10d or static store; run `ddprun "
-             "stacks` on each node";
+    if (etcd_ && !etcd_authenticated()) {
+      return "the other nodes cannot be asked: the job's etcd is reached without a client "
+             "certificate, and ddprun serves stack requests from other nodes only over an "
+             "authenticated store; run etcd with --client-cert-auth and give every node "
+             "--rdzv-conf protocol=https,cacert=CA,cert=CERT,key=KEY, or run `ddprun stacks` "
+             "on each node";
     }
     if (store_ && !store_authenticated()) {
       return "the other nodes cannot be asked: the job's store has no auth token, and ddprun "
@@ -179,6 +185,13 @@ class RendezvousMembership : public Membership {
              "DDP_STORE_TOKEN_FILE), or run `ddprun stacks` on each node";
     }
     return "";
+  }
+
+  // Whether this node reaches etcd with a client certificate over TLS: an etcd that requires
+  // one (--client-cert-auth) admits only holders of a certificate its CA signed, as a token
+  // does for the TCP store.
+  bool etcd_authenticated() const {
+    return options_.rdzv.conf.https && options_.rdzv.conf.cert.has_value();
   }
 
   // Whether this node's store connections carry a token: a client with a token refuses a

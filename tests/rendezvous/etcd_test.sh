@@ -11,7 +11,9 @@
 #            certificates): the right files run a job; a certificate of another CA, a cacert
 #            that does not verify etcd, plain HTTP, no client certificate, an unreachable
 #            endpoint, an endpoint that is not etcd and an etcd whose server certificate lacks
-#            client usage (its own gateway is refused) each end at once with their message
+#            client usage (its own gateway is refused) each end at once with their message;
+#            `ddprun doctor` passes the right files and names a wrong cacert; `ddprun stacks`
+#            on one of two agents gets the other's stacks through etcd
 #   netns    root only (exit 77 otherwise): etcd and two nodes each in a network namespace
 #            (10.79.0.1-3 on a bridge); --nnodes 1:2 forms with both, MASTER_ADDR a node's
 #            address; node 1's link goes down: node 0 names it and goes on alone (ends 0),
@@ -223,6 +225,31 @@ tls)
     --rdzv-conf "protocol=https,cacert=$T/rogue.pem,cert=$T/node.pem,key=$T/node.key" \
     >"$T/doctor-wrongca.log" 2>&1 && fail "ddprun doctor passed a cacert that does not verify etcd"
   expect_in "$T/doctor-wrongca.log" "presented a server certificate that cacert=$T/rogue.pem does not verify"
+
+  # `ddprun stacks` across two agents of an etcd job with client certificates: node 0's agent
+  # asks node 1's through etcd (a runtime folder each, so only etcd connects them).
+  if command -v eu-stack >/dev/null; then
+    for n in 0 1; do
+      DDPRUN_RUNTIME_DIR="$T/rt$n" start_agent "stacks$n" X --nnodes 2 --nproc-per-node 2 \
+        --rdzv-backend etcd --rdzv-endpoint "$EP" --rdzv-id tlsstacks --rdzv-conf "$good" \
+        --no-python /bin/sleep 120
+      stack_agents[n]=$LAST_PID
+    done
+    wait_grep 60 "rendezvous round" "$T/stacks0.log" "$T/stacks1.log"
+    for ((k = 0; k < 60; k++)); do
+      DDPRUN_RUNTIME_DIR="$T/rt0" timeout 30 "$DDPRUN" stacks --run-id tlsstacks --timeout 10 \
+        >"$T/stacks.log" 2>&1
+      grep -q "4 ranks from 2 of 2 nodes" "$T/stacks.log" && grep -q "nanosleep" "$T/stacks.log" &&
+        break
+      sleep 0.5
+    done
+    expect_in "$T/stacks.log" "ddprun stacks: run 'tlsstacks', 4 ranks from 2 of 2 nodes"
+    expect_in "$T/stacks.log" "ranks 0-3 (4 of 4), eu-stack"
+    kill "${stack_agents[@]}"
+    for p in "${stack_agents[@]}"; do wait_exit "$p" 30; done
+  else
+    echo "note: no eu-stack (apt-get install elfutils): ddprun stacks over etcd not checked"
+  fi
 
   run_job stranger "protocol=https,cacert=$T/ca.pem,cert=$T/stranger.pem,key=$T/stranger.key"
   rc=$?
