@@ -1,8 +1,15 @@
 // rdzv_load: the rendezvous protocol spoken by N agents inside this one process (a thread and
 // a store connection each, as N nodes would have), against the TCP store or etcd.
 //
-//   rdzv_load --store tcp --agents N [--hb-seconds D]
+//   rdzv_load --store tcp --agents N [--hb-seconds D] [--shards K]
 //   rdzv_load --store etcd --etcd HOST:PORT[,...] --store-pid PID --agents N [--hb-seconds D]
+//             [--shards K]
+//
+// --shards K: the agents live in K child processes (N/K threads each), because one process may
+// not hold the descriptors of thousands of etcd agents (about 10 each; this machine's hard
+// open-files limit is 20000 and cannot be raised). The children connect, then the coordinator
+// releases every agent at once through a pipe per child and gathers each child's timestamps
+// (steady clock: one clock for all processes), node ranks and heartbeat counts.
 //
 // tcp: a child process serves the TCP store (so its memory and descriptors are its own); etcd:
 // the cluster at --etcd, whose server process --store-pid names (for its memory and sockets).
@@ -27,9 +34,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -37,7 +47,6 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -67,6 +76,7 @@ struct Args {
   int store_pid = 0;
   int agents = 1000;
   double hb_seconds = 3;
+  int shards = 1;
 };
 
 // VmRSS of `pid` in MiB; -1 when unreadable.
@@ -113,6 +123,9 @@ class Gate {
 
 struct Shared {
   Args args;
+  std::string run_id;
+  int first = 0;  // this process's agents are first .. first + count - 1
+  int count = 0;
   ddp::rdzv::Endpoint endpoint;
   std::vector<ddp::rdzv::Endpoint> etcd_endpoints;
   Gate go_round, go_hb;
@@ -144,7 +157,7 @@ void* agent_main(void* p) {
   Shared& s = *a->shared;
   ddp::rdzv::RendezvousOptions o;
   o.backend = s.args.store == "tcp" ? ddp::rdzv::Backend::kC10d : ddp::rdzv::Backend::kEtcd;
-  o.run_id = "load" + std::to_string(::getpid());
+  o.run_id = s.run_id;
   o.nodes = {s.args.agents, s.args.agents};
   o.endpoint = s.endpoint;
   o.endpoints = s.etcd_endpoints;
@@ -203,8 +216,8 @@ void* agent_main(void* p) {
     auto now = Clock::now();
     std::lock_guard<std::mutex> l(s.m);
     if (s.returned == 0) s.first_return = now;
-    s.last_return = now;
-    s.rounds[a->index] = info;
+    s.last_return = std::max(s.last_return, now);
+    s.rounds[a->index - s.first] = info;
     ++s.returned;
     s.cv.notify_all();
   } catch (const std::exception& e) {
@@ -226,9 +239,106 @@ void* agent_main(void* p) {
 int usage(const char* why) {
   std::fprintf(stderr,
                "rdzv_load: %s\nusage: rdzv_load --store tcp|etcd --agents N [--etcd "
-               "HOST:PORT[,...] --store-pid PID] [--hb-seconds D]\n",
+               "HOST:PORT[,...] --store-pid PID] [--hb-seconds D] [--shards K]\n",
                why);
   return 2;
+}
+
+// What a shard tells the coordinator after the round.
+struct RoundReport {
+  int32_t failed = 0;
+  int32_t count = 0;     // node ranks that follow
+  int64_t first_ns = 0;  // steady clock
+  int64_t last_ns = 0;
+  int64_t generation = -1;  // -2: the shard's agents disagree
+  int32_t wrong_size = 0;   // agents whose round did not have N nodes
+};
+
+int64_t ns(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+bool write_all(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool read_all(int fd, void* data, size_t n) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// One shard: its agents as threads. Talks to the coordinator over `in` / `out`:
+//   -> 'C' every agent connected (or 'F': one failed)     <- 'G' release the round
+//   -> RoundReport + node ranks                            <- 'H' heartbeat for hb_seconds
+//   -> int64 heartbeat writes
+// Returns the exit status.
+int run_shard(Shared& s, int in, int out) {
+  s.rounds.resize(s.count);
+  std::vector<AgentArg> agent_args(s.count);
+  std::vector<pthread_t> threads(s.count);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, kAgentStack);
+  for (int i = 0; i < s.count; ++i) {
+    agent_args[i] = {&s, s.first + i};
+    if (pthread_create(&threads[i], &attr, agent_main, &agent_args[i]) != 0) {
+      std::fprintf(stderr, "rdzv_load: could start only %d agent threads\n", i);
+      ::_exit(1);
+    }
+  }
+  auto wait_for = [&](auto done, std::chrono::seconds limit) {
+    std::unique_lock<std::mutex> l(s.m);
+    return s.cv.wait_for(l, limit, [&] { return done() || s.failed > 0; }) && s.failed == 0;
+  };
+  auto fail = [&] {
+    std::fprintf(stderr, "rdzv_load: %d agents failed; first: %s\n", s.failed.load(),
+                 s.first_error.empty() ? "(timed out)" : s.first_error.c_str());
+    (void)write_all(out, "F", 1);
+    ::_exit(1);
+  };
+  if (!wait_for([&] { return s.connected == s.count; }, 600s)) fail();
+  char cmd = 0;
+  if (!write_all(out, "C", 1) || !read_all(in, &cmd, 1) || cmd != 'G') ::_exit(1);
+  s.go_round.open();
+  if (!wait_for([&] { return s.returned == s.count; }, 900s)) fail();
+  RoundReport report;
+  report.count = s.count;
+  report.first_ns = ns(s.first_return);
+  report.last_ns = ns(s.last_return);
+  report.generation = s.rounds[0].generation;
+  std::vector<int32_t> ranks;
+  for (const auto& r : s.rounds) {
+    if (r.generation != report.generation) report.generation = -2;
+    report.wrong_size += r.num_nodes != s.args.agents;
+    ranks.push_back(r.node_rank);
+  }
+  if (!write_all(out, &report, sizeof report) ||
+      !write_all(out, ranks.data(), ranks.size() * sizeof(int32_t)) || !read_all(in, &cmd, 1) ||
+      cmd != 'H') {
+    ::_exit(1);
+  }
+  s.go_hb.open();
+  std::this_thread::sleep_for(std::chrono::duration<double>(s.args.hb_seconds));
+  s.stop_hb = true;
+  for (int i = 0; i < s.count; ++i) pthread_join(threads[i], nullptr);
+  const int64_t beats = s.beats.load();
+  (void)write_all(out, &beats, sizeof beats);
+  ::_exit(s.failed == 0 ? 0 : 1);
 }
 
 }  // namespace
@@ -248,11 +358,14 @@ int main(int argc, char** argv) {
       args.store_pid = std::atoi(value().c_str());
     } else if (a == "--hb-seconds") {
       args.hb_seconds = std::atof(value().c_str());
+    } else if (a == "--shards") {
+      args.shards = std::atoi(value().c_str());
     } else {
       return usage(("unknown argument " + a).c_str());
     }
   }
   if (args.agents < 1) return usage("--agents must be at least 1");
+  if (args.shards < 1 || args.shards > args.agents) return usage("--shards: 1 to N");
   if (args.store != "tcp" && args.store != "etcd") return usage("--store is tcp or etcd");
   if (args.store == "etcd" && (args.etcd.empty() || args.store_pid <= 0)) {
     return usage("--store etcd needs --etcd and --store-pid");
@@ -264,15 +377,15 @@ int main(int argc, char** argv) {
   ddp::net::raise_fd_limit();
   ::signal(SIGPIPE, SIG_IGN);
 
-  Shared s;
-  s.args = args;
-  s.rounds.resize(args.agents);
-  pid_t child = -1;
+  Shared proto;
+  proto.args = args;
+  proto.run_id = "load" + std::to_string(::getpid());
+  pid_t store_child = -1;
   if (args.store == "tcp") {
     int p[2];
     if (::pipe(p) != 0) return usage("pipe failed");
-    child = ::fork();
-    if (child == 0) {
+    store_child = ::fork();
+    if (store_child == 0) {
       // The store host: serves until its parent exits.
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       ::close(p[0]);
@@ -291,76 +404,116 @@ int main(int argc, char** argv) {
     ::close(p[1]);
     uint16_t port = 0;
     if (::read(p[0], &port, sizeof port) != sizeof port) return usage("store child failed");
-    s.endpoint = {"127.0.0.1", port};
-    args.store_pid = child;
+    proto.endpoint = {"127.0.0.1", port};
+    args.store_pid = store_child;
   } else {
-    s.etcd_endpoints = ddp::rdzv::parse_endpoints(args.etcd, ddp::rdzv::kDefaultEtcdPort);
-    s.endpoint = s.etcd_endpoints.front();
+    proto.etcd_endpoints = ddp::rdzv::parse_endpoints(args.etcd, ddp::rdzv::kDefaultEtcdPort);
+    proto.endpoint = proto.etcd_endpoints.front();
   }
   const double base_rss = rss_mb(args.store_pid);
   const int base_sockets = socket_count(args.store_pid);
 
-  std::vector<AgentArg> agent_args(args.agents);
-  std::vector<pthread_t> threads(args.agents);
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setstacksize(&attr, kAgentStack);
-  auto t0 = Clock::now();
-  int started = 0;
-  for (int i = 0; i < args.agents; ++i) {
-    agent_args[i] = {&s, i};
-    if (pthread_create(&threads[i], &attr, agent_main, &agent_args[i]) != 0) break;
-    ++started;
-  }
-  if (started < args.agents) {
-    std::fprintf(stderr, "rdzv_load: could start only %d agent threads\n", started);
-    ::_exit(1);
-  }
-  auto wait_for = [&](auto done, std::chrono::seconds limit) {
-    std::unique_lock<std::mutex> l(s.m);
-    return s.cv.wait_for(l, limit, [&] { return done() || s.failed > 0; }) && s.failed == 0;
+  struct Child {
+    pid_t pid = -1;
+    int to = -1, from = -1;
   };
-  bool ok = wait_for([&] { return s.connected == args.agents; }, 600s);
+  std::vector<Child> shards(args.shards);
+  auto t0 = Clock::now();
+  for (int k = 0; k < args.shards; ++k) {
+    int down[2], up[2];
+    if (::pipe(down) != 0 || ::pipe(up) != 0) return usage("pipe failed");
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::close(down[1]);
+      ::close(up[0]);
+      Shared& s = *new Shared();  // lives until _exit
+      s.args = proto.args;
+      s.run_id = proto.run_id;
+      s.endpoint = proto.endpoint;
+      s.etcd_endpoints = proto.etcd_endpoints;
+      s.first = static_cast<int>(static_cast<int64_t>(args.agents) * k / args.shards);
+      s.count =
+          static_cast<int>(static_cast<int64_t>(args.agents) * (k + 1) / args.shards) - s.first;
+      return run_shard(s, down[0], up[1]);
+    }
+    ::close(down[0]);
+    ::close(up[1]);
+    shards[k] = {pid, down[1], up[0]};
+  }
+  auto stop = [&](const char* why) {
+    std::fprintf(stderr, "rdzv_load: %s\n", why);
+    for (auto& c : shards) ::kill(c.pid, SIGKILL);
+    if (store_child > 0) ::kill(store_child, SIGKILL);
+    std::printf(
+        "{\"bench\":\"rdzv_load\",\"store\":\"%s\",\"agents\":%d,\"shards\":%d,"
+        "\"ok\":false}\n",
+        args.store.c_str(), args.agents, args.shards);
+    std::fflush(stdout);
+    ::_exit(1);
+  };
+  for (auto& c : shards) {
+    char m = 0;
+    if (!read_all(c.from, &m, 1) || m != 'C') stop("a shard failed to connect its agents");
+  }
   auto t_connected = Clock::now();
   auto t_release = Clock::now();
-  s.go_round.open();
-  ok = ok && wait_for([&] { return s.returned == args.agents; }, 900s);
-  double round_rss = rss_mb(args.store_pid);
-  int round_sockets = socket_count(args.store_pid) - base_sockets;
-  double hb_rps = 0;
-  if (ok) {
-    auto hb0 = Clock::now();
-    s.go_hb.open();
-    std::this_thread::sleep_for(std::chrono::duration<double>(args.hb_seconds));
-    s.stop_hb = true;
-    for (int i = 0; i < args.agents; ++i) pthread_join(threads[i], nullptr);
-    hb_rps = static_cast<double>(s.beats.load()) / seconds(Clock::now() - hb0);
+  for (auto& c : shards) {
+    if (!write_all(c.to, "G", 1)) stop("a shard is gone");
   }
-  if (!ok) {
-    std::fprintf(stderr, "rdzv_load: %d agents failed; first: %s\n", s.failed.load(),
-                 s.first_error.empty() ? "(timed out)" : s.first_error.c_str());
-  } else {
-    std::set<int> ranks;
-    for (const auto& r : s.rounds) {
-      if (r.num_nodes != args.agents || r.generation != s.rounds[0].generation) ok = false;
-      ranks.insert(r.node_rank);
-    }
-    if (!ok || static_cast<int>(ranks.size()) != args.agents) {
-      std::fprintf(stderr, "rdzv_load: the agents do not agree on one round of %d nodes\n",
-                   args.agents);
+  int64_t first_ns = INT64_MAX, last_ns = 0;
+  int64_t generation = -1;
+  bool ok = true;
+  std::vector<char> seen(args.agents, 0);
+  for (auto& c : shards) {
+    RoundReport r;
+    if (!read_all(c.from, &r, sizeof r)) stop("a shard's agents failed in the round");
+    std::vector<int32_t> ranks(r.count);
+    if (!read_all(c.from, ranks.data(), ranks.size() * sizeof(int32_t))) stop("a shard is gone");
+    first_ns = std::min(first_ns, r.first_ns);
+    last_ns = std::max(last_ns, r.last_ns);
+    if (r.generation < 0 || (generation >= 0 && r.generation != generation) || r.wrong_size > 0) {
       ok = false;
     }
+    generation = r.generation;
+    for (int32_t rank : ranks) {
+      if (rank < 0 || rank >= args.agents || seen[rank]) {
+        ok = false;
+      } else {
+        seen[rank] = 1;
+      }
+    }
   }
+  if (!ok)
+    std::fprintf(stderr, "rdzv_load: the agents do not agree on one round of %d nodes\n",
+                 args.agents);
+  const double round_rss = rss_mb(args.store_pid);
+  const int round_sockets = socket_count(args.store_pid) - base_sockets;
+  const auto hb0 = Clock::now();
+  for (auto& c : shards) {
+    if (!write_all(c.to, "H", 1)) stop("a shard is gone");
+  }
+  int64_t beats = 0;
+  for (auto& c : shards) {
+    int64_t b = 0;
+    if (!read_all(c.from, &b, sizeof b)) stop("a shard's heartbeats failed");
+    beats += b;
+  }
+  const double hb_rps = static_cast<double>(beats) / seconds(Clock::now() - hb0);
+  for (auto& c : shards) {
+    int status = 0;
+    ::waitpid(c.pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  const auto release_ns = ns(t_release);
   std::printf(
-      "{\"bench\":\"rdzv_load\",\"store\":\"%s\",\"agents\":%d,\"connect_s\":%.3f,"
+      "{\"bench\":\"rdzv_load\",\"store\":\"%s\",\"agents\":%d,\"shards\":%d,\"connect_s\":%.3f,"
       "\"round_s\":%.3f,\"first_return_s\":%.3f,\"store_rss_base_mb\":%.1f,\"store_rss_mb\":%.1f,"
       "\"store_connections\":%d,\"hb_rps\":%.0f,\"hb_rps_needed\":%.0f,\"ok\":%s}\n",
-      args.store.c_str(), args.agents, seconds(t_connected - t0),
-      ok ? seconds(s.last_return - t_release) : -1.0,
-      ok ? seconds(s.first_return - t_release) : -1.0, base_rss, round_rss, round_sockets, hb_rps,
-      2.0 * args.agents / 5.0, ok ? "true" : "false");
+      args.store.c_str(), args.agents, args.shards, seconds(t_connected - t0),
+      ok ? (last_ns - release_ns) / 1e9 : -1.0, ok ? (first_ns - release_ns) / 1e9 : -1.0, base_rss,
+      round_rss, round_sockets, hb_rps, 2.0 * args.agents / 5.0, ok ? "true" : "false");
   std::fflush(stdout);
-  if (child > 0) ::kill(child, SIGKILL);
-  // Agent threads still blocked (a failed run) hold no resource worth unwinding.
-  ::_exit(ok ? 0 : 1);
+  if (store_child > 0) ::kill(store_child, SIGKILL);
+  return ok ? 0 : 1;
 }

@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # In-process rendezvous load (rdzv_load: N agents as threads of one process), JSON lines on
 # stdout: the TCP store at N = 1000 4000 10000, then etcd (a fresh single-member etcd started
-# here on a free loopback port, killed at the end) at the ETCD_SIZES (default 1000 2000).
-# Usage: run_rdzv_load.sh BUILD_DIR [TCP_SIZES...]   (ETCD_SIZES="..." in the environment)
+# here on a free loopback port, killed at the end) at the ETCD_SIZES (default 1000 4000 10000),
+# with a shard process per 1500 etcd agents (an etcd agent holds about 10 descriptors and one
+# process may open 20000 here).
+# Usage: run_rdzv_load.sh BUILD_DIR [TCP_SIZES...]   (TCP_SIZES "none": etcd only;
+#        ETCD_SIZES="..." in the environment)
 set -euo pipefail
 BUILD="${1:?usage: run_rdzv_load.sh BUILD_DIR [TCP_SIZES...]}"
 shift
 TCP_SIZES=("${@:-1000 4000 10000}")
 read -r -a TCP_SIZES <<<"${TCP_SIZES[*]}"
-read -r -a ETCD_SIZES <<<"${ETCD_SIZES:-1000 2000}"
+read -r -a ETCD_SIZES <<<"${ETCD_SIZES:-1000 4000 10000}"
 LOAD="$BUILD/bench/rendezvous/rdzv_load"
 
-for n in "${TCP_SIZES[@]}"; do "$LOAD" --store tcp --agents "$n" 2>/dev/null; done
+if [[ ${TCP_SIZES[0]} != none ]]; then
+  for n in "${TCP_SIZES[@]}"; do "$LOAD" --store tcp --agents "$n" 2>/dev/null; done
+fi
 
 command -v etcd >/dev/null || { echo "run_rdzv_load: etcd is not installed; skipping etcd" >&2; exit 0; }
 dir=$(mktemp -d /tmp/rdzv-load-etcd.XXXXXX)
@@ -28,6 +33,7 @@ for ((k = 0; k < 600; k++)); do
   sleep 0.1
 done
 for n in "${ETCD_SIZES[@]}"; do
-  "$LOAD" --store etcd --etcd "127.0.0.1:$port" --store-pid "$etcd_pid" --agents "$n" 2>/dev/null || true
+  "$LOAD" --store etcd --etcd "127.0.0.1:$port" --store-pid "$etcd_pid" --agents "$n" \
+    --shards $(((n + 1499) / 1500)) 2>"$dir/load-$n.err" || sed 's/^/  /' "$dir/load-$n.err" >&2
   sleep 60  # the previous run's connections leave TIME_WAIT
 done
