@@ -10,6 +10,7 @@
 #include "ddp/cluster/environment.hpp"
 #include "ddp/util/socket.hpp"
 #include "etcd_http.hpp"
+#include "etcd_http_options.hpp"
 #include "etcd_json.hpp"
 
 namespace ddp::rdzv {
@@ -22,15 +23,8 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 HttpOptions http_options(const EtcdStoreOptions& o, std::vector<Endpoint> endpoints) {
-  HttpOptions h;
+  HttpOptions h = etcd::http_options(o);
   h.endpoints = std::move(endpoints);
-  h.https = o.https;
-  h.cacert = o.cacert;
-  h.cert = o.cert;
-  h.key = o.key;
-  h.retry_for = o.connect_timeout;
-  h.read_timeout = o.read_timeout;
-  h.local_address = o.local_address;
   return h;
 }
 

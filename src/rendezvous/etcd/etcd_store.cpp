@@ -11,6 +11,7 @@
 #include "../store_wait.hpp"
 #include "ddp/util/deadline.hpp"
 #include "etcd_http.hpp"
+#include "etcd_http_options.hpp"
 #include "etcd_json.hpp"
 #include "etcd_lease.hpp"
 
@@ -22,19 +23,6 @@ namespace {
 
 // etcd refuses transactions of more than --max-txn-ops operations (128 by default).
 constexpr size_t kOpsPerTxn = 64;
-
-HttpOptions http_options(const EtcdStoreOptions& o) {
-  HttpOptions h;
-  h.endpoints = o.endpoints;
-  h.https = o.https;
-  h.cacert = o.cacert;
-  h.cert = o.cert;
-  h.key = o.key;
-  h.retry_for = o.connect_timeout;
-  h.read_timeout = o.read_timeout;
-  h.local_address = o.local_address;
-  return h;
-}
 
 std::string random_client_id() {
   std::random_device rd;
