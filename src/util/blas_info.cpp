@@ -46,8 +46,11 @@ std::string optimized_implementation(void* handle) {
 
 BlasInfo inspect_blas(const std::string& library, BlasLookup lookup) {
   BlasInfo info;
-  const int flags =
-      RTLD_LAZY | RTLD_LOCAL | (lookup == BlasLookup::kAlreadyLoaded ? RTLD_NOLOAD : 0);
+  // RTLD_NODELETE: the library stays mapped after dlclose. OpenBLAS's constructor allocates a
+  // block that only its own globals point to: once dlclose unmapped them, nothing did, and
+  // LeakSanitizer reported 8 bytes leaked whenever `ddprun doctor` ran under ASan.
+  const int flags = RTLD_LAZY | RTLD_LOCAL | RTLD_NODELETE |
+                    (lookup == BlasLookup::kAlreadyLoaded ? RTLD_NOLOAD : 0);
   void* handle = dlopen(library.c_str(), flags);
   if (handle == nullptr) {
     const char* error = dlerror();
