@@ -1,6 +1,7 @@
 // rdzv_bench: time for N ddprun agents on this machine to form one c10d rendezvous.
 //
 //   rdzv_bench --ddprun PATH --agents N [--repeat R] [--port P] [--starved-store]
+//              [--rdzv-conf KEY=VALUE,...]   (added to every agent's --rdzv-conf)
 //
 // Starts N agents (`ddprun --nnodes N --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:P
 // --no-python /bin/true`), each with its stderr on a pipe, and timestamps the moment each one
@@ -56,9 +57,12 @@ double seconds(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
-int run_once(const std::string& ddprun, int n, int port, int repetition) {
+int run_once(const std::string& ddprun, int n, int port, int repetition,
+             const std::string& extra_conf) {
   std::vector<Agent> agents(n);
   std::string nnodes = std::to_string(n);
+  const std::string conf =
+      "join_timeout=120,close_timeout=60" + (extra_conf.empty() ? "" : "," + extra_conf);
   std::string endpoint = "127.0.0.1:" + std::to_string(port);
   std::string run_id = "bench" + std::to_string(repetition);
   auto t0 = Clock::now();
@@ -74,22 +78,11 @@ int run_once(const std::string& ddprun, int n, int port, int repetition) {
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, p[1], 2);
     posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-    const char* argv[] = {ddprun.c_str(),
-                          "--nnodes",
-                          nnodes.c_str(),
-                          "--nproc-per-node",
-                          "1",
-                          "--rdzv-backend",
-                          "c10d",
-                          "--rdzv-endpoint",
-                          endpoint.c_str(),
-                          "--rdzv-id",
-                          run_id.c_str(),
-                          "--rdzv-conf",
-                          "join_timeout=120,close_timeout=60",
-                          "--no-python",
-                          "/bin/true",
-                          nullptr};
+    const char* argv[] = {
+        ddprun.c_str(),   "--nnodes",    nnodes.c_str(),    "--nproc-per-node", "1",
+        "--rdzv-backend", "c10d",        "--rdzv-endpoint", endpoint.c_str(),   "--rdzv-id",
+        run_id.c_str(),   "--rdzv-conf", conf.c_str(),      "--no-python",      "/bin/true",
+        nullptr};
     pid_t pid = -1;
     int rc =
         ::posix_spawn(&pid, argv[0], &actions, nullptr, const_cast<char* const*>(argv), environ);
@@ -174,6 +167,7 @@ int main(int argc, char** argv) {
   std::string ddprun;
   int n = 64, repeat = 1, port = 0;
   bool starved_store = false;
+  std::string extra_conf;
   for (int i = 1; i < argc; i += 2) {
     std::string flag = argv[i];
     if (flag == "--starved-store") {
@@ -193,6 +187,8 @@ int main(int argc, char** argv) {
       repeat = std::atoi(argv[i + 1]);
     else if (flag == "--port")
       port = std::atoi(argv[i + 1]);
+    else if (flag == "--rdzv-conf")
+      extra_conf = argv[i + 1];
     else {
       std::fprintf(stderr, "rdzv_bench: unknown flag %s\n", flag.c_str());
       return 2;
@@ -226,7 +222,7 @@ int main(int argc, char** argv) {
         server->run();
       });
     }
-    rc = run_once(ddprun, n, p, r);
+    rc = run_once(ddprun, n, p, r, extra_conf);
     if (server) {
       server->stop();
       serving.join();
