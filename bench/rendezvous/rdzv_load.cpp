@@ -31,6 +31,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -57,6 +58,7 @@
 #include "ddp/rendezvous/rendezvous.hpp"
 #include "ddp/store/tcp_store.hpp"
 #include "ddp/store/tcp_store_server.hpp"
+#include "ddp/util/error.hpp"
 #include "ddp/util/socket.hpp"
 
 namespace {
@@ -258,36 +260,35 @@ int64_t ns(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
-bool write_all(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
+// The coordinator and each shard talk over a non-blocking socket pair, so every exchange is
+// bounded by ddp's socket helpers: longer than a shard's own limits (connect 600 s, round
+// 900 s), after which the shard has exited and said why.
+constexpr auto kExchangeLimit = 1000s;
+
+bool send_bytes(int fd, const void* data, size_t n) {
+  try {
+    ddp::net::write_all(fd, data, n, Clock::now() + kExchangeLimit, "the other rdzv_load process");
+    return true;
+  } catch (const ddp::Error&) {
+    return false;
   }
-  return true;
 }
 
-bool read_all(int fd, void* data, size_t n) {
-  char* p = static_cast<char*>(data);
-  while (n > 0) {
-    const ssize_t r = ::read(fd, p, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
+bool receive_bytes(int fd, void* data, size_t n) {
+  try {
+    ddp::net::read_exact(fd, data, n, Clock::now() + kExchangeLimit, "the other rdzv_load process");
+    return true;
+  } catch (const ddp::Error&) {
+    return false;
   }
-  return true;
 }
 
-// One shard: its agents as threads. Talks to the coordinator over `in` / `out`:
+// One shard: its agents as threads. Talks to the coordinator over `fd`:
 //   -> 'C' every agent connected (or 'F': one failed)     <- 'G' release the round
 //   -> RoundReport + node ranks                            <- 'H' heartbeat for hb_seconds
 //   -> int64 heartbeat writes
 // Returns the exit status.
-int run_shard(Shared& s, int in, int out) {
+int run_shard(Shared& s, int fd) {
   s.rounds.resize(s.count);
   std::vector<AgentArg> agent_args(s.count);
   std::vector<pthread_t> threads(s.count);
@@ -308,12 +309,12 @@ int run_shard(Shared& s, int in, int out) {
   auto fail = [&] {
     std::fprintf(stderr, "rdzv_load: %d agents failed; first: %s\n", s.failed.load(),
                  s.first_error.empty() ? "(timed out)" : s.first_error.c_str());
-    (void)write_all(out, "F", 1);
+    (void)send_bytes(fd, "F", 1);
     ::_exit(1);
   };
   if (!wait_for([&] { return s.connected == s.count; }, 600s)) fail();
   char cmd = 0;
-  if (!write_all(out, "C", 1) || !read_all(in, &cmd, 1) || cmd != 'G') ::_exit(1);
+  if (!send_bytes(fd, "C", 1) || !receive_bytes(fd, &cmd, 1) || cmd != 'G') ::_exit(1);
   s.go_round.open();
   if (!wait_for([&] { return s.returned == s.count; }, 900s)) fail();
   RoundReport report;
@@ -327,9 +328,9 @@ int run_shard(Shared& s, int in, int out) {
     report.wrong_size += r.num_nodes != s.args.agents;
     ranks.push_back(r.node_rank);
   }
-  if (!write_all(out, &report, sizeof report) ||
-      !write_all(out, ranks.data(), ranks.size() * sizeof(int32_t)) || !read_all(in, &cmd, 1) ||
-      cmd != 'H') {
+  if (!send_bytes(fd, &report, sizeof report) ||
+      !send_bytes(fd, ranks.data(), ranks.size() * sizeof(int32_t)) ||
+      !receive_bytes(fd, &cmd, 1) || cmd != 'H') {
     ::_exit(1);
   }
   s.go_hb.open();
@@ -337,7 +338,7 @@ int run_shard(Shared& s, int in, int out) {
   s.stop_hb = true;
   for (int i = 0; i < s.count; ++i) pthread_join(threads[i], nullptr);
   const int64_t beats = s.beats.load();
-  (void)write_all(out, &beats, sizeof beats);
+  (void)send_bytes(fd, &beats, sizeof beats);
   ::_exit(s.failed == 0 ? 0 : 1);
 }
 
@@ -415,18 +416,21 @@ int main(int argc, char** argv) {
 
   struct Child {
     pid_t pid = -1;
-    int to = -1, from = -1;
+    int fd = -1;  // the coordinator's end of the socket pair to it
   };
   std::vector<Child> shards(args.shards);
   auto t0 = Clock::now();
   for (int k = 0; k < args.shards; ++k) {
-    int down[2], up[2];
-    if (::pipe(down) != 0 || ::pipe(up) != 0) return usage("pipe failed");
+    int pair[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
+      return usage("socketpair failed");
+    }
+    ddp::net::set_nonblocking(pair[0]);
+    ddp::net::set_nonblocking(pair[1]);
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      ::close(down[1]);
-      ::close(up[0]);
+      ::close(pair[0]);
       Shared& s = *new Shared();  // lives until _exit
       s.args = proto.args;
       s.run_id = proto.run_id;
@@ -435,11 +439,10 @@ int main(int argc, char** argv) {
       s.first = static_cast<int>(static_cast<int64_t>(args.agents) * k / args.shards);
       s.count =
           static_cast<int>(static_cast<int64_t>(args.agents) * (k + 1) / args.shards) - s.first;
-      return run_shard(s, down[0], up[1]);
+      return run_shard(s, pair[1]);
     }
-    ::close(down[0]);
-    ::close(up[1]);
-    shards[k] = {pid, down[1], up[0]};
+    ::close(pair[1]);
+    shards[k] = {pid, pair[0]};
   }
   auto stop = [&](const char* why) {
     std::fprintf(stderr, "rdzv_load: %s\n", why);
@@ -454,12 +457,12 @@ int main(int argc, char** argv) {
   };
   for (auto& c : shards) {
     char m = 0;
-    if (!read_all(c.from, &m, 1) || m != 'C') stop("a shard failed to connect its agents");
+    if (!receive_bytes(c.fd, &m, 1) || m != 'C') stop("a shard failed to connect its agents");
   }
   auto t_connected = Clock::now();
   auto t_release = Clock::now();
   for (auto& c : shards) {
-    if (!write_all(c.to, "G", 1)) stop("a shard is gone");
+    if (!send_bytes(c.fd, "G", 1)) stop("a shard is gone");
   }
   int64_t first_ns = INT64_MAX, last_ns = 0;
   int64_t generation = -1;
@@ -467,9 +470,9 @@ int main(int argc, char** argv) {
   std::vector<char> seen(args.agents, 0);
   for (auto& c : shards) {
     RoundReport r;
-    if (!read_all(c.from, &r, sizeof r)) stop("a shard's agents failed in the round");
+    if (!receive_bytes(c.fd, &r, sizeof r)) stop("a shard's agents failed in the round");
     std::vector<int32_t> ranks(r.count);
-    if (!read_all(c.from, ranks.data(), ranks.size() * sizeof(int32_t))) stop("a shard is gone");
+    if (!receive_bytes(c.fd, ranks.data(), ranks.size() * sizeof(int32_t))) stop("a shard is gone");
     first_ns = std::min(first_ns, r.first_ns);
     last_ns = std::max(last_ns, r.last_ns);
     if (r.generation < 0 || (generation >= 0 && r.generation != generation) || r.wrong_size > 0) {
@@ -491,12 +494,12 @@ int main(int argc, char** argv) {
   const int round_sockets = socket_count(args.store_pid) - base_sockets;
   const auto hb0 = Clock::now();
   for (auto& c : shards) {
-    if (!write_all(c.to, "H", 1)) stop("a shard is gone");
+    if (!send_bytes(c.fd, "H", 1)) stop("a shard is gone");
   }
   int64_t beats = 0;
   for (auto& c : shards) {
     int64_t b = 0;
-    if (!read_all(c.from, &b, sizeof b)) stop("a shard's heartbeats failed");
+    if (!receive_bytes(c.fd, &b, sizeof b)) stop("a shard's heartbeats failed");
     beats += b;
   }
   const double hb_rps = static_cast<double>(beats) / seconds(Clock::now() - hb0);
