@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -349,11 +350,9 @@ class RendezvousMembership : public Membership {
     if (!store_ || hosting() || standbys_.empty()) return false;
     const std::string lost = net::format_endpoint(store_->endpoint().host, store_->port());
     std::vector<std::string> candidates = std::exchange(standbys_, {});
-    std::string list;
-    for (const auto& c : candidates) list += (list.empty() ? "" : ", ") + c;
     notice(fmt::format(
         "lost the rendezvous store at {} ({}); moving to the job's standby store (in order: {})",
-        lost, why, list));
+        lost, why, fmt::join(candidates, ", ")));
     const std::string used =
         store_->fail_over(candidates, options_.rdzv.standby, options_.rdzv.conf.connect_timeout);
     // A later loss goes on with the standbys after this one.

@@ -1,6 +1,7 @@
 #include "ddp/rendezvous/etcd/etcd_doctor.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -113,28 +114,22 @@ CheckResult check_member(const EtcdStoreOptions& o, const Endpoint& member,
   return r;
 }
 
+// `answered`: not empty (as for check_write).
 CheckResult check_cluster(const std::vector<MemberStatus>& answered, size_t listed) {
   CheckResult r;
   r.name = "etcd-cluster";
-  if (answered.empty()) {
-    r.status = CheckStatus::kSkip;
-    r.verdict = "no listed member answered (see above)";
-    return r;
-  }
   std::map<std::string, std::vector<std::string>> by_cluster;
   for (const auto& m : answered) by_cluster[m.cluster_id].push_back(m.endpoint);
   if (by_cluster.size() > 1) {
-    std::string groups;
+    std::vector<std::string> groups;
     for (const auto& [id, members] : by_cluster) {
-      std::string list;
-      for (const auto& m : members) list += (list.empty() ? "" : ", ") + m;
-      groups += fmt::format("{}cluster {}: {}", groups.empty() ? "" : "; ", hex_id(id), list);
+      groups.push_back(fmt::format("cluster {}: {}", hex_id(id), fmt::join(members, ", ")));
     }
     r.status = CheckStatus::kFail;
     r.verdict = fmt::format(
         "the endpoints belong to {} different etcd clusters ({}): every node would not see the "
         "same keys. List the client URLs of one cluster in --rdzv-endpoint",
-        by_cluster.size(), groups);
+        by_cluster.size(), fmt::join(groups, "; "));
     return r;
   }
   std::vector<std::string> leaderless;
@@ -142,13 +137,11 @@ CheckResult check_cluster(const std::vector<MemberStatus>& answered, size_t list
     if (m.leader.empty() || m.leader == "0") leaderless.push_back(m.endpoint);
   }
   if (!leaderless.empty()) {
-    std::string list;
-    for (const auto& m : leaderless) list += (list.empty() ? "" : ", ") + m;
     r.status = CheckStatus::kFail;
     r.verdict = fmt::format(
         "{} know{} no leader: the cluster has lost its quorum (more than half of its members are "
         "down or cut off) and accepts no write; start the missing members",
-        list, leaderless.size() == 1 ? "s" : "");
+        fmt::join(leaderless, ", "), leaderless.size() == 1 ? "s" : "");
     return r;
   }
   r.verdict =
@@ -164,11 +157,6 @@ CheckResult check_cluster(const std::vector<MemberStatus>& answered, size_t list
 CheckResult check_write(const EtcdStoreOptions& o, const std::vector<MemberStatus>& answered) {
   CheckResult r;
   r.name = "etcd-write";
-  if (answered.empty()) {
-    r.status = CheckStatus::kSkip;
-    r.verdict = "no listed member answered (see above)";
-    return r;
-  }
   std::vector<Endpoint> endpoints;
   for (const auto& m : answered) endpoints.push_back(m.address);
   const std::string key = fmt::format("{}doctor/{}-{}", o.prefix, cluster::local_hostname(),
@@ -220,6 +208,12 @@ std::vector<CheckResult> check_etcd(const EtcdStoreOptions& options) {
     std::optional<MemberStatus> status;
     out.push_back(check_member(options, member, status));
     if (status) answered.push_back(*status);
+  }
+  if (answered.empty()) {
+    for (const char* name : {"etcd-cluster", "etcd-write"}) {
+      out.push_back({name, CheckStatus::kSkip, "no listed member answered (see above)"});
+    }
+    return out;
   }
   out.push_back(check_cluster(answered, options.endpoints.size()));
   out.push_back(check_write(options, answered));
