@@ -94,7 +94,10 @@ bool WorkDDP::isCompleted() {
   for (auto& w : inner_) {
     if (!w->is_completed()) return false;
   }
-  wait_and_complete();  // everything finished: collects errors, runs the epilogue
+  // Everything finished: collect errors, run the epilogue. Not the future's callbacks: this
+  // may be any thread (the training thread polling its in-flight operations), and only the
+  // future's owner runs them, in issue order.
+  finish_work(wait_inner());
   return true;
 }
 
@@ -141,7 +144,7 @@ bool WorkDDP::wait(std::chrono::milliseconds timeout) {
       if (!err) err = std::current_exception();
     }
   }
-  complete(err);
+  finish_work(err);  // the future's callbacks are its owner's to run (see finish_work)
   std::lock_guard<std::mutex> lock(mutex_);
   if (exception_) std::rethrow_exception(exception_);
   return true;
@@ -164,11 +167,8 @@ void WorkDDP::wait_and_complete() {
   complete(wait_inner());
 }
 
-void WorkDDP::complete(std::exception_ptr err) {
-  bool first = false;
-  c10::intrusive_ptr<c10::ivalue::Future> future;
+void WorkDDP::finish_work(std::exception_ptr err) {
   std::call_once(complete_once_, [&] {
-    first = true;
     if (!err && epilogue_) {
       try {
         epilogue_();
@@ -181,19 +181,33 @@ void WorkDDP::complete(std::exception_ptr err) {
       std::lock_guard<std::mutex> lock(future_mutex_);
       done_ = true;
       error_ = err;
-      future = future_;
     }
     finish(err);  // c10d::Work: completed_, exception_, wakes its waiters
   });
-  // Outside every lock and the once-section: marking a future runs its callbacks (DDP's hooks)
-  // right here, and a callback may wait on this very Work.
-  if (first && future) {
-    if (err) {
-      future->setError(err);
-    } else {
-      future->markCompleted(c10::IValue(outputs_));
-    }
+}
+
+void WorkDDP::mark_future() {
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  std::exception_ptr err;
+  {
+    std::lock_guard<std::mutex> lock(future_mutex_);
+    if (!future_ || !done_ || future_marked_) return;
+    future_marked_ = true;
+    future = future_;
+    err = error_;
   }
+  // Outside every lock: marking a future runs its callbacks (DDP's hooks) right here, and a
+  // callback may wait on this very Work.
+  if (err) {
+    future->setError(err);
+  } else {
+    future->markCompleted(c10::IValue(outputs_));
+  }
+}
+
+void WorkDDP::complete(std::exception_ptr err) {
+  finish_work(std::move(err));
+  mark_future();
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkDDP::getFuture() {
@@ -210,12 +224,7 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkDDP::getFuture() {
     if (!issued_ && !done_) return future;
   }
   if (finished) {
-    // complete() ran before the future existed, so it is ours to mark.
-    if (error_) {
-      future->setError(error_);
-    } else {
-      future->markCompleted(c10::IValue(outputs_));
-    }
+    mark_future();  // finished before the future existed, so it is ours to mark
   } else if (auto completer = completer_.lock(); completer && !completer->is_current_thread()) {
     completer->watch(c10::intrusive_ptr<WorkDDP>::reclaim_copy(this));
   } else if (completer) {

@@ -8,7 +8,9 @@
 // only a Work whose future was asked for (getFuture(), as DDP's reducer and comm hooks do) is
 // handed to the group's Completer, a thread that waits for it and completes the future.
 // Works that finished before getFuture() (small operations run inline) complete their
-// future at once, without any thread hand-off.
+// future at once, without any thread hand-off. wait() and isCompleted() finish a Work (its
+// epilogue, its status) but never run a handed-over future's callbacks: those are the
+// Completer's, in order (see finish_work).
 //
 // Issue order. Every rank must hand its group's collectives to ddp in the same order, and a
 // future's callback may issue collectives (PowerSGD's hook issues two per bucket from
@@ -86,8 +88,18 @@ class WorkDDP : public c10d::Work {
   // Waits up to `limit` until the operation was issued (at once unless deferred).
   bool wait_issued(std::chrono::milliseconds limit);
   bool is_issued();
-  // Runs the epilogue (unless err), marks this Work (and its future, if any) finished. Only
-  // the first call has an effect.
+  // Runs the epilogue (unless err) and marks this Work finished; only the first call has an
+  // effect. Leaves the future alone: any thread may finish a Work (wait(), isCompleted()), but
+  // only its future's owner may run the future's callbacks (mark_future), because callbacks
+  // may issue collectives and must run in issue order. (A training thread that ran a queued
+  // Work's callbacks inside isCompleted() issued the callback's collective after its own
+  // next one, on that rank only.)
+  void finish_work(std::exception_ptr err);
+  // Marks the future with the finished Work's outcome, running its callbacks on this thread;
+  // once, and only after finish_work. The owner's part: the completer (in order), the
+  // watchdog's rescue, complete_inline, or getFuture for a Work finished before it.
+  void mark_future();
+  // finish_work, then mark_future: the owner's way to complete.
   void complete(std::exception_ptr err);
 
   std::vector<ddp::WorkPtr> inner_;
@@ -99,9 +111,10 @@ class WorkDDP : public c10d::Work {
   std::once_flag complete_once_;
   std::mutex future_mutex_;
   std::condition_variable issued_cv_;
-  Start deferred_start_;  // guarded by future_mutex_; run by issue_deferred
-  bool issued_ = false;   // guarded by future_mutex_; inner_ is set once before it turns true
-  bool done_ = false;     // guarded by future_mutex_
+  Start deferred_start_;        // guarded by future_mutex_; run by issue_deferred
+  bool issued_ = false;         // guarded by future_mutex_; inner_ is set once before it turns true
+  bool done_ = false;           // guarded by future_mutex_
+  bool future_marked_ = false;  // guarded by future_mutex_
   std::exception_ptr error_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::shared_ptr<int> source_;  // set by the recv from any source, else null
