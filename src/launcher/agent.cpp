@@ -194,9 +194,7 @@ AgentResult run_single_node(const AgentOptions& options) {
   Diagnostics diagnostics = start_diagnostics(options, run_dir);
   // --recovery step: after the signal mask too (its store serves on a thread).
   std::optional<StepRecovery> step;
-  if (options.step_recovery_port) {
-    step.emplace(*options.step_recovery_port, options.max_restarts, options.notice_fd);
-  }
+  if (options.step_recovery) step.emplace(*options.step_recovery);
 
   for (int restart = 0;; ++restart) {
     WorldAssignment world = options.rendezvous(restart);
@@ -304,6 +302,7 @@ AgentResult run_multi_node(const AgentOptions& options) {
                      // generation, which a node joining a running job sees above 0)
   std::optional<AttemptResult> failed;
   int failed_nodes = 0;
+  int step_restarts = 0;  // --recovery step: workers this agent restarted alone
   for (;;) {
     MembershipRound round = join_round(m, signals, options.notice_fd, run_dir);
     notice(options.notice_fd, round.summary);
@@ -329,6 +328,24 @@ AgentResult run_multi_node(const AgentOptions& options) {
 
     AttemptSpec spec =
         make_spec(options, round.world, run_dir, restarts, round.generation, diagnostics);
+    // --recovery step: this round's store (node 0 hosts it at the round's master port, where
+    // the workers meet), after the signal mask (its server thread inherits it).
+    std::optional<StepRecovery> step;
+    if (options.step_recovery) {
+      StepRecoveryOptions s = *options.step_recovery;
+      s.serve = round.world.group_rank == 0;
+      s.host = round.world.master_addr;
+      s.port = static_cast<uint16_t>(round.world.master_port);
+      s.restarts_used = step_restarts;
+      try {
+        step.emplace(s);
+      } catch (const Error& e) {
+        std::string why = fmt::format("--recovery step on {}: {}", options.host, e.what());
+        m.shut_down(why);
+        throw Error(why);
+      }
+      spec.replace_failed = [&step](const WorkerFailure& f) { return step->on_worker_failed(f); };
+    }
     if (diagnostics.service) {
       // Other nodes' `ddprun stacks` requests reach this one through the job's store.
       try {
@@ -351,9 +368,10 @@ AgentResult run_multi_node(const AgentOptions& options) {
     }
     std::optional<std::string> reason = m.stop_watching();
     if (diagnostics.service) diagnostics.service->leave_round();
+    if (step) step_restarts = step->restarts();
 
     AgentResult result;
-    result.restart_count = charged;
+    result.restart_count = charged + step_restarts;
     switch (attempt.outcome) {
       case AttemptOutcome::kSucceeded:
         m.finished();
@@ -378,6 +396,13 @@ AgentResult run_multi_node(const AgentOptions& options) {
       case AttemptOutcome::kFailed: {
         std::string why =
             fmt::format("{} on {}", describe_failure(*attempt.root_cause), options.host);
+        if (step) {
+          // No restart left, or a second worker failed after another exited: as on one node,
+          // --recovery step does not fall back to a group restart. The job ends.
+          m.shut_down(why);
+          share_hang_report(options, m, run_dir, round.generation, attempt);
+          return report_failure(options, attempt, step_restarts);
+        }
         notice(options.notice_fd, why + "; every node re-joins the rendezvous");
         m.end_round(why);  // first: the other nodes stop their workers and share their records
         share_hang_report(options, m, run_dir, round.generation, attempt);

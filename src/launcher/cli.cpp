@@ -369,7 +369,7 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
              "DDPRUN_TERM_GRACE_S, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, or 30)");
   value_flag("recovery", "--recovery", "PET_RECOVERY",
              "After a worker fails: group (stop every worker, restart the group) or step (restart "
-             "only that worker; the others drop the step in flight and go on; one node; "
+             "only that worker; the others, on every node, drop the step in flight and go on; "
              "docs/recovery.md) (default group)");
   value_flag("hang_timeout", "--hang-timeout,--hang_timeout", "PET_HANG_TIMEOUT",
              "End the job when no collective completed for this many seconds while one waited "

@@ -76,14 +76,13 @@ int launch(const LaunchOptions& options, const EnvLookup& env) {
   }
 
   if (o.recovery_step) {
-    if (is_multi_node(o)) {
-      throw UsageError(
-          "--recovery step runs on one node for now (no --nnodes above 1, --rdzv-endpoint or "
-          "c10d/etcd rendezvous); use --recovery group for multi-node jobs (docs/recovery.md)");
-    }
-    // The agent hosts the workers' store (step_recovery.hpp): the fixed --master-port, or a
-    // free one with --standalone.
-    a.step_recovery_port = static_cast<uint16_t>(o.standalone ? 0 : o.master_port);
+    // An agent hosts the workers' store (step_recovery.hpp). One node: the fixed
+    // --master-port, or a free one with --standalone. Several: each round's (run_multi_node).
+    StepRecoveryOptions step;
+    step.port = static_cast<uint16_t>(o.standalone ? 0 : o.master_port);
+    step.max_restarts = o.max_restarts;
+    step.notice_fd = a.notice_fd;
+    a.step_recovery = step;
     set_env_entry(a.base_env, kRecoveryEnvVar, "step");
   }
 
@@ -101,6 +100,8 @@ int launch(const LaunchOptions& options, const EnvLookup& env) {
       set_env_entry(a.base_env, store_auth::kTokenFileEnvVar,
                     std::filesystem::absolute(*settings.rdzv.conf.token_file).string());
     }
+    // The job's token guards the step-recovery store too, as every store of the job.
+    if (a.step_recovery && settings.token) a.step_recovery->token = settings.token;
     membership = make_rendezvous_membership(std::move(settings));
     a.membership = membership.get();
     return run_agent(a).exit_code;

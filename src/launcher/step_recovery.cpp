@@ -6,6 +6,7 @@
 #include "ddp/store/recovery_notice.hpp"
 #include "ddp/store/tcp_store.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/socket.hpp"
 
 namespace ddp::launcher {
 
@@ -19,13 +20,27 @@ RecoveryMode parse_recovery_mode(const std::string& value, const std::string& so
       source, value));
 }
 
-StepRecovery::StepRecovery(uint16_t port, int max_restarts, int notice_fd)
-    : max_restarts_(max_restarts), notice_fd_(notice_fd) {
+StepRecovery::StepRecovery(const StepRecoveryOptions& options)
+    : max_restarts_(options.max_restarts),
+      notice_fd_(options.notice_fd),
+      restarts_(options.restarts_used) {
   TcpStoreOptions o;
-  o.host = "127.0.0.1";  // the client side of this object; the server binds every interface
-  o.port = port;
-  o.is_server = true;
-  store_ = std::make_unique<TcpStore>(o);
+  // A server's client side talks to it over loopback; it binds every interface.
+  o.host = options.serve ? "127.0.0.1" : options.host;
+  o.port = options.port;
+  o.is_server = options.serve;
+  o.token = options.token;
+  o.timeout = options.timeout;
+  try {
+    store_ = std::make_unique<TcpStore>(o);
+  } catch (const Error& e) {
+    if (options.serve) throw;
+    throw NetworkError(fmt::format(
+        "--recovery step: cannot reach the job's store at {}, which the agent of the node "
+        "running rank 0 hosts (is that agent running, and is the port open between the "
+        "nodes?): {}",
+        net::format_endpoint(options.host, options.port), e.what()));
+  }
   recovery_notice::read_generation(*store_);  // generation 0, readable before any worker runs
 }
 
@@ -43,12 +58,12 @@ std::optional<int> StepRecovery::on_worker_failed(const WorkerFailure& failure) 
     write_fully(notice_fd_, line.data(), line.size());
     return std::nullopt;
   }
-  generation_ = recovery_notice::publish_lost_rank(*store_, generation_, failure.global_rank);
+  const int64_t generation = recovery_notice::publish_lost_rank(*store_, failure.global_rank);
   ++restarts_;
   std::string line = fmt::format(
       "ddprun: {}; restarting only rank {} (--recovery step, restart {} of {}, membership "
       "generation {}); the other workers go on\n",
-      what, failure.global_rank, restarts_, max_restarts_, generation_);
+      what, failure.global_rank, restarts_, max_restarts_, generation);
   write_fully(notice_fd_, line.data(), line.size());
   return restarts_;
 }

@@ -35,9 +35,16 @@ std::optional<int> read_lost_rank(Store& store, int64_t generation) {
   }
 }
 
-int64_t publish_lost_rank(Store& store, int64_t current, int rank) {
-  store.set(lost_key(current + 1), std::to_string(rank));
-  return store.add(generation_key(), 1);
+int64_t publish_lost_rank(Store& store, int rank) {
+  const std::string value = std::to_string(rank);
+  // Claims are dense (each writer takes the lowest free g above the counter), and a claim sets
+  // its key before its writer raises the counter.
+  for (int64_t g = read_generation(store) + 1;; ++g) {
+    if (store.compare_set(lost_key(g), "", value) == value) {
+      store.add(generation_key(), 1);
+      return g;
+    }
+  }
 }
 
 }  // namespace ddp::recovery_notice

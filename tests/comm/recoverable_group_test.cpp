@@ -70,7 +70,7 @@ TEST(RecoverableGroup, LostMemberAbortsTheCollectiveAndTheGroupReforms) {
   }
   while (waiting.load() < 2) std::this_thread::yield();
   // ddprun's part: record the loss, then restart the rank, which joins the new generation.
-  EXPECT_EQ(recovery_notice::publish_lost_rank(*store, 0, 2), 1);
+  EXPECT_EQ(recovery_notice::publish_lost_rank(*store, 2), 1);
   threads.emplace_back([&] {
     RecoverableGroup replacement(options_for(2, store));
     generations[2] = replacement.generation();
@@ -105,6 +105,28 @@ TEST(RecoverableGroup, LaterOperationsOfAnAbortedGroupFailWithTheSameError) {
     FAIL() << "the aborted group ran a collective";
   } catch (const PeerLostError& e) {
     EXPECT_EQ(e.lost_rank(), 1);
+  }
+}
+
+// Multi-node --recovery step: every node's agent records its own workers' losses in the same
+// store. Concurrent records must open distinct generations with no gap, each lost/<g> set.
+TEST(RecoveryNotice, AgentsRecordingLossesAtOnceOpenDistinctGenerationsWithoutGaps) {
+  auto store = std::make_shared<HashStore>();
+  constexpr int kAgents = 8;
+  std::array<int64_t, kAgents> opened{};
+  std::vector<std::thread> agents;
+  for (int a = 0; a < kAgents; ++a) {
+    agents.emplace_back([&, a] { opened[a] = recovery_notice::publish_lost_rank(*store, 10 + a); });
+  }
+  for (auto& t : agents) t.join();
+  EXPECT_EQ(recovery_notice::read_generation(*store), kAgents);
+  std::vector<bool> seen(kAgents + 1, false);
+  for (int a = 0; a < kAgents; ++a) {
+    ASSERT_GE(opened[a], 1);
+    ASSERT_LE(opened[a], kAgents);
+    EXPECT_FALSE(seen[opened[a]]) << "generation " << opened[a] << " opened twice";
+    seen[opened[a]] = true;
+    EXPECT_EQ(recovery_notice::read_lost_rank(*store, opened[a]), 10 + a);
   }
 }
 

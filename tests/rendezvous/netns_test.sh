@@ -21,6 +21,9 @@
 #            the snapshot with WORLD_SIZE=4 and finish (exit 0)
 #   store_host_lost_torchrun  the same job under torchrun (PYTHON -m torch.distributed.run),
 #            for the record (docs/rendezvous.md): prints what the survivors did, asserts nothing
+#   recovery_step  2 nodes x 2 recovery_worker ranks (RECOVERY_WORKER is the 4th argument),
+#            --recovery step: a worker killed on each node is restarted alone by its agent; the
+#            job ends 0 with every rank at 20 steps and bitwise equal parameters
 #   hang     2 nodes x 2 hang_worker ranks (gloo, 3 s group timeout; HANG_WORKER is the 4th
 #            argument), rank 3 on node 1 stops after collective #12: each node's hang report
 #            names rank 3 from the records both agents shared through the rendezvous store
@@ -356,6 +359,40 @@ hang)
     "$T"/logs1/*/attempt_0/flight_recorder.*.rank3.json 2>/dev/null | wc -l)
   [[ $holders -eq 1 ]] || fail "rank 3's dump is in $holders log dirs, expected 1"
   echo "PASS: both nodes' hang reports name rank 3 from the records shared through the store"
+  ;;
+
+recovery_step)
+  # ddprun --recovery step on 2 nodes x 2 ranks of recovery_worker (the 4th argument; cpu
+  # backend: shared memory within a node, the leaders' TCP ring between the namespaces): rank 1
+  # (one node) is killed at step 4 and rank 2 (the other) at step 10; each node's agent restarts
+  # its own worker alone and records the loss in the store the agent of rank 0's node hosts.
+  RECOVERY_WORKER="${4:?the recovery_step scenario needs the recovery_worker binary}"
+  setup_nodes 2
+  mkdir -p "$T/out"
+  for node in 0 1; do
+    DDP_HOST_ID="netns$node" DDP_TEST_KILL_AT_STEP=4,10 DDP_TEST_KILL_RANK=1,2 \
+      DDP_TEST_KILL_PHASE=backward start_agent "$node" "node$node" --nnodes 2 \
+      --nproc-per-node 2 "${C10D[@]}" --rdzv-id "recovery$TAG" --rdzv-conf "join_timeout=60" \
+      --recovery step --max-restarts 1 --no-python "$RECOVERY_WORKER" --steps 20 --out "$T/out"
+    pids[node]=$LAST_PID
+  done
+  for node in 0 1; do
+    wait_exit "${pids[node]}" 120 || fail "node $node: ddprun exited $?"
+  done
+  for rank in 1 2; do
+    grep -q "restarting only rank $rank (--recovery step, restart 1 of 1" "$T"/node*.log ||
+      fail "rank $rank was not restarted alone"
+  done
+  grep -q "timed out\|restarting the worker group" "$T"/node*.log &&
+    fail "a collective timed out or a group restarted"
+  for rank in 0 1 2 3; do
+    grep -q '"step":20,.*"generation":2' "$T/out/rank$rank.json" ||
+      fail "rank $rank: $(cat "$T/out/rank$rank.json" 2>/dev/null || echo 'no report')"
+  done
+  [[ $(md5sum "$T"/out/rank*.params | awk '{print $1}' | sort -u | wc -l) -eq 1 ]] ||
+    fail "the ranks' parameters differ"
+  cat "$T"/node*.log
+  echo "PASS: two nodes, one worker killed on each; each agent restarted its own, every rank committed 20 steps at generation 2 with bitwise equal parameters"
   ;;
 
 stacks)

@@ -15,6 +15,7 @@
 #include "ddp/launcher/root_cause.hpp"
 #include "ddp/launcher/signals.hpp"
 #include "ddp/launcher/std_streams.hpp"
+#include "ddp/launcher/step_recovery.hpp"
 #include "ddp/launcher/world.hpp"
 
 namespace ddp::launcher {
@@ -44,9 +45,11 @@ struct AgentOptions {
   bool serve_stacks = true;
   // --hang-timeout (hang_watchdog.hpp); unset: off.
   std::optional<std::chrono::milliseconds> hang_timeout;
-  // --recovery step (step_recovery.hpp), single node only: set = the agent hosts the workers'
-  // store on this port (0: a free one) and restarts a failed worker alone; unset = group.
-  std::optional<uint16_t> step_recovery_port;
+  // --recovery step (step_recovery.hpp): set = a failed worker is restarted alone; unset =
+  // group. One node: the agent hosts the workers' store at step_recovery->port (0: a free one).
+  // Several: serve, host and port are taken from each round (node 0 serves at its master
+  // port); max_restarts, restarts_used and notice_fd are the agent's own.
+  std::optional<StepRecoveryOptions> step_recovery;
   // restart_count -> the world of that attempt.
   std::function<WorldAssignment(int restart_count)> rendezvous;
   // Multi-node: used instead of `rendezvous` when set. Not owned.

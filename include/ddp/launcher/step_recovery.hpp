@@ -1,14 +1,17 @@
 #pragma once
-// ddprun --recovery step on one node (docs/recovery.md): a worker that exits abnormally is
-// restarted alone, in place (same rank), while the others keep running; each such restart
-// counts against --max-restarts. The agent hosts the job's store (the workers' MASTER_ADDR:
-// MASTER_PORT, DDP_RECOVERY=step tells them not to host it), so it outlives any rank, and
-// publishes every loss there (recovery_notice.hpp) before the replacement starts: survivors
-// learn of it within their watcher's interval (RecoverableGroup) and the replacement joins the
-// generation the loss opened.
+// ddprun --recovery step (docs/recovery.md): a worker that exits abnormally is restarted
+// alone, in place (same rank), while the others keep running; each such restart counts against
+// --max-restarts (per agent, as torchrun counts restarts). An agent hosts the job's store (the
+// workers' MASTER_ADDR:MASTER_PORT, DDP_RECOVERY=step tells them not to host it), so it outlives
+// any rank: on one node that agent, on several the agent of the node running rank 0 (the round's
+// node 0, at the round's master port); the other nodes' agents connect to it. Each agent
+// publishes the losses of its own workers there (recovery_notice.hpp) before the replacement
+// starts: survivors on every node learn of it within their watcher's interval
+// (RecoverableGroup) and the replacement joins the generation the loss opened.
 //
 // --recovery group (the default) is the whole-group restart the agent always did.
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -30,12 +33,28 @@ RecoveryMode parse_recovery_mode(const std::string& value, const std::string& so
 // The variable that tells workers ddprun hosts their store and publishes losses.
 inline constexpr const char* kRecoveryEnvVar = "DDP_RECOVERY";
 
+struct StepRecoveryOptions {
+  // Host the store (listening on every interface at `port`, 0: a free one), or connect to it
+  // at host:port.
+  bool serve = true;
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  // The job's store token; nullopt: $DDP_STORE_TOKEN, as the workers' stores.
+  std::optional<std::string> token;
+  // Bounds connecting (a client waits this long for the serving agent) and every request.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  int max_restarts = 0;
+  // Restarts this agent already used in earlier rounds (multi-node: one StepRecovery a round).
+  int restarts_used = 0;
+  int notice_fd = 2;
+};
+
 class StepRecovery {
  public:
-  // Hosts the store on every interface at `port` (0: a free port). Throws NetworkError naming
-  // the port when it cannot bind. Construct it after the agent blocked its signals: the
-  // store's thread must inherit that mask.
-  StepRecovery(uint16_t port, int max_restarts, int notice_fd);
+  // Hosts or connects to the store (options.serve). Throws NetworkError naming the endpoint
+  // when it cannot bind or reach it. Construct it after the agent blocked its signals: a
+  // serving store's thread must inherit that mask.
+  explicit StepRecovery(const StepRecoveryOptions& options);
   ~StepRecovery();
 
   uint16_t port() const;
@@ -50,8 +69,7 @@ class StepRecovery {
   std::unique_ptr<TcpStore> store_;
   int max_restarts_;
   int notice_fd_;
-  int restarts_ = 0;
-  int64_t generation_ = 0;
+  int restarts_;
 };
 
 }  // namespace ddp::launcher

@@ -143,7 +143,7 @@ CpuProcessGroup::CpuProcessGroup(GroupConfig config, std::string host_id)
       if (leader_transport() == "ring") {
         ring_ = std::make_unique<TcpRing>(store, config_.prefix + "ring_leaders/", topo_.my_host,
                                           topo_.num_hosts(), timeout_, leaders, where(),
-                                          advertised_host_address());
+                                          advertised_host_address(), &abort_signal());
       }
     }
     std::vector<int> ranks(size_);

@@ -45,9 +45,10 @@ std::string advertised_host_address() {
 
 TcpRing::TcpRing(Store& store, const std::string& prefix, int rank, int size,
                  std::chrono::milliseconds timeout, std::vector<int> group_ranks, std::string where,
-                 const std::string& host)
+                 const std::string& host, const AbortSignal* abort)
     : rank_(rank),
       size_(size),
+      abort_(abort),
       timeout_(timeout),
       group_ranks_(std::move(group_ranks)),
       where_(std::move(where)) {
@@ -143,7 +144,11 @@ void TcpRing::exchange(const char* out, size_t out_len, char* in, size_t in_len,
     int nf = 0;
     if (sent < out_len) fds[nf++] = {next_.fd(), POLLOUT, 0};
     if (got < in_len) fds[nf++] = {prev_.fd(), POLLIN, 0};
-    const int rc = ::poll(fds, nf, net::millis_until(deadline));
+    const int left = net::millis_until(deadline);
+    const int slice = abort_ ? std::min(left, static_cast<int>(kAbortPoll.count())) : left;
+    const int rc = ::poll(fds, nf, slice);
+    if (rc == 0 && abort_ && abort_->raised()) abort_->rethrow();
+    if (rc == 0 && slice < left) continue;
     if (rc == 0) {
       throw TimeoutError(fmt::format(
           "{} on {}: timed out after {} ms in the leaders' ring ({} of {} bytes sent to {}, {} "

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "../abort_signal.hpp"
 #include "../call_info.hpp"
 #include "ddp/comm/types.hpp"
 #include "ddp/store/store.hpp"
@@ -41,9 +42,12 @@ namespace ddp::detail {
 class TcpRing {
  public:
   // `group_ranks[i]` names ring rank i in messages; `host` is the address peers reach us at.
+  // `abort` (the group's, outliving the ring; may be null): a raised abort (in-place
+  // recovery, a peer lost) ends a wait in the ring within kAbortPoll with the abort's error,
+  // instead of at the group timeout.
   TcpRing(Store& store, const std::string& prefix, int rank, int size,
           std::chrono::milliseconds timeout, std::vector<int> group_ranks, std::string where,
-          const std::string& host);
+          const std::string& host, const AbortSignal* abort = nullptr);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -63,8 +67,12 @@ class TcpRing {
                 OnRecv&& on_recv);
   void ring_all_reduce(char* data, size_t count, DataType dtype, ReduceOp op, const CallInfo& call);
 
+  // How often a wait in the ring looks at the abort signal.
+  static constexpr std::chrono::milliseconds kAbortPoll{50};
+
   int rank_;
   int size_;
+  const AbortSignal* abort_;
   std::chrono::milliseconds timeout_;
   std::vector<int> group_ranks_;
   std::string where_;

@@ -3,7 +3,8 @@
 
 Backends cpu (shared memory; the survivors' collective is aborted by ddprun's notice) and gloo.
 
-1 host x 3 ranks of recovery_worker under ddprun:
+1 host x 3 ranks of recovery_worker under ddprun (--two-nodes: 2 simulated hosts x 2 ranks, one
+agent each, kills on either node, rank 0 included):
 - a run without a failure gives the reference parameters;
 - 5 seeds: rank, step and phase of a kill -9 drawn from the seed; ddprun --recovery step must
   restart only that rank, the job must exit 0, every rank must end with exactly the requested
@@ -20,12 +21,105 @@ import argparse
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 import tempfile
 
 WORLD = 3
 STEPS = 30
+
+
+def run_two_nodes(ddprun, worker, out, env_extra):
+    """Two agents on this machine, each a simulated host (DDP_HOST_ID: the cpu backend then runs
+    shared memory within a node and the leaders' TCP ring between them, as on two machines),
+    2 workers each, static rendezvous, --recovery step. Returns (exit codes, stderr of both)."""
+    port = free_port()
+    procs = []
+    for node in range(2):
+        env = dict(os.environ)
+        env.update(env_extra)
+        env["DDP_HOST_ID"] = f"node{node}"
+        cmd = [ddprun, "--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1",
+               "--master-port", str(port), "--nproc-per-node", "2", "--max-restarts", "2",
+               "--recovery", "step", "--no-python"] + worker + ["--steps", str(STEPS), "--out",
+                                                                out]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    codes, errs = [], []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            _, err = p.communicate()
+        codes.append(p.returncode)
+        errs.append(err)
+    return codes, "\n".join(f"--- node {i} ---\n{e}" for i, e in enumerate(errs))
+
+
+def free_port():
+    """A port with the next one free too (the static rendezvous uses MASTER_PORT + 1)."""
+    for _ in range(100):
+        with socket.socket() as a:
+            a.bind(("", 0))
+            port = a.getsockname()[1]
+            if port >= 65535:
+                continue
+            try:
+                with socket.socket() as b:
+                    b.bind(("", port + 1))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no two adjacent free ports")
+
+
+def two_nodes(ddprun, worker, tmp):
+    """--recovery step over two nodes x 2 ranks (docs/recovery.md): each node's agent restarts
+    its own failed worker and records the loss in the store that node 0's agent hosts; the
+    survivors on both nodes drop the step within the notice's bound and re-form."""
+    global WORLD
+    WORLD = 4
+    ref_dir = os.path.join(tmp, "two_nodes_reference")
+    os.makedirs(ref_dir)
+    codes, err = run_two_nodes(ddprun, worker, ref_dir, {})
+    if codes != [0, 0]:
+        fail(f"two nodes: the run without a failure exited {codes}\n{err}")
+    reference = read_params(ref_dir)
+    if len(set(reference)) != 1:
+        fail("two nodes: ranks differ after a run without a failure")
+    # Rank 3 and rank 2 (node 1's leader, in the ring between the nodes), rank 0 (on the node
+    # whose agent hosts the store), then two failures in a row, one on each node.
+    for name, steps, ranks, phase, generations in [
+            ("rank 3, backward", "7", "3", "backward", 1),
+            ("rank 2 (node 1's leader), forward", "12", "2", "forward", 1),
+            ("rank 0 (node 0, which hosts the store), between", "5", "0", "between", 1),
+            ("two failures in a row on both nodes", "4,10", "1,3", "backward", 2)]:
+        out = os.path.join(tmp, "two_nodes_" + name.split(",")[0].replace(" ", "_") +
+                           str(generations))
+        os.makedirs(out)
+        codes, err = run_two_nodes(ddprun, worker, out, {
+            "DDP_TEST_KILL_AT_STEP": steps, "DDP_TEST_KILL_RANK": ranks,
+            "DDP_TEST_KILL_PHASE": phase})
+        what = f"two nodes, kill -9 of {name} at step {steps}"
+        if codes != [0, 0]:
+            fail(f"{what}: the agents exited {codes}\n{err}")
+        for rank in ranks.split(","):
+            if f"restarting only rank {rank}" not in err:
+                fail(f"{what}: rank {rank} was not restarted alone\n{err}")
+        if "timed out" in err or "restarting the worker group" in err:
+            fail(f"{what}: a timeout or a group restart\n{err}")
+        reports = read_reports(out)
+        if any(r["step"] != STEPS or r["generation"] != generations for r in reports):
+            fail(f"{what}: reports {reports}\n{err}")
+        params = read_params(out)
+        if len(set(params)) != 1 or params[0] != reference[0]:
+            fail(f"{what}: parameters differ between ranks or from the reference\n{err}")
+        print(f"ok: {what}: both agents exit 0, generation {generations}, parameters of all "
+              f"{WORLD} ranks bitwise equal to the reference")
+    print("PASS")
 
 
 def run(ddprun, worker, out, recovery, env_extra):
@@ -63,12 +157,17 @@ def main():
     ap.add_argument("--worker", help="the C++ recovery_worker")
     ap.add_argument("--python", help="the interpreter for --python-worker")
     ap.add_argument("--python-worker", help="tests/python/recovery_worker.py")
+    ap.add_argument("--two-nodes", action="store_true",
+                    help="two agents (simulated hosts) x 2 ranks instead of one x 3")
     args = ap.parse_args()
     python = args.python_worker is not None
     if python == (args.worker is not None) or (python and not args.python):
         ap.error("give --worker, or --python and --python-worker")
     args.worker = [args.python, args.python_worker] if python else [args.worker]
     tmp = tempfile.mkdtemp(prefix="ddp_recovery_test_")
+    if args.two_nodes:
+        two_nodes(args.ddprun, args.worker, tmp)
+        return
 
     # Reference: no failure.
     ref_dir = os.path.join(tmp, "reference")
