@@ -29,16 +29,19 @@ What ddp does for it:
   same process group object, so PyTorch's DDP keeps it.
 - The manager registers a comm hook (an all-reduce average, as DDP's default) that records a
   failed all-reduce instead of raising inside autograd, so DDP's reducer never sees an error
-  and a failed step can be dropped: no ``optimizer.step()``, gradients zeroed, the CPU
-  generator rewound. Register no other comm hook on the model.
+  and a failed step can be dropped: no ``optimizer.step()``, gradients zeroed, the global
+  generators rewound (torch's CPU generator, Python's ``random``, NumPy's ``numpy.random``
+  when the program imported NumPy). Register no other comm hook on the model.
 - Healing: every rank, the restarted one included, takes parameters, buffers, optimizer state,
-  the step counter and the CPU generator state from the rank with the most committed steps
-  (the lowest such rank), by broadcasts over the group. DDP's gradient buckets are rebuilt on
+  the step counter and those generators' states from the rank with the most committed steps
+  (the lowest such rank), by broadcasts over the group. So seed the generators the same on
+  every rank (the usual DDP recipe): a rank's own, different states die with it. DDP's gradient buckets are rebuilt on
   every rank in parameter order (see _same_buckets), so the restarted rank's fresh DDP and the
   survivors' sum the same layout.
 """
 
 import os
+import random
 import sys
 import time
 from datetime import timedelta
@@ -90,6 +93,21 @@ def _ddp_backend(group=None):
             "ddp.StepManager needs the default process group of the 'ddp' backend under "
             "'ddprun --recovery step' (init_process_group(\"ddp\") after import ddp)")
     return backend
+
+
+def _host_rng_states():
+    """The global generators of Python's ``random`` and, when the program imported it, NumPy's
+    ``numpy.random`` (never imported here: NumPy is the program's choice)."""
+    numpy = sys.modules.get("numpy")
+    return {"random": random.getstate(),
+            "numpy": numpy.random.get_state() if numpy is not None else None}
+
+
+def _set_host_rng_states(states):
+    random.setstate(states["random"])
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and states["numpy"] is not None:
+        numpy.random.set_state(states["numpy"])
 
 
 class StepManager:
@@ -155,6 +173,7 @@ class StepManager:
             if _C._stale(self._backend):
                 self._recover()
             rng = torch.get_rng_state()
+            host_rngs = _host_rng_states()
             self.optimizer.zero_grad(set_to_none=False)
             self._hook_error = None
             try:
@@ -173,6 +192,7 @@ class StepManager:
             print(f"ddp.StepManager: rank {dist.get_rank()} dropped step {self.step} and "
                   f"re-forms the group: {error}", file=sys.stderr, flush=True)
             torch.set_rng_state(rng)
+            _set_host_rng_states(host_rngs)
             self.optimizer.zero_grad(set_to_none=False)
             self._recover()
 
@@ -220,7 +240,8 @@ class StepManager:
 
     def _heal(self):
         """Every rank takes the state of the rank with the most committed steps (lowest rank
-        among equals): parameters and buffers, optimizer state, step, CPU generator."""
+        among equals): parameters and buffers, optimizer state, step, the global generators
+        (torch's CPU generator, Python's random, NumPy's if imported)."""
         self._same_buckets()
         rank = dist.get_rank()
         key = torch.tensor([self.step * self._world + (self._world - 1 - rank)], dtype=torch.int64)
@@ -237,3 +258,6 @@ class StepManager:
         rng = torch.get_rng_state()
         dist.broadcast(rng, src)
         torch.set_rng_state(rng)
+        host_rngs = [_host_rng_states() if rank == src else None]
+        dist.broadcast_object_list(host_rngs, src)
+        _set_host_rng_states(host_rngs[0])

@@ -1,6 +1,7 @@
 """The Python twin of tests/torch/recovery/recovery_worker.cpp: PyTorch's DDP on the ddp backend
 under ddprun --recovery step, trained with ddp.StepManager (a small MLP with dropout, Adam,
-synthetic data that is a pure function of the step), with the same fault injection and the same
+synthetic data that is a pure function of the step, augmented with draws from Python's and
+NumPy's global generators), with the same fault injection and the same
 outputs, so tests/torch/recovery/recovery_test.py checks both.
 
   recovery_worker.py --steps N --out DIR
@@ -12,8 +13,10 @@ Writes DIR/rank<R>.params (every parameter's bytes, in order) and DIR/rank<R>.js
 import argparse
 import json
 import os
+import random
 import signal
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -53,6 +56,8 @@ def main():
     torch.set_num_threads(1)
     rank = dist.get_rank()
     torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
     model = DDP(Net(), init_sync=False)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     restart_count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -74,6 +79,11 @@ def main():
     def forward():
         maybe_die("forward")
         x, y = batch_for(steps.step, rank)  # the step being run (a redo may run a later one)
+        # Augmentation from Python's and NumPy's global generators (seeded alike on every
+        # rank): a redo must draw what the dropped attempt drew, and a replacement must go on
+        # from its peers' states, or the parameters differ from a run without the failure.
+        x = x * (1.0 + 0.1 * random.random()) + torch.from_numpy(
+            np.random.normal(0.0, 0.1, size=16).astype(np.float32))
         loss = torch.nn.functional.cross_entropy(model(x), y)
         maybe_die("backward")
         return loss
