@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Time lost to one failure, one host, WORLD ranks (default 3), the tutorials' Fashion-MNIST CNN
+# Time lost to one failure, NODES hosts (default 1), WORLD ranks (default 3), the tutorials' Fashion-MNIST CNN
 # (batch 64 per rank, Adam 1e-3), in one run, for:
 #   ddp_step      ddprun --recovery step + examples/mnist --recovery step (ddp::StepManager)
 #   ddp_group     ddprun (--recovery group, the default) + examples/mnist --snapshot (a snapshot
@@ -19,6 +19,9 @@
 # fault_targets line (targets of issue 26). Keys: bench/fault/README.md.
 #
 #   bench/fault/run.sh [BUILD_DIR]        SYSTEMS=ddp_step,ddp_step_python,ddp_group,torchrun,torchft (default)
+#   (NODES=2 WORLD=4: two simulated hosts x 2 ranks through bench/fault/nodes.sh, c10d
+#   rendezvous, victim rank WORLD-1 on the second node; torchft runs as with one node: its
+#   replica groups talk TCP to each other either way.)
 #   (REPEAT=N runs each pair N times, the medians go into the summary; KEEP=DIR keeps every
 #   run's loss log and output there.)
 set -euo pipefail
@@ -27,6 +30,14 @@ root=$(cd "$here/../.." && pwd)
 source "$root/bench/python.sh"  # PY, TORCHRUN: PyTorch 2.13
 build=${1:-$root/build}
 WORLD=${WORLD:-3}
+NODES=${NODES:-1}  # 2: two simulated hosts (nodes.sh), WORLD / NODES ranks each
+if ((NODES < 1 || WORLD % NODES != 0)); then
+  echo "bench/fault/run.sh: NODES=$NODES must divide WORLD=$WORLD" >&2
+  exit 2
+fi
+# The victim: rank 1, or on several nodes the last rank (on the last node, away from the
+# rendezvous and rank 0).
+VICTIM=${VICTIM:-RANK=$((NODES == 1 ? 1 : WORLD - 1))}
 BATCH=64
 SPE=$((60000 / WORLD / BATCH))   # steps per epoch (DistributedSampler, drop_last)
 EPOCHS=2
@@ -47,30 +58,45 @@ fi
 work=$(mktemp -d /tmp/ddp_bench_fault_XXXXXX)
 trap 'rm -rf "$work"' EXIT
 out=$work/out.jsonl
-echo "bench/fault: $WORLD ranks on one host, $SPE steps per epoch, $TOTAL steps, kill at step" \
+echo "bench/fault: $WORLD ranks on $NODES (simulated) host(s), $SPE steps per epoch, $TOTAL steps, kill at step" \
   "$KILL_AT; $(nproc) CPUs; uptime: $(uptime)" >&2
+
+# launch LAUNCHER: the launcher's command prefix for WORLD ranks on NODES (simulated) nodes.
+launch() {
+  if ((NODES == 1)); then
+    echo "$1" --standalone --nproc-per-node "$WORLD"
+  else
+    local port
+    port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+    echo bash "$here/nodes.sh" "$NODES" "$port" "$1" --nproc-per-node "$((WORLD / NODES))"
+  fi
+}
 
 # run SYSTEM KILL_AT: one job under the driver, its JSON line to stdout and $out.
 run() {
-  local system=$1 kill=$2 victim=RANK=1 cmd
+  local system=$1 kill=$2 victim=$VICTIM cmd prefix
   local dir=$work/$system-$kill
   rm -rf "$dir"
   mkdir -p "$dir"
   case $system in
     ddp_step)
-      cmd=("$ddprun" --standalone --nproc-per-node "$WORLD" --recovery step --max-restarts 1
+      read -ra prefix <<<"$(launch "$ddprun")"
+      cmd=("${prefix[@]}" --recovery step --max-restarts 1
            "$mnist" --recovery step --batch-size "$BATCH" --total-steps "$TOTAL"
            --loss-log "$dir/loss.log") ;;
     ddp_group)
-      cmd=("$ddprun" --standalone --nproc-per-node "$WORLD" --max-restarts 1
+      read -ra prefix <<<"$(launch "$ddprun")"
+      cmd=("${prefix[@]}" --max-restarts 1
            "$mnist" --batch-size "$BATCH" --epochs "$EPOCHS" --snapshot "$dir/snapshot.pt"
            --loss-log "$dir/loss.log") ;;
     ddp_step_python)
-      cmd=("$ddprun" --standalone --nproc-per-node "$WORLD" --recovery step --max-restarts 1
+      read -ra prefix <<<"$(launch "$ddprun")"
+      cmd=("${prefix[@]}" --recovery step --max-restarts 1
            --no-python env "PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$here/fault_train.py"
            ddp_step --total-steps "$TOTAL" --loss-log "$dir/loss.log") ;;
     torchrun)
-      cmd=("$TORCHRUN" --standalone --nproc-per-node "$WORLD" --max-restarts 1
+      read -ra prefix <<<"$(launch "$TORCHRUN")"
+      cmd=("${prefix[@]}" --max-restarts 1
            "$here/fault_train.py" torchrun --epochs "$EPOCHS" --save-every 1
            --snapshot "$dir/snapshot.pt" --loss-log "$dir/loss.log") ;;
     torchft)
@@ -93,10 +119,10 @@ for ((rep = 0; rep < REPEAT; rep++)); do
   done
 done
 
-"$PY" - "$out" "$KILL_AT" <<'PYEOF'
+"$PY" - "$out" "$KILL_AT" "$NODES" "$WORLD" <<'PYEOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-kill_at = int(sys.argv[2])
+kill_at, nodes, world = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 med = lambda xs: round(statistics.median(xs), 3) if xs else None
 summary = {}
 for system in dict.fromkeys(r["system"] for r in rows):
@@ -107,8 +133,8 @@ for system in dict.fromkeys(r["system"] for r in rows):
     redone = med([f["steps_logged_twice"] for f in fault])
     dropped = med([f["attempts_dropped_rank0"] for f in fault
                    if f["attempts_dropped_rank0"] is not None])
-    s = {"bench": "fault_summary", "system": system, "runs": len(lost),
-         "kill_at_step": kill_at, "wall_s_clean": med([c["wall_s"] for c in clean]),
+    s = {"bench": "fault_summary", "system": system, "runs": len(lost), "nodes": nodes,
+         "world": world, "kill_at_step": kill_at, "wall_s_clean": med([c["wall_s"] for c in clean]),
          "wall_s_fault": med([f["wall_s"] for f in fault]), "lost_s": med(lost),
          "step_s": step_s, "lost_steps": round(med(lost) / step_s, 1) if step_s else None,
          "steps_recomputed": redone,
