@@ -340,7 +340,7 @@ AgentResult run_multi_node(const AgentOptions& options) {
       try {
         step.emplace(s);
       } catch (const Error& e) {
-        std::string why = fmt::format("--recovery step on {}: {}", options.host, e.what());
+        std::string why = fmt::format("{} (on {})", e.what(), options.host);
         m.shut_down(why);
         throw Error(why);
       }

@@ -10,6 +10,14 @@
 
 namespace ddp::launcher {
 
+namespace {
+// Set by the agent serving the step store, so the other nodes' agents know it is one.
+constexpr const char* kServedByAgentKey = "ddp/recovery/served_by_agent";
+// How long another node's agent waits for that key (the serving agent sets it right after the
+// round, as the others connect).
+constexpr std::chrono::seconds kServedByAgentWait{30};
+}  // namespace
+
 RecoveryMode parse_recovery_mode(const std::string& value, const std::string& source) {
   if (value == "group") return RecoveryMode::kGroup;
   if (value == "step") return RecoveryMode::kStep;
@@ -40,6 +48,23 @@ StepRecovery::StepRecovery(const StepRecoveryOptions& options)
         "running rank 0 hosts (is that agent running, and is the port open between the "
         "nodes?): {}",
         net::format_endpoint(options.host, options.port), e.what()));
+  }
+  if (options.serve) {
+    store_->set(kServedByAgentKey, "1");
+  } else {
+    // A node 0 started without --recovery step serves no step store: its rank 0 worker hosts
+    // one at the same address, which this agent would otherwise take for the job's.
+    // (That store may also close the connection: its worker fails without the others.)
+    try {
+      store_->wait({kServedByAgentKey}, kServedByAgentWait);
+    } catch (const Error& e) {
+      throw UsageError(fmt::format(
+          "--recovery step: the store at {} did not show within {} s that a ddprun --recovery "
+          "step agent serves it ({}): the node running rank 0 runs without --recovery step; "
+          "give every node the same --recovery",
+          net::format_endpoint(options.host, options.port),
+          std::chrono::duration_cast<std::chrono::seconds>(kServedByAgentWait).count(), e.what()));
+    }
   }
   recovery_notice::read_generation(*store_);  // generation 0, readable before any worker runs
 }

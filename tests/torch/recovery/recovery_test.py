@@ -30,7 +30,7 @@ WORLD = 3
 STEPS = 30
 
 
-def run_two_nodes(ddprun, worker, out, env_extra):
+def run_two_nodes(ddprun, worker, out, env_extra, step_on=(True, True)):
     """Two agents on this machine, each a simulated host (DDP_HOST_ID: the cpu backend then runs
     shared memory within a node and the leaders' TCP ring between them, as on two machines),
     2 workers each, static rendezvous, --recovery step. Returns (exit codes, stderr of both)."""
@@ -41,9 +41,9 @@ def run_two_nodes(ddprun, worker, out, env_extra):
         env.update(env_extra)
         env["DDP_HOST_ID"] = f"node{node}"
         cmd = [ddprun, "--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1",
-               "--master-port", str(port), "--nproc-per-node", "2", "--max-restarts", "2",
-               "--recovery", "step", "--no-python"] + worker + ["--steps", str(STEPS), "--out",
-                                                                out]
+               "--master-port", str(port), "--nproc-per-node", "2", "--max-restarts", "2"]
+        cmd += ["--recovery", "step"] if step_on[node] else []
+        cmd += ["--no-python"] + worker + ["--steps", str(STEPS), "--out", out]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     codes, errs = [], []
@@ -119,6 +119,16 @@ def two_nodes(ddprun, worker, tmp):
             fail(f"{what}: parameters differ between ranks or from the reference\n{err}")
         print(f"ok: {what}: both agents exit 0, generation {generations}, parameters of all "
               f"{WORLD} ranks bitwise equal to the reference")
+    # Node 0 without --recovery step: node 1's agent must not take rank 0's own store for the
+    # job's step store; it says so and the job ends.
+    out = os.path.join(tmp, "two_nodes_mismatch")
+    os.makedirs(out)
+    codes, err = run_two_nodes(ddprun, worker, out, {}, step_on=(False, True))
+    if codes[1] == 0 or "the node running rank 0 runs without --recovery step; give every " \
+            "node the same --recovery" not in err:
+        fail(f"node 0 without --recovery step: the agents exited {codes}\n{err}")
+    print(f"ok: node 0 without --recovery step: node 1's agent refuses (exit {codes[1]}) naming "
+          f"the mismatch")
     print("PASS")
 
 
