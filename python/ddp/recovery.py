@@ -35,9 +35,9 @@ What ddp does for it:
 - Healing: every rank, the restarted one included, takes parameters, buffers, optimizer state,
   the step counter and those generators' states from the rank with the most committed steps
   (the lowest such rank), by broadcasts over the group. So seed the generators the same on
-  every rank (the usual DDP recipe): a rank's own, different states die with it. DDP's gradient buckets are rebuilt on
-  every rank in parameter order (see _same_buckets), so the restarted rank's fresh DDP and the
-  survivors' sum the same layout.
+  every rank (the usual DDP recipe): a rank's own, different states die with it. DDP's
+  gradient buckets are rebuilt on every rank in parameter order (see _same_buckets), so the
+  restarted rank's fresh DDP and the survivors' sum the same layout.
 """
 
 import os
