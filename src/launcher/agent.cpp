@@ -328,24 +328,6 @@ AgentResult run_multi_node(const AgentOptions& options) {
 
     AttemptSpec spec =
         make_spec(options, round.world, run_dir, restarts, round.generation, diagnostics);
-    // --recovery step: this round's store (node 0 hosts it at the round's master port, where
-    // the workers meet), after the signal mask (its server thread inherits it).
-    std::optional<StepRecovery> step;
-    if (options.step_recovery) {
-      StepRecoveryOptions s = *options.step_recovery;
-      s.serve = round.world.group_rank == 0;
-      s.host = round.world.master_addr;
-      s.port = static_cast<uint16_t>(round.world.master_port);
-      s.restarts_used = step_restarts;
-      try {
-        step.emplace(s);
-      } catch (const Error& e) {
-        std::string why = fmt::format("{} (on {})", e.what(), options.host);
-        m.shut_down(why);
-        throw Error(why);
-      }
-      spec.replace_failed = [&step](const WorkerFailure& f) { return step->on_worker_failed(f); };
-    }
     if (diagnostics.service) {
       // Other nodes' `ddprun stacks` requests reach this one through the job's store.
       try {
@@ -359,6 +341,28 @@ AgentResult run_multi_node(const AgentOptions& options) {
       }
     }
     spec.stop_fd = m.start_watching();
+    // --recovery step: this round's store (node 0 hosts it at the round's master port, where
+    // the workers meet), after the signal mask (its server thread inherits it), and while
+    // watching: the membership's heartbeats go on while another node's agent waits up to
+    // StepRecovery::kServingAgentWait for node 0's, so node 0 does not take this node for lost
+    // and leave the round before this one can end the job with the reason.
+    std::optional<StepRecovery> step;
+    if (options.step_recovery) {
+      StepRecoveryOptions s = *options.step_recovery;
+      s.serve = round.world.group_rank == 0;
+      s.host = round.world.master_addr;
+      s.port = static_cast<uint16_t>(round.world.master_port);
+      s.restarts_used = step_restarts;
+      try {
+        step.emplace(s);
+      } catch (const Error& e) {
+        std::string why = fmt::format("{} (on {})", e.what(), options.host);
+        m.stop_watching();
+        m.shut_down(why);
+        throw Error(why);
+      }
+      spec.replace_failed = [&step](const WorkerFailure& f) { return step->on_worker_failed(f); };
+    }
     AttemptResult attempt;
     try {
       attempt = run_attempt(spec, signals);

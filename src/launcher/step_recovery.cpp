@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "ddp/launcher/output.hpp"
 #include "ddp/store/recovery_notice.hpp"
 #include "ddp/store/tcp_store.hpp"
@@ -13,9 +15,6 @@ namespace ddp::launcher {
 namespace {
 // Set by the agent serving the step store, so the other nodes' agents know it is one.
 constexpr const char* kServedByAgentKey = "ddp/recovery/served_by_agent";
-// How long another node's agent waits for that key (the serving agent sets it right after the
-// round, as the others connect).
-constexpr std::chrono::seconds kServedByAgentWait{30};
 }  // namespace
 
 RecoveryMode parse_recovery_mode(const std::string& value, const std::string& source) {
@@ -39,34 +38,37 @@ StepRecovery::StepRecovery(const StepRecoveryOptions& options)
   o.is_server = options.serve;
   o.token = options.token;
   o.timeout = options.timeout;
-  try {
-    store_ = std::make_unique<TcpStore>(o);
-  } catch (const Error& e) {
-    if (options.serve) throw;
-    throw NetworkError(fmt::format(
-        "--recovery step: cannot reach the job's store at {}, which the agent of the node "
-        "running rank 0 hosts (is that agent running, and is the port open between the "
-        "nodes?): {}",
-        net::format_endpoint(options.host, options.port), e.what()));
-  }
   if (options.serve) {
+    store_ = std::make_unique<TcpStore>(o);
     store_->set(kServedByAgentKey, "1");
   } else {
-    // A node 0 started without --recovery step serves no step store: its rank 0 worker hosts
-    // one at the same address, which this agent would otherwise take for the job's.
-    // (That store may also close the connection: its worker fails without the others.)
-    try {
-      store_->wait({kServedByAgentKey}, kServedByAgentWait);
-    } catch (const Error& e) {
-      throw UsageError(fmt::format(
-          "--recovery step: the store at {} did not show within {} s that a ddprun --recovery "
-          "step agent serves it ({}): the node running rank 0 runs without --recovery step; "
-          "give every node the same --recovery",
-          net::format_endpoint(options.host, options.port),
-          std::chrono::duration_cast<std::chrono::seconds>(kServedByAgentWait).count(), e.what()));
-    }
+    connect_to_serving_agent(o, options.timeout);
   }
   recovery_notice::read_generation(*store_);  // generation 0, readable before any worker runs
+}
+
+void StepRecovery::connect_to_serving_agent(TcpStoreOptions o,
+                                            std::chrono::milliseconds request_timeout) {
+  // Connecting, the handshake and the key, all within kServingAgentWait: a node 0 started
+  // without --recovery step serves no step store, and its rank 0 worker's store at the same
+  // address (ddp's, which never sets the key, or PyTorch's TCPStore, which does not answer
+  // ddp's handshake) must not be taken for it nor hold this agent for long.
+  const auto deadline = std::chrono::steady_clock::now() + kServingAgentWait;
+  o.timeout = kServingAgentWait;
+  try {
+    store_ = std::make_unique<TcpStore>(o);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    store_->wait({kServedByAgentKey}, std::max(left, std::chrono::milliseconds(1)));
+  } catch (const Error& e) {
+    throw UsageError(fmt::format(
+        "--recovery step: no ddprun --recovery step agent served the job's store at {} within "
+        "{} s ({}): the node running rank 0 runs without --recovery step (give every node the "
+        "same --recovery), or its agent is not reachable from here",
+        net::format_endpoint(o.host, o.port),
+        std::chrono::duration_cast<std::chrono::seconds>(kServingAgentWait).count(), e.what()));
+  }
+  store_->set_timeout(request_timeout);
 }
 
 StepRecovery::~StepRecovery() = default;

@@ -21,7 +21,8 @@
 
 namespace ddp {
 class TcpStore;
-}
+struct TcpStoreOptions;
+}  // namespace ddp
 
 namespace ddp::launcher {
 
@@ -41,7 +42,7 @@ struct StepRecoveryOptions {
   uint16_t port = 0;
   // The job's store token; nullopt: $DDP_STORE_TOKEN, as the workers' stores.
   std::optional<std::string> token;
-  // Bounds connecting (a client waits this long for the serving agent) and every request.
+  // Bounds every request (a client waits kServingAgentWait for the serving agent).
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   int max_restarts = 0;
   // Restarts this agent already used in earlier rounds (multi-node: one StepRecovery a round).
@@ -51,9 +52,14 @@ struct StepRecoveryOptions {
 
 class StepRecovery {
  public:
-  // Hosts or connects to the store (options.serve). Throws NetworkError naming the endpoint
-  // when it cannot bind or reach it. Construct it after the agent blocked its signals: a
-  // serving store's thread must inherit that mask.
+  // How long another node's agent waits for the serving agent's store (it starts right after
+  // the round, as the others connect).
+  static constexpr std::chrono::seconds kServingAgentWait{30};
+
+  // Hosts or connects to the store (options.serve). Throws NetworkError naming the port when
+  // it cannot bind, and a UsageError naming the endpoint and the likely cause (node 0 without
+  // --recovery step) when no serving agent answers within kServingAgentWait. Construct it
+  // after the agent blocked its signals: a serving store's thread must inherit that mask.
   explicit StepRecovery(const StepRecoveryOptions& options);
   ~StepRecovery();
 
@@ -66,6 +72,8 @@ class StepRecovery {
   std::optional<int> on_worker_failed(const WorkerFailure& failure);
 
  private:
+  void connect_to_serving_agent(TcpStoreOptions o, std::chrono::milliseconds request_timeout);
+
   std::unique_ptr<TcpStore> store_;
   int max_restarts_;
   int notice_fd_;

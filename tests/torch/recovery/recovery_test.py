@@ -124,8 +124,8 @@ def two_nodes(ddprun, worker, tmp):
     out = os.path.join(tmp, "two_nodes_mismatch")
     os.makedirs(out)
     codes, err = run_two_nodes(ddprun, worker, out, {}, step_on=(False, True))
-    if codes[1] == 0 or "the node running rank 0 runs without --recovery step; give every " \
-            "node the same --recovery" not in err:
+    if codes[1] == 0 or "the node running rank 0 runs without --recovery step (give every " \
+            "node the same --recovery)" not in err:
         fail(f"node 0 without --recovery step: the agents exited {codes}\n{err}")
     print(f"ok: node 0 without --recovery step: node 1's agent refuses (exit {codes[1]}) naming "
           f"the mismatch")
