@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Time lost to one failure, NODES hosts (default 1), WORLD ranks (default 3), the tutorials' Fashion-MNIST CNN
-# (batch 64 per rank, Adam 1e-3), in one run, for:
+# Time lost to one failure, NODES hosts (default 1), WORLD ranks (default 3), the tutorials'
+# Fashion-MNIST CNN (batch 64 per rank, Adam 1e-3), in one run, for:
 #   ddp_step      ddprun --recovery step + examples/mnist --recovery step (ddp::StepManager)
 #   ddp_group     ddprun (--recovery group, the default) + examples/mnist --snapshot (a snapshot
 #                 after every epoch; the whole group restarts and resumes from it)
@@ -58,8 +58,8 @@ fi
 work=$(mktemp -d /tmp/ddp_bench_fault_XXXXXX)
 trap 'rm -rf "$work"' EXIT
 out=$work/out.jsonl
-echo "bench/fault: $WORLD ranks on $NODES (simulated) host(s), $SPE steps per epoch, $TOTAL steps, kill at step" \
-  "$KILL_AT; $(nproc) CPUs; uptime: $(uptime)" >&2
+echo "bench/fault: $WORLD ranks on $NODES (simulated) host(s), $SPE steps per epoch, $TOTAL" \
+  "steps, kill at step $KILL_AT; $(nproc) CPUs; uptime: $(uptime)" >&2
 
 # launch LAUNCHER: the launcher's command prefix for WORLD ranks on NODES (simulated) nodes.
 launch() {
