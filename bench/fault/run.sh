@@ -61,14 +61,15 @@ out=$work/out.jsonl
 echo "bench/fault: $WORLD ranks on $NODES (simulated) host(s), $SPE steps per epoch, $TOTAL" \
   "steps, kill at step $KILL_AT; $(nproc) CPUs; uptime: $(uptime)" >&2
 
-# launch LAUNCHER: the launcher's command prefix for WORLD ranks on NODES (simulated) nodes.
+# launch LAUNCHER: sets `prefix` to the launcher's command prefix for WORLD ranks on NODES
+# (simulated) nodes.
 launch() {
   if ((NODES == 1)); then
-    echo "$1" --standalone --nproc-per-node "$WORLD"
+    prefix=("$1" --standalone --nproc-per-node "$WORLD")
   else
     local port
     port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
-    echo bash "$here/nodes.sh" "$NODES" "$port" "$1" --nproc-per-node "$((WORLD / NODES))"
+    prefix=(bash "$here/nodes.sh" "$NODES" "$port" "$1" --nproc-per-node "$((WORLD / NODES))")
   fi
 }
 
@@ -80,22 +81,22 @@ run() {
   mkdir -p "$dir"
   case $system in
     ddp_step)
-      read -ra prefix <<<"$(launch "$ddprun")"
+      launch "$ddprun"
       cmd=("${prefix[@]}" --recovery step --max-restarts 1
            "$mnist" --recovery step --batch-size "$BATCH" --total-steps "$TOTAL"
            --loss-log "$dir/loss.log") ;;
     ddp_group)
-      read -ra prefix <<<"$(launch "$ddprun")"
+      launch "$ddprun"
       cmd=("${prefix[@]}" --max-restarts 1
            "$mnist" --batch-size "$BATCH" --epochs "$EPOCHS" --snapshot "$dir/snapshot.pt"
            --loss-log "$dir/loss.log") ;;
     ddp_step_python)
-      read -ra prefix <<<"$(launch "$ddprun")"
+      launch "$ddprun"
       cmd=("${prefix[@]}" --recovery step --max-restarts 1
            --no-python env "PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$here/fault_train.py"
            ddp_step --total-steps "$TOTAL" --loss-log "$dir/loss.log") ;;
     torchrun)
-      read -ra prefix <<<"$(launch "$TORCHRUN")"
+      launch "$TORCHRUN"
       cmd=("${prefix[@]}" --max-restarts 1
            "$here/fault_train.py" torchrun --epochs "$EPOCHS" --save-every 1
            --snapshot "$dir/snapshot.pt" --loss-log "$dir/loss.log") ;;

@@ -168,7 +168,7 @@ void WorkDDP::wait_and_complete() {
 }
 
 void WorkDDP::finish_work(std::exception_ptr err) {
-  std::call_once(complete_once_, [&] {
+  std::call_once(finish_once_, [&] {
     if (!err && epilogue_) {
       try {
         epilogue_();

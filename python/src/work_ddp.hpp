@@ -108,7 +108,7 @@ class WorkDDP : public c10d::Work {
   std::chrono::milliseconds timeout_;
   std::weak_ptr<Completer> completer_;
 
-  std::once_flag complete_once_;
+  std::once_flag finish_once_;
   std::mutex future_mutex_;
   std::condition_variable issued_cv_;
   Start deferred_start_;        // guarded by future_mutex_; run by issue_deferred

@@ -27,6 +27,7 @@ import sys
 import tempfile
 
 WORLD = 3
+TWO_NODES_WORLD = 4  # --two-nodes: 2 agents x 2 ranks
 STEPS = 30
 
 
@@ -80,14 +81,12 @@ def two_nodes(ddprun, worker, tmp):
     """--recovery step over two nodes x 2 ranks (docs/recovery.md): each node's agent restarts
     its own failed worker and records the loss in the store that node 0's agent hosts; the
     survivors on both nodes drop the step within the notice's bound and re-form."""
-    global WORLD
-    WORLD = 4
     ref_dir = os.path.join(tmp, "two_nodes_reference")
     os.makedirs(ref_dir)
     codes, err = run_two_nodes(ddprun, worker, ref_dir, {})
     if codes != [0, 0]:
         fail(f"two nodes: the run without a failure exited {codes}\n{err}")
-    reference = read_params(ref_dir)
+    reference = read_params(ref_dir, TWO_NODES_WORLD)
     if len(set(reference)) != 1:
         fail("two nodes: ranks differ after a run without a failure")
     # Rank 3 and rank 2 (node 1's leader, in the ring between the nodes), rank 0 (on the node
@@ -111,14 +110,14 @@ def two_nodes(ddprun, worker, tmp):
                 fail(f"{what}: rank {rank} was not restarted alone\n{err}")
         if "timed out" in err or "restarting the worker group" in err:
             fail(f"{what}: a timeout or a group restart\n{err}")
-        reports = read_reports(out)
+        reports = read_reports(out, TWO_NODES_WORLD)
         if any(r["step"] != STEPS or r["generation"] != generations for r in reports):
             fail(f"{what}: reports {reports}\n{err}")
-        params = read_params(out)
+        params = read_params(out, TWO_NODES_WORLD)
         if len(set(params)) != 1 or params[0] != reference[0]:
             fail(f"{what}: parameters differ between ranks or from the reference\n{err}")
         print(f"ok: {what}: both agents exit 0, generation {generations}, parameters of all "
-              f"{WORLD} ranks bitwise equal to the reference")
+              f"{TWO_NODES_WORLD} ranks bitwise equal to the reference")
     # Node 0 without --recovery step: node 1's agent must not take rank 0's own store for the
     # job's step store; it says so and the job ends.
     out = os.path.join(tmp, "two_nodes_mismatch")
@@ -145,12 +144,12 @@ def run(ddprun, worker, out, recovery, env_extra):
     return p
 
 
-def read_params(out):
-    return [open(os.path.join(out, f"rank{r}.params"), "rb").read() for r in range(WORLD)]
+def read_params(out, world=WORLD):
+    return [open(os.path.join(out, f"rank{r}.params"), "rb").read() for r in range(world)]
 
 
-def read_reports(out):
-    return [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(WORLD)]
+def read_reports(out, world=WORLD):
+    return [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(world)]
 
 
 def fail(msg, p=None):
