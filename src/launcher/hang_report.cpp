@@ -340,16 +340,18 @@ GroupResult analyze_group(const std::string& group, const std::vector<const Flig
   }
   if (!missing.empty() && out.severity != 3) out.details.push_back(missing_summary);
   // "rank 1 waits in recv from rank 0 (float32 x 4) since 6.0 s": a send or receive whose peer
-  // never came shows here, also when every collective completed.
+  // never came shows here, also when every collective completed. A recv from any source has
+  // the peer -1: "recv from any rank".
   for (const auto& v : views) {
     if (!v.pending_p2p) continue;
     const FlightEntry& e = *v.pending_p2p;
     const int64_t since = e.started_us ? e.started_us : e.queued_us;
-    out.details.push_back(fmt::format("rank {} waits in {} {} rank {} ({} x {}{}) since {}{}",
-                                      v.rank, e.op, e.op == "send" ? "to" : "from", global(e.root),
-                                      e.dtype, e.count, e.tag.empty() ? "" : "; " + e.tag,
-                                      seconds(v.dump->dumped_at_us - since),
-                                      e.state == "failed" ? " (then failed)" : ""));
+    const std::string peer =
+        e.root < 0 ? std::string("any rank") : fmt::format("rank {}", global(e.root));
+    out.details.push_back(fmt::format(
+        "rank {} waits in {} {} {} ({} x {}{}) since {}{}", v.rank, e.op,
+        e.op == "send" ? "to" : "from", peer, e.dtype, e.count, e.tag.empty() ? "" : "; " + e.tag,
+        seconds(v.dump->dumped_at_us - since), e.state == "failed" ? " (then failed)" : ""));
     if (out.severity == 0) {  // no collective explains the hang: this does
       out.summary = out.details.back();
       out.severity = 1;

@@ -53,41 +53,92 @@ TEST_P(Backends, SendRecvMatchesTagsInOrder) {
   });
 }
 
-// Recv from any source (PyTorch's recv without src), cpu backend within one host: rank 0
-// takes one message per sender with tag 7, whichever comes first, and learns who sent it; a
-// message with another tag that arrived first is kept for the recv that names it.
-TEST(CpuAnySource, ReceivesEachSenderOnceAndKeepsOtherTags) {
-  run_ranks(4, thread_options("cpu"), [](ProcessGroup& pg) {
-    const size_t big = 100000;  // several shared-memory chunks
-    if (pg.rank() == 0) {
-      std::vector<int> senders;
-      for (int k = 1; k < pg.size(); ++k) {
-        std::vector<int32_t> got(big, -1);
-        auto source = std::make_shared<int>(-1);
-        wait(pg.recv_any_source(got.data(), big, DataType::kInt32, /*tag=*/7, source));
-        ASSERT_GE(*source, 1);
-        ASSERT_LT(*source, pg.size());
-        for (size_t i = 0; i < big; ++i) ASSERT_EQ(got[i], *source * 1000 + static_cast<int>(i));
-        senders.push_back(*source);
-      }
-      std::sort(senders.begin(), senders.end());
-      EXPECT_EQ(senders, (std::vector<int>{1, 2, 3}));
-      int32_t early = 0;
-      wait(pg.recv(&early, 1, DataType::kInt32, 1, /*tag=*/3));
-      EXPECT_EQ(early, -3);
-    } else {
-      if (pg.rank() == 1) {
-        int32_t other = -3;  // sent first, with a tag the any-source recvs do not take
-        wait(pg.send(&other, 1, DataType::kInt32, 0, /*tag=*/3));
-      }
-      std::vector<int32_t> msg(big);
-      for (size_t i = 0; i < big; ++i) msg[i] = pg.rank() * 1000 + static_cast<int>(i);
-      wait(pg.send(msg.data(), big, DataType::kInt32, 0, /*tag=*/7));
+// Recv from any source (PyTorch's recv without src): rank 0 takes one message per sender with
+// tag 7, whichever comes first, and learns who sent it; a message with another tag that
+// arrived first is kept for the recv that names it. The cpu backend within one host (shared
+// memory) and across two simulated hosts (ranks 0-1 and 2-3: Gloo, the same-host sender too),
+// and the gloo backend.
+void receive_each_sender_once(ProcessGroup& pg) {
+  const size_t big = 100000;  // several shared-memory chunks
+  if (pg.rank() == 0) {
+    std::vector<int> senders;
+    for (int k = 1; k < pg.size(); ++k) {
+      std::vector<int32_t> got(big, -1);
+      auto source = std::make_shared<int>(-1);
+      wait(pg.recv_any_source(got.data(), big, DataType::kInt32, /*tag=*/7, source));
+      ASSERT_GE(*source, 1);
+      ASSERT_LT(*source, pg.size());
+      for (size_t i = 0; i < big; ++i) ASSERT_EQ(got[i], *source * 1000 + static_cast<int>(i));
+      senders.push_back(*source);
     }
-  });
+    std::sort(senders.begin(), senders.end());
+    EXPECT_EQ(senders, (std::vector<int>{1, 2, 3}));
+    int32_t early = 0;
+    wait(pg.recv(&early, 1, DataType::kInt32, 1, /*tag=*/3));
+    EXPECT_EQ(early, -3);
+  } else {
+    // Rank 1 posts a message with a tag the any-source recvs do not take first. It does not
+    // wait for it before sending tag 7: a Gloo send completes only once its recv is posted.
+    int32_t other = -3;
+    WorkPtr first = pg.rank() == 1 ? pg.send(&other, 1, DataType::kInt32, 0, /*tag=*/3) : nullptr;
+    std::vector<int32_t> msg(big);
+    for (size_t i = 0; i < big; ++i) msg[i] = pg.rank() * 1000 + static_cast<int>(i);
+    wait(pg.send(msg.data(), big, DataType::kInt32, 0, /*tag=*/7));
+    if (first) wait(first);
+  }
 }
 
-TEST(CpuAnySource, NothingSentIsATimeoutAndAcrossHostsIsNotSupported) {
+void two_hosts(int rank, InitOptions& o) {
+  o.host_id = rank < 2 ? "hostA" : "hostB";
+}
+
+TEST(AnySource, CpuWithinOneHostReceivesEachSenderOnceAndKeepsOtherTags) {
+  run_ranks(4, thread_options("cpu"), receive_each_sender_once);
+}
+
+TEST(AnySource, CpuAcrossHostsReceivesEachSenderOnceAndKeepsOtherTags) {
+  run_ranks(4, thread_options("cpu"), receive_each_sender_once, two_hosts);
+}
+
+TEST(AnySource, GlooReceivesEachSenderOnceAndKeepsOtherTags) {
+  run_ranks(4, thread_options("gloo"), receive_each_sender_once);
+}
+
+// A recv from any source that names its sender also takes turns with recvs that name theirs:
+// across hosts, rank 0 posts a recv from rank 2 (tag 5) and one from any source (tag 5); rank 2
+// sends twice and rank 3 once. The named recv, posted first, gets rank 2's first message
+// (messages of one sender stay in order); the other two land in the any-source recvs.
+TEST(AnySource, CpuAcrossHostsMixesWithRecvsThatNameTheirSource) {
+  run_ranks(
+      4, thread_options("cpu"),
+      [](ProcessGroup& pg) {
+        if (pg.rank() == 0) {
+          int32_t named = -1;
+          std::vector<int32_t> any(2, -1);
+          std::vector<int> from(2, -1);
+          auto w_named = pg.recv(&named, 1, DataType::kInt32, 2, /*tag=*/5);
+          for (int k = 0; k < 2; ++k) {
+            auto source = std::make_shared<int>(-1);
+            wait(pg.recv_any_source(&any[k], 1, DataType::kInt32, 5, source));
+            from[k] = *source;
+          }
+          wait(w_named);
+          EXPECT_EQ(named, 20) << "the named recv did not take rank 2's first message";
+          std::vector<int32_t> rest{any[0], any[1]};
+          std::sort(rest.begin(), rest.end());
+          EXPECT_EQ(rest, (std::vector<int32_t>{21, 30}));
+          for (int k = 0; k < 2; ++k) EXPECT_EQ(any[k] / 10, from[k]);
+        } else if (pg.rank() >= 2) {
+          for (int m = 0; m < (pg.rank() == 2 ? 2 : 1); ++m) {
+            int32_t v = pg.rank() * 10 + m;
+            wait(pg.send(&v, 1, DataType::kInt32, 0, /*tag=*/5));
+          }
+        }
+      },
+      two_hosts);
+}
+
+TEST(AnySource, NothingSentIsATimeoutNamingTheTag) {
   auto errors =
       run_ranks_collect_errors(2, thread_options("cpu", milliseconds(1000)), [](ProcessGroup& pg) {
         if (pg.rank() != 0) return;
@@ -97,21 +148,20 @@ TEST(CpuAnySource, NothingSentIsATimeoutAndAcrossHostsIsNotSupported) {
   EXPECT_NE(errors[0].find("from any source"), std::string::npos) << errors[0];
   EXPECT_NE(errors[0].find("no rank sent a message with tag 4 within 1000 ms"), std::string::npos)
       << errors[0];
-  auto customize = [](int rank, InitOptions& o) { o.host_id = "host" + std::to_string(rank); };
-  run_ranks(
-      2, thread_options("cpu"),
+  // Across hosts (Gloo), within the wait's own limit.
+  auto across = run_ranks_collect_errors(
+      4, thread_options("cpu"),
       [](ProcessGroup& pg) {
+        if (pg.rank() != 0) return;
         int32_t x = 0;
-        try {
-          pg.recv_any_source(&x, 1, DataType::kInt32, 0, std::make_shared<int>(-1));
-          ADD_FAILURE() << "recv from any source across hosts did not throw";
-        } catch (const NotSupportedError& e) {
-          EXPECT_NE(std::string(e.what()).find("within one host only (this group spans 2 hosts)"),
-                    std::string::npos)
-              << e.what();
-        }
+        pg.recv_any_source(&x, 1, DataType::kInt32, 4, std::make_shared<int>(-1))
+            ->wait(milliseconds(1000));
       },
-      customize);
+      two_hosts);
+  EXPECT_NE(across[0].find("from any source"), std::string::npos) << across[0];
+  EXPECT_NE(across[0].find("did not complete within 1000 ms: no rank sent a message with its tag"),
+            std::string::npos)
+      << across[0];
 }
 
 TEST_P(Backends, SubGroupsAndSeveralGroupsPerProcess) {

@@ -56,15 +56,19 @@ inline void run_ranks(int world, const InitOptions& base,
 
 // Like run_ranks, but hands each rank's exception message back instead of rethrowing.
 inline std::vector<std::string> run_ranks_collect_errors(
-    int world, const InitOptions& base, const std::function<void(ProcessGroup& pg)>& fn) {
+    int world, const InitOptions& base, const std::function<void(ProcessGroup& pg)>& fn,
+    const std::function<void(int, InitOptions&)>& customize = {}) {
   std::vector<std::string> errors(world);
-  run_ranks(world, base, [&](ProcessGroup& pg) {
-    try {
-      fn(pg);
-    } catch (const std::exception& e) {
-      errors[pg.rank()] = e.what();
-    }
-  });
+  run_ranks(
+      world, base,
+      [&](ProcessGroup& pg) {
+        try {
+          fn(pg);
+        } catch (const std::exception& e) {
+          errors[pg.rank()] = e.what();
+        }
+      },
+      customize);
   return errors;
 }
 

@@ -295,3 +295,19 @@ TEST(HangReport, PendingReceiveIsNamedWithItsPeer) {
   EXPECT_EQ(all(lines).find("mismatch"), std::string::npos) << all(lines);
   EXPECT_EQ(all(lines).find("different"), std::string::npos) << all(lines);
 }
+
+// A recv from any source is recorded with the peer -1 (comm.md): named as such, not looked up
+// as a rank.
+TEST(HangReport, PendingReceiveFromAnySourceIsNamedSo) {
+  FlightDump r0 = rank_dump(0, 2, 5), r1 = rank_dump(1, 2, 5);
+  r0.global_ranks = r1.global_ranks = {0, 1};  // before: global_ranks[-1] was read
+  FlightEntry recv = entry(0, "started", "recv", 4);
+  recv.root = -1;
+  recv.started_us = kT0 + 1'000'000;
+  r1.entries.push_back(recv);
+  const auto lines = analyze_hang({r0, r1});
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines[0].find("rank 1 waits in recv from any rank (float32 x 4) since 6.0 s"),
+            std::string::npos)
+      << all(lines);
+}

@@ -76,8 +76,8 @@ class ProcessGroup {
   virtual WorkPtr send(const void* data, size_t count, DataType dtype, int dst, int tag) = 0;
   virtual WorkPtr recv(void* data, size_t count, DataType dtype, int src, int tag) = 0;
   // Receives the next message sent to this rank with `tag` by any rank (PyTorch's recv
-  // without src); `*source` holds the sender's rank once the Work completed. Backend cpu
-  // within one host; others throw NotSupportedError.
+  // without src); `*source` holds the sender's rank once the Work completed. Backends cpu
+  // and gloo; others throw NotSupportedError.
   virtual WorkPtr recv_any_source(void* /*data*/, size_t /*count*/, DataType /*dtype*/, int /*tag*/,
                                   std::shared_ptr<int> /*source*/) {
     throw NotSupportedError("backend " + backend_name() +

@@ -170,7 +170,7 @@ WorkPtr CpuProcessGroup::send(const void* data, size_t count, DataType dtype, in
   validate_p2p(data, count, dst, "send", "dst");
   CallInfo c{OpKind::kSend, dtype, ReduceOp::kSum, false, dst, tag, count, 0, 0};
   const size_t bytes = count * element_size(dtype);
-  if (topo_.host_of_rank[dst] != topo_.my_host) {
+  if (p2p_over_gloo()) {
     const uint64_t record = record_p2p_started(flight_recorder(), "send", dtype, count, dst);
     return record_p2p_completion(flight_recorder(), record,
                                  all_ranks(c).post_send(data, bytes, dst, tag, c));
@@ -195,7 +195,7 @@ WorkPtr CpuProcessGroup::recv(void* data, size_t count, DataType dtype, int src,
   validate_p2p(data, count, src, "recv", "src");
   CallInfo c{OpKind::kRecv, dtype, ReduceOp::kSum, false, src, tag, count, 0, 0};
   const size_t bytes = count * element_size(dtype);
-  if (topo_.host_of_rank[src] != topo_.my_host) {
+  if (p2p_over_gloo()) {
     const uint64_t record = record_p2p_started(flight_recorder(), "recv", dtype, count, src);
     return record_p2p_completion(flight_recorder(), record,
                                  all_ranks(c).post_recv(data, bytes, src, tag, c));
@@ -222,14 +222,14 @@ WorkPtr CpuProcessGroup::recv_any_source(void* data, size_t count, DataType dtyp
   if (size_ == 1) {
     throw UsageError("recv from any source: this group has no other rank to receive from");
   }
-  if (topo_.num_hosts() > 1) {
-    throw NotSupportedError(fmt::format(
-        "recv from any source on {}: supported within one host only (this group spans {} "
-        "hosts); pass the source rank",
-        where(), topo_.num_hosts()));
-  }
   CallInfo c{OpKind::kRecv, dtype, ReduceOp::kSum, false, -1, tag, count, 0, 0};
   const size_t bytes = count * element_size(dtype);
+  if (p2p_over_gloo()) {
+    const uint64_t record = record_p2p_started(flight_recorder(), "recv", dtype, count, -1);
+    return record_p2p_completion(
+        flight_recorder(), record,
+        all_ranks(c).post_recv_any(data, bytes, tag, c, std::move(source)));
+  }
   auto work = std::make_shared<FutureWork>(c.describe() + " from any source on " + where());
   const uint64_t record = record_p2p("recv", dtype, count, -1);
   p2p_executor(2 * size_).post([this, work, c, data, bytes, tag, record, source] {

@@ -37,14 +37,18 @@ class CpuProcessGroup : public AsyncProcessGroup {
   std::string backend_name() const override { return "cpu"; }
   const HostTopology& topology() const { return topo_; }
 
-  // Point to point bypasses the collective queue: sends to a peer run in order on a thread of
-  // their own, as do receives from a peer, so recv-before-send patterns (rings) progress.
-  // Across hosts they are posted to Gloo without waiting.
+  // Point to point bypasses the collective queue. Within one host: sends to a peer run in
+  // order on a thread of their own, as do receives from a peer, so recv-before-send patterns
+  // (rings) progress. In a group spanning hosts every send and recv, to a peer on the same
+  // host too, is posted to the Gloo context of all ranks without waiting: a recv from any
+  // source must see every sender in one place, and Gloo's multi-source receive cannot be
+  // withdrawn once posted (so it cannot race a shared-memory poll). That is gloo's own cost.
   WorkPtr send(const void* data, size_t count, DataType dtype, int dst, int tag) override;
   WorkPtr recv(void* data, size_t count, DataType dtype, int src, int tag) override;
   // Within one host: polls every peer's channel (try_recv) on a thread of its own, backing off
   // from 20 us to 1 ms between rounds, until a message with `tag` arrives, the group timeout
-  // passes or the group is aborted. Groups spanning hosts: NotSupportedError.
+  // passes or the group is aborted. Groups spanning hosts: Gloo's multi-source receive over
+  // every other rank.
   WorkPtr recv_any_source(void* data, size_t count, DataType dtype, int tag,
                           std::shared_ptr<int> source) override;
 
@@ -76,6 +80,8 @@ class CpuProcessGroup : public AsyncProcessGroup {
   void all_reduce_pipelined(char* data, size_t count, size_t chunk, DataType dtype, ReduceOp op,
                             const CallInfo& call, const ShmContext& ctx);
   SerialExecutor& leader_executor();
+  // Point to point goes through Gloo (all_ranks) rather than shared memory (send's comment).
+  bool p2p_over_gloo() const { return topo_.num_hosts() > 1; }
   void leaders_all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,
                           const CallInfo& call);
   // The flight recorder's entries of same-host sends and receives (0 without a recorder):

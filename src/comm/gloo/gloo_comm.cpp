@@ -384,23 +384,36 @@ namespace {
 // is_completed() turns true once a wait() has succeeded.
 class P2PWork : public Work {
  public:
+  // `source`: for a multi-source recv, where wait() stores the sender (mapped through
+  // `group_ranks`, the enclosing group's rank of each communicator rank); else null.
   P2PWork(std::unique_ptr<gloo::transport::UnboundBuffer> buf, bool is_send, std::string what,
-          std::unique_ptr<char> dummy)
-      : buf_(std::move(buf)), is_send_(is_send), what_(std::move(what)), dummy_(std::move(dummy)) {}
+          std::unique_ptr<char> dummy, std::shared_ptr<int> source = nullptr,
+          std::vector<int> group_ranks = {})
+      : buf_(std::move(buf)),
+        is_send_(is_send),
+        what_(std::move(what)),
+        dummy_(std::move(dummy)),
+        source_(std::move(source)),
+        group_ranks_(std::move(group_ranks)) {}
 
   void wait(std::chrono::milliseconds timeout) override {
     std::lock_guard<std::mutex> lock(mutex_);
     if (done_) return;
     try {
-      const bool ok = is_send_ ? buf_->waitSend(timeout) : buf_->waitRecv(timeout);
+      int peer = -1;
+      const bool ok = is_send_ ? buf_->waitSend(timeout) : buf_->waitRecv(&peer, timeout);
       if (!ok) throw gloo::IoException("Timed out");
+      if (source_)
+        *source_ =
+            peer >= 0 && peer < static_cast<int>(group_ranks_.size()) ? group_ranks_[peer] : peer;
     } catch (const gloo::IoException& e) {
       const std::string m = e.what();
       if (m.find("imed out") != std::string::npos) {
-        throw TimeoutError(
-            fmt::format("{} did not complete within {} ms: the peer posted no "
-                        "matching {}",
-                        what_, timeout.count(), is_send_ ? "recv" : "send"));
+        throw TimeoutError(fmt::format("{} did not complete within {} ms: {}", what_,
+                                       timeout.count(),
+                                       source_    ? "no rank sent a message with its tag"
+                                       : is_send_ ? "the peer posted no matching recv"
+                                                  : "the peer posted no matching send"));
       }
       throw NetworkError(fmt::format("{} failed in gloo: {}", what_, m));
     } catch (const gloo::EnforceNotMet& e) {
@@ -423,6 +436,8 @@ class P2PWork : public Work {
   bool is_send_;
   std::string what_;
   std::unique_ptr<char> dummy_;
+  std::shared_ptr<int> source_;
+  std::vector<int> group_ranks_;
   bool done_ = false;
 };
 
@@ -446,6 +461,21 @@ std::shared_ptr<Work> GlooComm::post_recv(void* data, size_t bytes, int src, int
   buf->recv(src, p2p_slot(tag));
   return std::make_shared<P2PWork>(std::move(buf), false, call.describe() + " on " + where_,
                                    std::move(dummy));
+}
+
+std::shared_ptr<Work> GlooComm::post_recv_any(void* data, size_t bytes, int tag,
+                                              const CallInfo& call, std::shared_ptr<int> source) {
+  std::vector<int> srcs;
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) srcs.push_back(r);
+  }
+  auto dummy = std::make_unique<char>(0);
+  void* p = bytes > 0 ? data : dummy.get();
+  auto buf = context_->createUnboundBuffer(p, bytes);
+  buf->recv(srcs, p2p_slot(tag));
+  return std::make_shared<P2PWork>(std::move(buf), false,
+                                   call.describe() + " from any source on " + where_,
+                                   std::move(dummy), std::move(source), group_ranks_);
 }
 
 }  // namespace ddp::detail

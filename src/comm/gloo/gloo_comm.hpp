@@ -59,6 +59,12 @@ class GlooComm {
   std::shared_ptr<Work> post_send(const void* data, size_t bytes, int dst, int tag,
                                   const CallInfo& call);
   std::shared_ptr<Work> post_recv(void* data, size_t bytes, int src, int tag, const CallInfo& call);
+  // A recv from whichever other rank sends with `tag` first, Gloo's multi-source receive. Once
+  // wait() returned, *source holds the sender as a rank of the enclosing group. A message sent to
+  // this rank with `tag` while a recv naming its sender is posted goes to that recv (Gloo matches a
+  // pair's own recvs before multi-source ones).
+  std::shared_ptr<Work> post_recv_any(void* data, size_t bytes, int tag, const CallInfo& call,
+                                      std::shared_ptr<int> source);
 
  private:
   template <typename Fn>

@@ -48,4 +48,17 @@ WorkPtr GlooProcessGroup::recv(void* data, size_t count, DataType dtype, int src
                                comm_->post_recv(data, count * element_size(dtype), src, tag, c));
 }
 
+WorkPtr GlooProcessGroup::recv_any_source(void* data, size_t count, DataType dtype, int tag,
+                                          std::shared_ptr<int> source) {
+  check_buffer(data, count, "data", "recv from any source");
+  if (size() == 1) {
+    throw UsageError("recv from any source: this group has no other rank to receive from");
+  }
+  CallInfo c{OpKind::kRecv, dtype, ReduceOp::kSum, false, -1, tag, count, 0, 0};
+  const uint64_t record = record_p2p_started(flight_recorder(), "recv", dtype, count, -1);
+  return record_p2p_completion(
+      flight_recorder(), record,
+      comm_->post_recv_any(data, count * element_size(dtype), tag, c, std::move(source)));
+}
+
 }  // namespace ddp::detail

@@ -20,6 +20,9 @@ class GlooProcessGroup : public AsyncProcessGroup {
   // so a rank can post recvs in any tag order (as torch's gloo backend does).
   WorkPtr send(const void* data, size_t count, DataType dtype, int dst, int tag) override;
   WorkPtr recv(void* data, size_t count, DataType dtype, int src, int tag) override;
+  // Gloo's multi-source receive over every other rank.
+  WorkPtr recv_any_source(void* data, size_t count, DataType dtype, int tag,
+                          std::shared_ptr<int> source) override;
 
  protected:
   void run_all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,
