@@ -16,6 +16,7 @@
 #include "ddp/util/dump_signal.hpp"
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
+#include "progress_report.hpp"
 
 namespace ddp {
 
@@ -114,7 +115,13 @@ std::string FlightRecorder::dir_from_env() {
 }
 
 FlightRecorder::FlightRecorder(FlightRecorderIdentity identity, size_t capacity)
-    : identity_(std::move(identity)), capacity_(capacity), ring_(capacity) {}
+    : identity_(std::move(identity)), capacity_(capacity), ring_(capacity) {
+  if (capacity_ > 0) detail::register_progress_source(this);
+}
+
+FlightRecorder::~FlightRecorder() {
+  if (capacity_ > 0) detail::unregister_progress_source(this);
+}
 
 void FlightRecorder::set_tag(std::string_view tag) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -157,10 +164,40 @@ void FlightRecorder::finished(uint64_t id, bool ok, std::string_view error) {
   if (capacity_ == 0) return;
   const int64_t t = now_us();
   std::lock_guard<std::mutex> lock(mutex_);
+  if (ok) ++completed_;
   if (Entry* e = slot(id)) {
     e->state = ok ? CollectiveState::kCompleted : CollectiveState::kFailed;
     e->ended_us = t;
     if (!ok) e->error.assign(error);
+  }
+}
+
+FlightRecorder::Progress FlightRecorder::progress() const {
+  Progress p;
+  std::lock_guard<std::mutex> lock(mutex_);
+  p.issued = next_id_;
+  p.completed = completed_;
+  const uint64_t first = next_id_ > capacity_ ? next_id_ - capacity_ : 0;
+  for (uint64_t id = first; id < next_id_; ++id) {
+    const Entry& e = ring_[id % capacity_];
+    if (e.id != id + 1) continue;
+    if (e.state == CollectiveState::kQueued || e.state == CollectiveState::kStarted) {
+      p.open_op = identity_.backend + ":" + e.info.op;
+      p.open_seq = e.info.seq;
+      p.open_since_us = e.queued_us;
+      break;  // ids grow with time: the first open one is the oldest
+    }
+  }
+  return p;
+}
+
+void FlightRecorder::Progress::add(const Progress& other) {
+  issued += other.issued;
+  completed += other.completed;
+  if (other.open_since_us != 0 && (open_since_us == 0 || other.open_since_us < open_since_us)) {
+    open_op = other.open_op;
+    open_seq = other.open_seq;
+    open_since_us = other.open_since_us;
   }
 }
 

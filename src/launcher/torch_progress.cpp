@@ -183,12 +183,34 @@ std::optional<RankProgress> parse_progress(const std::string& json_text) {
   }
 }
 
-std::optional<RankProgress> read_progress(const std::string& attempt_dir, int global_rank) {
-  std::ifstream in(fmt::format("{}/progress.rank{}.json", attempt_dir, global_rank));
+namespace {
+std::optional<RankProgress> read_progress_file(const std::string& path) {
+  std::ifstream in(path);
   if (!in) return std::nullopt;
   std::stringstream ss;
   ss << in.rdbuf();
   return parse_progress(ss.str());
+}
+}  // namespace
+
+RankProgress merge_progress(const RankProgress& a, const RankProgress& b) {
+  RankProgress m = a;
+  m.completed += b.completed;
+  m.enqueued += b.enqueued;
+  if (b.open_since_us != 0 && (m.open_since_us == 0 || b.open_since_us < m.open_since_us)) {
+    m.open_op = b.open_op;
+    m.open_seq = b.open_seq;
+    m.open_since_us = b.open_since_us;
+  }
+  return m;
+}
+
+std::optional<RankProgress> read_progress(const std::string& attempt_dir, int global_rank) {
+  auto torch = read_progress_file(fmt::format("{}/progress.rank{}.json", attempt_dir, global_rank));
+  auto ddp =
+      read_progress_file(fmt::format("{}/progress.rank{}.ddp.json", attempt_dir, global_rank));
+  if (torch && ddp) return merge_progress(*torch, *ddp);
+  return torch ? torch : ddp;
 }
 
 }  // namespace ddp::launcher

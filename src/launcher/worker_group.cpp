@@ -62,6 +62,8 @@ void remove_torch_progress(const std::string& attempt_dir, const WorldAssignment
   for (const auto& id : world.workers) {
     std::filesystem::remove(fmt::format("{}/progress.rank{}.json", attempt_dir, id.global_rank),
                             ec);
+    std::filesystem::remove(fmt::format("{}/progress.rank{}.ddp.json", attempt_dir, id.global_rank),
+                            ec);
     std::filesystem::remove(fmt::format("{}/torch_fr.rank{}.json", attempt_dir, id.global_rank),
                             ec);
   }

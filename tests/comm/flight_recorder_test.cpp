@@ -125,6 +125,33 @@ TEST(FlightRecorder, RecordsStatesTimestampsAndTags) {
   EXPECT_FALSE(d["entries"][2].contains("started_us"));
 }
 
+// The live progress ddprun's hang watchdog reads (progress_report.hpp): counts, and the
+// oldest open operation, also after the ring wrapped past completed ones; two groups add up.
+TEST(FlightRecorder, ProgressCountsCompletedAndNamesTheOldestOpenOperation) {
+  FlightRecorder rec(identity(), 4);
+  std::vector<uint64_t> ids;
+  for (uint64_t s = 1; s <= 6; ++s) ids.push_back(rec.record(all_reduce(s)));
+  for (int i : {0, 1, 2, 4}) rec.finished(ids[i], true);  // #4 (ids[3]) and #6 stay open
+  rec.finished(ids[5], false, "boom");                    // a failure is not progress
+  FlightRecorder::Progress p = rec.progress();
+  EXPECT_EQ(p.issued, 6u);
+  EXPECT_EQ(p.completed, 4u);
+  EXPECT_EQ(p.open_op, "cpu:all_reduce");
+  EXPECT_EQ(p.open_seq, 4u);
+  EXPECT_GT(p.open_since_us, 0);
+  rec.finished(ids[3], true);
+  p = rec.progress();
+  EXPECT_EQ(p.completed, 5u);
+  EXPECT_EQ(p.open_op, "");
+  EXPECT_EQ(p.open_since_us, 0);
+
+  FlightRecorder other(identity(), 4);
+  other.record(all_reduce(1));
+  p.add(other.progress());
+  EXPECT_EQ(p.issued, 7u);
+  EXPECT_EQ(p.open_seq, 1u);
+}
+
 TEST(FlightRecorder, RingKeepsTheLastEntriesAndIgnoresOverwrittenIds) {
   FlightRecorder r(identity(), 3);
   std::vector<uint64_t> ids;

@@ -234,6 +234,34 @@ TEST_F(DdprunStacks, HangTimeoutEndsAGlooJobAndNamesTheLine) {
   expect_no_survivors();
 }
 
+// The same for C++ workers on ddp's own process groups, with no Python hook: ddp's recorder
+// writes the progress records (src/comm/progress_report.hpp). Before it, the watchdog saw no
+// record, never fired, and the job hung until the test's limit.
+TEST_F(DdprunStacks, HangTimeoutEndsACppJobOnDdpGroupsAndNamesTheRank) {
+  for (const std::string backend : {"cpu", "gloo"}) {
+    SCOPED_TRACE(backend);
+    const auto started = Clock::now();
+    RunResult r = run({"--standalone", "--nproc-per-node", "3", "--hang-timeout", "10", "--log-dir",
+                       dir() + "/logs-" + backend, "--run-id", "cpphang-" + backend, "--no-python",
+                       DDP_COLLECTIVE_HANG_WORKER, "1", backend},
+                      env(), 120);
+    const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    std::printf("%s: ddprun ended the hung job after %.1f s\n", backend.c_str(), seconds);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("hang: no collective completed for"), std::string::npos) << r.err;
+    EXPECT_TRUE(std::regex_search(r.err, std::regex("ranks 0,2 wait in " + backend +
+                                                    ":all_reduce #6 since [0-9.]+ s; rank 1 is "
+                                                    "in no collective \\(5 completed\\)")))
+        << r.err;
+    EXPECT_NE(r.err.find("rank:       1 (local rank 1)"), std::string::npos) << r.err;
+    if (have("eu-stack")) {
+      EXPECT_NE(r.err.find("rank 1 was in"), std::string::npos) << r.err;
+      EXPECT_NE(r.err.find("wait_forever"), std::string::npos) << r.err;
+    }
+    expect_no_survivors();
+  }
+}
+
 // A failed C++ worker: the report says where the others were.
 TEST_F(DdprunStacks, FailureReportShowsTheOthersStacks) {
   if (!have("eu-stack")) GTEST_SKIP() << "no eu-stack (apt-get install elfutils)";

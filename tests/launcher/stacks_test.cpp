@@ -366,6 +366,23 @@ TEST(TorchProgress, ParsesTheHooksRecord) {
   EXPECT_FALSE(parse_progress("not json"));
 }
 
+// A Python worker on the ddp backend has both records (the hook's and ddp's recorder's):
+// counts add, the older open operation wins.
+TEST(TorchProgress, RecordsOfBothRecordersMerge) {
+  auto torch = parse_progress(R"({"rank": 1, "completed": 4, "enqueued": 5,
+      "open_op": "gloo:barrier", "open_seq": 5, "open_since_us": 200})");
+  auto ddp = parse_progress(R"({"rank": 1, "completed": 10, "enqueued": 11,
+      "open_op": "cpu:all_reduce", "open_seq": 11, "open_since_us": 100})");
+  ASSERT_TRUE(torch && ddp);
+  RankProgress m = merge_progress(*torch, *ddp);
+  EXPECT_EQ(m.completed, 14);
+  EXPECT_EQ(m.enqueued, 16);
+  EXPECT_EQ(m.open_op, "cpu:all_reduce");
+  EXPECT_EQ(m.open_since_us, 100);
+  torch->open_since_us = 0;
+  EXPECT_EQ(merge_progress(*ddp, *torch).open_op, "cpu:all_reduce");
+}
+
 TEST(TorchFlightDump, BecomesTheHangReportsRecord) {
   const std::string text = R"({"format": "torch-flight-recorder", "rank": 1, "pid": 5,
     "host": "h", "dumped_at_us": 2000000, "trace": {

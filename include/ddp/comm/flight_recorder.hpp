@@ -81,6 +81,9 @@ class FlightRecorder {
   static uint64_t dump_signals_received();
 
   FlightRecorder(FlightRecorderIdentity identity, size_t capacity);
+  ~FlightRecorder();
+  FlightRecorder(const FlightRecorder&) = delete;
+  FlightRecorder& operator=(const FlightRecorder&) = delete;
 
   bool enabled() const { return capacity_ > 0; }
   size_t capacity() const { return capacity_; }
@@ -117,6 +120,20 @@ class FlightRecorder {
   // Throws Error naming the path when it cannot be written.
   std::string dump_to_file(std::string_view reason, const std::string& dir) const;
 
+  // Live progress, for ddprun's hang watchdog (src/comm/progress_report.hpp writes it when
+  // ddprun asks): operations issued and completed since the recorder was created, and the
+  // oldest one still open in the ring.
+  struct Progress {
+    uint64_t issued = 0;
+    uint64_t completed = 0;
+    std::string open_op;  // "<backend>:<op>", "" when none is open
+    uint64_t open_seq = 0;
+    int64_t open_since_us = 0;  // when it was issued (Unix microseconds); 0 when none
+    // Sums counts; keeps the older open operation.
+    void add(const Progress& other);
+  };
+  Progress progress() const;
+
  private:
   struct Entry {
     uint64_t id = 0;  // record id + 1; 0 = empty slot
@@ -133,6 +150,7 @@ class FlightRecorder {
   mutable std::mutex mutex_;
   std::vector<Entry> ring_;
   uint64_t next_id_ = 0;
+  uint64_t completed_ = 0;
   char tag_[kTagBytes] = {};
 };
 

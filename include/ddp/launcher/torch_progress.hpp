@@ -10,7 +10,9 @@
 //                                          "open_seq": S, "open_since_us": T, "pid": P}
 // and, when ddprun creates <attempt dir>/torch_fr.request (a hang or a failure), the whole
 // recorder as <attempt dir>/torch_fr.rank<R>.json, which `ddprun trace` reads beside ddp's
-// own dumps (hang_report.hpp). Writes are atomic (temporary file, rename).
+// own dumps (hang_report.hpp). Writes are atomic (temporary file, rename). Workers on ddp's own
+// process groups (C++, or Python on the `ddp` backend) write the same record from ddp's
+// recorder to progress.rank<R>.ddp.json, with no hook (src/comm/progress_report.hpp).
 
 #include <cstdint>
 #include <optional>
@@ -43,7 +45,13 @@ struct RankProgress {
 // Parses a progress.rank<R>.json; nullopt when malformed.
 std::optional<RankProgress> parse_progress(const std::string& json_text);
 
-// Reads <attempt_dir>/progress.rank<R>.json; nullopt when absent or unreadable.
+// One rank's progress over PyTorch's and ddp's recorders: counts added, the older open
+// operation kept.
+RankProgress merge_progress(const RankProgress& a, const RankProgress& b);
+
+// Reads <attempt_dir>/progress.rank<R>.json (the Python hook: PyTorch's recorder) and
+// progress.rank<R>.ddp.json (ddp's own process groups, src/comm/progress_report.hpp) and
+// merges what is there; nullopt when neither is readable.
 std::optional<RankProgress> read_progress(const std::string& attempt_dir, int global_rank);
 
 }  // namespace ddp::launcher
