@@ -396,6 +396,7 @@ AgentResult run_multi_node(const AgentOptions& options) {
                fmt::format("membership changed ({}); stopped the workers, joining the next round",
                            reason.value_or("no reason given")));
         share_hang_report(options, m, run_dir, round.generation, attempt);
+        m.finish_if_shut_down();  // then the next round refuses to form and says why
         continue;
       case AttemptOutcome::kFailed: {
         std::string why =

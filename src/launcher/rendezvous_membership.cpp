@@ -143,23 +143,37 @@ class RendezvousMembership : public Membership {
 
   void finished() override {
     best_effort("report this node as finished", [&] { rdzv_->mark_finished(); });
-    if (!hosting()) return;
-    best_effort("wait for the other nodes", [&] {
-      if (!rdzv_->wait_for_peers_to_finish(options_.exit_barrier)) {
-        notice(fmt::format(
-            "other nodes were still running {:.0f} s after this node finished; closing the "
-            "rendezvous store anyway",
-            options_.exit_barrier.count() / 1000.0));
-      }
-    });
+    wait_for_peers_if_hosting("finished");
   }
 
   void leave(const std::string& reason) override {
     if (rdzv_) best_effort("tell the other nodes", [&] { rdzv_->mark_left(reason); });
   }
 
+  void finish_if_shut_down() override {
+    bool shut = false;
+    best_effort("read whether the run was shut down",
+                [&] { shut = rdzv_ && rdzv_->shutdown_reason().has_value(); });
+    if (shut) finished();
+  }
+
   void shut_down(const std::string& reason) override {
     best_effort("shut the run down", [&] { rdzv_->shutdown(reason); });
+    wait_for_peers_if_hosting("shut the run down");
+  }
+
+  // The store must outlive its users: the node hosting it waits until every peer of the round
+  // marked itself done or left, or stopped heartbeating (rendezvous.hpp), at most exit_barrier.
+  void wait_for_peers_if_hosting(const char* what) {
+    if (!hosting()) return;
+    best_effort("wait for the other nodes", [&] {
+      if (!rdzv_->wait_for_peers_to_finish(options_.exit_barrier)) {
+        notice(
+            fmt::format("other nodes were still running {:.0f} s after this node {}; closing the "
+                        "rendezvous store anyway",
+                        options_.exit_barrier.count() / 1000.0, what));
+      }
+    });
   }
 
   std::shared_ptr<Store> connect_side_store() override {

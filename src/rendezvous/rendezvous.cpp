@@ -75,11 +75,16 @@ void Rendezvous::register_run() {
   registered_ = true;
 }
 
-void Rendezvous::throw_if_shut_down() {
+std::optional<std::string> Rendezvous::shutdown_reason() {
   std::string key = keys::shutdown(options_.run_id);
-  if (store_->check({key})) {
-    throw RendezvousClosedError(fmt::format("run '{}' was shut down by one of its agents: {}",
-                                            options_.run_id, store_->get(key)));
+  if (!store_->check({key})) return std::nullopt;
+  return store_->get(key);
+}
+
+void Rendezvous::throw_if_shut_down() {
+  if (auto reason = shutdown_reason()) {
+    throw RendezvousClosedError(
+        fmt::format("run '{}' was shut down by one of its agents: {}", options_.run_id, *reason));
   }
 }
 

@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,16 +38,20 @@ class DdprunStoreFailover : public LauncherTest {
   // are in round 0. Another program may take the port between the probe and the bind (the
   // first agent then says it joins that server as a client): then everything starts again on
   // another port. Empty, with a test failure showing the agents' stderr, otherwise.
-  std::vector<Agent> start_three_nodes(const std::string& run_id, const std::string& conf) {
+  // `worker`: the command after ddprun's flags; `first_env`: extra environment of the agent
+  // serving the store (its workers inherit it).
+  std::vector<Agent> start_three_nodes(const std::string& run_id, const std::string& conf,
+                                       const std::vector<std::string>& worker = kWorker,
+                                       const EnvPairs& first_env = {}) {
     for (int attempt = 0; attempt < 3; ++attempt) {
       const std::string endpoint =
           "127.0.0.1:" + std::to_string(ddp::test::free_ports_below_ephemeral_range());
       std::vector<std::string> args = {"--nnodes",       "2:3",  "--nproc-per-node", "1",
                                        "--rdzv-backend", "c10d", "--rdzv-endpoint",  endpoint,
                                        "--rdzv-id",      run_id, "--rdzv-conf",      conf};
-      args.insert(args.end(), kWorker.begin(), kWorker.end());
+      args.insert(args.end(), worker.begin(), worker.end());
       std::vector<Agent> agents;
-      agents.push_back({start(args), current_err_path()});
+      agents.push_back({start(args, first_env), current_err_path()});
       if (!wait_until({agents[0]}, "waiting for the other nodes") ||
           read_file(agents[0].err_path).find("served by this node") == std::string::npos) {
         stop_all(agents);
@@ -138,6 +143,33 @@ TEST_F(DdprunStoreFailover, WithoutStandbyStoresTheJobEndsWithItsStoreHost) {
     EXPECT_EQ(r.err.find("rendezvous round 1"), std::string::npos) << r.err;
   }
   expect_no_survivors();
+}
+
+// The agent serving the store gives up (its worker failed, no restart left) and shuts the run
+// down: the other nodes must read that before the store goes. Before, it exited at once; a
+// peer that had not read the reason took the store for lost, moved to its standby store and
+// waited there for nodes that never came (the join timeout: 600 s by default).
+TEST_F(DdprunStoreFailover, AShutDownByTheAgentServingTheStoreReachesTheOthers) {
+  const std::vector<std::string> worker = {
+      "--no-python", "/bin/sh", "-c",
+      "[ \"$FAIL_ON_THIS_NODE\" = 1 ] && [ \"$GROUP_WORLD_SIZE\" = 3 ] && exit 3; exec sleep 120"};
+  const auto agents = start_three_nodes("shutdown", "join_timeout=120,heartbeat=1", worker,
+                                        {{"FAIL_ON_THIS_NODE", "1"}});
+  ASSERT_EQ(agents.size(), 3u);
+  const auto started = Clock::now();
+  std::vector<RunResult> results;
+  for (const auto& a : agents) results.push_back(wait(a.pid, 100));
+  std::printf("all three agents ended %.1f s after round 0\n",
+              std::chrono::duration<double>(Clock::now() - started).count());
+  EXPECT_EQ(results[0].exit_code, 1) << results[0].err;
+  EXPECT_NE(results[0].err.find("FAILED"), std::string::npos) << results[0].err;
+  for (int n = 1; n < 3; ++n) {
+    const RunResult& r = results[n];
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("run 'shutdown' was shut down by one of its agents: "), std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("moving to the job's standby store"), std::string::npos) << r.err;
+  }
 }
 
 }  // namespace

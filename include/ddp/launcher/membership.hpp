@@ -52,8 +52,15 @@ class Membership {
   virtual void finished() = 0;
   // This node leaves for good (interrupted).
   virtual void leave(const std::string& reason) = 0;
-  // This node gives up (restarts exhausted): the whole run ends on every node.
+  // This node gives up (restarts exhausted): the whole run ends on every node. The node hosting
+  // the store waits here, as in finished(), until every peer is done (or gone): a peer that has
+  // not yet read the reason when the store goes away would take the store for lost, move to a
+  // standby store and wait there for nodes that never come.
   virtual void shut_down(const std::string& reason) = 0;
+  // After a round ended: if another node shut the run down, marks this node done with it and,
+  // hosting the store, waits as finished() does (the other nodes must read the reason before
+  // the store goes). Never throws. Default: nothing.
+  virtual void finish_if_shut_down() {}
 
   // After an attempt of round `generation` failed or was stopped: publishes this node's hang
   // report records (`mine`, encode_node_records in hang_report.hpp) and returns every node's

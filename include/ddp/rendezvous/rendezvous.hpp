@@ -71,6 +71,8 @@ class Rendezvous {
   // Ends the whole run: every agent's next_round() throws RendezvousClosedError(reason) and
   // the current round's members are woken.
   void shutdown(const std::string& reason);
+  // The reason the run was shut down (shutdown() by any agent), nullopt while it runs.
+  std::optional<std::string> shutdown_reason();
 
   // For the agent hosting the store: waits until every other member of the current round
   // has finished, left, or stopped heartbeating (kMissedHeartbeats periods), or `limit`
