@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -42,14 +43,22 @@ bool inside_storage(const at::Tensor& t) {
   return t.storage_offset() >= 0 && end <= static_cast<__int128>(t.storage().nbytes());
 }
 
-// Walks an accepted value without recursion; false when a property above does not hold.
+// Walks an accepted value without recursion; false when a property above does not hold. The
+// reader shares what the pickle memo shares (a DAG: 2^40 paths in a few hundred bytes), so a
+// container is walked again only when reached deeper than before (its depth bound still holds).
 bool well_formed(const c10::IValue& root) {
   std::vector<std::pair<c10::IValue, int>> todo = {{root, 0}};
+  std::unordered_map<const void*, int> deepest;
   while (!todo.empty()) {
     auto [v, depth] = std::move(todo.back());
     todo.pop_back();
     if (depth > 1000) return false;
     if (v.isNone() || v.isBool() || v.isInt() || v.isDouble() || v.isString()) continue;
+    if (v.isPtrType()) {
+      auto [it, first] = deepest.try_emplace(v.internalToPointer(), depth);
+      if (!first && it->second >= depth) continue;
+      it->second = depth;
+    }
     if (v.isTensor()) {
       if (!inside_storage(v.toTensor())) return false;
     } else if (v.isTuple()) {

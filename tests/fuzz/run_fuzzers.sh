@@ -79,6 +79,17 @@ cp "$corpus/pickle/dict" "$corpus/pickle/deep" "$corpus/pickle/memo_cycle" "$cor
   printf '\x00\x00\x00_metadataq\x17h\x00)Rq\x18X\x00\x00\x00\x00q\x19}q\x1aX\x07\x00\x00'
   printf '\x00versionq\x1bK\x01sssb.'
 } >"$corpus/snapshot/state_dict"
+# Memo fan-out: one dict shared 10 times per level of 7 lists (10^7 references in 181 bytes,
+# found by this fuzzer): the reader converted every reference again (4 GB); it must share them.
+{
+  printf '\x80\x02}q\x00'
+  for i in 0 1 2 3 4 5 6; do
+    printf '0('
+    for _ in 1 2 3 4 5 6 7 8 9 10; do printf "h\\x0$i"; done
+    printf "lq\\x0$((i + 1))"
+  done
+  printf '.'
+} >"$corpus/snapshot/memo_fanout"
 # Regression inputs longer than -max_len, which the fuzzing runs below never reach (libFuzzer
 # cuts longer seeds to max_len): each is executed once. A 99,999-deep "((((l" stream overflowed
 # the snapshot reader's stack when its values were destroyed recursively; under ASan that took

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "ddp/util/error.hpp"
 
@@ -48,7 +49,7 @@ struct Node {
   std::vector<std::pair<NodePtr, NodePtr>> pairs;  // dict, in insertion order
   torch::Tensor tensor;                            // storage (flat) or tensor
   // Containers: 1 + the deepest item when it was added (a lower bound once items nested in
-  // this one grow later through the memo; to_ivalue's own limit catches those).
+  // this one grow later through the memo; the conversion's own limit catches those).
   uint32_t depth = 0;
   bool registered = false;  // in Parser::containers_ (torn down by the parser)
 };
@@ -162,7 +163,7 @@ class Parser {
     }
     stack_.push_back(std::move(n));
   }
-  // `container` now holds `item`: bounds the nesting while parsing, at the limit to_ivalue
+  // `container` now holds `item`: bounds the nesting while parsing, at the limit the conversion
   // applies, so a deep stream fails at once with the byte where it went too deep.
   void deepen(Node& container, const Node& item) {
     container.depth = std::max(container.depth, item.depth + 1);
@@ -214,7 +215,7 @@ class Parser {
   NodePtr rebuild_tensor(const std::vector<NodePtr>& a);
 
   static constexpr size_t kMaxStack = 100000;
-  static constexpr uint32_t kMaxDepth = 1000;  // as to_ivalue
+  static constexpr uint32_t kMaxDepth = 1000;  // as the conversion (Converter)
   static constexpr uint64_t kMaxMemo = 1u << 24;
 
   const uint8_t* p_;
@@ -576,67 +577,102 @@ NodePtr Parser::reduce(const NodePtr& callable, const NodePtr& args) {
                   g));
 }
 
-// `budget` bounds the values produced: memo references can share a list many times over, and a
-// crafted file could otherwise expand exponentially.
-c10::IValue to_ivalue(const NodePtr& n, int depth, int64_t& budget, const std::string& source) {
-  if (depth > 1000) throw UsageError(source + ": torch.save pickle nests deeper than 1000");
-  if (--budget < 0) throw UsageError(source + ": torch.save pickle expands to over 10^7 values");
-  switch (n->kind) {
-    case Node::kNone:
-      return c10::IValue();
-    case Node::kBool:
-      return c10::IValue(n->b);
-    case Node::kInt:
-      return c10::IValue(n->i);
-    case Node::kFloat:
-      return c10::IValue(n->f);
-    case Node::kStr:
-    case Node::kBytes:
-      return c10::IValue(n->s);
-    case Node::kTensor:
-      return c10::IValue(n->tensor);
-    case Node::kTuple: {
-      std::vector<c10::IValue> items;
-      for (auto& x : n->items) items.push_back(to_ivalue(x, depth + 1, budget, source));
-      return c10::ivalue::Tuple::create(std::move(items));
+// Converts the parsed nodes to IValues. A node reached again through the memo (pickle's BINGET,
+// DUP) is converted once and shared, as Python's unpickler shares the object: a crafted file
+// that references one container or string millions of times costs one conversion and one copy,
+// not one per reference (a 181-byte file of memo-shared empty dicts took 4 GB before; a 3 KB
+// string referenced 10^7 times would have been copied 10^7 times). A node reached again while
+// it is being converted contains itself: refused, since an IValue cannot hold a cycle.
+class Converter {
+ public:
+  explicit Converter(std::string source) : source_(std::move(source)) {}
+
+  c10::IValue operator()(const NodePtr& n, int depth) {
+    if (depth > 1000) throw UsageError(source_ + ": torch.save pickle nests deeper than 1000");
+    const bool shareable = n->kind == Node::kStr || n->kind == Node::kBytes ||
+                           n->kind == Node::kTuple || n->kind == Node::kList ||
+                           n->kind == Node::kDict;
+    if (!shareable) return convert(*n, depth);
+    if (auto it = done_.find(n.get()); it != done_.end()) return it->second;
+    if (!active_.insert(n.get()).second) {
+      throw UsageError(
+          fmt::format("{}: a {} contains itself (through the pickle memo); a C++ "
+                      "value cannot hold a cycle",
+                      source_, kind_name(n->kind)));
     }
-    case Node::kList: {
-      c10::impl::GenericList list(c10::AnyType::get());
-      for (auto& x : n->items) list.push_back(to_ivalue(x, depth + 1, budget, source));
-      return list;
-    }
-    case Node::kDict: {
-      bool all_int = !n->pairs.empty();
-      for (auto& kv : n->pairs) {
-        if (kv.first->kind == Node::kInt) continue;
-        all_int = false;
-        if (kv.first->kind != Node::kStr) {
-          throw UsageError(
-              fmt::format("{}: dict key of type {}; only str and int keys are "
-                          "supported",
-                          source, kind_name(kv.first->kind)));
-        }
+    c10::IValue v = convert(*n, depth);
+    active_.erase(n.get());
+    done_.emplace(n.get(), v);
+    return v;
+  }
+
+ private:
+  c10::IValue convert(const Node& n, int depth) {
+    // Every node is converted once, so this bounds the work by the nodes the input created.
+    if (--budget_ < 0) throw UsageError(source_ + ": torch.save pickle holds over 10^7 values");
+    switch (n.kind) {
+      case Node::kNone:
+        return c10::IValue();
+      case Node::kBool:
+        return c10::IValue(n.b);
+      case Node::kInt:
+        return c10::IValue(n.i);
+      case Node::kFloat:
+        return c10::IValue(n.f);
+      case Node::kStr:
+      case Node::kBytes:
+        return c10::IValue(n.s);
+      case Node::kTensor:
+        return c10::IValue(n.tensor);
+      case Node::kTuple: {
+        std::vector<c10::IValue> items;
+        for (auto& x : n.items) items.push_back((*this)(x, depth + 1));
+        return c10::ivalue::Tuple::create(std::move(items));
       }
-      if (!all_int) {
-        for (auto& kv : n->pairs) {
+      case Node::kList: {
+        c10::impl::GenericList list(c10::AnyType::get());
+        for (auto& x : n.items) list.push_back((*this)(x, depth + 1));
+        return list;
+      }
+      case Node::kDict: {
+        bool all_int = !n.pairs.empty();
+        for (auto& kv : n.pairs) {
+          if (kv.first->kind == Node::kInt) continue;
+          all_int = false;
           if (kv.first->kind != Node::kStr) {
-            throw UsageError(source + ": dict mixes int and str keys");
+            throw UsageError(
+                fmt::format("{}: dict key of type {}; only str and int keys are "
+                            "supported",
+                            source_, kind_name(kv.first->kind)));
           }
         }
+        if (!all_int) {
+          for (auto& kv : n.pairs) {
+            if (kv.first->kind != Node::kStr) {
+              throw UsageError(source_ + ": dict mixes int and str keys");
+            }
+          }
+        }
+        c10::impl::GenericDict dict(
+            all_int ? c10::TypePtr(c10::IntType::get()) : c10::TypePtr(c10::StringType::get()),
+            c10::AnyType::get());
+        for (auto& kv : n.pairs) {
+          // Keys through the memo too: one string shared by every dict that uses it.
+          dict.insert_or_assign((*this)(kv.first, depth + 1), (*this)(kv.second, depth + 1));
+        }
+        return dict;
       }
-      c10::impl::GenericDict dict(
-          all_int ? c10::TypePtr(c10::IntType::get()) : c10::TypePtr(c10::StringType::get()),
-          c10::AnyType::get());
-      for (auto& kv : n->pairs) {
-        c10::IValue key = all_int ? c10::IValue(kv.first->i) : c10::IValue(kv.first->s);
-        dict.insert_or_assign(std::move(key), to_ivalue(kv.second, depth + 1, budget, source));
-      }
-      return dict;
+      default:
+        throw UsageError(
+            fmt::format("{}: a bare {} cannot be a value", source_, kind_name(n.kind)));
     }
-    default:
-      throw UsageError(fmt::format("{}: a bare {} cannot be a value", source, kind_name(n->kind)));
   }
-}
+
+  std::string source_;
+  int64_t budget_ = 10000000;
+  std::unordered_map<const Node*, c10::IValue> done_;
+  std::unordered_set<const Node*> active_;
+};
 
 }  // namespace
 
@@ -644,8 +680,7 @@ c10::IValue parse_torch_pickle(const uint8_t* bytes, size_t size, const StorageL
                                const std::string& source) {
   Parser parser(bytes, size, storages, source);
   NodePtr root = parser.run();
-  int64_t budget = 10000000;
-  return to_ivalue(root, 0, budget, source);
+  return Converter(source)(root, 0);
 }
 
 c10::IValue torch_load_bytes(const std::vector<char>& zip, const std::string& source) {
