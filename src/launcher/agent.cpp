@@ -363,6 +363,15 @@ AgentResult run_multi_node(const AgentOptions& options) {
       }
       spec.replace_failed = [&step](const WorkerFailure& f) { return step->on_worker_failed(f); };
     }
+    // --recovery group: the round ends as soon as this node has a root cause, before its other
+    // workers are stopped (and the other nodes' workers lose their peers and fail too).
+    std::string early_reason;  // as this node gave it; "" when it did not, or it failed
+    if (!step) {
+      spec.on_root_cause = [&](const std::string& cause) {
+        const std::string why = fmt::format("{} on {}", cause, options.host);
+        if (m.end_round_while_watching(why)) early_reason = why;
+      };
+    }
     AttemptResult attempt;
     try {
       attempt = run_attempt(spec, signals);
@@ -408,8 +417,21 @@ AgentResult run_multi_node(const AgentOptions& options) {
           share_hang_report(options, m, run_dir, round.generation, attempt);
           return report_failure(options, attempt, step_restarts);
         }
+        // First: the other nodes stop their workers and share their records. A round another
+        // node ended before this one's root cause: that node's failure came first, and this
+        // node's workers most likely failed because they lost their peers (a connection
+        // closed): reported as that node's, as when the round ends before a local failure.
+        const std::string first = m.end_round(why);
+        if (!first.empty() && first != why && first != early_reason) {
+          notice(options.notice_fd,
+                 fmt::format("membership changed ({}); this node's workers failed after it ({}), "
+                             "most likely for losing their peers; joining the next round",
+                             first, why));
+          share_hang_report(options, m, run_dir, round.generation, attempt);
+          m.finish_if_shut_down();
+          continue;
+        }
         notice(options.notice_fd, why + "; every node re-joins the rendezvous");
-        m.end_round(why);  // first: the other nodes stop their workers and share their records
         share_hang_report(options, m, run_dir, round.generation, attempt);
         failed = std::move(attempt);
         failed_nodes = round.world.group_world_size;

@@ -131,13 +131,14 @@ class RendezvousMembership : public Membership {
     return reason;
   }
 
-  void end_round(const std::string& reason) override {
+  std::string end_round(const std::string& reason) override {
     try {
-      rdzv_->request_new_round(reason);
+      return rdzv_->request_new_round(reason);
     } catch (const Error& e) {
       // The store's host is gone (this node's workers failed with it): the next round forms
       // on a standby store, where the lost round does not exist.
       if (etcd_ || !store_lost(e) || !fail_over(e.what())) throw;
+      return "";
     }
   }
 
@@ -150,6 +151,12 @@ class RendezvousMembership : public Membership {
     if (rdzv_) best_effort("tell the other nodes", [&] { rdzv_->mark_left(reason); });
   }
 
+  bool end_round_while_watching(const std::string& reason) override {
+    if (!watcher_) return false;
+    watcher_->request_end(reason);
+    return true;
+  }
+
   void finish_if_shut_down() override {
     bool shut = false;
     best_effort("read whether the run was shut down",
@@ -159,6 +166,9 @@ class RendezvousMembership : public Membership {
 
   void shut_down(const std::string& reason) override {
     best_effort("shut the run down", [&] { rdzv_->shutdown(reason); });
+    // This node is done with the round: the node hosting the store need not wait out its
+    // heartbeats before it goes.
+    best_effort("report this node as done", [&] { rdzv_->mark_finished(); });
     wait_for_peers_if_hosting("shut the run down");
   }
 

@@ -135,6 +135,12 @@ constexpr std::chrono::milliseconds kDumpWait{2000};
 constexpr int kKernelLogWaitMs = 100;
 // How often the hang watchdog reads the workers' progress records.
 constexpr std::chrono::milliseconds kWatchdogPeriod{1000};
+// Multi-node: when every rank of this node waits in a collective, the rank behind is on another
+// node, whose agent sees it in no collective at about the same moment and stops the job naming
+// it (its stack capture, up to DDPRUN_STACKS_TIMEOUT_S, comes first). This node holds its own
+// verdict this long, so the report names that rank rather than one of this node's waiting ones;
+// it fires itself after it (a node without the watchdog, or a hang where every rank waits).
+constexpr std::chrono::milliseconds kRemoteCulpritGrace{15000};
 
 class AttemptRunner {
  public:
@@ -778,6 +784,7 @@ class AttemptRunner {
     if (replace_in_place(w)) return;  // w is gone: --recovery step restarted its rank
     root_cause_ = &w;
     notice(fmt::format("{}; stopping the other workers", describe_failure(failure_of(w))));
+    if (spec_.on_root_cause) spec_.on_root_cause(describe_failure(failure_of(w)));
     processes_ = snapshot_processes();  // before the stop changes what they are doing
     for (const auto& p : processes_) {
       if (p.state == RankProcess::State::kUninterruptible) {
@@ -803,7 +810,21 @@ class AttemptRunner {
     }
     auto verdict =
         watchdog_->observe(ranks, records, now, unix_us(std::chrono::system_clock::now()));
-    if (verdict) on_hang(*verdict);
+    if (!verdict) {
+      hang_held_until_.reset();
+      return;
+    }
+    if (spec_.world->group_world_size > 1 && watchdog_->idle().empty()) {
+      if (!hang_held_until_) {
+        hang_held_until_ = now + kRemoteCulpritGrace;
+        notice(fmt::format(
+            "hang: {}; every rank of this node waits in a collective, so the rank behind is "
+            "likely on another node: waiting {:.0f} s for that node's report before stopping",
+            *verdict, kRemoteCulpritGrace.count() / 1000.0));
+      }
+      if (now < *hang_held_until_) return;
+    }
+    on_hang(*verdict);
   }
 
   // No progress: the rank in no collective (else the lowest waiting one) stands as the root
@@ -821,6 +842,12 @@ class AttemptRunner {
       }
     }
     notice("hang: " + verdict + "; stopping the workers");
+    if (spec_.on_root_cause && root_cause_ != nullptr) {
+      spec_.on_root_cause(fmt::format(
+          "rank {} (local rank {}, pid {}) stopped by ddprun's hang "
+          "watchdog: {}",
+          root_cause_->id.global_rank, root_cause_->id.local_rank, root_cause_->pid, verdict));
+    }
     processes_ = snapshot_processes();
     capture_running_stacks("");
     if (!request_dumps()) begin_stop(SIGTERM);
@@ -894,6 +921,8 @@ class AttemptRunner {
   std::string attempt_dir_;         // ROOT/attempt_<n>
   std::optional<HangWatchdog> watchdog_;
   Clock::time_point next_watch_;
+  // Multi-node: when this node's verdict, held for kRemoteCulpritGrace, fires.
+  std::optional<Clock::time_point> hang_held_until_;
   std::string hang_;  // the watchdog's verdict, once it fired
   bool stacks_captured_ = false;
   std::vector<RankStacks> stacks_;

@@ -38,6 +38,11 @@ void MembershipWatcher::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void MembershipWatcher::request_end(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!end_requested_) end_requested_ = reason;
+}
+
 std::optional<std::string> MembershipWatcher::reason() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return reason_;
@@ -137,6 +142,15 @@ void MembershipWatcher::run() {
             return;
           }
         }
+      }
+      std::optional<std::string> end;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        end = end_requested_;
+      }
+      if (end) {
+        report(store_->compare_set(k.changed(), "", *end));
+        return;
       }
       Millis wait = std::min(slice, remaining(next_beat));
       slice = std::min(slice * 2, max_slice);

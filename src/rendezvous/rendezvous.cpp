@@ -304,9 +304,9 @@ std::optional<RoundInfo> Rendezvous::read_assignment(int64_t g, int slot, int n,
   return r;
 }
 
-void Rendezvous::request_new_round(const std::string& reason) {
-  if (!last_generation_) return;
-  store_->compare_set(keys::Round(options_.run_id, *last_generation_).changed(), "", reason);
+std::string Rendezvous::request_new_round(const std::string& reason) {
+  if (!last_generation_) return "";
+  return store_->compare_set(keys::Round(options_.run_id, *last_generation_).changed(), "", reason);
 }
 
 void Rendezvous::mark_finished() {

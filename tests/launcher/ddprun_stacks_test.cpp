@@ -101,7 +101,10 @@ class DdprunStacks : public LauncherTest {
   // join that stranger's server as clients and never rendezvous, so they are stopped and
   // started again on another port. (A CI run once failed here after 60 s of `ddprun stacks`
   // finding no agent, with nothing to say why: hence the stderr.)
-  std::vector<pid_t> start_two_nodes(const std::string& run_id, const EnvPairs& e) {
+  // `extra`: more ddprun flags and the worker command (default: C++ workers sleeping 120 s).
+  std::vector<pid_t> start_two_nodes(const std::string& run_id, const EnvPairs& e,
+                                     std::vector<std::string> extra = {}) {
+    if (extra.empty()) extra = {"--no-python", worker(), "sleep", "120"};
     const std::string stranger = "already served on this machine";
     const std::string joined = "rendezvous round 0 of run '" + run_id + "'";
     for (int attempt = 0; attempt < 3; ++attempt) {
@@ -110,10 +113,11 @@ class DdprunStacks : public LauncherTest {
       std::vector<pid_t> agents;
       std::vector<std::string> errs;
       for (int n = 0; n < 2; ++n) {
-        agents.push_back(start(
-            {"--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-             endpoint, "--run-id", run_id, "--no-python", worker(), "sleep", "120"},
-            e));
+        std::vector<std::string> args = {"--nnodes",       "2",    "--nproc-per-node", "2",
+                                         "--rdzv-backend", "c10d", "--rdzv-endpoint",  endpoint,
+                                         "--run-id",       run_id};
+        args.insert(args.end(), extra.begin(), extra.end());
+        agents.push_back(start(args, e));
         errs.push_back(current_err_path());
       }
       auto both_have = [&](const std::string& text) {
@@ -260,6 +264,69 @@ TEST_F(DdprunStacks, HangTimeoutEndsACppJobOnDdpGroupsAndNamesTheRank) {
     }
     expect_no_survivors();
   }
+}
+
+// Two nodes: rank 3 hangs outside collectives on the node of ranks 2-3. The node of ranks 0-1
+// sees only waiting ranks: it holds its verdict, and the job ends with the other node's, which
+// names rank 3. Before, both fired at once and the first node named its own rank 0 as the
+// root cause.
+TEST_F(DdprunStacks, HangTimeoutOnTwoNodesNamesTheRankBehindOnEveryNode) {
+  const std::vector<pid_t> agents = start_two_nodes(
+      "cpphang2", env(),
+      {"--hang-timeout", "8", "--no-python", DDP_COLLECTIVE_HANG_WORKER, "3", "cpu"});
+  ASSERT_EQ(agents.size(), 2u);
+  std::vector<RunResult> results;
+  for (pid_t a : agents) results.push_back(wait(a, 120));
+  int holding = 0, naming = 0;
+  for (const RunResult& r : results) {
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    if (r.err.find("the rank behind is likely on another node") != std::string::npos) {
+      ++holding;
+      // Stopped by the other node, with its verdict; never its own waiting rank as the cause.
+      EXPECT_NE(r.err.find("rank 3 is in no collective"), std::string::npos) << r.err;
+      EXPECT_EQ(r.err.find("cause:      stopped by ddprun's hang watchdog"), std::string::npos)
+          << r.err;
+    } else {
+      ++naming;
+      EXPECT_NE(r.err.find("rank 3 is in no collective (5 completed)"), std::string::npos) << r.err;
+      EXPECT_NE(r.err.find("rank:       3 (local rank 1)"), std::string::npos) << r.err;
+    }
+  }
+  EXPECT_EQ(holding, 1);
+  EXPECT_EQ(naming, 1);
+  expect_no_survivors();
+}
+
+// Two nodes: rank 3 exits with code 7 while the others are in an all_reduce with it. The node
+// of ranks 0-1 sees its own workers fail too (their all_reduce loses its peer), but the node of
+// rank 3 ends the round as soon as it sees the exit: the first node reports rank 3's failure
+// as the cause, not its own workers'. (Before, it named its rank 0, "failed: signal 6", when
+// that crash won the race against the round's end; the deterministic check of that rule is
+// AgentRestartCount.AFailureAfterAnotherNodeEndedTheRoundIsNotThisNodesOwn.)
+TEST_F(DdprunStacks, AFailureOnOneNodeIsTheCauseOnEveryNode) {
+  const std::vector<pid_t> agents = start_two_nodes(
+      "cppexit2", env(), {"--no-python", DDP_COLLECTIVE_HANG_WORKER, "3", "cpu", "exit"});
+  ASSERT_EQ(agents.size(), 2u);
+  std::vector<RunResult> results;
+  for (pid_t a : agents) results.push_back(wait(a, 120));
+  for (const RunResult& r : results) {
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    // The node of ranks 0-1 in round 0 (its first round line): rank 3's exit is its cause.
+    if (r.err.find("(ranks 0-1)") < r.err.find("(ranks 2-3)")) {
+      EXPECT_TRUE(std::regex_search(r.err, std::regex("membership changed \\(rank 3 \\(local rank "
+                                                      "1, pid [0-9]+\\) failed: exit code 7")))
+          << r.err;
+      EXPECT_EQ(r.err.find("Root cause (first failure):\n  rank:       0"), std::string::npos)
+          << r.err;
+      EXPECT_EQ(r.err.find("Root cause (first failure):\n  rank:       1"), std::string::npos)
+          << r.err;
+    } else {
+      EXPECT_NE(r.err.find("Root cause (first failure):\n  rank:       3 (local rank 1)"),
+                std::string::npos)
+          << r.err;
+    }
+  }
+  expect_no_survivors();
 }
 
 // A failed C++ worker: the report says where the others were.

@@ -538,7 +538,11 @@ class ScriptedMembership : public Membership {
     ::close(pipe_[1]);
     return std::nullopt;
   }
-  void end_round(const std::string&) override {}
+  // The round's reason: `other_reason` (another node ended the round first) when set.
+  std::string end_round(const std::string& reason) override {
+    return other_reason.empty() ? reason : other_reason;
+  }
+  std::string other_reason;
   void finished() override {}
   void leave(const std::string&) override {}
   void shut_down(const std::string&) override {}
@@ -552,10 +556,11 @@ class ScriptedMembership : public Membership {
 // The worker's TORCHELASTIC_RESTART_COUNT in each attempt, for a worker that fails (exit 3)
 // in its first `failures` attempts and then succeeds.
 std::string restart_counts(std::vector<ScriptedMembership::Round> rounds, int failures,
-                           int max_restarts) {
+                           int max_restarts, const std::string& other_reason = "") {
   char tmpl[] = "/tmp/ddp_restart_count_XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
   ScriptedMembership m(std::move(rounds));
+  m.other_reason = other_reason;
   AgentOptions o;
   o.max_restarts = max_restarts;
   o.membership = &m;
@@ -595,6 +600,16 @@ TEST(AgentRestartCount, CountsFailureRestartsNotGenerations) {
 // but the workers still see a restart after a failure.
 TEST(AgentRestartCount, NodeLossRestartIsStillARestartForTheWorkers) {
   EXPECT_EQ(restart_counts({{2, 3}, {4, 2}}, 1, 0), "0\n1\n");
+}
+
+// Another node ended the round before this node's workers failed: their failure is taken for a
+// consequence (they lost their peers), as when the round ends first, so it is not this node's
+// failure: no restart charged (max_restarts 0 still lets the job go on), and the workers see
+// no restart. Before, this node counted it as its own failure and, out of restarts, ended the
+// job naming its own rank.
+TEST(AgentRestartCount, AFailureAfterAnotherNodeEndedTheRoundIsNotThisNodesOwn) {
+  EXPECT_EQ(restart_counts({{0, 2}, {1, 2}}, 1, 0, "rank 3 failed: exit code 7 on node1"),
+            "0\n0\n");
 }
 
 }  // namespace

@@ -45,8 +45,15 @@ class Membership {
   virtual int start_watching() = 0;
   // Stops watching; the reason the round ended, if it did.
   virtual std::optional<std::string> stop_watching() = 0;
-  // This node's workers failed: every node leaves the round.
-  virtual void end_round(const std::string& reason) = 0;
+  // This node's workers failed: every node leaves the round. Returns the reason the round ended
+  // with: the first given by any node ("" when unknown, e.g. the store was lost). Another node's
+  // means its failure came first and this node's is likely a consequence (its workers lost
+  // their peers). Not while watching.
+  virtual std::string end_round(const std::string& reason) = 0;
+  // While watching: ends the round with `reason` through the watcher (the first reason still
+  // wins; stop_watching() returns the round's). Returns whether it was handed over. Never
+  // throws. Default: false.
+  virtual bool end_round_while_watching(const std::string& /*reason*/) { return false; }
   // This node's workers succeeded. The node hosting the store waits here until every peer is
   // done (or gone), so the store outlives its users.
   virtual void finished() = 0;

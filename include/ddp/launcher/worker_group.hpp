@@ -88,6 +88,12 @@ struct AttemptSpec {
   // runs. Returns the restarted worker's TORCHELASTIC_RESTART_COUNT to restart only it, or
   // nullopt to fail the attempt as usual. Unset: never called (--recovery group).
   std::function<std::optional<int>(const WorkerFailure&)> replace_failed;
+  // Called once, as soon as the attempt has its root cause (a worker failed: describe_failure's
+  // text; or the hang watchdog fired: "rank 3 (local rank 1, pid 812) stopped by ddprun's hang
+  // watchdog: <verdict>"), before the other workers are stopped: a multi-node agent ends the
+  // round here, so the other nodes learn the cause before their workers lose their peers. Must
+  // not throw. Unset: nothing.
+  std::function<void(const std::string& cause)> on_root_cause;
 };
 
 enum class AttemptOutcome { kSucceeded, kFailed, kInterrupted, kStopped, kRequeue };

@@ -15,7 +15,8 @@
 //
 // The watcher's wait slices hold its Store for up to 500 ms at a time: give it a connection
 // of its own, or one its owner leaves alone while watching (ddprun's agent shares its own: it
-// makes no store call between starting and stopping the watcher). on_change runs on the watcher
+// makes no store call between starting and stopping the watcher; it ends the round through
+// request_end meanwhile). on_change runs on the watcher
 // thread, exactly once; it must not block for long (e.g. write to a pipe the agent polls). Stopping
 // takes at most one wait slice (5 ms at first, doubling up to 500 ms).
 
@@ -47,6 +48,11 @@ class MembershipWatcher {
 
   // Stops the thread (idempotent). Heartbeats stop with it.
   void stop();
+  // Asks the watcher to end the round with `reason` (Rendezvous::request_new_round on the
+  // watcher's own thread, which owns the store while watching: the owner cannot make that
+  // call itself then). Done before the watcher's next wait slice (within 500 ms); the watcher
+  // then reports the round's reason (the first any node gave) as a change. Thread-safe.
+  void request_end(const std::string& reason);
   // The reason reported, if any.
   std::optional<std::string> reason() const;
   // The store's error that ended the watch (the store's host died, or it broke the
@@ -65,6 +71,7 @@ class MembershipWatcher {
   std::atomic<bool> stop_{false};
   mutable std::mutex mutex_;
   std::optional<std::string> reason_;
+  std::optional<std::string> end_requested_;  // request_end's, until the watcher sends it
   std::exception_ptr store_error_;
   std::thread thread_;
 

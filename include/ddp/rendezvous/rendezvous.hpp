@@ -62,8 +62,9 @@ class Rendezvous {
   RoundInfo next_round();
 
   // Ends the current round for everyone (members' watchers wake up); the next next_round()
-  // joins the following one. The first reason given for a round is the one everyone sees.
-  void request_new_round(const std::string& reason);
+  // joins the following one. The first reason given for a round is the one everyone sees: it is
+  // returned ("" before any round).
+  std::string request_new_round(const std::string& reason);
   // This node's workers finished: its heartbeat key says so, so peers stop watching it.
   void mark_finished();
   // This node leaves (interrupted, giving up): peers see it at once and re-form the round.

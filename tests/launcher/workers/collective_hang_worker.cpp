@@ -1,7 +1,8 @@
 // A C++ worker on ddp's own process group for the --hang-timeout test (issue 28): every rank
 // all-reduces 5 times; then rank HANG_RANK (argv[1]) sleeps in wait_forever() while the others
 // wait in the 6th all_reduce. ddp's recorder reports the progress (no Python hook involved);
-// ddprun must end the job and name HANG_RANK. argv[2]: the backend (cpu or gloo).
+// ddprun must end the job and name HANG_RANK. argv[2]: the backend (cpu or gloo). argv[3]
+// "exit": HANG_RANK exits with code 7 instead (its peers' all_reduce then fails).
 #include <unistd.h>
 
 #include <chrono>
@@ -23,7 +24,7 @@ namespace {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: collective_hang_worker HANG_RANK BACKEND\n");
+    std::fprintf(stderr, "usage: collective_hang_worker HANG_RANK BACKEND [exit]\n");
     return 2;
   }
   const int hang_rank = std::atoi(argv[1]);
@@ -36,7 +37,10 @@ int main(int argc, char** argv) {
   }
   std::printf("rank %d: 5 all_reduces done\n", pg->rank());
   std::fflush(stdout);
-  if (pg->rank() == hang_rank) wait_forever();
+  if (pg->rank() == hang_rank) {
+    if (argc > 3 && std::string(argv[3]) == "exit") std::_Exit(7);
+    wait_forever();
+  }
   pg->all_reduce(&x, 1, ddp::DataType::kFloat32, ddp::ReduceOp::kSum)->wait(pg->timeout());
   return 0;
 }
