@@ -79,10 +79,21 @@ RecoverableGroup::RecoverableGroup(RecoverableGroupOptions options) : options_(s
   }
   if (!watch_store_) watch_store_ = store_;
 
-  // A restarted rank joins the generation its loss opened; at the start that is 0.
-  const int64_t g = recovery_notice::read_generation(*store_);
+  // A restarted rank joins the generation its loss opened; at the start that is 0. Another
+  // rank lost while this one forms it (two failures at once, on two nodes): the others have
+  // moved on to a newer generation, so this one does too, as reform() does.
+  int64_t g = recovery_notice::read_generation(*store_);
+  for (;;) {
+    try {
+      group_ = form(g);
+      break;
+    } catch (const TimeoutError&) {
+      const int64_t newer = recovery_notice::read_generation(*store_);
+      if (newer <= g) throw;
+      g = newer;
+    }
+  }
   announced_ = g;
-  group_ = form(g);
   generation_ = g;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -91,6 +91,42 @@ TEST(RecoverableGroup, LostMemberAbortsTheCollectiveAndTheGroupReforms) {
   }
 }
 
+// A rank that starts while another loss is recorded (two failures at once: a replacement reads
+// generation 0, the others move to generation 1) forms the newer generation once forming its
+// own times out, as reform() does. Before, its constructor threw the TimeoutError and the
+// replacement died with it.
+TEST(RecoverableGroup, ARankFormingAnOutdatedGenerationMovesToTheNewest) {
+  auto store = std::make_shared<HashStore>();
+  store->set_timeout(std::chrono::minutes(1));
+  auto options = [&](int rank) {
+    RecoverableGroupOptions o = options_for(rank, store);
+    o.world_size = 2;
+    o.timeout = std::chrono::milliseconds(1500);
+    return o;
+  };
+  std::array<int64_t, 2> generations{-1, -1};
+  std::array<float, 2> sums{};
+  auto run_rank = [&](int rank) {
+    try {
+      RecoverableGroup group(options(rank));
+      generations[rank] = group.generation();
+      sums[rank] = all_reduce_one(*group.group(), static_cast<float>(rank + 1));
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << rank << ": " << e.what();
+    }
+  };
+  std::thread early(run_rank, 0);  // reads generation 0, which rank 1 never forms
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(recovery_notice::publish_lost_rank(*store, 1), 1);
+  std::thread late(run_rank, 1);  // reads generation 1
+  early.join();
+  late.join();
+  EXPECT_EQ(generations[0], 1);
+  EXPECT_EQ(generations[1], 1);
+  EXPECT_EQ(sums[0], 3.0f);
+  EXPECT_EQ(sums[1], 3.0f);
+}
+
 TEST(RecoverableGroup, LaterOperationsOfAnAbortedGroupFailWithTheSameError) {
   auto store = std::make_shared<HashStore>();
   RecoverableGroupOptions o = options_for(0, store);

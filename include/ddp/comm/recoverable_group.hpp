@@ -63,7 +63,8 @@ struct RecoverableGroupOptions {
 class RecoverableGroup {
  public:
   // Joins the current generation; blocks until every rank joined it (TimeoutError after
-  // options.timeout, naming how many did).
+  // options.timeout, naming how many did, unless a newer generation was announced meanwhile:
+  // then it joins that one, as reform() does).
   explicit RecoverableGroup(RecoverableGroupOptions options = {});
   ~RecoverableGroup();
   RecoverableGroup(const RecoverableGroup&) = delete;
