@@ -500,8 +500,10 @@ class AttemptRunner {
       if (fds[0].revents != 0) handle_signals();
       if (watch_stop && fds[1].revents != 0) {
         stop_requested_ = true;
-        if (!stopping()) {
-          if (phase_ == Phase::kRunning && root_cause_ == nullptr) {
+        // With a root cause of its own this node is already on its way to the stop (the round
+        // ended because it said so: on_root_cause): its dump wait must not be cut short.
+        if (!stopping() && root_cause_ == nullptr) {
+          if (phase_ == Phase::kRunning) {
             processes_ = snapshot_processes();  // the hang report of a multi-node run
             capture_running_stacks("stopped by another node");
           }
