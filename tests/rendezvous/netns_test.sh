@@ -432,7 +432,34 @@ stacks)
   expect_in "$T/node1.log" "ddprun: stacks of the running workers, folded"
   grep -qE "ranks [0-9,-]+ \(3 of 3\), eu-stack" "$T/node1.log" ||
     fail "node 1's failure report lacks the 3 running ranks of both nodes"
-  echo "PASS: ddprun stacks on node 0 folded the stacks of both nodes' workers (node 1's through the store); node 1's failure report has both nodes' running workers"
+  # The same for Python workers (py-spy): each node's worker sleeps in wait_here(); node 0's
+  # `ddprun stacks` names that function and line for both ranks.
+  command -v "$(dirname "$PY")/py-spy" >/dev/null || command -v py-spy >/dev/null ||
+    skip "no py-spy beside $PY or on PATH (scripts/install-deps.sh installs it)"
+  printf 'import time\n\n\ndef wait_here():\n    time.sleep(120)\n\n\nwait_here()\n' \
+    >"$T/wait_here.py"
+  for node in 0 1; do
+    export DDPRUN_RUNTIME_DIR="$T/rt$node"
+    start_agent "$node" "pynode$node" --nnodes 2 --nproc-per-node 1 "${C10D[@]}" \
+      --rdzv-id "pystacks$TAG" --rdzv-conf "join_timeout=60,token_file=$T/token" \
+      "$PY" "$T/wait_here.py"
+    pids[node]=$LAST_PID
+  done
+  unset DDPRUN_RUNTIME_DIR
+  wait_grep 60 "rendezvous round 0" "$T/pynode0.log" "$T/pynode1.log"
+  for ((k = 0; k < 60; k++)); do
+    ip netns exec "$(ns_of 0)" env DDPRUN_RUNTIME_DIR="$T/rt0" \
+      "$DDPRUN" stacks --run-id "pystacks$TAG" --timeout 10 >"$T/pystacks.log" 2>&1
+    grep -q "2 ranks from 2 of 2 nodes" "$T/pystacks.log" &&
+      grep -q "wait_here.py:5" "$T/pystacks.log" && break
+    sleep 0.5
+  done
+  expect_in "$T/pystacks.log" "ddprun stacks: run 'pystacks$TAG', 2 ranks from 2 of 2 nodes"
+  expect_in "$T/pystacks.log" "ranks 0,1 (2 of 2), py-spy"
+  expect_in "$T/pystacks.log" "ranks 0,1 were in wait_here at wait_here.py:5"
+  for node in 0 1; do kill -TERM "${pids[node]}"; done
+  for node in 0 1; do wait_exit "${pids[node]}" 60 || true; done
+  echo "PASS: ddprun stacks on node 0 folded the stacks of both nodes' workers (node 1's through the store), C++ and Python; node 1's failure report has both nodes' running workers"
   ;;
 
 *)
