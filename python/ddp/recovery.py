@@ -116,12 +116,15 @@ class StepManager:
     model: a torch.nn.parallel.DistributedDataParallel over the default 'ddp' group, made with
         init_sync=False. optimizer: over its parameters. notice_wait: how long a failed
         collective waits for ddprun's notice of a lost rank before it counts as an ordinary
-        error (re-raised).
+        error (re-raised), in seconds; None: ddprun's DDP_RECOVERY_NOTICE_WAIT_MS (set on
+        several nodes, long enough for a lost node's missed heartbeats), else 5.
     """
 
-    def __init__(self, model, optimizer, notice_wait=5.0):
+    def __init__(self, model, optimizer, notice_wait=None):
         self.model = model
         self.optimizer = optimizer
+        if notice_wait is None:
+            notice_wait = int(os.environ.get("DDP_RECOVERY_NOTICE_WAIT_MS", "5000")) / 1000.0
         self.notice_wait = notice_wait
         self.step = 0
         self.recoveries = 0  # re-forms of the group this process took part in

@@ -118,6 +118,16 @@ ProcessGroupDDP::ProcessGroupDDP(const c10::intrusive_ptr<c10d::Store>& store, i
     r.group_name = "python_recovery";
     recoverable_ = std::make_unique<RecoverableGroup>(r);
     pg_ = recoverable_->group();
+    if (pg_->size() != size) {
+      // A replacement started after a lost node shrank the job: its torch.distributed group
+      // would claim the launch's size (reform() explains it for the survivors).
+      throw RemovedFromJobError(fmt::format(
+          "the job lost a node ({}) and went on with {} ranks, but a torch.distributed process "
+          "group has the launch's {}: under --recovery step the ddp backend recovers lost "
+          "workers, not lost nodes (use --recovery group for Python jobs that must survive a "
+          "lost node)",
+          recoverable_->loss_description(), pg_->size(), size));
+    }
   } else {
     InitOptions o;
     o.backend = "cpu";
@@ -189,6 +199,16 @@ void ProcessGroupDDP::reform() {
     }
   }
   ProcessGroupPtr next = group.reform();
+  // A torch.distributed group's rank and size are fixed (c10d::Backend): a lost node, which
+  // renumbers the survivors, cannot be followed here.
+  if (next->size() != getSize() || next->rank() != getRank()) {
+    throw RemovedFromJobError(
+        fmt::format("the job lost a node ({}): the survivors would go on as rank {} of {}, but a "
+                    "torch.distributed process group keeps rank {} of {} for its lifetime; under "
+                    "--recovery step the ddp backend recovers lost workers, not lost nodes (use "
+                    "--recovery group for Python jobs that must survive a lost node)",
+                    group.loss_description(), next->rank(), next->size(), getRank(), getSize()));
+  }
   {
     std::lock_guard<std::mutex> lock(pg_mutex_);
     pg_ = next;

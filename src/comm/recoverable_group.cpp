@@ -1,7 +1,10 @@
 #include "ddp/comm/recoverable_group.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <pthread.h>
+
+#include <algorithm>
 
 #include "ddp/comm/init.hpp"
 #include "ddp/comm/world_info.hpp"
@@ -56,24 +59,26 @@ RecoverableGroup::RecoverableGroup(RecoverableGroupOptions options) : options_(s
   }
   WorldInfo world;
   if (!options_.rank || !options_.world_size) world = detect_world_info();
-  rank_ = options_.rank.value_or(world.rank);
-  world_size_ = options_.world_size.value_or(world.world_size);
-  if (world_size_ < 1 || rank_ < 0 || rank_ >= world_size_) {
+  slot_ = options_.rank.value_or(world.rank);
+  initial_world_size_ = options_.world_size.value_or(world.world_size);
+  if (initial_world_size_ < 1 || slot_ < 0 || slot_ >= initial_world_size_) {
     throw UsageError(fmt::format("RecoverableGroup: rank {} is out of range for world size {}",
-                                 rank_, world_size_));
+                                 slot_, initial_world_size_));
   }
+  rank_ = slot_;
+  world_size_ = initial_world_size_;
   store_ = options_.store;
   watch_store_ = options_.watch_store;
   if (!store_) {
-    store_ = store_client_from_env(rank_, /*may_host=*/true, options_.timeout);
+    store_ = store_client_from_env(slot_, /*may_host=*/true, options_.timeout);
     // Every generation's group gets a connection of its own: a failed group's flight recorder
     // may still hold its connection in a bounded wait (async_process_group.hpp), which must not
     // delay the next generation's rendezvous.
-    const int rank = rank_;
+    const int slot = slot_;
     const auto timeout = options_.timeout;
-    connect_ = [rank, timeout] { return store_client_from_env(rank, /*may_host=*/false, timeout); };
+    connect_ = [slot, timeout] { return store_client_from_env(slot, /*may_host=*/false, timeout); };
     if (!watch_store_) {
-      watch_store_ = store_client_from_env(rank_, /*may_host=*/false, options_.timeout);
+      watch_store_ = store_client_from_env(slot_, /*may_host=*/false, options_.timeout);
       watch_store_->set_timeout(std::min(options_.timeout, kWatchStoreTimeout));
     }
   }
@@ -116,17 +121,39 @@ RecoverableGroup::~RecoverableGroup() {
 
 std::optional<int> RecoverableGroup::lost_rank() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return lost_;
+  return lost_.first;
 }
 
-PeerLostError RecoverableGroup::lost_error(int64_t generation, std::optional<int> lost) const {
+std::string RecoverableGroup::loss_description() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lost_.description;
+}
+
+RecoverableGroup::Loss RecoverableGroup::read_loss(Store& store, int64_t generation) const {
+  Loss loss;
+  const std::vector<int> removed = recovery_notice::read_removed_slots(store, generation);
+  if (!removed.empty()) {
+    loss.first = removed.front();
+    loss.description = fmt::format("rank{} {} of {} {} lost with their node",
+                                   removed.size() == 1 ? "" : "s", fmt::join(removed, ","),
+                                   initial_world_size_, removed.size() == 1 ? "was" : "were");
+    return loss;
+  }
+  loss.first = recovery_notice::read_lost_rank(store, generation);
+  loss.description =
+      fmt::format("rank {} of {} was lost", loss.first ? std::to_string(*loss.first) : "?",
+                  initial_world_size_);
+  return loss;
+}
+
+PeerLostError RecoverableGroup::lost_error(int64_t generation, const Loss& loss) const {
   return PeerLostError(
-      fmt::format("rank {} of {} was lost (membership generation {} announced by ddprun "
-                  "--recovery step); the collectives of generation {} on rank {} are aborted: "
-                  "re-form the group (RecoverableGroup::reform) and redo the step",
-                  lost ? std::to_string(*lost) : std::string("?"), world_size_, generation,
-                  generation - 1, rank_),
-      lost.value_or(-1), generation);
+      fmt::format("{} (membership generation {} announced by ddprun --recovery step); the "
+                  "collectives of generation {} on rank {} are aborted: re-form the group "
+                  "(RecoverableGroup::reform) and redo the step",
+                  loss.description.empty() ? "a rank was lost" : loss.description, generation,
+                  generation - 1, rank()),
+      loss.first.value_or(-1), generation);
 }
 
 void RecoverableGroup::watch_loop() {
@@ -135,16 +162,16 @@ void RecoverableGroup::watch_loop() {
     if (cv_.wait_for(lock, options_.watch_interval, [&] { return stop_; })) return;
     lock.unlock();
     int64_t g = 0;
-    std::optional<int> lost;
+    Loss lost;
     try {
       g = recovery_notice::read_generation(*watch_store_);
-      if (g > announced_.load()) lost = recovery_notice::read_lost_rank(*watch_store_, g);
+      if (g > announced_.load()) lost = read_loss(*watch_store_, g);
     } catch (const std::exception& e) {
       // The store is ddprun's (step mode) or rank 0's: when unreachable no notice can come; the
       // group's own timeout still bounds every collective. Said once per outage.
       if (!store_unreachable_) {
         log::get("ddp.comm")
-            ->warn("RecoverableGroup: rank {} cannot read the membership generation: {}", rank_,
+            ->warn("RecoverableGroup: rank {} cannot read the membership generation: {}", rank(),
                    e.what());
       }
       store_unreachable_ = true;
@@ -162,14 +189,33 @@ void RecoverableGroup::watch_loop() {
 }
 
 ProcessGroupPtr RecoverableGroup::form(int64_t generation) {
+  const std::vector<int> slots =
+      generation > 0 ? recovery_notice::members(*store_, generation, initial_world_size_)
+                     : std::vector<int>();
+  int rank = slot_, world_size = initial_world_size_;
+  if (generation > 0) {
+    const auto at = std::find(slots.begin(), slots.end(), slot_);
+    if (at == slots.end()) {
+      throw RemovedFromJobError(fmt::format(
+          "rank {} (launched as rank {}) is no longer a member of the job: ddprun declared its "
+          "node lost at membership generation {} or before (it missed its heartbeats, e.g. a "
+          "network split) and the others went on without it; this worker must exit",
+          rank_.load(), slot_, generation));
+    }
+    rank = static_cast<int>(at - slots.begin());
+    world_size = static_cast<int>(slots.size());
+  }
   InitOptions init;
   init.backend = options_.backend;
   init.timeout = options_.timeout;
-  init.rank = rank_;
-  init.world_size = world_size_;
+  init.rank = rank;
+  init.world_size = world_size;
   init.store = connect_ ? connect_() : store_;
   init.group_name = fmt::format("{}/g{}", options_.group_name, generation);
-  return init_process_group(init);
+  ProcessGroupPtr group = init_process_group(init);
+  rank_ = rank;
+  world_size_ = world_size;
+  return group;
 }
 
 const ProcessGroupPtr& RecoverableGroup::reform() {

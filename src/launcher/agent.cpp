@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -303,6 +304,15 @@ AgentResult run_multi_node(const AgentOptions& options) {
   std::optional<AttemptResult> failed;
   int failed_nodes = 0;
   int step_restarts = 0;  // --recovery step: workers this agent restarted alone
+  // --recovery step: the round's StepRecovery while it exists (the watcher thread hands it lost
+  // nodes; set after it is built, cleared before it goes, while the watcher is stopped).
+  std::atomic<StepRecovery*> live_step{nullptr};
+  if (options.step_recovery) {
+    m.set_lost_node_handler([&live_step](const LostNode& node) {
+      StepRecovery* step = live_step.load();
+      return step != nullptr && step->on_node_lost(node);
+    });
+  }
   for (;;) {
     MembershipRound round = join_round(m, signals, options.notice_fd, run_dir);
     notice(options.notice_fd, round.summary);
@@ -353,8 +363,10 @@ AgentResult run_multi_node(const AgentOptions& options) {
       s.host = round.world.master_addr;
       s.port = static_cast<uint16_t>(round.world.master_port);
       s.restarts_used = step_restarts;
+      s.world_size = round.world.world_size;
       try {
         step.emplace(s);
+        live_step = &*step;
       } catch (const Error& e) {
         std::string why = fmt::format("{} (on {})", e.what(), options.host);
         m.stop_watching();
@@ -377,9 +389,11 @@ AgentResult run_multi_node(const AgentOptions& options) {
       attempt = run_attempt(spec, signals);
     } catch (...) {
       m.stop_watching();
+      live_step = nullptr;
       throw;
     }
     std::optional<std::string> reason = m.stop_watching();
+    live_step = nullptr;
     if (diagnostics.service) diagnostics.service->leave_round();
     if (step) step_restarts = step->restarts();
 
@@ -410,6 +424,12 @@ AgentResult run_multi_node(const AgentOptions& options) {
       case AttemptOutcome::kFailed: {
         std::string why =
             fmt::format("{} on {}", describe_failure(*attempt.root_cause), options.host);
+        if (step && step->removed_from_job()) {
+          // Another node's agent took this node for lost and the job went on without it: leave
+          // it without ending it for the others.
+          m.leave(why + " (this node was declared lost and left the job)");
+          return report_failure(options, attempt, step_restarts);
+        }
         if (step) {
           // No restart left, or a second worker failed after another exited: as on one node,
           // --recovery step does not fall back to a group restart. The job ends.

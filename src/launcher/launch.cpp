@@ -16,7 +16,9 @@
 #include "ddp/launcher/step_recovery.hpp"
 #include "ddp/launcher/worker_env.hpp"
 #include "ddp/launcher/world.hpp"
+#include "ddp/rendezvous/options.hpp"
 #include "ddp/store/auth.hpp"
+#include "ddp/store/recovery_notice.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/socket.hpp"
 
@@ -102,6 +104,13 @@ int launch(const LaunchOptions& options, const EnvLookup& env) {
     }
     // The job's token guards the step-recovery store too, as every store of the job.
     if (a.step_recovery && settings.token) a.step_recovery->token = settings.token;
+    if (a.step_recovery) {
+      // A lost node is announced once its heartbeats were missed: the workers whose collective
+      // failed on its closed sockets wait that long, and a margin, for the notice.
+      const auto wait =
+          settings.rdzv.conf.heartbeat * (rdzv::kMissedHeartbeats + 1) + std::chrono::seconds(5);
+      set_env_entry(a.base_env, recovery_notice::kNoticeWaitEnvVar, std::to_string(wait.count()));
+    }
     membership = make_rendezvous_membership(std::move(settings));
     a.membership = membership.get();
     return run_agent(a).exit_code;

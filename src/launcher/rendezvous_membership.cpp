@@ -109,12 +109,24 @@ class RendezvousMembership : public Membership {
     // stop_watching() joins the watcher, and a second connection per agent would make every
     // agent of a large job connect at once after the round (1024 agents: 1024 connections
     // and file descriptors more at a store host that is already busy).
-    watcher_ = std::make_unique<rdzv::MembershipWatcher>(options_.rdzv, rdzv_->round(), client_,
-                                                         [w](const std::string&) {
-                                                           char byte = 1;
-                                                           (void)!::write(w, &byte, 1);
-                                                         });
+    rdzv::MembershipWatcher::OnPeerLost on_peer_lost;
+    if (lost_node_handler_) {
+      on_peer_lost = [handler = lost_node_handler_](const rdzv::LostPeer& p) {
+        return handler(LostNode{p.node_rank, p.first_rank, p.num_ranks, p.why});
+      };
+    }
+    watcher_ = std::make_unique<rdzv::MembershipWatcher>(
+        options_.rdzv, rdzv_->round(), client_,
+        [w](const std::string&) {
+          char byte = 1;
+          (void)!::write(w, &byte, 1);
+        },
+        std::move(on_peer_lost));
     return wake_read_.get();
+  }
+
+  void set_lost_node_handler(LostNodeHandler handler) override {
+    lost_node_handler_ = std::move(handler);
   }
 
   std::optional<std::string> stop_watching() override {
@@ -451,6 +463,7 @@ class RendezvousMembership : public Membership {
   std::vector<std::string> standbys_;
   std::unique_ptr<rdzv::Rendezvous> rdzv_;
   std::unique_ptr<rdzv::MembershipWatcher> watcher_;
+  LostNodeHandler lost_node_handler_;  // --recovery step (set_lost_node_handler)
   UniqueFd wake_read_, wake_write_;
 };
 

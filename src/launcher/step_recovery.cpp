@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "ddp/launcher/output.hpp"
 #include "ddp/store/recovery_notice.hpp"
@@ -28,7 +29,8 @@ RecoveryMode parse_recovery_mode(const std::string& value, const std::string& so
 }
 
 StepRecovery::StepRecovery(const StepRecoveryOptions& options)
-    : max_restarts_(options.max_restarts),
+    : world_size_(options.world_size),
+      max_restarts_(options.max_restarts),
       notice_fd_(options.notice_fd),
       restarts_(options.restarts_used) {
   TcpStoreOptions o;
@@ -77,22 +79,59 @@ uint16_t StepRecovery::port() const {
   return store_->port();
 }
 
+void StepRecovery::say(const std::string& line) {
+  write_fully(notice_fd_, line.data(), line.size());
+}
+
+bool StepRecovery::still_a_member(int rank) {
+  const int64_t now = recovery_notice::read_generation(*store_);
+  const std::vector<int> members = recovery_notice::members(*store_, now, world_size_);
+  return std::find(members.begin(), members.end(), rank) != members.end();
+}
+
 std::optional<int> StepRecovery::on_worker_failed(const WorkerFailure& failure) {
+  std::lock_guard<std::mutex> lock(mutex_);
   const std::string what = describe_failure(failure);
+  if (world_size_ > 0 && !still_a_member(failure.global_rank)) {
+    removed_from_job_ = true;
+    say(fmt::format(
+        "ddprun: {}; rank {} left the job with this node (another node's agent declared it "
+        "lost: missed heartbeats, e.g. a network split), so it is not restarted; the others go "
+        "on without this node\n",
+        what, failure.global_rank));
+    return std::nullopt;
+  }
   if (restarts_ >= max_restarts_) {
-    std::string line = fmt::format(
-        "ddprun: {}; no restart left (--max-restarts {}), stopping the job\n", what, max_restarts_);
-    write_fully(notice_fd_, line.data(), line.size());
+    say(fmt::format("ddprun: {}; no restart left (--max-restarts {}), stopping the job\n", what,
+                    max_restarts_));
     return std::nullopt;
   }
   const int64_t generation = recovery_notice::publish_lost_rank(*store_, failure.global_rank);
   ++restarts_;
-  std::string line = fmt::format(
+  say(fmt::format(
       "ddprun: {}; restarting only rank {} (--recovery step, restart {} of {}, membership "
       "generation {}); the other workers go on\n",
-      what, failure.global_rank, restarts_, max_restarts_, generation);
-  write_fully(notice_fd_, line.data(), line.size());
+      what, failure.global_rank, restarts_, max_restarts_, generation));
   return restarts_;
+}
+
+bool StepRecovery::on_node_lost(const LostNode& node) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int> slots;
+  for (int r = node.first_rank; r < node.first_rank + node.num_ranks; ++r) slots.push_back(r);
+  try {
+    const int64_t generation = recovery_notice::publish_lost_node(*store_, slots);
+    const size_t left = recovery_notice::members(*store_, generation, world_size_).size();
+    say(fmt::format(
+        "ddprun: {}; its ranks {}-{} leave the job and the other {} workers go on without them "
+        "(--recovery step, membership generation {}); not counted against --max-restarts\n",
+        node.why, slots.front(), slots.back(), left, generation));
+    return true;
+  } catch (const Error& e) {
+    say(fmt::format("ddprun: {}; cannot record it in the job's store ({}): ending the round\n",
+                    node.why, e.what()));
+    return false;
+  }
 }
 
 }  // namespace ddp::launcher

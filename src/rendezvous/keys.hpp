@@ -8,7 +8,8 @@
 //   rdzv/<run_id>/shutdown             set once: why the run was shut down
 //   rdzv/<run_id>/<g>/slot             join counter of round g
 //   rdzv/<run_id>/<g>/node/<i>         info of the node in slot i
-//   rdzv/<run_id>/<g>/hb/<i>           heartbeat counter of slot i, or "done" / "left"
+//   rdzv/<run_id>/<g>/hb/<i>           heartbeat counter of slot i, or "done" / "left" /
+//                                      "lost"
 //   rdzv/<run_id>/<g>/closed           number of members, set once with compare_set
 //   rdzv/<run_id>/<g>/pending          nodes waiting for a later round
 //   rdzv/<run_id>/<g>/changed          set once: why round g ended
@@ -41,6 +42,9 @@ inline std::string shutdown(const std::string& run_id) {
 
 constexpr const char* kDone = "done";
 constexpr const char* kLeft = "left";
+// Set by a survivor whose --recovery step agent took the node's loss: the round goes on
+// without it (membership_watcher.hpp); as "done" for everyone waiting on heartbeats.
+constexpr const char* kLost = "lost";
 
 struct Round {
   Round(const std::string& run_id, int64_t g) : base(fmt::format("rdzv/{}/{}/", run_id, g)) {}

@@ -19,8 +19,13 @@ constexpr Millis kMaxWaitSlice{500};
 }  // namespace
 
 MembershipWatcher::MembershipWatcher(const RendezvousOptions& options, const RoundInfo& round,
-                                     std::shared_ptr<Store> store, OnChange on_change)
-    : options_(options), round_(round), store_(std::move(store)), on_change_(std::move(on_change)) {
+                                     std::shared_ptr<Store> store, OnChange on_change,
+                                     OnPeerLost on_peer_lost)
+    : options_(options),
+      round_(round),
+      store_(std::move(store)),
+      on_change_(std::move(on_change)),
+      on_peer_lost_(std::move(on_peer_lost)) {
   if (!store_) throw UsageError("MembershipWatcher: no store given");
   if (round_.node_rank < 0 || round_.node_rank >= round_.num_nodes) {
     throw UsageError(fmt::format("MembershipWatcher: node rank {} outside a round of {} nodes",
@@ -74,7 +79,7 @@ void MembershipWatcher::check_peers() {
       target_changed_at_ = now;
     }
     std::string value = store_->get(k.hb(target_));
-    if (value == keys::kDone) {
+    if (value == keys::kDone || value == keys::kLost) {
       target_ = (target_ + 1) % n;
       target_value_.clear();
       target_changed_at_ = now;
@@ -94,8 +99,7 @@ void MembershipWatcher::check_peers() {
       return who;
     };
     if (value == keys::kLeft) {
-      std::string reason = fmt::format("{} left the job", describe());
-      report(store_->compare_set(k.changed(), "", reason));
+      peer_gone(target_, fmt::format("{} left the job", describe()));
       return;
     }
     if (value != target_value_) {
@@ -103,15 +107,53 @@ void MembershipWatcher::check_peers() {
       target_changed_at_ = now;
     } else if (now - target_changed_at_ > options_.conf.heartbeat * kMissedHeartbeats) {
       auto silent = std::chrono::duration_cast<Millis>(now - target_changed_at_);
-      std::string reason = fmt::format(
-          "{} missed {} heartbeats (silent for {:.1f} s, heartbeat {:.1f} s): its agent died or "
-          "lost the network",
-          describe(), kMissedHeartbeats, silent.count() / 1000.0,
-          options_.conf.heartbeat.count() / 1000.0);
-      report(store_->compare_set(k.changed(), "", reason));
+      peer_gone(target_, fmt::format("{} missed {} heartbeats (silent for {:.1f} s, heartbeat "
+                                     "{:.1f} s): its agent died or lost the network",
+                                     describe(), kMissedHeartbeats, silent.count() / 1000.0,
+                                     options_.conf.heartbeat.count() / 1000.0));
     }
     return;
   }
+}
+
+LostPeer MembershipWatcher::describe_lost(int slot, const std::string& why) {
+  keys::Round k(options_.run_id, round_.generation);
+  LostPeer peer;
+  peer.node_rank = slot;
+  peer.why = why;
+  peer.first_rank = static_cast<int>(std::stoll(store_->get(k.rank(slot))));
+  const int end = slot + 1 < round_.num_nodes
+                      ? static_cast<int>(std::stoll(store_->get(k.rank(slot + 1))))
+                      : round_.world_size;
+  peer.num_ranks = end - peer.first_rank;
+  return peer;
+}
+
+void MembershipWatcher::peer_gone(int slot, const std::string& why) {
+  keys::Round k(options_.run_id, round_.generation);
+  // The round must keep its minimum: with fewer nodes it ends, and the next round waits for
+  // nodes as at the start.
+  const bool above_min = round_.num_nodes - lost_peers_ - 1 >= options_.nodes.min;
+  if (on_peer_lost_ && above_min) {
+    LostPeer peer;
+    bool described = false;
+    try {
+      peer = describe_lost(slot, why);
+      described = peer.num_ranks > 0;
+    } catch (const std::exception&) {
+      // A round's rank keys hold decimals the rendezvous wrote: a store error ends the round.
+    }
+    if (described && on_peer_lost_(peer)) {
+      store_->set(k.hb(slot), keys::kLost);
+      ++lost_peers_;
+      target_ = (slot + 1) % round_.num_nodes;
+      target_value_.clear();
+      target_changed_at_ = Clock::now();
+      if (target_ == round_.node_rank) target_ = -1;
+      return;
+    }
+  }
+  report(store_->compare_set(k.changed(), "", why));
 }
 
 void MembershipWatcher::run() {

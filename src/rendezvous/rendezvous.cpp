@@ -208,7 +208,8 @@ void Rendezvous::wait_for_admission(int64_t g, int n, Clock::time_point deadline
           if (since.size() != hb_keys.size()) since.assign(hb_keys.size(), now);
           since[i] = now;
         }
-        bool gone = v == keys::kDone || v == keys::kLeft || now - since[i] > still;
+        bool gone =
+            v == keys::kDone || v == keys::kLeft || v == keys::kLost || now - since[i] > still;
         all_gone = all_gone && gone;
       }
       last = std::move(now_values);
@@ -347,7 +348,8 @@ bool Rendezvous::wait_for_peers_to_finish(Millis limit) {
         last[i] = now_values[i];
         changed_at[i] = now;
       }
-      bool gone = last[i] == keys::kDone || last[i] == keys::kLeft || now - changed_at[i] > stale;
+      bool gone = last[i] == keys::kDone || last[i] == keys::kLeft || last[i] == keys::kLost ||
+                  now - changed_at[i] > stale;
       all = all && gone;
     }
     if (all) return true;

@@ -1,5 +1,9 @@
 #include "ddp/store/recovery_notice.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 #include <string>
 
 #include "ddp/util/error.hpp"
@@ -7,6 +11,9 @@
 namespace ddp::recovery_notice {
 
 namespace {
+
+// The record of a lost node's ranks: "node:<slot>,<slot>,...".
+constexpr std::string_view kNodePrefix = "node:";
 
 std::string generation_key() {
   return std::string(kRecoveryPrefix) + "generation";
@@ -16,6 +23,58 @@ std::string lost_key(int64_t generation) {
   return std::string(kRecoveryPrefix) + "lost/" + std::to_string(generation);
 }
 
+struct Record {
+  std::vector<int> slots;  // the lost ranks' slots, at least one
+  bool node = false;       // they leave the job (else: one rank restarted in place)
+};
+
+int parse_slot(const std::string& key, const std::string& value, const std::string& text) {
+  size_t used = 0;
+  int slot = -1;
+  try {
+    slot = std::stoi(text, &used);
+  } catch (const std::exception&) {
+  }
+  if (slot < 0 || used != text.size()) {
+    throw ProtocolError("store key " + key + " holds '" + value +
+                        "', not a rank or 'node:<ranks>'; only ddprun --recovery step may "
+                        "write under " +
+                        kRecoveryPrefix);
+  }
+  return slot;
+}
+
+std::optional<Record> read_record(Store& store, int64_t generation) {
+  const std::string key = lost_key(generation);
+  if (generation <= 0 || !store.check({key})) return std::nullopt;
+  const std::string value = store.get(key);
+  Record record;
+  std::string list = value;
+  if (value.compare(0, kNodePrefix.size(), kNodePrefix) == 0) {
+    record.node = true;
+    list = value.substr(kNodePrefix.size());
+  }
+  size_t at = 0;
+  for (;;) {
+    const size_t comma = list.find(',', at);
+    record.slots.push_back(parse_slot(key, value, list.substr(at, comma - at)));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return record;
+}
+
+// Claims the lowest free lost/<g> above the counter with `value`, then raises the counter.
+// Claims are dense, and a claim sets its key before its writer raises the counter.
+int64_t claim_generation(Store& store, const std::string& value) {
+  for (int64_t g = read_generation(store) + 1;; ++g) {
+    if (store.compare_set(lost_key(g), "", value) == value) {
+      store.add(generation_key(), 1);
+      return g;
+    }
+  }
+}
+
 }  // namespace
 
 int64_t read_generation(Store& store) {
@@ -23,28 +82,38 @@ int64_t read_generation(Store& store) {
 }
 
 std::optional<int> read_lost_rank(Store& store, int64_t generation) {
-  const std::string key = lost_key(generation);
-  if (generation <= 0 || !store.check({key})) return std::nullopt;
-  const std::string value = store.get(key);
-  try {
-    return std::stoi(value);
-  } catch (const std::exception&) {
-    throw ProtocolError("store key " + key + " holds '" + value +
-                        "', not a rank number; only ddprun --recovery step may write under " +
-                        kRecoveryPrefix);
+  const std::optional<Record> record = read_record(store, generation);
+  if (!record) return std::nullopt;
+  return record->slots.front();
+}
+
+std::vector<int> read_removed_slots(Store& store, int64_t generation) {
+  const std::optional<Record> record = read_record(store, generation);
+  if (!record || !record->node) return {};
+  return record->slots;
+}
+
+std::vector<int> members(Store& store, int64_t generation, int initial_world_size) {
+  std::vector<bool> removed(static_cast<size_t>(std::max(initial_world_size, 0)), false);
+  for (int64_t g = 1; g <= generation; ++g) {
+    for (int slot : read_removed_slots(store, g)) {
+      if (slot < initial_world_size) removed[static_cast<size_t>(slot)] = true;
+    }
   }
+  std::vector<int> out;
+  for (int slot = 0; slot < initial_world_size; ++slot) {
+    if (!removed[static_cast<size_t>(slot)]) out.push_back(slot);
+  }
+  return out;
 }
 
 int64_t publish_lost_rank(Store& store, int rank) {
-  const std::string value = std::to_string(rank);
-  // Claims are dense (each writer takes the lowest free g above the counter), and a claim sets
-  // its key before its writer raises the counter.
-  for (int64_t g = read_generation(store) + 1;; ++g) {
-    if (store.compare_set(lost_key(g), "", value) == value) {
-      store.add(generation_key(), 1);
-      return g;
-    }
-  }
+  return claim_generation(store, std::to_string(rank));
+}
+
+int64_t publish_lost_node(Store& store, const std::vector<int>& slots) {
+  if (slots.empty()) throw UsageError("recovery_notice::publish_lost_node: no rank given");
+  return claim_generation(store, fmt::format("{}{}", kNodePrefix, fmt::join(slots, ",")));
 }
 
 }  // namespace ddp::recovery_notice

@@ -166,6 +166,98 @@ TEST(RecoveryNotice, AgentsRecordingLossesAtOnceOpenDistinctGenerationsWithoutGa
   }
 }
 
+// A lost node's record takes its slots out of every later generation; in-place restarts keep
+// the membership. The membership of a generation follows from the records alone.
+TEST(RecoveryNotice, MembersFollowTheRecordsOfLostNodes) {
+  HashStore store;
+  using V = std::vector<int>;
+  EXPECT_EQ(recovery_notice::members(store, 0, 6), (V{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(recovery_notice::publish_lost_rank(store, 1), 1);
+  EXPECT_EQ(recovery_notice::members(store, 1, 6), (V{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(recovery_notice::publish_lost_node(store, {2, 3}), 2);
+  EXPECT_EQ(recovery_notice::members(store, 2, 6), (V{0, 1, 4, 5}));
+  EXPECT_EQ(recovery_notice::read_lost_rank(store, 2), 2);
+  EXPECT_EQ(recovery_notice::read_removed_slots(store, 2), (V{2, 3}));
+  EXPECT_TRUE(recovery_notice::read_removed_slots(store, 1).empty());
+  EXPECT_EQ(recovery_notice::publish_lost_rank(store, 4), 3);
+  EXPECT_EQ(recovery_notice::publish_lost_node(store, {5}), 4);
+  EXPECT_EQ(recovery_notice::members(store, 4, 6), (V{0, 1, 4}));
+  // Earlier generations keep their membership.
+  EXPECT_EQ(recovery_notice::members(store, 3, 6), (V{0, 1, 4, 5}));
+  EXPECT_THROW(recovery_notice::publish_lost_node(store, {}), UsageError);
+  store.set("ddp/recovery/lost/9", "node:2,x");
+  EXPECT_THROW(recovery_notice::read_removed_slots(store, 9), ProtocolError);
+}
+
+// A node lost in a multi-node job (ranks 1 and 2 of 4 here): the survivors' collective in
+// flight ends with PeerLostError naming the node's ranks, and they re-form as ranks 0 and 1 of
+// 2, in slot order. A process of the lost node that comes back finds no place in the job.
+TEST(RecoverableGroup, ALostNodesRanksLeaveAndTheSurvivorsReformRenumbered) {
+  auto store = std::make_shared<HashStore>();
+  store->set_timeout(std::chrono::minutes(5));
+  auto options = [&](int slot) {
+    RecoverableGroupOptions o = options_for(slot, store);
+    o.world_size = 4;
+    return o;
+  };
+  std::array<std::optional<PeerLostError>, 4> lost_errors;
+  std::array<int, 4> ranks{-1, -1, -1, -1}, sizes{}, slots{-1, -1, -1, -1};
+  std::array<float, 4> sums{};
+  std::atomic<int> waiting{0};
+  std::vector<std::thread> threads;
+  for (int slot : {0, 3}) {  // the survivors
+    threads.emplace_back([&, slot] {
+      RecoverableGroup group(options(slot));
+      EXPECT_EQ(all_reduce_one(*group.group(), 1.0f), 4.0f);
+      ++waiting;
+      try {
+        all_reduce_one(*group.group(), 1.0f);  // slots 1 and 2 never join this one
+      } catch (const PeerLostError& e) {
+        lost_errors[slot] = e;
+      }
+      group.reform();
+      ranks[slot] = group.rank();
+      sizes[slot] = group.world_size();
+      slots[slot] = group.slot();
+      sums[slot] = all_reduce_one(*group.group(), static_cast<float>(group.rank() + 1));
+    });
+  }
+  for (int slot : {1, 2}) {  // the lost node's ranks: the first collective, then gone
+    threads.emplace_back([&, slot] {
+      RecoverableGroup doomed(options(slot));
+      EXPECT_EQ(all_reduce_one(*doomed.group(), 1.0f), 4.0f);
+    });
+  }
+  while (waiting.load() < 2) std::this_thread::yield();
+  threads[2].join();
+  threads[3].join();
+  EXPECT_EQ(recovery_notice::publish_lost_node(*store, {1, 2}), 1);
+  threads[0].join();
+  threads[1].join();
+
+  for (int slot : {0, 3}) {
+    ASSERT_TRUE(lost_errors[slot].has_value()) << "slot " << slot << " got no PeerLostError";
+    EXPECT_EQ(lost_errors[slot]->lost_rank(), 1);
+    EXPECT_NE(
+        std::string(lost_errors[slot]->what()).find("ranks 1,2 of 4 were lost with their node"),
+        std::string::npos)
+        << lost_errors[slot]->what();
+    EXPECT_EQ(sizes[slot], 2);
+    EXPECT_EQ(slots[slot], slot);
+    EXPECT_EQ(sums[slot], 3.0f) << "slot " << slot;
+  }
+  EXPECT_EQ(ranks[0], 0);
+  EXPECT_EQ(ranks[3], 1);
+  // A process of the lost node (a split healed): no place in generation 1.
+  try {
+    RecoverableGroup zombie(options(2));
+    FAIL() << "slot 2 formed a group after its node was lost";
+  } catch (const RemovedFromJobError& e) {
+    EXPECT_NE(std::string(e.what()).find("no longer a member of the job"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(RecoverableGroup, BadOptionsAreUsageErrors) {
   RecoverableGroupOptions o = options_for(0, std::make_shared<HashStore>());
   o.watch_interval = std::chrono::milliseconds(0);

@@ -2,6 +2,11 @@
 // survivors re-form a smaller round when at least MIN remain.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <mutex>
+#include <thread>
+#include <vector>
+
 #include "rdzv_test_util.hpp"
 
 namespace ddp::rdzv::test {
@@ -14,8 +19,9 @@ struct Node {
   std::unique_ptr<MembershipWatcher> watcher;
 };
 
-std::vector<std::unique_ptr<Node>> form_round(const LoopbackStore& store, NodeRange range,
-                                              int count) {
+std::vector<std::unique_ptr<Node>> form_round(
+    const LoopbackStore& store, NodeRange range, int count,
+    MembershipWatcher::OnPeerLost on_peer_lost = nullptr) {
   std::vector<std::unique_ptr<Node>> nodes;
   std::vector<std::unique_ptr<Rendezvous>> agents;
   for (int i = 0; i < count; ++i) {
@@ -30,7 +36,7 @@ std::vector<std::unique_ptr<Node>> form_round(const LoopbackStore& store, NodeRa
     Node* raw = n.get();
     n->watcher = std::make_unique<MembershipWatcher>(
         n->rdzv->options(), n->round, store.connect(),
-        [raw](const std::string& reason) { raw->changed.set_value(reason); });
+        [raw](const std::string& reason) { raw->changed.set_value(reason); }, on_peer_lost);
     nodes.push_back(std::move(n));
   }
   return nodes;
@@ -64,6 +70,66 @@ TEST(RdzvMembership, SilentNodeIsDeclaredDeadAndSurvivorsReform) {
     EXPECT_EQ(r.generation, 1);
   }
   EXPECT_NE(rounds[0].node_rank, rounds[1].node_rank);
+}
+
+// --recovery step: a lost node that the handler takes does not end the round; its slot is
+// marked lost, so nobody watches or waits for it any more.
+TEST(RdzvMembership, ALostNodeTakenInPlaceDoesNotEndTheRound) {
+  LoopbackStore store;
+  std::mutex mutex;
+  std::vector<LostPeer> taken;
+  auto nodes = form_round(store, {1, 3}, 3, [&](const LostPeer& p) {
+    std::lock_guard<std::mutex> lock(mutex);
+    taken.push_back(p);
+    return true;
+  });
+  Node* victim = nullptr;
+  for (auto& n : nodes) {
+    if (n->round.node_rank == 1) victim = n.get();
+  }
+  ASSERT_NE(victim, nullptr);
+  victim->watcher->stop();
+  std::this_thread::sleep_for(victim->rdzv->options().conf.heartbeat * (kMissedHeartbeats + 4));
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    ASSERT_EQ(taken.size(), 1u);
+    EXPECT_EQ(taken[0].node_rank, 1);
+    EXPECT_EQ(taken[0].first_rank, 2);  // 2 workers a node
+    EXPECT_EQ(taken[0].num_ranks, 2);
+    EXPECT_NE(taken[0].why.find("missed 3 heartbeats"), std::string::npos) << taken[0].why;
+  }
+  for (auto& n : nodes) {
+    if (n.get() == victim) continue;
+    EXPECT_FALSE(n->watcher->reason().has_value()) << *n->watcher->reason();
+  }
+  // The round's store host (node rank 0) does not wait for the lost node at the end.
+  Node* host = nullptr;
+  for (auto& n : nodes) {
+    if (n.get() == victim) continue;
+    n->watcher->stop();
+    if (n->round.node_rank == 0) {
+      host = n.get();
+    } else {
+      n->rdzv->mark_finished();
+    }
+  }
+  ASSERT_NE(host, nullptr);
+  host->rdzv->mark_finished();
+  EXPECT_TRUE(host->rdzv->wait_for_peers_to_finish(Millis(2000)));
+}
+
+// Without a handler's consent, or below the round's minimum, a lost node ends the round.
+TEST(RdzvMembership, ALostNodeBelowTheMinimumEndsTheRound) {
+  LoopbackStore store;
+  std::atomic<int> asked{0};
+  auto nodes = form_round(store, {2, 2}, 2, [&](const LostPeer&) {
+    ++asked;
+    return true;
+  });
+  nodes[1]->watcher->stop();
+  const std::string reason = nodes[0]->changed.get_future().get();
+  EXPECT_NE(reason.find("missed 3 heartbeats"), std::string::npos) << reason;
+  EXPECT_EQ(asked.load(), 0);
 }
 
 TEST(RdzvMembership, LeavingNodeIsSeenByEveryone) {

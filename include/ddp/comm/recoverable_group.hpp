@@ -12,8 +12,12 @@
 //   instead of waiting out the group timeout.
 // reform() then builds the group of the newest generation in the same process, under its own
 // store key prefix ("<group_name>/g<generation>"), which the restarted rank joins too (it reads
-// the generation when it starts). Ranks and world size stay the same (ddprun restarts the lost
-// rank in place).
+// the generation when it starts).
+//
+// Membership: a lost rank that ddprun restarts in place keeps its rank and the world size. A
+// node lost in a multi-node job takes its ranks out of the job: the survivors re-form with
+// fewer ranks, renumbered in the order of their slots (the RANK each was launched with, slot()),
+// so rank() and world_size() may change at reform(). recovery_notice.hpp has the records.
 //
 // Backends: cpu on one host polls the abort in its shared-memory waits; gloo's waits do not,
 // but end as soon as the dead peer's sockets close (NetworkError), before or after the notice.
@@ -37,8 +41,16 @@
 
 #include "ddp/comm/process_group.hpp"
 #include "ddp/store/store.hpp"
+#include "ddp/util/error.hpp"
 
 namespace ddp {
+
+// This rank's slot is no longer a member of the job: ddprun declared its node lost (it missed
+// its heartbeats) while this process still ran. It has no place in any later generation.
+class RemovedFromJobError : public Error {
+ public:
+  using Error::Error;
+};
 
 struct RecoverableGroupOptions {
   std::string backend = "cpu";  // cpu (one host) or gloo
@@ -72,27 +84,44 @@ class RecoverableGroup {
 
   const ProcessGroupPtr& group() const { return group_; }
   int64_t generation() const { return generation_; }
-  int rank() const { return rank_; }
-  int world_size() const { return world_size_; }
+  // This rank in the current generation's group, and its size (both may change at reform()
+  // when a node was lost).
+  int rank() const { return rank_.load(std::memory_order_relaxed); }
+  int world_size() const { return world_size_.load(std::memory_order_relaxed); }
+  // The rank this process was launched with (RANK): its identity across generations.
+  int slot() const { return slot_; }
 
   // Whether a newer generation than group()'s was announced. No store round trip.
   bool stale() const { return announced_.load(std::memory_order_acquire) > generation_; }
 
-  // The rank whose loss opened the newest generation seen (nullopt before any loss).
+  // The rank slot whose loss opened the newest generation seen (nullopt before any loss).
   std::optional<int> lost_rank() const;
+  // What opened the newest generation seen, for messages: "rank 2 was lost" or "ranks 2,3 were
+  // lost with their node" ("" before any loss).
+  std::string loss_description() const;
 
   // Aborts the current group (if the watcher has not yet), destroys it and joins the newest
   // generation. Collective over the live ranks and the restarted one. Returns the new group.
+  // Throws RemovedFromJobError when this rank's slot left the job (its node was declared lost
+  // while this process still ran, e.g. a network split).
   const ProcessGroupPtr& reform();
 
  private:
+  struct Loss {
+    std::optional<int> first;  // the first lost slot
+    std::string description;   // loss_description()
+  };
   void watch_loop();
+  // Forms `generation`'s group with this slot's place in it (rank_, world_size_ on success).
   ProcessGroupPtr form(int64_t generation);
-  PeerLostError lost_error(int64_t generation, std::optional<int> lost) const;
+  Loss read_loss(Store& store, int64_t generation) const;
+  PeerLostError lost_error(int64_t generation, const Loss& loss) const;
 
   RecoverableGroupOptions options_;
-  int rank_ = 0;
-  int world_size_ = 1;
+  int slot_ = 0;
+  int initial_world_size_ = 1;
+  std::atomic<int> rank_{0};
+  std::atomic<int> world_size_{1};
   std::shared_ptr<Store> store_;
   std::shared_ptr<Store> watch_store_;
   // From the environment: a new connection per generation (recoverable_group.cpp); else unset.
@@ -102,7 +131,7 @@ class RecoverableGroup {
   std::atomic<int64_t> announced_{0};
 
   mutable std::mutex mutex_;  // guards lost_, current_ (the watcher's view of group_)
-  std::optional<int> lost_;
+  Loss lost_;
   ProcessGroupPtr current_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -14,6 +14,7 @@
 // restart is a membership change and does not count against --max-restarts (like torchrun).
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,9 +34,25 @@ struct MembershipRound {
   std::string summary;
 };
 
+// A node the watcher found dead or gone while its round ran (--recovery step).
+struct LostNode {
+  int node_rank = 0;
+  int first_rank = 0;  // its workers' global ranks: first_rank .. first_rank + num_ranks - 1
+  int num_ranks = 0;
+  std::string why;
+};
+// Returns true when the survivors go on without the node (the round then does not end);
+// called on the watcher's thread.
+using LostNodeHandler = std::function<bool(const LostNode&)>;
+
 class Membership {
  public:
   virtual ~Membership() = default;
+
+  // --recovery step: rounds watched from now on hand a lost node (missed heartbeats, or left)
+  // to `handler` first, while the round keeps its minimum of nodes; when it takes the loss the
+  // round goes on without that node. Default: not supported (every loss ends the round).
+  virtual void set_lost_node_handler(LostNodeHandler handler) { (void)handler; }
 
   // Joins the next round. Throws ddp::TimeoutError (with the diagnosis) or ddp::Error when
   // the run was shut down or the store is unreachable.

@@ -7,16 +7,20 @@
 // node 0, at the round's master port); the other nodes' agents connect to it. Each agent
 // publishes the losses of its own workers there (recovery_notice.hpp) before the replacement
 // starts: survivors on every node learn of it within their watcher's interval
-// (RecoverableGroup) and the replacement joins the generation the loss opened.
+// (RecoverableGroup) and the replacement joins the generation the loss opened. A node lost in
+// an elastic job (its agent missed its heartbeats, or left) is recorded the same way by the
+// survivor that saw it: its ranks leave the job, and the others go on with fewer ranks.
 //
 // --recovery group (the default) is the whole-group restart the agent always did.
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
+#include "ddp/launcher/membership.hpp"
 #include "ddp/launcher/root_cause.hpp"
 
 namespace ddp {
@@ -44,6 +48,9 @@ struct StepRecoveryOptions {
   std::optional<std::string> token;
   // Bounds every request (a client waits kServingAgentWait for the serving agent).
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // The job's world size at launch (the slots of recovery_notice::members); 0 on one node,
+  // where no node can be lost.
+  int world_size = 0;
   int max_restarts = 0;
   // Restarts this agent already used in earlier rounds (multi-node: one StepRecovery a round).
   int restarts_used = 0;
@@ -69,15 +76,32 @@ class StepRecovery {
   // AttemptSpec::replace_failed: with restarts left, publishes the loss of the failed rank and
   // returns the replacement's TORCHELASTIC_RESTART_COUNT; otherwise nullopt (the attempt then
   // fails and the agent reports it, without a group restart).
+  // A worker whose rank left the job with its node (this node was declared lost while it
+  // still ran) is not restarted either: removed_from_job() then says so.
   std::optional<int> on_worker_failed(const WorkerFailure& failure);
+
+  // A node of the job was lost (LostNodeHandler, on the membership watcher's thread): records
+  // that its ranks leave the job, so the survivors re-form without them, and says so. Returns
+  // false when it cannot be recorded (the store is gone): the round then ends as in group mode.
+  bool on_node_lost(const LostNode& node);
+
+  // This node's ranks were taken out of the job by another node's agent (a network split
+  // healed, a frozen agent resumed): this agent must leave without ending the others' job.
+  bool removed_from_job() const { return removed_from_job_; }
 
  private:
   void connect_to_serving_agent(TcpStoreOptions o, std::chrono::milliseconds request_timeout);
+  void say(const std::string& line);
+  // Whether global rank `rank` is in the current generation (not taken out with its node).
+  bool still_a_member(int rank);
 
+  std::mutex mutex_;  // the agent's thread and the membership watcher's both publish
   std::unique_ptr<TcpStore> store_;
+  int world_size_;
   int max_restarts_;
   int notice_fd_;
   int restarts_;
+  bool removed_from_job_ = false;
 };
 
 }  // namespace ddp::launcher

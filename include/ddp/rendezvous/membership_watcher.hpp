@@ -3,7 +3,7 @@
 // once, with a reason, when the round must end:
 //   - another agent ended it (a worker failed there, it left, the run was shut down);
 //   - the peer this node watches missed kMissedHeartbeats heartbeats (it died or lost the
-//     network) or marked itself "left";
+//     network) or marked itself "left" (unless on_peer_lost takes the loss: --recovery step);
 //   - nodes are waiting to join (c10d, while the round is below MAX nodes).
 // It also writes this node's heartbeat every `heartbeat` period.
 //
@@ -35,13 +35,29 @@
 
 namespace ddp::rdzv {
 
+// A peer node this watcher found dead or gone, and its workers' global ranks.
+struct LostPeer {
+  int node_rank = 0;
+  int first_rank = 0;  // the node's ranks are first_rank .. first_rank + num_ranks - 1
+  int num_ranks = 0;
+  std::string why;  // "node rank 1 (host, addr) missed 3 heartbeats (...)"
+};
+
 class MembershipWatcher {
  public:
   using OnChange = std::function<void(const std::string& reason)>;
+  // In-place recovery of a lost node (ddprun --recovery step): called on the watcher thread
+  // when the watched peer missed its heartbeats or left, while the round keeps at least
+  // options.nodes.min nodes. Returns true when the survivors go on without that node: the
+  // watcher then marks its slot "lost" (every ring skips it, and nobody waits for it at the
+  // end) and watches the next peer, and the round does not end. false (or no handler): the
+  // round ends, as always.
+  using OnPeerLost = std::function<bool(const LostPeer&)>;
 
   // Starts watching `round` (this node is round.node_rank). Throws UsageError on a bad round.
   MembershipWatcher(const RendezvousOptions& options, const RoundInfo& round,
-                    std::shared_ptr<Store> store, OnChange on_change);
+                    std::shared_ptr<Store> store, OnChange on_change,
+                    OnPeerLost on_peer_lost = nullptr);
   ~MembershipWatcher();
   MembershipWatcher(const MembershipWatcher&) = delete;
   MembershipWatcher& operator=(const MembershipWatcher&) = delete;
@@ -63,11 +79,17 @@ class MembershipWatcher {
   void run();
   void report(const std::string& reason);
   void check_peers();
+  // The peer in `slot` is gone: hands it to on_peer_lost_ (true: the round goes on without
+  // it) or ends the round with `why`.
+  void peer_gone(int slot, const std::string& why);
+  LostPeer describe_lost(int slot, const std::string& why);
 
   RendezvousOptions options_;
   RoundInfo round_;
   std::shared_ptr<Store> store_;
   OnChange on_change_;
+  OnPeerLost on_peer_lost_;
+  int lost_peers_ = 0;  // slots this watcher marked "lost"
   std::atomic<bool> stop_{false};
   mutable std::mutex mutex_;
   std::optional<std::string> reason_;

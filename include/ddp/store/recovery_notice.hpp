@@ -5,8 +5,17 @@
 // Keys (under kRecoveryPrefix):
 //   generation        the membership generation, an add() counter: 0 (absent) at the start,
 //                     +1 for every rank lost. Read with add(key, 0): one round trip, no wait.
-//   lost/<g>          the rank whose loss opened generation g (decimal), set before the
-//                     counter reaches g, so a reader that saw g finds it.
+//   lost/<g>          what opened generation g, set before the counter reaches g, so a reader
+//                     that saw g finds it:
+//                       "<r>"            rank slot r was lost and is restarted in place (the
+//                                        membership stays the same);
+//                       "node:<r>,<s>.." the ranks slots r, s, ... were lost with their node
+//                                        and leave the job: the survivors go on without them.
+//
+// A rank's slot is the RANK it was launched with; it never changes. Its rank in generation g is
+// its index among the slots of g (members()): the launch's 0..W-1 minus every slot a "node:"
+// record up to g removed, in slot order. So the membership of any generation follows from the
+// records alone, whatever order concurrent writers claimed them in.
 // The launchers (one agent per node) are the only writers: each claims the next free lost/<g>
 // with compare_set, then raises the counter, so the keys lost/1..lost/k are all set whenever
 // the counter reads k, even when agents on two nodes record losses at the same moment. Workers
@@ -16,6 +25,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ddp/store/store.hpp"
 
@@ -23,15 +33,33 @@ namespace ddp::recovery_notice {
 
 inline constexpr const char* kRecoveryPrefix = "ddp/recovery/";
 
+// Set by ddprun for its workers on several nodes: how long a worker whose collective failed
+// (a peer's socket closed) waits for the notice before it takes the error for something else
+// (milliseconds; StepManagerOptions::notice_wait's default). A lost node is announced only
+// after its heartbeats were missed, which may take longer than a lost worker's notice.
+inline constexpr const char* kNoticeWaitEnvVar = "DDP_RECOVERY_NOTICE_WAIT_MS";
+
 // The current generation (0 when no rank was lost yet).
 int64_t read_generation(Store& store);
 
-// The rank whose loss opened `generation`, or nullopt when not recorded (generation 0).
+// The (first) rank slot whose loss opened `generation`, or nullopt when not recorded
+// (generation 0).
 std::optional<int> read_lost_rank(Store& store, int64_t generation);
+
+// The slots lost with their node that `generation` removed (empty for an in-place restart).
+std::vector<int> read_removed_slots(Store& store, int64_t generation);
+
+// The rank slots of `generation`, in rank order: slot members(...)[i] has rank i. Reads the
+// records of generations 1..generation (one round trip each: for re-forming, not per step).
+std::vector<int> members(Store& store, int64_t generation, int initial_world_size);
 
 // Launcher side: records that `rank` was lost and opens the next generation, which it returns
 // (the generation whose lost/<g> key it claimed; the counter may already be higher when
 // another node's agent recorded a loss at the same time).
 int64_t publish_lost_rank(Store& store, int rank);
+
+// Launcher side: records that the ranks `slots` (non-empty) were lost with their node and
+// leave the job; returns the generation it opened, as publish_lost_rank.
+int64_t publish_lost_node(Store& store, const std::vector<int>& slots);
 
 }  // namespace ddp::recovery_notice

@@ -128,12 +128,8 @@ std::unique_ptr<Reducer> DistributedDataParallelBase::make_reducer() const {
 
 void DistributedDataParallelBase::reset_process_group(ProcessGroupPtr pg) {
   if (!pg) throw UsageError("DistributedDataParallel::reset_process_group: the group is null");
-  if (pg->size() != pg_->size() || pg->rank() != pg_->rank()) {
-    throw UsageError(fmt::format(
-        "DistributedDataParallel::reset_process_group: the new group has rank {} of {}, the old "
-        "one rank {} of {}; in-place recovery keeps every rank and the world size",
-        pg->rank(), pg->size(), pg_->rank(), pg_->size()));
-  }
+  // The rank and the size may differ (in-place recovery after a lost node: the survivors are
+  // renumbered); the reducer is rebuilt on the new group, so the averages divide by its size.
   reducer_.reset();  // unhooks the old reducer before the new one hooks the same parameters
   pg_ = std::move(pg);
   timeout_ = options_.timeout().count() > 0 ? options_.timeout() : pg_->timeout();

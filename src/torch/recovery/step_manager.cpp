@@ -5,7 +5,9 @@
 
 #include <thread>
 
+#include "ddp/store/recovery_notice.hpp"
 #include "ddp/torch/recovery/peer_heal.hpp"
+#include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/logging.hpp"
 
@@ -25,10 +27,17 @@ void set_generator_state(const torch::Tensor& state) {
   generator.set_state(state);
 }
 
+std::chrono::milliseconds notice_wait_from_env() {
+  const std::optional<int64_t> ms = env::get_int(recovery_notice::kNoticeWaitEnvVar);
+  return std::chrono::milliseconds(ms && *ms > 0 ? *ms : 5000);
+}
+
 }  // namespace
 
 StepManager::StepManager(StepManagerOptions options)
-    : options_(std::move(options)), group_(options_.group) {
+    : options_(std::move(options)),
+      notice_wait_(options_.notice_wait.value_or(notice_wait_from_env())),
+      group_(options_.group) {
   if (options_.max_attempts_per_step < 1) {
     throw UsageError(
         fmt::format("StepManagerOptions::max_attempts_per_step must be at least 1, "
@@ -58,7 +67,7 @@ void StepManager::attach(DistributedDataParallelBase& model, torch::optim::Optim
     } catch (const std::exception& e) {
       if (!loss_announced(e)) throw;
     }
-    // Another rank was lost while this one joined.
+    // Another rank was lost while this one joined (RemovedFromJobError propagates).
     group_.reform();
     model_->reset_process_group(group_.group());
   }
@@ -69,7 +78,7 @@ bool StepManager::loss_announced(const std::exception& error) const {
   const bool peer_related = dynamic_cast<const NetworkError*>(&error) != nullptr ||
                             dynamic_cast<const CollectiveError*>(&error) != nullptr;
   if (!peer_related) return false;
-  const auto until = std::chrono::steady_clock::now() + options_.notice_wait;
+  const auto until = std::chrono::steady_clock::now() + notice_wait_;
   while (std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     if (group_.stale()) return true;
@@ -87,13 +96,14 @@ void StepManager::recover() {
           heal_from_peer(*group_.group(), HealTarget{&model_->base_module(), optimizer_, &step_},
                          /*fresh=*/false, group_.group()->timeout());
       log::get("ddp.recovery")
-          ->info("rank {}: group re-formed at generation {} (rank {} was lost); {} at step {}",
-                 rank(), generation(),
-                 group_.lost_rank() ? std::to_string(*group_.lost_rank()) : std::string("?"),
+          ->info("rank {}: group re-formed at generation {} ({}): rank {} of {}; {} at step {}",
+                 group_.slot(), generation(), group_.loss_description(), rank(), world_size(),
                  healed.transferred ? fmt::format("state from rank {}", healed.source)
                                     : std::string("no state sent"),
                  step_);
       return;
+    } catch (const RemovedFromJobError&) {
+      throw;  // no generation has a place for this rank: nothing to retry
     } catch (const std::exception& e) {
       if (!loss_announced(e) || tries + 1 >= options_.max_attempts_per_step) throw;
     }

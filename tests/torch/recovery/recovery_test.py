@@ -21,10 +21,12 @@ import argparse
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 WORLD = 3
 TWO_NODES_WORLD = 4  # --two-nodes: 2 agents x 2 ranks
@@ -131,6 +133,84 @@ def two_nodes(ddprun, worker, tmp):
     print("PASS")
 
 
+LOST_NODE_KILL_STEP = 8
+
+
+def read_commits(out, slot):
+    """[(pid, step, world size)] of every step rank `slot` committed, in order."""
+    with open(os.path.join(out, f"rank{slot}.commits")) as f:
+        return [tuple(int(v) for v in line.split()) for line in f if line.strip()]
+
+
+def lost_node(ddprun, worker, tmp):
+    """A whole node lost in an elastic c10d job (--nnodes 1:2) under --recovery step: node 1's
+    rank 2 SIGKILLs its agent (its other worker dies with it) and itself after committing step
+    LOST_NODE_KILL_STEP. Node 0's agent sees the missed heartbeats and takes ranks 2-3 out of
+    the job; its workers drop the step in flight, re-form as ranks 0-1 of 2 and finish. Checked:
+    node 0 exits 0 without a group restart; each survivor committed every step exactly once, in
+    one process, first at world size 4 and from some step on at 2; both end at generation 1,
+    world size 2, with bitwise equal parameters."""
+    out = os.path.join(tmp, "lost_node")
+    os.makedirs(out)
+    port = free_port()
+    procs = []
+    for node in range(2):
+        env = dict(os.environ)
+        env["DDP_HOST_ID"] = f"node{node}"
+        if node == 1:
+            env["DDP_TEST_KILL_NODE_AT_STEP"] = str(LOST_NODE_KILL_STEP)
+        cmd = [ddprun, "--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "lost_node",
+               "--rdzv-conf", "heartbeat=1,last_call_timeout=10", "--recovery", "step",
+               "--max-restarts", "2", "--no-python"] + worker + [
+               "--steps", str(STEPS), "--out", out]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True,
+                                      start_new_session=True))
+        if node == 0:
+            time.sleep(1.0)  # node 0 joins first: it hosts the stores and is the round's node 0
+    try:
+        _, err0 = procs[0].communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        procs[0].kill()
+        _, err0 = procs[0].communicate()
+    _, err1 = procs[1].communicate()
+    err = f"--- node 0 ---\n{err0}\n--- node 1 ---\n{err1}"
+    what = f"lost node (node 1 killed after step {LOST_NODE_KILL_STEP})"
+    if procs[0].returncode != 0:
+        fail(f"{what}: node 0's agent exited {procs[0].returncode}\n{err}")
+    if "its ranks 2-3 leave the job and the other 2 workers go on" not in err0:
+        fail(f"{what}: node 0 did not take the loss in place\n{err}")
+    # (The flight recorder's wait for the dead ranks' records times out, by design.)
+    timeouts = [line for line in err0.splitlines()
+                if "timed out" in line and "flight recorder" not in line]
+    if "restarting the worker group" in err0 or timeouts:
+        fail(f"{what}: a group restart or a timeout\n{err}")
+    if procs[1].returncode != -signal.SIGKILL:
+        fail(f"{what}: node 1's agent ended with {procs[1].returncode}, not SIGKILL\n{err}")
+    reports = read_reports(out, 2)
+    if any(r["step"] != STEPS or r["generation"] != 1 or r["world_size"] != 2 for r in reports):
+        fail(f"{what}: reports {reports}\n{err}")
+    for slot in range(2):
+        commits = read_commits(out, slot)
+        steps = [step for _, step, _ in commits]
+        worlds = [world for _, _, world in commits]
+        if steps != list(range(1, STEPS + 1)) or len({pid for pid, _, _ in commits}) != 1:
+            fail(f"{what}: rank {slot} committed {commits}\n{err}")
+        # Steps 1..KILL at world size 4, every later one at 2 (step KILL + 1 was dropped and
+        # redone by the survivors).
+        shrunk = worlds.index(2) if 2 in worlds else -1
+        if shrunk != LOST_NODE_KILL_STEP or set(worlds[:shrunk]) != {4} or \
+                set(worlds[shrunk:]) != {2}:
+            fail(f"{what}: rank {slot}'s world sizes per step {worlds}\n{err}")
+    params = read_params(out, 2)
+    if params[0] != params[1]:
+        fail(f"{what}: the survivors' parameters differ\n{err}")
+    print(f"ok: {what}: node 0 exits 0, ranks 0-1 went on at world size 2 from step "
+          f"{shrunk + 1}, each step committed once, parameters bitwise equal")
+    print("PASS")
+
+
 def run(ddprun, worker, out, recovery, env_extra):
     """worker: the command (a list) that runs one rank."""
     env = dict(os.environ)
@@ -168,6 +248,8 @@ def main():
     ap.add_argument("--python-worker", help="tests/python/recovery_worker.py")
     ap.add_argument("--two-nodes", action="store_true",
                     help="two agents (simulated hosts) x 2 ranks instead of one x 3")
+    ap.add_argument("--lost-node", action="store_true",
+                    help="two agents (simulated hosts) x 2 ranks, c10d 1:2; node 1 is lost")
     args = ap.parse_args()
     python = args.python_worker is not None
     if python == (args.worker is not None) or (python and not args.python):
@@ -176,6 +258,9 @@ def main():
     tmp = tempfile.mkdtemp(prefix="ddp_recovery_test_")
     if args.two_nodes:
         two_nodes(args.ddprun, args.worker, tmp)
+        return
+    if args.lost_node:
+        lost_node(args.ddprun, args.worker, tmp)
         return
 
     # Reference: no failure.

@@ -7,11 +7,14 @@
 // DDP_TEST_KILL_RANK=R and DDP_TEST_KILL_PHASE=forward|backward|between make rank R of the
 // first incarnation (TORCHELASTIC_RESTART_COUNT=0) SIGKILL itself at step S: before the forward,
 // between forward and backward, or after the step committed. S and R may be comma-separated
-// lists of the same length (several failures, one per pair).
+// lists of the same length (several failures, one per pair). DDP_TEST_KILL_NODE_AT_STEP=S: the
+// worker SIGKILLs its agent (and so its node's other workers) and itself after step S.
 //
 // At the end each rank writes DIR/rank<R>.params (every parameter's bytes, in order) and
-// DIR/rank<R>.json (committed steps, attempts dropped, re-forms, generation, restart count);
-// every committed step is appended to DIR/rank<R>.commits as "<pid> <step>".
+// DIR/rank<R>.json (rank and world size at the end, committed steps, attempts dropped,
+// re-forms, generation, restart count); every committed step is appended to DIR/rank<R>.commits
+// as "<pid> <step> <world size>". R is the launch rank (the slot), which a lost node does not
+// change; DDP_TEST_KILL_RANK names slots too.
 #include <fmt/format.h>
 #include <signal.h>
 #include <torch/torch.h>
@@ -72,7 +75,9 @@ int run(int64_t steps, const std::string& out) {
   options.group.timeout = std::chrono::seconds(60);
   options.group.backend = env_or("DDP_TEST_BACKEND", "cpu");
   ddp::StepManager manager(options);
-  const int rank = manager.rank();
+  // The launch rank names this process's files and its kill orders; the step's data follows the
+  // current rank, which shrinks when a node is lost.
+  const int slot = manager.slot();
 
   torch::manual_seed(0);
   auto net = std::make_shared<Net>();
@@ -91,38 +96,46 @@ int run(int64_t steps, const std::string& out) {
   const std::vector<int64_t> kill_steps = int_list(env_or("DDP_TEST_KILL_AT_STEP", ""));
   const std::vector<int64_t> kill_ranks = int_list(env_or("DDP_TEST_KILL_RANK", ""));
   const std::string kill_phase = env_or("DDP_TEST_KILL_PHASE", "backward");
+  // DDP_TEST_KILL_NODE_AT_STEP=S: after committing step S this worker SIGKILLs its agent and
+  // itself: the whole node is lost (set it for one node's agent only).
+  const int64_t kill_node_at = std::stoll(env_or("DDP_TEST_KILL_NODE_AT_STEP", "-1"));
   auto maybe_die = [&](const char* phase) {
     if (!first_life || kill_phase != phase) return;
     for (size_t i = 0; i < kill_steps.size() && i < kill_ranks.size(); ++i) {
-      if (rank == kill_ranks[i] && manager.step() == kill_steps[i]) ::kill(::getpid(), SIGKILL);
+      if (slot == kill_ranks[i] && manager.step() == kill_steps[i]) ::kill(::getpid(), SIGKILL);
     }
   };
 
-  std::ofstream commits(fmt::format("{}/rank{}.commits", out, rank), std::ios::app);
+  std::ofstream commits(fmt::format("{}/rank{}.commits", out, slot), std::ios::app);
   while (manager.step() < steps) {
     manager.run_step([&] {
       maybe_die("forward");
       // The step being run: a redo after healing may run a later one.
-      const auto [x, y] = batch_for(manager.step(), rank);
+      const auto [x, y] = batch_for(manager.step(), manager.rank());
       auto loss = torch::cross_entropy_loss(model(x), y);
       maybe_die("backward");
       loss.backward();
       return loss;
     });
-    commits << ::getpid() << " " << manager.step() << "\n" << std::flush;
+    commits << ::getpid() << " " << manager.step() << " " << manager.world_size() << "\n"
+            << std::flush;
     maybe_die("between");
+    if (manager.step() == kill_node_at) {
+      ::kill(::getppid(), SIGKILL);  // the agent: its other workers die with it (PDEATHSIG)
+      ::kill(::getpid(), SIGKILL);
+    }
   }
 
-  std::ofstream params(fmt::format("{}/rank{}.params", out, rank), std::ios::binary);
+  std::ofstream params(fmt::format("{}/rank{}.params", out, slot), std::ios::binary);
   for (const auto& p : model.parameters()) {
     auto c = p.detach().contiguous();
     params.write(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
   }
-  std::ofstream(fmt::format("{}/rank{}.json", out, rank)) << fmt::format(
-      "{{\"rank\":{},\"step\":{},\"dropped\":{},\"recoveries\":{},\"generation\":{},"
-      "\"restart_count\":{}}}\n",
-      rank, manager.step(), manager.steps_dropped(), manager.recoveries(), manager.generation(),
-      env_or("TORCHELASTIC_RESTART_COUNT", "0"));
+  std::ofstream(fmt::format("{}/rank{}.json", out, slot)) << fmt::format(
+      "{{\"rank\":{},\"slot\":{},\"world_size\":{},\"step\":{},\"dropped\":{},"
+      "\"recoveries\":{},\"generation\":{},\"restart_count\":{}}}\n",
+      manager.rank(), slot, manager.world_size(), manager.step(), manager.steps_dropped(),
+      manager.recoveries(), manager.generation(), env_or("TORCHELASTIC_RESTART_COUNT", "0"));
   return 0;
 }
 

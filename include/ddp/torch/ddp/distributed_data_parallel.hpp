@@ -109,10 +109,10 @@ class DistributedDataParallelBase : public Joinable {
   void finalize() { reducer_->finalize(); }
 
   // In-place recovery (recovery/step_manager.hpp): moves the wrapper onto `pg`, the re-formed
-  // group of a new membership generation (same ranks and size). The reducer of the old group
-  // is dropped with its iteration in flight (its gradients are unspecified until the next
-  // backward) and a new one builds its buckets on `pg`, as at construction; SyncBatchNorm
-  // layers that took the old group take `pg`. Not collective: nothing is broadcast.
+  // group of a new membership generation (its ranks may be renumbered after a lost node). The old
+  // reducer is dropped with its iteration in flight and a new one builds its buckets on `pg`, as at
+  // construction; SyncBatchNorm layers that took the old group take `pg`. Not collective:
+  // nothing is broadcast.
   void reset_process_group(ProcessGroupPtr pg);
 
   // How many forwards searched their autograd graph for unused parameters

@@ -27,7 +27,12 @@
 //   group in the same processes, rebuild DDP's reducer on it, bring every rank (the restarted
 //   one included) to the state of the most advanced healthy rank (peer_heal.hpp), and run fn
 //   again for the same step. Gradients are averaged over the ranks that took part, which with
-//   in-place restarts is the full world again.
+//   in-place restarts is the full world again, and after a lost node the survivors only.
+// - A node lost in a multi-node job (its agent missed its heartbeats): ddprun takes its ranks
+//   out of the job and the survivors go on with fewer ranks (rank() and world_size() change at
+//   the re-form; DDP's reducer is rebuilt on the smaller group). Learning-rate scaling is the
+//   program's. A process whose node was declared lost while it still ran gets
+//   RemovedFromJobError.
 // - fn must be a function of step() (the batch, any schedule) and must not act on the outside
 //   world before run_step returns (log after it: a dropped attempt is invisible).
 // - Other errors propagate unchanged; so does a loss when this rank has no StepManager state
@@ -44,6 +49,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "ddp/comm/recoverable_group.hpp"
 #include "ddp/torch/ddp/distributed_data_parallel.hpp"
@@ -57,8 +63,10 @@ struct StepManagerOptions {
   int max_attempts_per_step = 16;
   // A collective that fails with NetworkError or CollectiveError before ddprun's notice arrived
   // (gloo sees a dead peer's socket close first) waits up to this long for the notice; with it
-  // the step is redone, without it the error propagates after the wait.
-  std::chrono::milliseconds notice_wait{5000};
+  // the step is redone, without it the error propagates after the wait. Unset: ddprun's
+  // DDP_RECOVERY_NOTICE_WAIT_MS (on several nodes: long enough for a lost node's missed
+  // heartbeats), else 5 s.
+  std::optional<std::chrono::milliseconds> notice_wait;
 };
 
 class StepManager {
@@ -70,8 +78,13 @@ class StepManager {
 
   // The current generation's group: build DDP on it (init_sync(false)).
   const ProcessGroupPtr& process_group() const { return group_.group(); }
+  // This rank and the world size in the current generation: both shrink when a node is lost
+  // (the survivors are renumbered in slot order), so read them per step, e.g. for the step's
+  // share of the data.
   int rank() const { return group_.rank(); }
   int world_size() const { return group_.world_size(); }
+  // The rank this process was launched with (RANK); it never changes (files named per rank).
+  int slot() const { return group_.slot(); }
   int64_t generation() const { return group_.generation(); }
 
   // Registers the training state and heals it (collective): afterwards every rank holds the
@@ -97,6 +110,7 @@ class StepManager {
   bool loss_announced(const std::exception& error) const;
 
   StepManagerOptions options_;
+  std::chrono::milliseconds notice_wait_;
   RecoverableGroup group_;
   DistributedDataParallelBase* model_ = nullptr;
   torch::optim::Optimizer* optimizer_ = nullptr;
