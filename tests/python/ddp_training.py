@@ -100,9 +100,16 @@ def compare(name, tol, updates=False, against_plain=False, **kw):
     assert torch.equal(lo, hi), f"{name}: replicas differ across ranks"
 
 
-compare("default hooks", 1e-6)
-compare("find_unused_parameters", 1e-6, find_unused=True)
-compare("no_sync (2 micro-batches)", 1e-6, accumulate=2)
+# At 2 ranks both backends add the same two numbers (a + b == b + a): the parameters agree
+# exactly (measured: 0). From 3 ranks on, gloo's ring and ddp's shared-memory reduction add the
+# ranks' gradients in different orders, float addition is not associative, and 8 steps of SGD
+# with momentum amplify the last-bit differences: measured at 3 ranks 2.7e-8 (default hooks) up
+# to 1.7e-6 (no_sync), depending on the machine's kernels (the CPU's vector width); fp16
+# compression's rounding alone is 4e-5 there.
+EXACT = 1e-6 if n == 2 else 2e-5
+compare("default hooks", EXACT)
+compare("find_unused_parameters", EXACT, find_unused=True)
+compare("no_sync (2 micro-batches)", EXACT, accumulate=2)
 compare("fp16_compress_hook", 1e-3, hook=default_hooks.fp16_compress_hook)
 # PyTorch's own PowerSGD hook: it issues collectives from futures' callbacks (two per bucket)
 # while the training thread issues the next bucket's. On gloo (torch 2.13) ranks then issue

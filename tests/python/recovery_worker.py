@@ -9,6 +9,8 @@ outputs, so tests/torch/recovery/recovery_test.py checks both.
 DDP_TEST_KILL_AT_STEP=S, DDP_TEST_KILL_RANK=R, DDP_TEST_KILL_PHASE=forward|backward|between:
 rank R of the first incarnation SIGKILLs itself at step S (lists: several failures);
 DDP_TEST_KILL_IN_HEAL=1: the first replacement dies after joining, before it is healed.
+DDP_TEST_KILL_NODE_AT_STEP=S: after step S the worker SIGKILLs its agent (its node's other
+workers die with it) and itself.
 Writes DIR/rank<R>.params (every parameter's bytes, in order) and DIR/rank<R>.json."""
 import argparse
 import json
@@ -88,9 +90,13 @@ def main():
         maybe_die("backward")
         return loss
 
+    kill_node_at = int(os.environ.get("DDP_TEST_KILL_NODE_AT_STEP", "-1"))
     while steps.step < args.steps:
         steps.run_step(forward)
         maybe_die("between")
+        if steps.step == kill_node_at:  # the whole node: the agent, then this worker
+            os.kill(os.getppid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     with open(os.path.join(args.out, f"rank{rank}.params"), "wb") as f:
         for p in model.parameters():

@@ -142,14 +142,17 @@ def read_commits(out, slot):
         return [tuple(int(v) for v in line.split()) for line in f if line.strip()]
 
 
-def lost_node(ddprun, worker, tmp):
+def lost_node(ddprun, worker, tmp, python=False):
     """A whole node lost in an elastic c10d job (--nnodes 1:2) under --recovery step: node 1's
     rank 2 SIGKILLs its agent (its other worker dies with it) and itself after committing step
     LOST_NODE_KILL_STEP. Node 0's agent sees the missed heartbeats and takes ranks 2-3 out of
     the job; its workers drop the step in flight, re-form as ranks 0-1 of 2 and finish. Checked:
     node 0 exits 0 without a group restart; each survivor committed every step exactly once, in
     one process, first at world size 4 and from some step on at 2; both end at generation 1,
-    world size 2, with bitwise equal parameters."""
+    world size 2, with bitwise equal parameters.
+
+    python: PyTorch's DDP on the ddp backend cannot shrink (a torch.distributed group's size is
+    fixed): the job must end non-zero, promptly, saying so and naming --recovery group."""
     out = os.path.join(tmp, "lost_node")
     os.makedirs(out)
     port = free_port()
@@ -177,6 +180,14 @@ def lost_node(ddprun, worker, tmp):
     _, err1 = procs[1].communicate()
     err = f"--- node 0 ---\n{err0}\n--- node 1 ---\n{err1}"
     what = f"lost node (node 1 killed after step {LOST_NODE_KILL_STEP})"
+    if python:
+        if procs[0].returncode == 0 or "recovers lost workers, not lost nodes (use " \
+                "--recovery group" not in err0:
+            fail(f"{what}, Python: node 0's agent exited {procs[0].returncode}\n{err}")
+        print(f"ok: {what}, Python: the job ends (exit {procs[0].returncode}) saying the ddp "
+              f"backend recovers lost workers, not lost nodes")
+        print("PASS")
+        return
     if procs[0].returncode != 0:
         fail(f"{what}: node 0's agent exited {procs[0].returncode}\n{err}")
     if "its ranks 2-3 leave the job and the other 2 workers go on" not in err0:
@@ -260,7 +271,7 @@ def main():
         two_nodes(args.ddprun, args.worker, tmp)
         return
     if args.lost_node:
-        lost_node(args.ddprun, args.worker, tmp)
+        lost_node(args.ddprun, args.worker, tmp, python)
         return
 
     # Reference: no failure.
