@@ -173,7 +173,8 @@ void MembershipWatcher::run() {
         next_beat = deadline_after(options_.conf.heartbeat, now);
         if (round_.num_nodes > 1) check_peers();
         if (stop_) return;
-        if (is_elastic(options_.backend) && round_.num_nodes < options_.nodes.max) {
+        // A node this watcher took as lost in place (--recovery step) frees a place too.
+        if (is_elastic(options_.backend) && round_.num_nodes - lost_peers_ < options_.nodes.max) {
           int64_t waiting = store_->add(k.pending(), 0);
           if (waiting > 0) {
             report(store_->compare_set(

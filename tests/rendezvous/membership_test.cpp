@@ -118,6 +118,25 @@ TEST(RdzvMembership, ALostNodeTakenInPlaceDoesNotEndTheRound) {
   EXPECT_TRUE(host->rdzv->wait_for_peers_to_finish(Millis(2000)));
 }
 
+// A node arriving after a loss taken in place takes the free place: the round ends (the
+// worker group restarts with it, as for any node joining an elastic job).
+TEST(RdzvMembership, ANodeArrivingAfterALossTakenInPlaceEndsTheRound) {
+  LoopbackStore store;
+  auto nodes = form_round(store, {1, 2}, 2, [](const LostPeer&) { return true; });
+  Node* survivor = nodes[0]->round.node_rank == 0 ? nodes[0].get() : nodes[1].get();
+  Node* victim = survivor == nodes[0].get() ? nodes[1].get() : nodes[0].get();
+  victim->watcher->stop();
+  std::this_thread::sleep_for(victim->rdzv->options().conf.heartbeat * (kMissedHeartbeats + 4));
+  ASSERT_FALSE(survivor->watcher->reason().has_value()) << *survivor->watcher->reason();
+  // What a node that finds round 0 running does (rendezvous.cpp): count itself in as waiting.
+  store.connect()->add("rdzv/job/0/pending", 1);
+  auto changed = survivor->changed.get_future();
+  ASSERT_EQ(changed.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+      << "the waiting node did not end the round";
+  const std::string reason = changed.get();
+  EXPECT_NE(reason.find("1 node is waiting to join"), std::string::npos) << reason;
+}
+
 // Without a handler's consent, or below the round's minimum, a lost node ends the round.
 TEST(RdzvMembership, ALostNodeBelowTheMinimumEndsTheRound) {
   LoopbackStore store;

@@ -4,7 +4,9 @@
 //   - another agent ended it (a worker failed there, it left, the run was shut down);
 //   - the peer this node watches missed kMissedHeartbeats heartbeats (it died or lost the
 //     network) or marked itself "left" (unless on_peer_lost takes the loss: --recovery step);
-//   - nodes are waiting to join (c10d, while the round is below MAX nodes).
+//   - nodes are waiting to join (c10d, while the round is below MAX nodes, counting the nodes
+//     this watcher took as lost: a node that replaces a lost one ends the round, and the
+//     worker group restarts with it).
 // It also writes this node's heartbeat every `heartbeat` period.
 //
 // Watching is a ring: the node in slot i watches the next slot that has not finished, so
