@@ -119,6 +119,16 @@ bool StepRecovery::on_node_lost(const LostNode& node) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<int> slots;
   for (int r = node.first_rank; r < node.first_rank + node.num_ranks; ++r) slots.push_back(r);
+  // This runs on the membership watcher's thread, whose heartbeats wait meanwhile: a store that
+  // does not answer (the lost node served it) must not make the others take this node for
+  // lost too.
+  const auto request_timeout = store_->timeout();
+  store_->set_timeout(std::min(request_timeout, kNodeLossRecordLimit));
+  struct RestoreTimeout {
+    TcpStore& store;
+    std::chrono::milliseconds timeout;
+    ~RestoreTimeout() { store.set_timeout(timeout); }
+  } restore{*store_, request_timeout};
   try {
     const int64_t generation = recovery_notice::publish_lost_node(*store_, slots);
     const size_t left = recovery_notice::members(*store_, generation, world_size_).size();

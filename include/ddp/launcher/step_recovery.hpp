@@ -62,6 +62,8 @@ class StepRecovery {
   // How long another node's agent waits for the serving agent's store (it starts right after
   // the round, as the others connect).
   static constexpr std::chrono::seconds kServingAgentWait{30};
+  // Bounds recording a lost node (on_node_lost), which holds the membership's heartbeats.
+  static constexpr std::chrono::milliseconds kNodeLossRecordLimit{2000};
 
   // Hosts or connects to the store (options.serve). Throws NetworkError naming the port when
   // it cannot bind, and a UsageError naming the endpoint and the likely cause (node 0 without
