@@ -116,6 +116,7 @@ ProcessGroupDDP::ProcessGroupDDP(const c10::intrusive_ptr<c10d::Store>& store, i
     r.rank = rank;
     r.world_size = size;
     r.group_name = "python_recovery";
+    r.fixed_world = true;  // a lost node restarts the worker group (process groups keep their size)
     recoverable_ = std::make_unique<RecoverableGroup>(r);
     pg_ = recoverable_->group();
     if (pg_->size() != size) {

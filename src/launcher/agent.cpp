@@ -426,8 +426,9 @@ AgentResult run_multi_node(const AgentOptions& options) {
             fmt::format("{} on {}", describe_failure(*attempt.root_cause), options.host);
         if (step && step->removed_from_job()) {
           // Another node's agent took this node for lost and the job went on without it: leave
-          // it without ending it for the others.
-          m.leave(why + " (this node was declared lost and left the job)");
+          // without a word to the round (leaving ends it for everyone).
+          notice(options.notice_fd,
+                 "this node was declared lost and the job went on without it; exiting");
           return report_failure(options, attempt, step_restarts);
         }
         if (step) {

@@ -84,9 +84,13 @@ void StepRecovery::say(const std::string& line) {
 }
 
 bool StepRecovery::still_a_member(int rank) {
-  const int64_t now = recovery_notice::read_generation(*store_);
-  const std::vector<int> members = recovery_notice::members(*store_, now, world_size_);
-  return std::find(members.begin(), members.end(), rank) != members.end();
+  try {
+    const int64_t now = recovery_notice::read_generation(*store_);
+    const std::vector<int> members = recovery_notice::members(*store_, now, world_size_);
+    return std::find(members.begin(), members.end(), rank) != members.end();
+  } catch (const Error&) {
+    return true;  // the store's error shows where it matters (publishing the restart)
+  }
 }
 
 std::optional<int> StepRecovery::on_worker_failed(const WorkerFailure& failure) {
@@ -116,12 +120,19 @@ std::optional<int> StepRecovery::on_worker_failed(const WorkerFailure& failure) 
 }
 
 bool StepRecovery::on_node_lost(const LostNode& node) {
+  if (node.node_rank == 0) {
+    // That node's agent served this store: nobody can record the loss, nor re-form.
+    say(
+        fmt::format("ddprun: {}; it served the job's --recovery step store (the round's node "
+                    "0), so the others cannot go on without it: ending the round\n",
+                    node.why));
+    return false;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<int> slots;
   for (int r = node.first_rank; r < node.first_rank + node.num_ranks; ++r) slots.push_back(r);
   // This runs on the membership watcher's thread, whose heartbeats wait meanwhile: a store that
-  // does not answer (the lost node served it) must not make the others take this node for
-  // lost too.
+  // does not answer must not hold them for the client's usual limit.
   const auto request_timeout = store_->timeout();
   store_->set_timeout(std::min(request_timeout, kNodeLossRecordLimit));
   struct RestoreTimeout {
@@ -130,6 +141,14 @@ bool StepRecovery::on_node_lost(const LostNode& node) {
     ~RestoreTimeout() { store.set_timeout(timeout); }
   } restore{*store_, request_timeout};
   try {
+    if (recovery_notice::is_fixed_world(*store_)) {
+      say(
+          fmt::format("ddprun: {}; the workers cannot go on with fewer ranks (PyTorch's "
+                      "process groups keep their size): ending the round, the worker group "
+                      "restarts on the nodes left\n",
+                      node.why));
+      return false;
+    }
     const int64_t generation = recovery_notice::publish_lost_node(*store_, slots);
     const size_t left = recovery_notice::members(*store_, generation, world_size_).size();
     say(fmt::format(

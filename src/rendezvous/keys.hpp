@@ -15,6 +15,7 @@
 //   rdzv/<run_id>/<g>/changed          set once: why round g ended
 //   rdzv/<run_id>/<g>/world            "num_nodes world_size master_port master_addr"
 //   rdzv/<run_id>/<g>/rank/<i>         first global rank of slot i
+//   rdzv/<run_id>/<g>/lost             nodes lost while round g ran (--recovery step), a counter
 //   rdzv/<run_id>/<g>/standbys         "HOST:PORT,..." the standby stores of round g, in
 //                                      order of preference ("-": none)
 
@@ -58,6 +59,7 @@ struct Round {
   std::string world() const { return base + "world"; }
   std::string rank(int i) const { return base + fmt::format("rank/{}", i); }
   std::string standbys() const { return base + "standbys"; }
+  std::string lost() const { return base + "lost"; }
 };
 
 }  // namespace ddp::rdzv::keys

@@ -79,7 +79,9 @@ void MembershipWatcher::check_peers() {
       target_changed_at_ = now;
     }
     std::string value = store_->get(k.hb(target_));
-    if (value == keys::kDone || value == keys::kLost) {
+    // A slot taken as lost stays lost, even if a process of it still writes its heartbeat (a
+    // split that healed): its ranks are out of the job.
+    if (value == keys::kDone || value == keys::kLost || taken_.count(target_) > 0) {
       target_ = (target_ + 1) % n;
       target_value_.clear();
       target_changed_at_ = now;
@@ -99,7 +101,9 @@ void MembershipWatcher::check_peers() {
       return who;
     };
     if (value == keys::kLeft) {
-      peer_gone(target_, fmt::format("{} left the job", describe()));
+      // A node that leaves ends the round itself (Rendezvous::mark_left); this is the same.
+      std::string reason = fmt::format("{} left the job", describe());
+      report(store_->compare_set(k.changed(), "", reason));
       return;
     }
     if (value != target_value_) {
@@ -132,9 +136,11 @@ LostPeer MembershipWatcher::describe_lost(int slot, const std::string& why) {
 void MembershipWatcher::peer_gone(int slot, const std::string& why) {
   keys::Round k(options_.run_id, round_.generation);
   // The round must keep its minimum: with fewer nodes it ends, and the next round waits for
-  // nodes as at the start.
-  const bool above_min = round_.num_nodes - lost_peers_ - 1 >= options_.nodes.min;
-  if (on_peer_lost_ && above_min) {
+  // nodes as at the start. The count of losses taken is the round's (several watchers may
+  // each take one at the same time).
+  const bool above_min =
+      on_peer_lost_ && round_.num_nodes - store_->add(k.lost(), 1) >= options_.nodes.min;
+  if (above_min) {
     LostPeer peer;
     bool described = false;
     try {
@@ -145,6 +151,7 @@ void MembershipWatcher::peer_gone(int slot, const std::string& why) {
     }
     if (described && on_peer_lost_(peer)) {
       store_->set(k.hb(slot), keys::kLost);
+      taken_.insert(slot);
       ++lost_peers_;
       target_ = (slot + 1) % round_.num_nodes;
       target_value_.clear();

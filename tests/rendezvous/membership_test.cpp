@@ -89,7 +89,18 @@ TEST(RdzvMembership, ALostNodeTakenInPlaceDoesNotEndTheRound) {
   }
   ASSERT_NE(victim, nullptr);
   victim->watcher->stop();
-  std::this_thread::sleep_for(victim->rdzv->options().conf.heartbeat * (kMissedHeartbeats + 4));
+  // Detection takes 3 missed heartbeats (100 ms each here); wait for it, bounded.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!taken.empty()) break;
+    }
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the lost node was never taken";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // A few more heartbeats: the round must still not have ended.
+  std::this_thread::sleep_for(victim->rdzv->options().conf.heartbeat * (kMissedHeartbeats + 2));
   {
     std::lock_guard<std::mutex> lock(mutex);
     ASSERT_EQ(taken.size(), 1u);
@@ -115,7 +126,36 @@ TEST(RdzvMembership, ALostNodeTakenInPlaceDoesNotEndTheRound) {
   }
   ASSERT_NE(host, nullptr);
   host->rdzv->mark_finished();
-  EXPECT_TRUE(host->rdzv->wait_for_peers_to_finish(Millis(2000)));
+  // Below 3 heartbeats (300 ms): only the lost slot's mark makes it gone this soon.
+  EXPECT_TRUE(host->rdzv->wait_for_peers_to_finish(Millis(200)));
+}
+
+// Losses taken by several watchers at once count against the round's minimum together: with
+// --nnodes 3:4, nodes 1 and 3 lost at the same moment (watched by nodes 0 and 2), one loss is
+// taken in place and the other ends the round.
+TEST(RdzvMembership, LossesTakenByDifferentWatchersCountAgainstTheMinimumTogether) {
+  LoopbackStore store;
+  std::atomic<int> taken{0};
+  auto nodes = form_round(store, {3, 4}, 4, [&](const LostPeer&) {
+    ++taken;
+    return true;
+  });
+  std::vector<Node*> survivors;
+  for (auto& n : nodes) {
+    if (n->round.node_rank % 2 == 1) {
+      n->watcher->stop();
+    } else {
+      survivors.push_back(n.get());
+    }
+  }
+  for (Node* n : survivors) {
+    auto changed = n->changed.get_future();
+    ASSERT_EQ(changed.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+        << "node " << n->round.node_rank << ": the round did not end";
+    const std::string reason = changed.get();
+    EXPECT_NE(reason.find("missed 3 heartbeats"), std::string::npos) << reason;
+  }
+  EXPECT_EQ(taken.load(), 1);
 }
 
 // A node arriving after a loss taken in place takes the free place: the round ends (the

@@ -62,7 +62,10 @@ class StepRecovery {
   // How long another node's agent waits for the serving agent's store (it starts right after
   // the round, as the others connect).
   static constexpr std::chrono::seconds kServingAgentWait{30};
-  // Bounds recording a lost node (on_node_lost), which holds the membership's heartbeats.
+  // Bounds each store request of recording a lost node (on_node_lost), which holds the
+  // membership's heartbeats (the client adds its reply grace). The store is node 0's agent's,
+  // which answers at once unless node 0 is lost too; node 0's own loss is refused with no
+  // request.
   static constexpr std::chrono::milliseconds kNodeLossRecordLimit{2000};
 
   // Hosts or connects to the store (options.serve). Throws NetworkError naming the port when
@@ -84,7 +87,9 @@ class StepRecovery {
 
   // A node of the job was lost (LostNodeHandler, on the membership watcher's thread): records
   // that its ranks leave the job, so the survivors re-form without them, and says so. Returns
-  // false when it cannot be recorded (the store is gone): the round then ends as in group mode.
+  // false, saying why, when the survivors cannot go on in place: the lost node is the round's
+  // node 0 (it served this store), the workers cannot shrink (recovery_notice::is_fixed_world),
+  // or the store fails. The round then ends as in group mode.
   bool on_node_lost(const LostNode& node);
 
   // This node's ranks were taken out of the job by another node's agent (a network split

@@ -3,7 +3,7 @@
 // once, with a reason, when the round must end:
 //   - another agent ended it (a worker failed there, it left, the run was shut down);
 //   - the peer this node watches missed kMissedHeartbeats heartbeats (it died or lost the
-//     network) or marked itself "left" (unless on_peer_lost takes the loss: --recovery step);
+//     network; unless on_peer_lost takes the loss: --recovery step) or marked itself "left";
 //   - nodes are waiting to join (c10d, while the round is below MAX nodes, counting the nodes
 //     this watcher took as lost: a node that replaces a lost one ends the round, and the
 //     worker group restarts with it).
@@ -28,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -49,11 +50,13 @@ class MembershipWatcher {
  public:
   using OnChange = std::function<void(const std::string& reason)>;
   // In-place recovery of a lost node (ddprun --recovery step): called on the watcher thread
-  // when the watched peer missed its heartbeats or left, while the round keeps at least
-  // options.nodes.min nodes. Returns true when the survivors go on without that node: the
-  // watcher then marks its slot "lost" (every ring skips it, and nobody waits for it at the
-  // end) and watches the next peer, and the round does not end. false (or no handler): the
-  // round ends, as always.
+  // when the watched peer missed its heartbeats, while the round keeps at least
+  // options.nodes.min nodes (counting every loss taken in the round). Returns true when the
+  // survivors go on without that node: the watcher then marks its slot "lost" (every ring
+  // skips it, nobody waits for it at the end, and this watcher ignores its heartbeats should
+  // they resume) and watches the next peer, and the round does not end. false (or no handler):
+  // the round ends, as always. It must return promptly: heartbeats wait meanwhile. A peer that
+  // left (interrupted) ends the round itself.
   using OnPeerLost = std::function<bool(const LostPeer&)>;
 
   // Starts watching `round` (this node is round.node_rank). Throws UsageError on a bad round.
@@ -91,7 +94,8 @@ class MembershipWatcher {
   std::shared_ptr<Store> store_;
   OnChange on_change_;
   OnPeerLost on_peer_lost_;
-  int lost_peers_ = 0;  // slots this watcher marked "lost"
+  int lost_peers_ = 0;   // slots this watcher marked "lost"
+  std::set<int> taken_;  // which
   std::atomic<bool> stop_{false};
   mutable std::mutex mutex_;
   std::optional<std::string> reason_;

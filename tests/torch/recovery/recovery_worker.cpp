@@ -3,6 +3,9 @@
 //
 //   recovery_worker --steps N --out DIR
 //
+// The global batch is the launch world's (WORLD_SIZE shares of 32); after a lost node the live
+// ranks split it. DDP_TEST_DROPOUT=P sets the dropout (default 0.2).
+//
 // Fault injection (this program only, not the library): DDP_TEST_KILL_AT_STEP=S,
 // DDP_TEST_KILL_RANK=R and DDP_TEST_KILL_PHASE=forward|backward|between make rank R of the
 // first incarnation (TORCHELASTIC_RESTART_COUNT=0) SIGKILL itself at step S: before the forward,
@@ -31,18 +34,19 @@
 namespace {
 
 struct Net : torch::nn::Module {
-  Net() {
+  explicit Net(double dropout) : dropout(dropout) {
     fc1 = register_module("fc1", torch::nn::Linear(16, 64));
     fc2 = register_module("fc2", torch::nn::Linear(64, 64));
     fc3 = register_module("fc3", torch::nn::Linear(64, 4));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = torch::relu(fc1->forward(x));
-    h = torch::dropout(h, 0.2, is_training());
+    h = torch::dropout(h, dropout, is_training());
     h = torch::relu(fc2->forward(h));
     return fc3->forward(h);
   }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+  double dropout;
 };
 
 std::string env_or(const char* name, const std::string& fallback) {
@@ -62,12 +66,27 @@ std::vector<int64_t> int_list(const std::string& text) {
   return out;
 }
 
-// This rank's batch of step `step`: the same on every incarnation of the rank.
-std::pair<torch::Tensor, torch::Tensor> batch_for(int64_t step, int rank) {
-  torch::Generator g = at::detail::createCPUGenerator(static_cast<uint64_t>(step * 1000 + rank));
+// Launch rank `share`'s part of step `step`'s global batch: the same on every incarnation.
+std::pair<torch::Tensor, torch::Tensor> share_of(int64_t step, int share) {
+  torch::Generator g = at::detail::createCPUGenerator(static_cast<uint64_t>(step * 1000 + share));
   auto x = torch::randn({32, 16}, g);
   auto y = torch::randint(0, 4, {32}, g);
   return {x, y};
+}
+
+// This rank's batch of step `step`: the global batch stays the launch world's (one share per
+// launch rank); the live ranks split its shares (rank r of `world` takes the shares s with
+// s % world == r), so after a lost node the survivors also train on the lost ranks' shares and
+// the step's average gradient is the one a run without the loss computes.
+std::pair<torch::Tensor, torch::Tensor> batch_for(int64_t step, int rank, int world,
+                                                  int launch_world) {
+  std::vector<torch::Tensor> xs, ys;
+  for (int share = rank; share < launch_world; share += world) {
+    auto [x, y] = share_of(step, share);
+    xs.push_back(x);
+    ys.push_back(y);
+  }
+  return {torch::cat(xs), torch::cat(ys)};
 }
 
 int run(int64_t steps, const std::string& out) {
@@ -79,8 +98,9 @@ int run(int64_t steps, const std::string& out) {
   // current rank, which shrinks when a node is lost.
   const int slot = manager.slot();
 
+  const int launch_world = static_cast<int>(std::stoll(env_or("WORLD_SIZE", "1")));
   torch::manual_seed(0);
-  auto net = std::make_shared<Net>();
+  auto net = std::make_shared<Net>(std::stod(env_or("DDP_TEST_DROPOUT", "0.2")));
   ddp::DistributedDataParallel model(net, manager.process_group(),
                                      ddp::DistributedDataParallelOptions().init_sync(false));
   torch::optim::Adam optimizer(model.parameters(), torch::optim::AdamOptions(1e-2));
@@ -111,7 +131,8 @@ int run(int64_t steps, const std::string& out) {
     manager.run_step([&] {
       maybe_die("forward");
       // The step being run: a redo after healing may run a later one.
-      const auto [x, y] = batch_for(manager.step(), manager.rank());
+      const auto [x, y] =
+          batch_for(manager.step(), manager.rank(), manager.world_size(), launch_world);
       auto loss = torch::cross_entropy_loss(model(x), y);
       maybe_die("backward");
       loss.backward();
