@@ -46,7 +46,11 @@ inline int64_t env_int(const char* name, int64_t fallback) {
 
 inline int run_with_step_recovery(const StepRecoveryArgs& args) {
   ddp::StepManager manager;
-  const int rank = manager.rank(), world = manager.world_size();
+  // The launch world fixes the data: one DistributedSampler share per launch rank, and a step's
+  // global batch is one batch of every share. After a lost node the live ranks split the shares
+  // (rank r of W takes the shares s with s % W == r), so the survivors also train on the lost
+  // ranks' data and each step averages the same samples as without the loss.
+  const int launch_rank = manager.slot(), launch_world = manager.launch_world_size();
   auto train = ddp::load_mnist(ddp::MnistOptions().directory(args.data_dir));
   auto test =
       ddp::load_mnist(ddp::MnistOptions().directory(args.data_dir).split(ddp::MnistSplit::kTest));
@@ -60,35 +64,43 @@ inline int run_with_step_recovery(const StepRecoveryArgs& args) {
       ddp::DistributedDataParallelOptions().init_sync(false).comm_hook(args.comm_hook));
   manager.attach(ddp_model, optimizer);
 
-  ddp::DistributedSampler sampler(train.size(),
-                                  ddp::DistributedSamplerOptions(world, rank).seed(args.seed));
-  const int64_t steps_per_epoch = sampler.num_samples() / args.batch_size;
+  std::vector<ddp::DistributedSampler> shares;
+  for (int share = 0; share < launch_world; ++share) {
+    shares.emplace_back(train.size(),
+                        ddp::DistributedSamplerOptions(launch_world, share).seed(args.seed));
+  }
+  const int64_t steps_per_epoch = shares.front().num_samples() / args.batch_size;
   const int64_t total = args.total_steps >= 0 ? args.total_steps : args.epochs * steps_per_epoch;
   std::ofstream loss_log;
-  if (rank == 0 && !args.loss_log.empty()) loss_log.open(args.loss_log, std::ios::app);
+  if (launch_rank == 0 && !args.loss_log.empty()) loss_log.open(args.loss_log, std::ios::app);
   const bool first_life = env_int("TORCHELASTIC_RESTART_COUNT", 0) == 0;
   const int64_t kill_step = env_int("DDP_TEST_KILL_AT_STEP", -1);
   const int64_t kill_rank = env_int("DDP_TEST_KILL_RANK", 1);
 
-  if (rank == 0) {
+  if (launch_rank == 0) {
     std::cout << fmt::format("Entering training loop at step {} of {} (--recovery step)\n",
                              manager.step(), total)
               << std::flush;
   }
   const auto start = std::chrono::steady_clock::now();
   int64_t epoch = -1;
-  std::vector<int64_t> indices;
+  std::vector<std::vector<int64_t>> indices(launch_world);  // of each share, this epoch
   // The batch of the step being run, read inside run_step's function: a redo after healing
   // runs the healed step, a later one when some rank had committed this one.
   auto batch_of_step = [&](int64_t step) {
     if (step / steps_per_epoch + 1 != epoch) {
       epoch = step / steps_per_epoch + 1;
-      sampler.set_epoch(epoch);
-      indices = sampler.indices();
+      for (int share = 0; share < launch_world; ++share) {
+        shares[share].set_epoch(epoch);
+        indices[share] = shares[share].indices();
+      }
     }
     const int64_t first = (step % steps_per_epoch) * args.batch_size;
-    const std::vector<int64_t> idx(indices.begin() + first,
-                                   indices.begin() + first + args.batch_size);
+    std::vector<int64_t> idx;
+    for (int share = manager.rank(); share < launch_world; share += manager.world_size()) {
+      idx.insert(idx.end(), indices[share].begin() + first,
+                 indices[share].begin() + first + args.batch_size);
+    }
     return train.get_batch(idx);
   };
   while (manager.step() < total) {
@@ -96,14 +108,14 @@ inline int run_with_step_recovery(const StepRecoveryArgs& args) {
       const int64_t step = manager.step();
       const auto batch = batch_of_step(step);
       auto l = torch::nll_loss(ddp_model(batch.data), batch.target);
-      if (first_life && rank == kill_rank && step == kill_step) ::kill(::getpid(), SIGKILL);
+      if (first_life && launch_rank == kill_rank && step == kill_step) ::kill(::getpid(), SIGKILL);
       l.backward();
       return l;
     });
     if (loss_log.is_open()) {
       loss_log << fmt::format("{} {:a}\n", manager.step(), loss.item<float>()) << std::flush;
     }
-    if (rank == 0 && manager.step() % 100 == 0) {
+    if (launch_rank == 0 && manager.step() % 100 == 0) {
       std::cout << fmt::format("step {}/{} (epoch {}) loss {:.6f}\n", manager.step(), total, epoch,
                                loss.item<float>())
                 << std::flush;
@@ -114,6 +126,7 @@ inline int run_with_step_recovery(const StepRecoveryArgs& args) {
 
   torch::NoGradGuard no_grad;
   model->eval();
+  const int rank = manager.rank(), world = manager.world_size();  // the live ranks now
   int64_t correct[2] = {0, 0};
   for (int64_t i = rank; i < test.size(); i += world * 1000) {
     std::vector<int64_t> idx;
@@ -126,7 +139,7 @@ inline int run_with_step_recovery(const StepRecoveryArgs& args) {
   }
   auto& pg = *manager.process_group();
   pg.all_reduce(correct, 2, ddp::DataType::kInt64, ddp::ReduceOp::kSum)->wait(pg.timeout());
-  if (rank == 0) {
+  if (launch_rank == 0) {
     std::cout << fmt::format(
                      "Training time = {:.2f} s | {} steps on {} ranks | generation {} | {} "
                      "attempts dropped on rank 0 | test accuracy {:.2f}% ({}/{})\n",

@@ -151,10 +151,14 @@ bool StepRecovery::on_node_lost(const LostNode& node) {
     }
     const int64_t generation = recovery_notice::publish_lost_node(*store_, slots);
     const size_t left = recovery_notice::members(*store_, generation, world_size_).size();
+    const std::string ranks =
+        slots.size() == 1 ? fmt::format("its rank {} leaves", slots.front())
+                          : fmt::format("its ranks {}-{} leave", slots.front(), slots.back());
     say(fmt::format(
-        "ddprun: {}; its ranks {}-{} leave the job and the other {} workers go on without them "
-        "(--recovery step, membership generation {}); not counted against --max-restarts\n",
-        node.why, slots.front(), slots.back(), left, generation));
+        "ddprun: {}; {} the job and the other {} worker{} go{} on without {} (--recovery step, "
+        "membership generation {}); not counted against --max-restarts\n",
+        node.why, ranks, left, left == 1 ? "" : "s", left == 1 ? "es" : "",
+        slots.size() == 1 ? "it" : "them", generation));
     return true;
   } catch (const Error& e) {
     say(fmt::format("ddprun: {}; cannot record it in the job's store ({}): ending the round\n",

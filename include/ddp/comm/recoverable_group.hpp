@@ -94,6 +94,8 @@ class RecoverableGroup {
   int world_size() const { return world_size_.load(std::memory_order_relaxed); }
   // The rank this process was launched with (RANK): its identity across generations.
   int slot() const { return slot_; }
+  // The world size the job was launched with (WORLD_SIZE): the slots are 0 .. this - 1.
+  int launch_world_size() const { return initial_world_size_; }
 
   // Whether a newer generation than group()'s was announced. No store round trip.
   bool stale() const { return announced_.load(std::memory_order_acquire) > generation_; }

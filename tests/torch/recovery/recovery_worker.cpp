@@ -3,8 +3,8 @@
 //
 //   recovery_worker --steps N --out DIR
 //
-// The global batch is the launch world's (WORLD_SIZE shares of 32); after a lost node the live
-// ranks split it. DDP_TEST_DROPOUT=P sets the dropout (default 0.2).
+// The global batch is the launch world's (one share of 32 a launch rank); after a lost node the
+// live ranks split it. DDP_TEST_DROPOUT=P sets the dropout (default 0.2).
 //
 // Fault injection (this program only, not the library): DDP_TEST_KILL_AT_STEP=S,
 // DDP_TEST_KILL_RANK=R and DDP_TEST_KILL_PHASE=forward|backward|between make rank R of the
@@ -98,7 +98,7 @@ int run(int64_t steps, const std::string& out) {
   // current rank, which shrinks when a node is lost.
   const int slot = manager.slot();
 
-  const int launch_world = static_cast<int>(std::stoll(env_or("WORLD_SIZE", "1")));
+  const int launch_world = manager.launch_world_size();
   torch::manual_seed(0);
   auto net = std::make_shared<Net>(std::stod(env_or("DDP_TEST_DROPOUT", "0.2")));
   ddp::DistributedDataParallel model(net, manager.process_group(),

@@ -85,6 +85,9 @@ class StepManager {
   int world_size() const { return group_.world_size(); }
   // The rank this process was launched with (RANK); it never changes (files named per rank).
   int slot() const { return group_.slot(); }
+  // The world size the job was launched with; fixed, unlike world_size() (e.g. the data's
+  // shares: examples/mnist/step_recovery.hpp).
+  int launch_world_size() const { return group_.launch_world_size(); }
   int64_t generation() const { return group_.generation(); }
 
   // Registers the training state and heals it (collective): afterwards every rank holds the
