@@ -50,17 +50,24 @@ def run_two_nodes(ddprun, worker, out, env_extra, step_on=(True, True)):
         cmd += ["--no-python"] + worker + ["--steps", str(STEPS), "--out", out]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
-    codes, errs = [], []
+    errs = wait_all(procs, 300)
+    codes = [p.returncode for p in procs]
+    return codes, "\n".join(f"--- node {i} ---\n{e}" for i, e in enumerate(errs))
+
+
+def wait_all(procs, limit):
+    """Waits for every process (each for at most `limit` s; one still running then kills them
+    all); returns their stderr."""
+    errs = []
     for p in procs:
         try:
-            _, err = p.communicate(timeout=300)
+            _, err = p.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
             _, err = p.communicate()
-        codes.append(p.returncode)
         errs.append(err)
-    return codes, "\n".join(f"--- node {i} ---\n{e}" for i, e in enumerate(errs))
+    return errs
 
 
 def free_port():
@@ -168,16 +175,7 @@ def start_elastic_pair(ddprun, worker, out, run_id, node1_env):
                                       start_new_session=True))
         if node == 0:
             time.sleep(1.0)
-    errs = []
-    for p in procs:
-        try:
-            _, err = p.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            _, err = p.communicate()
-        errs.append(err)
-    return procs, errs
+    return procs, wait_all(procs, 240)
 
 
 def relative_error(a, b):
