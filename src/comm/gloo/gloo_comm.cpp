@@ -18,6 +18,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <netdb.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -36,7 +37,26 @@ namespace ddp::detail {
 
 namespace {
 
+// Gloo writes to its sockets with writev(), without MSG_NOSIGNAL: a write to a peer that just
+// died raises SIGPIPE, whose default action kills this process before Gloo can report the
+// closed connection (seen: a survivor of GlooFailure's test exited with signal 13 instead of
+// failing its collective). So each Gloo device sets SIGPIPE to ignored when it has its default
+// action, as Python does at startup for every PyTorch job; a handler or an ignore the program
+// installed itself is kept. Writes then fail with EPIPE, which Gloo reports.
+void ignore_default_sigpipe() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) != 0 || current.sa_handler != SIG_DFL ||
+      (current.sa_flags & SA_SIGINFO) != 0) {
+    return;
+  }
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ::sigaction(SIGPIPE, &ignore, nullptr);
+}
+
 std::shared_ptr<gloo::transport::Device> make_device() {
+  ignore_default_sigpipe();
   gloo::transport::tcp::attr attr;
   if (auto ifname = env::get("DDP_GLOO_IFNAME"); ifname && !ifname->empty()) {
     attr.iface = *ifname;
