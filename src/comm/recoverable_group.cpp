@@ -140,6 +140,14 @@ RecoverableGroup::Loss RecoverableGroup::read_loss(Store& store, int64_t generat
                                    initial_world_size_, removed.size() == 1 ? "was" : "were");
     return loss;
   }
+  const std::vector<int> joined = recovery_notice::read_joined_slots(store, generation);
+  if (!joined.empty()) {
+    // Not a loss: the membership grows. The step in flight is redone with the new ranks.
+    loss.description = fmt::format("rank{} {} of {} came back with a node that joined the job",
+                                   joined.size() == 1 ? "" : "s", fmt::join(joined, ","),
+                                   initial_world_size_);
+    return loss;
+  }
   loss.first = recovery_notice::read_lost_rank(store, generation);
   loss.description =
       fmt::format("rank {} of {} was lost", loss.first ? std::to_string(*loss.first) : "?",

@@ -366,6 +366,10 @@ AgentResult run_multi_node(const AgentOptions& options) {
       s.world_size = round.world.world_size;
       try {
         step.emplace(s);
+        if (round.took_lost_slot) {
+          step->on_node_joined(round.world.group_rank, round.world.workers.front().global_rank,
+                               round.world.local_world_size);
+        }
         live_step = &*step;
       } catch (const Error& e) {
         std::string why = fmt::format("{} (on {})", e.what(), options.host);

@@ -134,6 +134,7 @@ RendezvousMembershipOptions rendezvous_settings(const LaunchOptions& o,
   r.node_rank = o.node_rank;
   r.local_world_size = o.nproc_per_node;
   r.hostname = hostname;
+  r.take_lost_slots = o.recovery_step;
 
   if (o.rdzv_endpoint) {
     r.endpoints = rdzv::parse_endpoints(*o.rdzv_endpoint, rdzv::uses_etcd(r.backend)

@@ -68,6 +68,7 @@ class RendezvousMembership : public Membership {
     standbys_ = r.standbys;
     MembershipRound out;
     out.generation = static_cast<int>(r.generation);
+    out.took_lost_slot = r.took_lost_slot;
     WorldAssignment& w = out.world;
     w.group_rank = r.node_rank;
     w.group_world_size = r.num_nodes;
@@ -92,6 +93,9 @@ class RendezvousMembership : public Membership {
         hosts.empty() ? "" : " (" + hosts + ")", r.world_size, r.node_rank, r.rank_offset,
         r.rank_offset + r.local_world_size - 1,
         net::format_endpoint(w.master_addr, static_cast<uint16_t>(r.master_port)));
+    if (r.took_lost_slot) {
+      out.summary += "; joined while the round ran, in the place of a node it lost";
+    }
     return out;
   }
 

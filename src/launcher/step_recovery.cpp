@@ -119,6 +119,21 @@ std::optional<int> StepRecovery::on_worker_failed(const WorkerFailure& failure) 
   return restarts_;
 }
 
+void StepRecovery::on_node_joined(int node_rank, int first_rank, int num_ranks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int> slots;
+  for (int r = first_rank; r < first_rank + num_ranks; ++r) slots.push_back(r);
+  const int64_t generation = recovery_notice::publish_joined_node(*store_, slots);
+  const std::string ranks =
+      num_ranks == 1 ? fmt::format("rank {} comes", first_rank)
+                     : fmt::format("ranks {}-{} come", first_rank, first_rank + num_ranks - 1);
+  say(fmt::format(
+      "ddprun: this node takes the place of node {}, lost while the job ran: {} back with it, "
+      "healed from a live peer; the other workers make room (--recovery step, membership "
+      "generation {})\n",
+      node_rank, ranks, generation));
+}
+
 bool StepRecovery::on_node_lost(const LostNode& node) {
   if (node.node_rank == 0) {
     // That node's agent served this store: nobody can record the loss, nor re-form.

@@ -67,9 +67,30 @@ void MembershipWatcher::report(const std::string& reason) {
   if (on_change_) on_change_(reason);
 }
 
+void MembershipWatcher::follow_taken_back_slots() {
+  keys::Round k(options_.run_id, round_.generation);
+  const int n = round_.num_nodes, me = round_.node_rank;
+  auto ring_distance = [&](int slot) { return (slot - me + n) % n; };
+  for (auto it = passed_lost_.begin(); it != passed_lost_.end();) {
+    const int slot = *it;
+    if (!store_->check({k.took(slot)})) {
+      ++it;
+      continue;
+    }
+    it = passed_lost_.erase(it);
+    if (taken_.erase(slot) > 0) --lost_peers_;
+    if (target_ < 0 || ring_distance(slot) < ring_distance(target_)) {
+      target_ = slot;
+      target_value_.clear();
+      target_changed_at_ = Clock::now();
+    }
+  }
+}
+
 void MembershipWatcher::check_peers() {
   keys::Round k(options_.run_id, round_.generation);
   const int n = round_.num_nodes, me = round_.node_rank;
+  if (!passed_lost_.empty()) follow_taken_back_slots();
   auto now = Clock::now();
   // Advance past finished peers: they no longer heartbeat, and are not dead.
   for (int step = 0; step < n - 1; ++step) {
@@ -82,6 +103,7 @@ void MembershipWatcher::check_peers() {
     // A slot taken as lost stays lost, even if a process of it still writes its heartbeat (a
     // split that healed): its ranks are out of the job.
     if (value == keys::kDone || value == keys::kLost || taken_.count(target_) > 0) {
+      if (value != keys::kDone) passed_lost_.insert(target_);
       target_ = (target_ + 1) % n;
       target_value_.clear();
       target_changed_at_ = now;
@@ -150,8 +172,11 @@ void MembershipWatcher::peer_gone(int slot, const std::string& why) {
       // A round's rank keys hold decimals the rendezvous wrote: a store error ends the round.
     }
     if (described && on_peer_lost_(peer)) {
+      // A node that took this slot's place before is gone as well: the next may take it.
+      store_->delete_key(k.took(slot));
       store_->set(k.hb(slot), keys::kLost);
       taken_.insert(slot);
+      passed_lost_.insert(slot);
       ++lost_peers_;
       target_ = (slot + 1) % round_.num_nodes;
       target_value_.clear();
@@ -180,7 +205,8 @@ void MembershipWatcher::run() {
         next_beat = deadline_after(options_.conf.heartbeat, now);
         if (round_.num_nodes > 1) check_peers();
         if (stop_) return;
-        // A node this watcher took as lost in place (--recovery step) frees a place too.
+        // A node this watcher took as lost in place (--recovery step) frees a place too (a
+        // node that can take it does so without counting itself as waiting).
         if (is_elastic(options_.backend) && round_.num_nodes - lost_peers_ < options_.nodes.max) {
           int64_t waiting = store_->add(k.pending(), 0);
           if (waiting > 0) {

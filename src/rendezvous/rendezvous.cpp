@@ -155,6 +155,9 @@ std::optional<RoundInfo> Rendezvous::try_round(int64_t g, Clock::time_point dead
   }
   int n = static_cast<int>(to_int(store_->get(k.closed()), k.closed()));
 
+  if (slot >= n && options_.take_lost_slots) {
+    if (auto r = take_lost_slot(g, n, deadline)) return r;
+  }
   if (slot >= n) {
     // Too late for round g: count ourselves in, so its members start a new round (if it is
     // below MAX), and wait for that.
@@ -179,6 +182,34 @@ std::optional<RoundInfo> Rendezvous::try_round(int64_t g, Clock::time_point dead
     return std::nullopt;
   }
   return r;
+}
+
+std::optional<RoundInfo> Rendezvous::take_lost_slot(int64_t g, int n, Clock::time_point deadline) {
+  keys::Round k(options_.run_id, g);
+  std::vector<std::string> hb_keys;
+  for (int i = 0; i < n; ++i) hb_keys.push_back(k.hb(i));
+  if (!store_->check(hb_keys)) return std::nullopt;
+  const std::vector<std::string> beats = store_->multi_get(hb_keys);
+  for (int i = 0; i < n; ++i) {
+    if (beats[i] != keys::kLost) continue;
+    const JoinedNode lost = decode_node_info(store_->get(k.node(i)), i, k.node(i));
+    if (lost.local_world_size != options_.local_world_size) continue;
+    if (store_->compare_set(k.took(i), "", info_) != info_) continue;  // another node's
+    // The watchers read took/<i> when slot i's heartbeat moves again: it goes first.
+    store_->set(k.node(i), info_);
+    store_->add(k.lost(), -1);
+    store_->set(k.hb(i), "0");
+    slot_ = i;
+    std::optional<RoundInfo> r = read_assignment(g, i, n, deadline);
+    if (!r) throw_timeout(g, "the round's assignment (taking a lost node's place)", Clock::now());
+    r->took_lost_slot = true;
+    log::get("ddp.rdzv")
+        ->info("round {} of run '{}' runs with {} nodes; this node takes the place of node {} "
+               "({}), lost while it ran (--recovery step)",
+               g, options_.run_id, n, i, lost.host);
+    return r;
+  }
+  return std::nullopt;
 }
 
 void Rendezvous::wait_for_admission(int64_t g, int n, Clock::time_point deadline,

@@ -12,8 +12,10 @@ namespace ddp::recovery_notice {
 
 namespace {
 
-// The record of a lost node's ranks: "node:<slot>,<slot>,...".
+// The record of a lost node's ranks: "node:<slot>,<slot>,...", of a joined node's ones:
+// "join:<slot>,<slot>,...".
 constexpr std::string_view kNodePrefix = "node:";
+constexpr std::string_view kJoinPrefix = "join:";
 
 std::string generation_key() {
   return std::string(kRecoveryPrefix) + "generation";
@@ -24,8 +26,9 @@ std::string lost_key(int64_t generation) {
 }
 
 struct Record {
-  std::vector<int> slots;  // the lost ranks' slots, at least one
-  bool node = false;       // they leave the job (else: one rank restarted in place)
+  enum class Kind { kRestart, kNodeLost, kNodeJoined };
+  std::vector<int> slots;  // the ranks' slots, at least one
+  Kind kind = Kind::kRestart;
 };
 
 int parse_slot(const std::string& key, const std::string& value, const std::string& text) {
@@ -37,7 +40,7 @@ int parse_slot(const std::string& key, const std::string& value, const std::stri
   }
   if (slot < 0 || used != text.size()) {
     throw ProtocolError("store key " + key + " holds '" + value +
-                        "', not a rank or 'node:<ranks>'; only ddprun --recovery step may "
+                        "', not a rank, 'node:<ranks>' or 'join:<ranks>'; only ddprun --recovery step may "
                         "write under " +
                         kRecoveryPrefix);
   }
@@ -51,8 +54,11 @@ std::optional<Record> read_record(Store& store, int64_t generation) {
   Record record;
   std::string list = value;
   if (value.compare(0, kNodePrefix.size(), kNodePrefix) == 0) {
-    record.node = true;
+    record.kind = Record::Kind::kNodeLost;
     list = value.substr(kNodePrefix.size());
+  } else if (value.compare(0, kJoinPrefix.size(), kJoinPrefix) == 0) {
+    record.kind = Record::Kind::kNodeJoined;
+    list = value.substr(kJoinPrefix.size());
   }
   size_t at = 0;
   for (;;) {
@@ -89,15 +95,25 @@ std::optional<int> read_lost_rank(Store& store, int64_t generation) {
 
 std::vector<int> read_removed_slots(Store& store, int64_t generation) {
   const std::optional<Record> record = read_record(store, generation);
-  if (!record || !record->node) return {};
+  if (!record || record->kind != Record::Kind::kNodeLost) return {};
+  return record->slots;
+}
+
+std::vector<int> read_joined_slots(Store& store, int64_t generation) {
+  const std::optional<Record> record = read_record(store, generation);
+  if (!record || record->kind != Record::Kind::kNodeJoined) return {};
   return record->slots;
 }
 
 std::vector<int> members(Store& store, int64_t generation, int initial_world_size) {
   std::vector<bool> removed(static_cast<size_t>(std::max(initial_world_size, 0)), false);
   for (int64_t g = 1; g <= generation; ++g) {
-    for (int slot : read_removed_slots(store, g)) {
-      if (slot < initial_world_size) removed[static_cast<size_t>(slot)] = true;
+    const std::optional<Record> record = read_record(store, g);
+    if (!record || record->kind == Record::Kind::kRestart) continue;
+    for (int slot : record->slots) {
+      if (slot < initial_world_size) {
+        removed[static_cast<size_t>(slot)] = record->kind == Record::Kind::kNodeLost;
+      }
     }
   }
   std::vector<int> out;
@@ -122,6 +138,11 @@ bool is_fixed_world(Store& store) {
 int64_t publish_lost_node(Store& store, const std::vector<int>& slots) {
   if (slots.empty()) throw UsageError("recovery_notice::publish_lost_node: no rank given");
   return claim_generation(store, fmt::format("{}{}", kNodePrefix, fmt::join(slots, ",")));
+}
+
+int64_t publish_joined_node(Store& store, const std::vector<int>& slots) {
+  if (slots.empty()) throw UsageError("recovery_notice::publish_joined_node: no rank given");
+  return claim_generation(store, fmt::format("{}{}", kJoinPrefix, fmt::join(slots, ",")));
 }
 
 }  // namespace ddp::recovery_notice

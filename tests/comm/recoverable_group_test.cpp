@@ -189,6 +189,24 @@ TEST(RecoveryNotice, MembersFollowTheRecordsOfLostNodes) {
   EXPECT_THROW(recovery_notice::read_removed_slots(store, 9), ProtocolError);
 }
 
+// A node that joins the running job takes back the slots a lost node left: from its record on,
+// those slots are members again, in slot order; earlier generations keep their membership.
+TEST(RecoveryNotice, AJoinRecordGivesALostNodesSlotsBack) {
+  HashStore store;
+  using V = std::vector<int>;
+  EXPECT_EQ(recovery_notice::publish_lost_node(store, {2, 3}), 1);
+  EXPECT_EQ(recovery_notice::publish_joined_node(store, {2, 3}), 2);
+  EXPECT_EQ(recovery_notice::members(store, 1, 6), (V{0, 1, 4, 5}));
+  EXPECT_EQ(recovery_notice::members(store, 2, 6), (V{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(recovery_notice::read_joined_slots(store, 2), (V{2, 3}));
+  EXPECT_TRUE(recovery_notice::read_removed_slots(store, 2).empty());
+  EXPECT_TRUE(recovery_notice::read_joined_slots(store, 1).empty());
+  // Lost again after coming back.
+  EXPECT_EQ(recovery_notice::publish_lost_node(store, {2, 3}), 3);
+  EXPECT_EQ(recovery_notice::members(store, 3, 6), (V{0, 1, 4, 5}));
+  EXPECT_THROW(recovery_notice::publish_joined_node(store, {}), UsageError);
+}
+
 // A node lost in a multi-node job (ranks 1 and 2 of 4 here): the survivors' collective in
 // flight ends with PeerLostError naming the node's ranks, and they re-form as ranks 0 and 1 of
 // 2, in slot order. A process of the lost node that comes back finds no place in the job.
@@ -255,6 +273,67 @@ TEST(RecoverableGroup, ALostNodesRanksLeaveAndTheSurvivorsReformRenumbered) {
   } catch (const RemovedFromJobError& e) {
     EXPECT_NE(std::string(e.what()).find("no longer a member of the job"), std::string::npos)
         << e.what();
+  }
+}
+
+// A node joins after ranks 1 and 2 of 4 were lost with theirs: the survivors' collective in
+// flight is given up (the step is redone with the new ranks), they re-form as ranks 0 and 3 of
+// 4 again, and the new processes launched in slots 1 and 2 form the same generation.
+TEST(RecoverableGroup, ANodeJoiningTakesTheLostSlotsBackAndTheOthersMakeRoom) {
+  auto store = std::make_shared<HashStore>();
+  store->set_timeout(std::chrono::minutes(5));
+  auto options = [&](int slot) {
+    RecoverableGroupOptions o = options_for(slot, store);
+    o.world_size = 4;
+    return o;
+  };
+  EXPECT_EQ(recovery_notice::publish_lost_node(*store, {1, 2}), 1);
+  std::array<std::optional<PeerLostError>, 4> errors;
+  std::array<int, 4> ranks{-1, -1, -1, -1}, sizes{};
+  std::array<float, 4> sums{};
+  std::atomic<int> waiting{0};
+  std::vector<std::thread> threads;
+  for (int slot : {0, 3}) {  // the survivors, 2 ranks at generation 1
+    threads.emplace_back([&, slot] {
+      RecoverableGroup group(options(slot));
+      EXPECT_EQ(group.world_size(), 2);
+      EXPECT_EQ(all_reduce_one(*group.group(), 1.0f), 2.0f);
+      ++waiting;
+      if (slot == 0) {
+        try {
+          all_reduce_one(*group.group(), 1.0f);  // slot 3 never joins it: ends at the notice
+        } catch (const PeerLostError& e) {
+          errors[slot] = e;
+        }
+      } else {
+        while (!group.stale()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      group.reform();
+      ranks[slot] = group.rank();
+      sizes[slot] = group.world_size();
+      sums[slot] = all_reduce_one(*group.group(), 1.0f);
+    });
+  }
+  while (waiting.load() < 2) std::this_thread::yield();
+  EXPECT_EQ(recovery_notice::publish_joined_node(*store, {1, 2}), 2);
+  for (int slot : {1, 2}) {  // the joined node's new processes
+    threads.emplace_back([&, slot] {
+      RecoverableGroup group(options(slot));
+      ranks[slot] = group.rank();
+      sizes[slot] = group.world_size();
+      sums[slot] = all_reduce_one(*group.group(), 1.0f);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(errors[0].has_value()) << "slot 0's collective in flight was not given up";
+  EXPECT_NE(
+      std::string(errors[0]->what()).find("ranks 1,2 of 4 came back with a node that joined"),
+      std::string::npos)
+      << errors[0]->what();
+  for (int slot = 0; slot < 4; ++slot) {
+    EXPECT_EQ(ranks[slot], slot);
+    EXPECT_EQ(sizes[slot], 4);
+    EXPECT_EQ(sums[slot], 4.0f) << "slot " << slot;
   }
 }
 

@@ -158,8 +158,9 @@ TEST(RdzvMembership, LossesTakenByDifferentWatchersCountAgainstTheMinimumTogethe
   EXPECT_EQ(taken.load(), 1);
 }
 
-// A node arriving after a loss taken in place takes the free place: the round ends (the
-// worker group restarts with it, as for any node joining an elastic job).
+// A node arriving after a loss taken in place that cannot take the lost node's place (one
+// started without --recovery step) waits: the round ends (the worker group restarts with it,
+// as for any node joining an elastic job).
 TEST(RdzvMembership, ANodeArrivingAfterALossTakenInPlaceEndsTheRound) {
   LoopbackStore store;
   auto nodes = form_round(store, {1, 2}, 2, [](const LostPeer&) { return true; });
@@ -175,6 +176,71 @@ TEST(RdzvMembership, ANodeArrivingAfterALossTakenInPlaceEndsTheRound) {
       << "the waiting node did not end the round";
   const std::string reason = changed.get();
   EXPECT_NE(reason.find("1 node is waiting to join"), std::string::npos) << reason;
+}
+
+// --recovery step: a node arriving after a loss taken in place, with as many workers as the
+// lost node, takes its place in the running round (same generation, node rank and ranks); the
+// round goes on, the survivors watch the slot again, and its loss is taken once more.
+TEST(RdzvMembership, ANodeArrivingAfterALossTakenInPlaceTakesItsPlace) {
+  LoopbackStore store;
+  std::mutex mutex;
+  std::vector<LostPeer> taken;
+  auto nodes = form_round(store, {1, 3}, 3, [&](const LostPeer& p) {
+    std::lock_guard<std::mutex> lock(mutex);
+    taken.push_back(p);
+    return true;
+  });
+  auto wait_for_losses = [&](size_t count) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (taken.size() >= count) return true;
+      }
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  };
+  Node* victim = nullptr;
+  for (auto& n : nodes) {
+    if (n->round.node_rank == 1) victim = n.get();
+  }
+  ASSERT_NE(victim, nullptr);
+  victim->watcher->stop();
+  ASSERT_TRUE(wait_for_losses(1)) << "the lost node was never taken";
+
+  RendezvousOptions o = agent_options(store, "job", {1, 3}, 9, 2);
+  o.take_lost_slots = true;
+  Rendezvous joiner(o, store.connect());
+  const RoundInfo round = joiner.next_round();
+  EXPECT_TRUE(round.took_lost_slot);
+  EXPECT_EQ(round.generation, victim->round.generation);
+  EXPECT_EQ(round.node_rank, 1);
+  EXPECT_EQ(round.num_nodes, 3);
+  EXPECT_EQ(round.rank_offset, victim->round.rank_offset);
+  EXPECT_EQ(round.world_size, 6);
+  std::promise<std::string> joiner_changed;
+  auto watcher = std::make_unique<MembershipWatcher>(
+      o, round, store.connect(),
+      [&](const std::string& reason) { joiner_changed.set_value(reason); },
+      [](const LostPeer&) { return true; });
+  std::this_thread::sleep_for(o.conf.heartbeat * (kMissedHeartbeats + 3));
+  for (auto& n : nodes) {
+    if (n.get() == victim) continue;
+    EXPECT_FALSE(n->watcher->reason().has_value()) << *n->watcher->reason();
+  }
+  EXPECT_FALSE(watcher->reason().has_value()) << *watcher->reason();
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    EXPECT_EQ(taken.size(), 1u) << "the node that took the place was taken for lost";
+  }
+  // The survivors watch the slot again: the new node's loss is seen and taken.
+  watcher->stop();
+  ASSERT_TRUE(wait_for_losses(2)) << "the node that took the place is not watched";
+  std::lock_guard<std::mutex> lock(mutex);
+  EXPECT_EQ(taken[1].node_rank, 1);
+  EXPECT_EQ(taken[1].first_rank, 2);
+  EXPECT_NE(taken[1].why.find("host9"), std::string::npos) << taken[1].why;
 }
 
 // Without a handler's consent, or below the round's minimum, a lost node ends the round.

@@ -32,6 +32,9 @@ struct MembershipRound {
   int generation = 0;
   // One line for the log: "round 1: 2 nodes, 4 workers, master 10.78.0.1:41234".
   std::string summary;
+  // --recovery step: this node joined the running round in the place of a node it lost; its
+  // workers come back in that node's ranks (StepRecovery::on_node_joined).
+  bool took_lost_slot = false;
 };
 
 // A node the watcher found dead or gone while its round ran (--recovery step).

@@ -84,6 +84,8 @@ class MembershipWatcher {
   void run();
   void report(const std::string& reason);
   void check_peers();
+  // Lost slots another node took back (Rendezvous::take_lost_slot) are watched again.
+  void follow_taken_back_slots();
   // The peer in `slot` is gone: hands it to on_peer_lost_ (true: the round goes on without
   // it) or ends the round with `why`.
   void peer_gone(int slot, const std::string& why);
@@ -94,8 +96,9 @@ class MembershipWatcher {
   std::shared_ptr<Store> store_;
   OnChange on_change_;
   OnPeerLost on_peer_lost_;
-  int lost_peers_ = 0;   // slots this watcher marked "lost"
-  std::set<int> taken_;  // which
+  int lost_peers_ = 0;         // slots this watcher marked "lost" (and not taken back)
+  std::set<int> taken_;        // which
+  std::set<int> passed_lost_;  // slots seen "lost" (by any watcher): a node may take one back
   std::atomic<bool> stop_{false};
   mutable std::mutex mutex_;
   std::optional<std::string> reason_;

@@ -139,6 +139,11 @@ struct RendezvousOptions {
   // round can name where everyone goes when the store's host is lost. Empty: none.
   std::string standby;
 
+  // --recovery step: a node too late for a running round may take the place of a node the
+  // round lost in place (heartbeat "lost", same local world size) instead of waiting for the
+  // next round (RoundInfo::took_lost_slot).
+  bool take_lost_slots = false;
+
   // Node 0's choice of MASTER_PORT for the workers of each round. Unset: a free port found
   // by binding port 0 on this machine.
   std::function<int()> pick_master_port;

@@ -49,6 +49,9 @@ struct RoundInfo {
   // "HOST:PORT" of the round's standby stores (the first conf.standby_stores members that
   // offered one, in node-rank order): where every member goes when the store is lost.
   std::vector<std::string> standbys;
+  // This node joined the round while it ran, in the slot of a node the round lost in place
+  // (RendezvousOptions::take_lost_slots): its workers come back in that node's ranks.
+  bool took_lost_slot = false;
 };
 
 class Rendezvous {
@@ -99,6 +102,10 @@ class Rendezvous {
   TimeoutDiagnosis diagnose(int64_t generation, const std::string& phase, Millis waited);
 
  private:
+  // A node too late for round g (of n members) takes the first slot the round lost in place
+  // whose node had as many workers as this one; nullopt when there is none.
+  std::optional<RoundInfo> take_lost_slot(int64_t g, int n,
+                                          std::chrono::steady_clock::time_point deadline);
   // One attempt at round g; nullopt when this agent must move on to a later round.
   std::optional<RoundInfo> try_round(int64_t g, std::chrono::steady_clock::time_point deadline);
   // Slot 0's step 4. nullopt when a member never published its info (round abandoned).

@@ -10,11 +10,14 @@
 //                       "<r>"            rank slot r was lost and is restarted in place (the
 //                                        membership stays the same);
 //                       "node:<r>,<s>.." the ranks slots r, s, ... were lost with their node
-//                                        and leave the job: the survivors go on without them.
+//                                        and leave the job: the survivors go on without them;
+//                       "join:<r>,<s>.." a node that joined the running job took the slots
+//                                        r, s, ... a lost node left: its new workers come back
+//                                        in them (healed from a peer), the others make room.
 //
 // A rank's slot is the RANK it was launched with; it never changes. Its rank in generation g is
 // its index among the slots of g (members()): the launch's 0..W-1 minus every slot a "node:"
-// record up to g removed, in slot order. So the membership of any generation follows from the
+// record up to g removed and no later "join:" record gave back, in slot order. So the membership of any generation follows from the
 // records alone, whatever order concurrent writers claimed them in.
 // The launchers (one agent per node) are the only writers: each claims the next free lost/<g>
 // with compare_set, then raises the counter, so the keys lost/1..lost/k are all set whenever
@@ -49,6 +52,9 @@ std::optional<int> read_lost_rank(Store& store, int64_t generation);
 // The slots lost with their node that `generation` removed (empty for an in-place restart).
 std::vector<int> read_removed_slots(Store& store, int64_t generation);
 
+// The slots a joining node took back at `generation` (empty unless a "join:" record opened it).
+std::vector<int> read_joined_slots(Store& store, int64_t generation);
+
 // The rank slots of `generation`, in rank order: slot members(...)[i] has rank i. Reads the
 // records of generations 1..generation (one round trip each: for re-forming, not per step).
 std::vector<int> members(Store& store, int64_t generation, int initial_world_size);
@@ -61,6 +67,11 @@ int64_t publish_lost_rank(Store& store, int rank);
 // Launcher side: records that the ranks `slots` (non-empty) were lost with their node and
 // leave the job; returns the generation it opened, as publish_lost_rank.
 int64_t publish_lost_node(Store& store, const std::vector<int>& slots);
+
+// Launcher side (the joining node's agent, before it starts its workers): records that the
+// slots `slots` (non-empty; each removed by an earlier "node:" record) come back with a node
+// that joined the running job; returns the generation it opened, as publish_lost_rank.
+int64_t publish_joined_node(Store& store, const std::vector<int>& slots);
 
 // Worker side: this job's workers cannot go on with fewer ranks (a torch.distributed group's
 // size is fixed), so a lost node must end the round (the worker group restarts) instead of
