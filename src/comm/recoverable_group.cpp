@@ -143,9 +143,9 @@ RecoverableGroup::Loss RecoverableGroup::read_loss(Store& store, int64_t generat
   const std::vector<int> joined = recovery_notice::read_joined_slots(store, generation);
   if (!joined.empty()) {
     // Not a loss: the membership grows. The step in flight is redone with the new ranks.
-    loss.description = fmt::format("rank{} {} of {} came back with a node that joined the job",
-                                   joined.size() == 1 ? "" : "s", fmt::join(joined, ","),
-                                   initial_world_size_);
+    loss.description =
+        fmt::format("rank{} {} of {} came back with a node that joined the job",
+                    joined.size() == 1 ? "" : "s", fmt::join(joined, ","), initial_world_size_);
     return loss;
   }
   loss.first = recovery_notice::read_lost_rank(store, generation);

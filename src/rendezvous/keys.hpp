@@ -16,7 +16,8 @@
 //   rdzv/<run_id>/<g>/world            "num_nodes world_size master_port master_addr"
 //   rdzv/<run_id>/<g>/rank/<i>         first global rank of slot i
 //   rdzv/<run_id>/<g>/lost             nodes lost while round g ran (--recovery step), a counter
-//                                      (less the slots taken back)
+//   rdzv/<run_id>/<g>/back             lost slots another node took back, a counter (etcd's
+//                                      add() only counts up)
 //   rdzv/<run_id>/<g>/took/<i>         set once: info of the node that took lost slot i's place
 //   rdzv/<run_id>/<g>/standbys         "HOST:PORT,..." the standby stores of round g, in
 //                                      order of preference ("-": none)
@@ -62,6 +63,7 @@ struct Round {
   std::string rank(int i) const { return base + fmt::format("rank/{}", i); }
   std::string standbys() const { return base + "standbys"; }
   std::string lost() const { return base + "lost"; }
+  std::string back() const { return base + "back"; }
   std::string took(int i) const { return base + fmt::format("took/{}", i); }
 };
 

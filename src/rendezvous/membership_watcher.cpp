@@ -161,7 +161,8 @@ void MembershipWatcher::peer_gone(int slot, const std::string& why) {
   // nodes as at the start. The count of losses taken is the round's (several watchers may
   // each take one at the same time).
   const bool above_min =
-      on_peer_lost_ && round_.num_nodes - store_->add(k.lost(), 1) >= options_.nodes.min;
+      on_peer_lost_ &&
+      round_.num_nodes - store_->add(k.lost(), 1) + store_->add(k.back(), 0) >= options_.nodes.min;
   if (above_min) {
     LostPeer peer;
     bool described = false;

@@ -197,16 +197,17 @@ std::optional<RoundInfo> Rendezvous::take_lost_slot(int64_t g, int n, Clock::tim
     if (store_->compare_set(k.took(i), "", info_) != info_) continue;  // another node's
     // The watchers read took/<i> when slot i's heartbeat moves again: it goes first.
     store_->set(k.node(i), info_);
-    store_->add(k.lost(), -1);
+    store_->add(k.back(), 1);
     store_->set(k.hb(i), "0");
     slot_ = i;
     std::optional<RoundInfo> r = read_assignment(g, i, n, deadline);
     if (!r) throw_timeout(g, "the round's assignment (taking a lost node's place)", Clock::now());
     r->took_lost_slot = true;
     log::get("ddp.rdzv")
-        ->info("round {} of run '{}' runs with {} nodes; this node takes the place of node {} "
-               "({}), lost while it ran (--recovery step)",
-               g, options_.run_id, n, i, lost.host);
+        ->info(
+            "round {} of run '{}' runs with {} nodes; this node takes the place of node {} "
+            "({}), lost while it ran (--recovery step)",
+            g, options_.run_id, n, i, lost.host);
     return r;
   }
   return std::nullopt;

@@ -39,10 +39,11 @@ int parse_slot(const std::string& key, const std::string& value, const std::stri
   } catch (const std::exception&) {
   }
   if (slot < 0 || used != text.size()) {
-    throw ProtocolError("store key " + key + " holds '" + value +
-                        "', not a rank, 'node:<ranks>' or 'join:<ranks>'; only ddprun --recovery step may "
-                        "write under " +
-                        kRecoveryPrefix);
+    throw ProtocolError(
+        "store key " + key + " holds '" + value +
+        "', not a rank, 'node:<ranks>' or 'join:<ranks>'; only ddprun --recovery step may "
+        "write under " +
+        kRecoveryPrefix);
   }
   return slot;
 }

@@ -326,9 +326,8 @@ TEST(RecoverableGroup, ANodeJoiningTakesTheLostSlotsBackAndTheOthersMakeRoom) {
   }
   for (auto& t : threads) t.join();
   ASSERT_TRUE(errors[0].has_value()) << "slot 0's collective in flight was not given up";
-  EXPECT_NE(
-      std::string(errors[0]->what()).find("ranks 1,2 of 4 came back with a node that joined"),
-      std::string::npos)
+  EXPECT_NE(std::string(errors[0]->what()).find("ranks 1,2 of 4 came back with a node that joined"),
+            std::string::npos)
       << errors[0]->what();
   for (int slot = 0; slot < 4; ++slot) {
     EXPECT_EQ(ranks[slot], slot);

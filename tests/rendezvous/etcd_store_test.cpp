@@ -398,5 +398,67 @@ TEST(EtcdRendezvous, ElasticRoundAndMissedHeartbeats) {
   EXPECT_NE(got.get().find("missed 3 heartbeats"), std::string::npos);
 }
 
+// --recovery step on etcd: a node lost while the round runs is taken in place, and a node that
+// arrives later takes its place (etcd's counters only count up: the round counts the slots
+// taken back apart from the losses).
+TEST(EtcdRendezvous, ANodeArrivingAfterALossTakenInPlaceTakesItsPlace) {
+  DDP_SKIP_WITHOUT_ETCD();
+  EtcdProcess etcd;
+  auto options = [&](int i) {
+    RendezvousOptions o;
+    o.backend = Backend::kEtcd;
+    o.run_id = "etcdsteps";
+    o.nodes = {1, 2};
+    o.endpoints = etcd.endpoints();
+    o.endpoint = o.endpoints.front();
+    o.hostname = "host" + std::to_string(i);
+    o.local_addr = "10.0.0." + std::to_string(i + 1);
+    o.conf.join_timeout = 30s;
+    o.conf.last_call_timeout = 2s;
+    o.conf.heartbeat = 200ms;
+    o.take_lost_slots = true;
+    o.pick_master_port = [] { return 40000; };
+    return o;
+  };
+  std::vector<std::unique_ptr<Rendezvous>> agents;
+  std::vector<std::shared_ptr<EtcdStore>> stores;
+  for (int i = 0; i < 2; ++i) {
+    stores.push_back(std::make_shared<EtcdStore>(etcd_store_options(options(i))));
+    agents.push_back(std::make_unique<Rendezvous>(options(i), stores.back()));
+  }
+  std::vector<std::future<RoundInfo>> f;
+  for (auto& a : agents)
+    f.push_back(std::async(std::launch::async, [&a] { return a->next_round(); }));
+  const RoundInfo r0 = f[0].get(), r1 = f[1].get();
+  ASSERT_EQ(r0.num_nodes, 2);
+  Rendezvous& survivor = r0.node_rank == 0 ? *agents[0] : *agents[1];
+  auto survivor_store = r0.node_rank == 0 ? stores[0] : stores[1];
+  std::promise<int> lost;
+  std::atomic<bool> lost_once{false};
+  std::promise<std::string> ended;
+  MembershipWatcher w(
+      survivor.options(), survivor.round(), survivor_store,
+      [&](const std::string& why) { ended.set_value(why); },
+      [&](const LostPeer& peer) {
+        if (!lost_once.exchange(true)) lost.set_value(peer.node_rank);
+        return true;
+      });
+  // The other agent never heartbeats: it is taken as lost in place.
+  auto lost_future = lost.get_future();
+  ASSERT_EQ(lost_future.wait_for(30s), std::future_status::ready);
+  EXPECT_EQ(lost_future.get(), 1);
+
+  auto joiner_store = std::make_shared<EtcdStore>(etcd_store_options(options(2)));
+  Rendezvous joiner(options(2), joiner_store);
+  const RoundInfo round = joiner.next_round();
+  EXPECT_TRUE(round.took_lost_slot);
+  EXPECT_EQ(round.node_rank, 1);
+  EXPECT_EQ(round.generation, survivor.round().generation);
+  MembershipWatcher joined(joiner.options(), round, joiner_store, [](const std::string&) {});
+  std::this_thread::sleep_for(200ms * (kMissedHeartbeats + 3));
+  EXPECT_FALSE(w.reason().has_value()) << *w.reason();
+  EXPECT_FALSE(joined.reason().has_value()) << *joined.reason();
+}
+
 }  // namespace
 }  // namespace ddp::rdzv::test

@@ -17,8 +17,8 @@
 //
 // A rank's slot is the RANK it was launched with; it never changes. Its rank in generation g is
 // its index among the slots of g (members()): the launch's 0..W-1 minus every slot a "node:"
-// record up to g removed and no later "join:" record gave back, in slot order. So the membership of any generation follows from the
-// records alone, whatever order concurrent writers claimed them in.
+// record up to g removed and no later "join:" record gave back, in slot order. So the membership of
+// any generation follows from the records alone, whatever order concurrent writers claimed them in.
 // The launchers (one agent per node) are the only writers: each claims the next free lost/<g>
 // with compare_set, then raises the counter, so the keys lost/1..lost/k are all set whenever
 // the counter reads k, even when agents on two nodes record losses at the same moment. Workers

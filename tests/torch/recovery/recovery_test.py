@@ -152,27 +152,33 @@ def read_commits(out, slot):
         return [tuple(int(v) for v in line.split()) for line in f if line.strip()]
 
 
-def start_elastic_pair(ddprun, worker, out, run_id, node1_env):
-    """Two agents (simulated hosts node0, node1) x 2 ranks, c10d --nnodes 1:2 on loopback,
-    heartbeat 1 s, --recovery step, dropout off (DDP_TEST_DROPOUT=0: the parameters of a run
-    that lost a node can then be compared with a run that did not). Node 0 joins first, so it
-    hosts the stores and is the round's node 0."""
+def start_elastic_agent(ddprun, worker, out, run_id, port, host, env_extra, steps=STEPS,
+                        stderr=subprocess.PIPE):
+    """One agent (simulated host `host`) x 2 ranks of an elastic c10d job (--nnodes 1:2) on
+    loopback, heartbeat 1 s, --recovery step, dropout off (DDP_TEST_DROPOUT=0: the parameters of
+    a run that lost a node can then be compared with a run that did not)."""
+    env = dict(os.environ)
+    env["DDP_HOST_ID"] = host
+    env["DDP_TEST_DROPOUT"] = "0"
+    env.update(env_extra)
+    cmd = [ddprun, "--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
+           "--rdzv-conf", "heartbeat=1,last_call_timeout=10", "--recovery", "step",
+           "--max-restarts", "2", "--no-python"] + worker + [
+           "--steps", str(steps), "--out", out]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                            start_new_session=True)
+
+
+def start_elastic_pair(ddprun, worker, out, run_id, node1_env, steps=STEPS, env=None):
+    """Two agents (node0, node1, start_elastic_agent), both with `env`, node 1 also with
+    `node1_env`. Node 0 joins first, so it hosts the stores and is the round's node 0."""
     port = free_port()
     procs = []
     for node in range(2):
-        env = dict(os.environ)
-        env["DDP_HOST_ID"] = f"node{node}"
-        env["DDP_TEST_DROPOUT"] = "0"
-        if node == 1:
-            env.update(node1_env)
-        cmd = [ddprun, "--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
-               "--rdzv-conf", "heartbeat=1,last_call_timeout=10", "--recovery", "step",
-               "--max-restarts", "2", "--no-python"] + worker + [
-               "--steps", str(STEPS), "--out", out]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True,
-                                      start_new_session=True))
+        node_env = dict(env or {}, **(node1_env if node == 1 else {}))
+        procs.append(start_elastic_agent(ddprun, worker, out, run_id, port, f"node{node}",
+                                         node_env, steps))
         if node == 0:
             time.sleep(1.0)
     return procs, wait_all(procs, 240)
@@ -265,6 +271,113 @@ def lost_node(ddprun, worker, tmp, python=False):
     print("PASS")
 
 
+REPLACED_NODE_STEPS = 60
+
+
+def wait_for_line(path, text, limit):
+    """Waits until the file at `path` holds `text` (at most `limit` s); returns whether it did."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        with open(path) as f:
+            if text in f.read():
+                return True
+        time.sleep(0.05)
+    return False
+
+
+def replaced_node(ddprun, worker, tmp):
+    """A lost node replaced while the job runs: as lost_node (node 1 killed after step
+    LOST_NODE_KILL_STEP, the survivors go on at world size 2), then a third agent (node2, 2
+    workers) starts: it takes node 1's place in the running round, its workers come back as
+    ranks 2-3 healed from a live peer, and the survivors re-form at world size 4 without a
+    group restart (node2 starts 2 s after the loss was taken). The workers sleep DDP_TEST_STEP_SLEEP_MS after each step so that the job
+    is still running when node2 arrives. Checked: every agent but node 1 exits 0, nobody
+    restarts the worker group; ranks 0-1 commit every step once in one process, at world size 4,
+    then 2, then 4 again; ranks 2-3's new processes commit every step from their return to the
+    end at world size 4; all four end at generation 2, world size 4, with bitwise equal
+    parameters, within float rounding of a run that lost no node."""
+    steps = REPLACED_NODE_STEPS
+    what = f"replaced node (node 1 killed after step {LOST_NODE_KILL_STEP}, node2 takes its place)"
+    ref_dir = os.path.join(tmp, "replaced_node_reference")
+    os.makedirs(ref_dir)
+    sgd = {"DDP_TEST_OPTIMIZER": "sgd"}  # Adam turns rounding into step-size differences
+    procs, errs = start_elastic_pair(ddprun, worker, ref_dir, "replaced_ref", {}, steps, sgd)
+    if [p.returncode for p in procs] != [0, 0]:
+        fail(f"{what}: the reference run exited {[p.returncode for p in procs]}\n" +
+             "\n".join(errs))
+    reference = read_params(ref_dir, 4)
+
+    out = os.path.join(tmp, "replaced_node")
+    os.makedirs(out)
+    port = free_port()
+    slow = dict(sgd, DDP_TEST_STEP_SLEEP_MS="150")
+    logs = [os.path.join(tmp, f"replaced_node{i}.err") for i in range(3)]
+    files = [open(path, "w") for path in logs]
+    procs = [start_elastic_agent(ddprun, worker, out, "replaced", port, "node0", slow, steps,
+                                 files[0])]
+    time.sleep(1.0)
+    procs.append(start_elastic_agent(
+        ddprun, worker, out, "replaced", port, "node1",
+        dict(slow, DDP_TEST_KILL_NODE_AT_STEP=str(LOST_NODE_KILL_STEP)), steps, files[1]))
+    taken = wait_for_line(logs[0], "its ranks 2-3 leave the job", 120)
+    if taken:
+        time.sleep(2.0)  # the survivors train at world size 2 meanwhile
+        procs.append(start_elastic_agent(ddprun, worker, out, "replaced", port, "node2", slow,
+                                         steps, files[2]))
+    wait_all(procs, 240)
+    for f in files:
+        f.close()
+    err0, err1, err2 = (open(path).read() for path in logs)
+    err = f"--- node 0 ---\n{err0}\n--- node 1 ---\n{err1}\n--- node 2 ---\n{err2}"
+    if not taken:
+        fail(f"{what}: node 0 did not take node 1's loss in place\n{err}")
+    codes = [p.returncode for p in procs]
+    if codes != [0, -signal.SIGKILL, 0]:
+        fail(f"{what}: the agents exited {codes} (expected 0, SIGKILL, 0)\n{err}")
+    if "this node takes the place of node 1, lost while the job ran: ranks 2-3 come back" \
+            not in err2:
+        fail(f"{what}: node2 did not take node 1's place\n{err}")
+    if any("restarting the worker group" in e for e in (err0, err2)):
+        fail(f"{what}: a group restart\n{err}")
+    reports = read_reports(out, 4)
+    if any(r["step"] != steps or r["generation"] != 2 or r["world_size"] != 4 for r in reports):
+        fail(f"{what}: reports {reports}\n{err}")
+    for slot in range(2):
+        commits = read_commits(out, slot)
+        worlds = [world for _, _, world in commits]
+        shrunk = worlds.count(2)
+        if [step for _, step, _ in commits] != list(range(1, steps + 1)) or \
+                len({pid for pid, _, _ in commits}) != 1 or shrunk == 0 or \
+                worlds != [4] * LOST_NODE_KILL_STEP + [2] * shrunk + \
+                [4] * (steps - LOST_NODE_KILL_STEP - shrunk):
+            fail(f"{what}: rank {slot} committed {commits}\n{err}")
+    back_at = None
+    for slot in (2, 3):
+        commits = read_commits(out, slot)
+        first_life = [c for c in commits if c[0] == commits[0][0]]
+        second_life = commits[len(first_life):]
+        if [step for _, step, _ in first_life] != list(range(1, LOST_NODE_KILL_STEP + 1)):
+            fail(f"{what}: rank {slot}'s first process committed {first_life}\n{err}")
+        if not second_life or len({pid for pid, _, _ in second_life}) != 1 or \
+                [step for _, step, _ in second_life] != \
+                list(range(second_life[0][1], steps + 1)) or \
+                any(world != 4 for _, _, world in second_life):
+            fail(f"{what}: rank {slot}'s new process committed {second_life}\n{err}")
+        back_at = second_life[0][1]
+    params = read_params(out, 4)
+    if len(set(params)) != 1:
+        fail(f"{what}: the ranks' parameters differ\n{err}")
+    drift = relative_error(params[0], reference[0])
+    if drift > LOST_NODE_TOLERANCE:
+        fail(f"{what}: the parameters are {drift:.3g} (relative) from the run that lost no node "
+             f"(limit {LOST_NODE_TOLERANCE})\n{err}")
+    print(f"ok: {what}: ranks 0-1 went on at world size 2 from step {LOST_NODE_KILL_STEP + 1}, "
+          f"ranks 2-3 came back in node2's processes from step {back_at}, each step committed "
+          f"once per process, no group restart, parameters bitwise equal on all 4 and "
+          f"{drift:.3g} (relative) from the run that lost no node")
+    print("PASS")
+
+
 def run(ddprun, worker, out, recovery, env_extra):
     """worker: the command (a list) that runs one rank."""
     env = dict(os.environ)
@@ -304,6 +417,8 @@ def main():
                     help="two agents (simulated hosts) x 2 ranks instead of one x 3")
     ap.add_argument("--lost-node", action="store_true",
                     help="two agents (simulated hosts) x 2 ranks, c10d 1:2; node 1 is lost")
+    ap.add_argument("--replaced-node", action="store_true",
+                    help="as --lost-node, then a third agent takes the lost node's place")
     args = ap.parse_args()
     python = args.python_worker is not None
     if python == (args.worker is not None) or (python and not args.python):
@@ -315,6 +430,9 @@ def main():
         return
     if args.lost_node:
         lost_node(args.ddprun, args.worker, tmp, python)
+        return
+    if args.replaced_node:
+        replaced_node(args.ddprun, args.worker, tmp)
         return
 
     # Reference: no failure.

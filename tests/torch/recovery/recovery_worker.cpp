@@ -12,6 +12,9 @@
 // between forward and backward, or after the step committed. S and R may be comma-separated
 // lists of the same length (several failures, one per pair). DDP_TEST_KILL_NODE_AT_STEP=S: the
 // worker SIGKILLs its agent (and so its node's other workers) and itself after step S.
+// DDP_TEST_OPTIMIZER=sgd: SGD with momentum instead of Adam (see run()).
+// DDP_TEST_STEP_SLEEP_MS=T: sleep T ms after each committed step (a job that runs long enough
+// for a node to join it).
 //
 // At the end each rank writes DIR/rank<R>.params (every parameter's bytes, in order) and
 // DIR/rank<R>.json (rank and world size at the end, committed steps, attempts dropped,
@@ -27,6 +30,7 @@
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <ddp/ddp.hpp>
@@ -103,7 +107,19 @@ int run(int64_t steps, const std::string& out) {
   auto net = std::make_shared<Net>(std::stod(env_or("DDP_TEST_DROPOUT", "0.2")));
   ddp::DistributedDataParallel model(net, manager.process_group(),
                                      ddp::DistributedDataParallelOptions().init_sync(false));
-  torch::optim::Adam optimizer(model.parameters(), torch::optim::AdamOptions(1e-2));
+  // DDP_TEST_OPTIMIZER=sgd: SGD with momentum instead of Adam. Adam divides by the gradients'
+  // magnitude, so on near-zero gradients it turns float rounding (the survivors add the shares
+  // in another order) into whole-step differences; SGD keeps a run that changed its world size
+  // within rounding of one that did not, over any number of steps.
+  std::unique_ptr<torch::optim::Optimizer> optimizer_holder;
+  if (env_or("DDP_TEST_OPTIMIZER", "adam") == "sgd") {
+    optimizer_holder = std::make_unique<torch::optim::SGD>(
+        model.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  } else {
+    optimizer_holder =
+        std::make_unique<torch::optim::Adam>(model.parameters(), torch::optim::AdamOptions(1e-2));
+  }
+  torch::optim::Optimizer& optimizer = *optimizer_holder;
   // DDP_TEST_KILL_IN_HEAL=1: the first replacement (restart count 1) dies after it joined the
   // new generation, while the survivors wait in the healing collectives.
   if (env_or("DDP_TEST_KILL_IN_HEAL", "0") == "1" &&
@@ -126,6 +142,7 @@ int run(int64_t steps, const std::string& out) {
     }
   };
 
+  const std::chrono::milliseconds step_sleep(std::stoll(env_or("DDP_TEST_STEP_SLEEP_MS", "0")));
   std::ofstream commits(fmt::format("{}/rank{}.commits", out, slot), std::ios::app);
   while (manager.step() < steps) {
     manager.run_step([&] {
@@ -141,6 +158,7 @@ int run(int64_t steps, const std::string& out) {
     commits << ::getpid() << " " << manager.step() << " " << manager.world_size() << "\n"
             << std::flush;
     maybe_die("between");
+    if (step_sleep.count() > 0) std::this_thread::sleep_for(step_sleep);
     if (manager.step() == kill_node_at) {
       ::kill(::getppid(), SIGKILL);  // the agent: its other workers die with it (PDEATHSIG)
       ::kill(::getpid(), SIGKILL);
