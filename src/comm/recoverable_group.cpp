@@ -204,7 +204,10 @@ ProcessGroupPtr RecoverableGroup::form(int64_t generation) {
   int rank = slot_, world_size = initial_world_size_;
   if (generation > 0) {
     const auto at = std::find(slots.begin(), slots.end(), slot_);
-    if (at == slots.end()) {
+    // A node that joined later may have this slot now: its new process, not this one.
+    const bool removed = first_generation_ && recovery_notice::removed_between(
+                                                  *store_, slot_, *first_generation_, generation);
+    if (at == slots.end() || removed) {
       throw RemovedFromJobError(fmt::format(
           "rank {} (launched as rank {}) is no longer a member of the job: ddprun declared its "
           "node lost at membership generation {} or before (it missed its heartbeats, e.g. a "
@@ -224,6 +227,7 @@ ProcessGroupPtr RecoverableGroup::form(int64_t generation) {
   ProcessGroupPtr group = init_process_group(init);
   rank_ = rank;
   world_size_ = world_size;
+  if (!first_generation_) first_generation_ = generation;
   return group;
 }
 

@@ -46,7 +46,8 @@ StepRecovery::StepRecovery(const StepRecoveryOptions& options)
   } else {
     connect_to_serving_agent(o, options.timeout);
   }
-  recovery_notice::read_generation(*store_);  // generation 0, readable before any worker runs
+  // Readable before any worker runs: 0 at the job's start, later for a node that joined.
+  start_generation_ = recovery_notice::read_generation(*store_);
 }
 
 void StepRecovery::connect_to_serving_agent(TcpStoreOptions o,
@@ -87,7 +88,9 @@ bool StepRecovery::still_a_member(int rank) {
   try {
     const int64_t now = recovery_notice::read_generation(*store_);
     const std::vector<int> members = recovery_notice::members(*store_, now, world_size_);
-    return std::find(members.begin(), members.end(), rank) != members.end();
+    // A node that took this node's place has these ranks now, not this agent.
+    return std::find(members.begin(), members.end(), rank) != members.end() &&
+           !recovery_notice::removed_between(*store_, rank, start_generation_, now);
   } catch (const Error&) {
     return true;  // the store's error shows where it matters (publishing the restart)
   }

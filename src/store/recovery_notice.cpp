@@ -124,6 +124,14 @@ std::vector<int> members(Store& store, int64_t generation, int initial_world_siz
   return out;
 }
 
+bool removed_between(Store& store, int slot, int64_t after, int64_t upto) {
+  for (int64_t g = std::max<int64_t>(after, 0) + 1; g <= upto; ++g) {
+    const std::vector<int> removed = read_removed_slots(store, g);
+    if (std::find(removed.begin(), removed.end(), slot) != removed.end()) return true;
+  }
+  return false;
+}
+
 int64_t publish_lost_rank(Store& store, int rank) {
   return claim_generation(store, std::to_string(rank));
 }

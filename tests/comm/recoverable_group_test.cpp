@@ -336,6 +336,46 @@ TEST(RecoverableGroup, ANodeJoiningTakesTheLostSlotsBackAndTheOthersMakeRoom) {
   }
 }
 
+// A process of a lost node that comes back (a network split healed) after a new node took its
+// slots finds no place: the slots are members again, but of the new node's processes.
+TEST(RecoverableGroup, AProcessOfALostNodeFindsNoPlaceOnceANodeTookItsSlots) {
+  auto store = std::make_shared<HashStore>();
+  store->set_timeout(std::chrono::minutes(5));
+  std::atomic<int> formed{0};
+  std::atomic<bool> published{false};
+  std::array<std::string, 4> removed;
+  std::vector<std::thread> threads;
+  for (int slot = 0; slot < 4; ++slot) {
+    threads.emplace_back([&, slot] {
+      RecoverableGroupOptions o = options_for(slot, store);
+      o.world_size = 4;
+      RecoverableGroup group(o);
+      EXPECT_EQ(all_reduce_one(*group.group(), 1.0f), 4.0f);
+      ++formed;
+      if (slot != 1 && slot != 2) return;
+      while (!published.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      try {
+        group.reform();
+      } catch (const RemovedFromJobError& e) {
+        removed[slot] = e.what();
+      }
+    });
+  }
+  while (formed.load() < 4) std::this_thread::yield();
+  EXPECT_EQ(recovery_notice::publish_lost_node(*store, {1, 2}), 1);
+  EXPECT_EQ(recovery_notice::publish_joined_node(*store, {1, 2}), 2);
+  EXPECT_EQ(recovery_notice::members(*store, 2, 4), (std::vector<int>{0, 1, 2, 3}));
+  published = true;
+  for (auto& t : threads) t.join();
+  for (int slot : {1, 2}) {
+    EXPECT_NE(removed[slot].find("no longer a member of the job"), std::string::npos)
+        << "slot " << slot << " re-formed in a slot a new node took: '" << removed[slot] << "'";
+  }
+  EXPECT_TRUE(recovery_notice::removed_between(*store, 1, 0, 2));
+  EXPECT_FALSE(recovery_notice::removed_between(*store, 1, 1, 2));
+  EXPECT_FALSE(recovery_notice::removed_between(*store, 0, 0, 2));
+}
+
 TEST(RecoverableGroup, BadOptionsAreUsageErrors) {
   RecoverableGroupOptions o = options_for(0, std::make_shared<HashStore>());
   o.watch_interval = std::chrono::milliseconds(0);

@@ -134,6 +134,7 @@ class RecoverableGroup {
   std::function<std::shared_ptr<Store>()> connect_;
   ProcessGroupPtr group_;
   int64_t generation_ = 0;
+  std::optional<int64_t> first_generation_;  // the first one this process formed
   std::atomic<int64_t> announced_{0};
 
   mutable std::mutex mutex_;  // guards lost_, current_ (the watcher's view of group_)

@@ -110,6 +110,7 @@ class StepRecovery {
   std::mutex mutex_;  // the agent's thread and the membership watcher's both publish
   std::unique_ptr<TcpStore> store_;
   int world_size_;
+  int64_t start_generation_ = 0;  // when this agent's round started (its workers' first)
   int max_restarts_;
   int notice_fd_;
   int restarts_;

@@ -59,6 +59,11 @@ std::vector<int> read_joined_slots(Store& store, int64_t generation);
 // records of generations 1..generation (one round trip each: for re-forming, not per step).
 std::vector<int> members(Store& store, int64_t generation, int initial_world_size);
 
+// Whether a "node:" record of a generation in (after, upto] removed `slot`. A process (or an
+// agent) that was in the job at generation `after` is out for good then, even when a later
+// "join:" record gave the slot back: to a new node's processes, not to it.
+bool removed_between(Store& store, int slot, int64_t after, int64_t upto);
+
 // Launcher side: records that `rank` was lost and opens the next generation, which it returns
 // (the generation whose lost/<g> key it claimed; the counter may already be higher when
 // another node's agent recorded a loss at the same time).
