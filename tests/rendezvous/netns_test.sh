@@ -28,6 +28,10 @@
 #            --recovery step: node 1's link is taken down after its rank 2 committed step 8;
 #            node 0's agent takes ranks 2-3 out of the job and its two workers finish at world
 #            size 2 (exit 0, each step committed once, bitwise equal parameters)
+#   recovery_replaced_node  as recovery_lost_node, then a third node (its own namespace) takes
+#            node 1's place while the job runs, and node 1's link comes back up (a split that
+#            heals): ranks 2-3 return in node 2's workers, node 1's old workers find no place;
+#            nodes 0 and 2 end 0 with all 4 ranks at generation 2, bitwise equal parameters
 #   hang     2 nodes x 2 hang_worker ranks (gloo, 3 s group timeout; HANG_WORKER is the 4th
 #            argument), rank 3 on node 1 stops after collective #12: each node's hang report
 #            names rank 3 from the records both agents shared through the rendezvous store
@@ -440,6 +444,77 @@ recovery_lost_node)
   cmp -s "$T/out/rank0.params" "$T/out/rank1.params" || fail "the survivors' parameters differ"
   cat "$T/node0.log"
   echo "PASS: node 1 cut off after step 8; node 0's two workers went on at world size 2 to step $STEPS (exit 0, generation 1, bitwise equal parameters)"
+  ;;
+
+recovery_replaced_node)
+  # A lost node replaced while the job runs, over real network stacks, and the lost node coming
+  # back after its place was taken: its processes must not take the ranks back.
+  RECOVERY_WORKER="${4:?the recovery_replaced_node scenario needs the recovery_worker binary}"
+  STEPS=300
+  setup_nodes 3
+  mkdir -p "$T/out"
+  start_node() {  # start_node NODE
+    DDP_HOST_ID="netns$1" DDP_TEST_STEP_SLEEP_MS=40 DDP_TEST_OPTIMIZER=sgd start_agent "$1" \
+      "node$1" --nnodes 1:2 --nproc-per-node 2 "${C10D[@]}" --rdzv-id "replaced$TAG" \
+      --rdzv-conf "join_timeout=60,heartbeat=1,last_call_timeout=10,standby_stores=0" \
+      --recovery step --max-restarts 1 --no-python "$RECOVERY_WORKER" --steps "$STEPS" \
+      --out "$T/out"
+    pids[$1]=$LAST_PID
+  }
+  start_node 0
+  sleep 1  # node 0 joins first: the round's node 0 hosts the step store
+  start_node 1
+  for ((k = 0; k < 1200; k++)); do
+    [[ -f "$T/out/rank2.commits" ]] && awk '$2 >= 8 {found = 1} END {exit !found}' \
+      "$T/out/rank2.commits" && break
+    sleep 0.1
+  done
+  ((k < 1200)) || fail "rank 2 (node 1) never committed step 8"
+  ip -n "$(ns_of 1)" link set rdzv0 down
+  for ((k = 0; k < 600; k++)); do
+    grep -qF "its ranks 2-3 leave the job" "$T/node0.log" && break
+    sleep 0.1
+  done
+  ((k < 600)) || fail "node 0 did not take node 1's loss in place"
+  start_node 2
+  for ((k = 0; k < 600; k++)); do
+    grep -qF "this node takes the place of node 1" "$T/node2.log" && break
+    sleep 0.1
+  done
+  ((k < 600)) || fail "node 2 did not take node 1's place"
+  sleep 2
+  ip -n "$(ns_of 1)" link set rdzv0 up  # the split heals: node 1's processes are still there
+  wait_exit "${pids[0]}" 180 || fail "node 0: ddprun exited $?"
+  wait_exit "${pids[2]}" 60 || fail "node 2: ddprun exited $?"
+  node1_code=0
+  wait_exit "${pids[1]}" 30 || node1_code=$?
+  kill_node 1
+  grep "restarting the worker group" "$T/node0.log" "$T/node2.log" &&
+    fail "a worker group restarted"
+  for rank in 0 1 2 3; do
+    grep -q '"world_size":4,"step":'"$STEPS"',.*"generation":2' "$T/out/rank$rank.json" ||
+      fail "rank $rank: $(cat "$T/out/rank$rank.json" 2>/dev/null || echo 'no report')"
+  done
+  for rank in 0 1; do
+    [[ $(awk '{print $2}' "$T/out/rank$rank.commits" | tr '\n' ' ') == "$(seq -s ' ' 1 "$STEPS") " ]] ||
+      fail "rank $rank committed: $(awk '{print $2}' "$T/out/rank$rank.commits" | tr '\n' ' ')"
+  done
+  # Ranks 2-3: the old processes' steps, then the new ones' from their return to the end, each
+  # once: the old processes committed nothing after the split healed.
+  for rank in 2 3; do
+    awk -v steps="$STEPS" '
+      { if ($1 != pid) { lives++; pid = $1; if (lives == 2) { first = $2; next_step = $2 } }
+        if (lives == 2) { if ($2 != next_step) bad = 1; next_step++ } }
+      END { exit !(lives == 2 && !bad && next_step == steps + 1) }' "$T/out/rank$rank.commits" ||
+      fail "rank $rank committed: $(awk '{print $1":"$2}' "$T/out/rank$rank.commits" | tr '\n' ' ')"
+  done
+  for rank in 1 2 3; do
+    cmp -s "$T/out/rank0.params" "$T/out/rank$rank.params" || fail "rank $rank's parameters differ"
+  done
+  cat "$T/node0.log" "$T/node2.log"
+  echo "---- node 1 (ddprun exited $node1_code)"
+  grep -E "^ddprun|no longer a member" "$T/node1.log" | cut -c1-400 | tail -n 12
+  echo "PASS: node 1 cut off after step 8, node 2 took its place while the job ran and its link came back: ranks 2-3 returned in node 2's workers, node 1's old workers committed nothing more; nodes 0 and 2 exit 0, 4 ranks at step $STEPS, generation 2, bitwise equal parameters"
   ;;
 
 stacks)
