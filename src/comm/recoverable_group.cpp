@@ -211,8 +211,9 @@ ProcessGroupPtr RecoverableGroup::form(int64_t generation) {
       throw RemovedFromJobError(fmt::format(
           "rank {} (launched as rank {}) is no longer a member of the job: ddprun declared its "
           "node lost at membership generation {} or before (it missed its heartbeats, e.g. a "
-          "network split) and the others went on without it; this worker must exit",
-          rank_.load(), slot_, generation));
+          "network split) and the others went on without it{}; this worker must exit",
+          rank_.load(), slot_, generation,
+          at == slots.end() ? "" : ", then a node that joined took its ranks"));
     }
     rank = static_cast<int>(at - slots.begin());
     world_size = static_cast<int>(slots.size());

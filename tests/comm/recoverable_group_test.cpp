@@ -21,10 +21,11 @@ namespace {
 
 constexpr int kWorld = 3;
 
-RecoverableGroupOptions options_for(int rank, const std::shared_ptr<Store>& store) {
+RecoverableGroupOptions options_for(int rank, const std::shared_ptr<Store>& store,
+                                    int world_size = kWorld) {
   RecoverableGroupOptions o;
   o.rank = rank;
-  o.world_size = kWorld;
+  o.world_size = world_size;
   o.store = store;
   // Far beyond the test's run time: a collective that ends must have ended by the notice.
   o.timeout = std::chrono::minutes(5);
@@ -213,11 +214,7 @@ TEST(RecoveryNotice, AJoinRecordGivesALostNodesSlotsBack) {
 TEST(RecoverableGroup, ALostNodesRanksLeaveAndTheSurvivorsReformRenumbered) {
   auto store = std::make_shared<HashStore>();
   store->set_timeout(std::chrono::minutes(5));
-  auto options = [&](int slot) {
-    RecoverableGroupOptions o = options_for(slot, store);
-    o.world_size = 4;
-    return o;
-  };
+  auto options = [&](int slot) { return options_for(slot, store, 4); };
   std::array<std::optional<PeerLostError>, 4> lost_errors;
   std::array<int, 4> ranks{-1, -1, -1, -1}, sizes{}, slots{-1, -1, -1, -1};
   std::array<float, 4> sums{};
@@ -282,11 +279,7 @@ TEST(RecoverableGroup, ALostNodesRanksLeaveAndTheSurvivorsReformRenumbered) {
 TEST(RecoverableGroup, ANodeJoiningTakesTheLostSlotsBackAndTheOthersMakeRoom) {
   auto store = std::make_shared<HashStore>();
   store->set_timeout(std::chrono::minutes(5));
-  auto options = [&](int slot) {
-    RecoverableGroupOptions o = options_for(slot, store);
-    o.world_size = 4;
-    return o;
-  };
+  auto options = [&](int slot) { return options_for(slot, store, 4); };
   EXPECT_EQ(recovery_notice::publish_lost_node(*store, {1, 2}), 1);
   std::array<std::optional<PeerLostError>, 4> errors;
   std::array<int, 4> ranks{-1, -1, -1, -1}, sizes{};
@@ -347,9 +340,7 @@ TEST(RecoverableGroup, AProcessOfALostNodeFindsNoPlaceOnceANodeTookItsSlots) {
   std::vector<std::thread> threads;
   for (int slot = 0; slot < 4; ++slot) {
     threads.emplace_back([&, slot] {
-      RecoverableGroupOptions o = options_for(slot, store);
-      o.world_size = 4;
-      RecoverableGroup group(o);
+      RecoverableGroup group(options_for(slot, store, 4));
       EXPECT_EQ(all_reduce_one(*group.group(), 1.0f), 4.0f);
       ++formed;
       if (slot != 1 && slot != 2) return;

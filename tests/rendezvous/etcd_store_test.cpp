@@ -355,6 +355,24 @@ TEST(EtcdStore, AWatchCancelledOverAndOverBacksOffAndNamesTheReason) {
   EXPECT_LE(watches.load(), 10);
 }
 
+// Agent i ("host<i>", 10.0.0.<i+1>) of run `run_id` on `etcd`, heartbeat 200 ms.
+RendezvousOptions etcd_agent_options(const EtcdProcess& etcd, const std::string& run_id,
+                                     NodeRange nodes, int i, std::chrono::milliseconds last_call) {
+  RendezvousOptions o;
+  o.backend = Backend::kEtcd;
+  o.run_id = run_id;
+  o.nodes = nodes;
+  o.endpoints = etcd.endpoints();
+  o.endpoint = o.endpoints.front();
+  o.hostname = "host" + std::to_string(i);
+  o.local_addr = "10.0.0." + std::to_string(i + 1);
+  o.conf.join_timeout = 30s;
+  o.conf.last_call_timeout = last_call;
+  o.conf.heartbeat = 200ms;
+  o.pick_master_port = [] { return 40000; };
+  return o;
+}
+
 // The rendezvous protocol, unchanged, on etcd: 2 to 3 agents as threads, then one goes silent
 // and a survivor's watcher names it.
 TEST(EtcdRendezvous, ElasticRoundAndMissedHeartbeats) {
@@ -363,18 +381,7 @@ TEST(EtcdRendezvous, ElasticRoundAndMissedHeartbeats) {
   std::vector<std::unique_ptr<Rendezvous>> agents;
   std::vector<std::shared_ptr<EtcdStore>> stores;
   for (int i = 0; i < 2; ++i) {
-    RendezvousOptions o;
-    o.backend = Backend::kEtcd;
-    o.run_id = "etcdjob";
-    o.nodes = {2, 3};
-    o.endpoints = etcd.endpoints();
-    o.endpoint = o.endpoints.front();
-    o.hostname = "host" + std::to_string(i);
-    o.local_addr = "10.0.0." + std::to_string(i + 1);
-    o.conf.join_timeout = 30s;
-    o.conf.last_call_timeout = 500ms;
-    o.conf.heartbeat = 200ms;
-    o.pick_master_port = [] { return 40000; };
+    const RendezvousOptions o = etcd_agent_options(etcd, "etcdjob", {2, 3}, i, 500ms);
     stores.push_back(std::make_shared<EtcdStore>(etcd_store_options(o)));
     agents.push_back(std::make_unique<Rendezvous>(o, stores.back()));
   }
@@ -405,19 +412,8 @@ TEST(EtcdRendezvous, ANodeArrivingAfterALossTakenInPlaceTakesItsPlace) {
   DDP_SKIP_WITHOUT_ETCD();
   EtcdProcess etcd;
   auto options = [&](int i) {
-    RendezvousOptions o;
-    o.backend = Backend::kEtcd;
-    o.run_id = "etcdsteps";
-    o.nodes = {1, 2};
-    o.endpoints = etcd.endpoints();
-    o.endpoint = o.endpoints.front();
-    o.hostname = "host" + std::to_string(i);
-    o.local_addr = "10.0.0." + std::to_string(i + 1);
-    o.conf.join_timeout = 30s;
-    o.conf.last_call_timeout = 2s;
-    o.conf.heartbeat = 200ms;
+    RendezvousOptions o = etcd_agent_options(etcd, "etcdsteps", {1, 2}, i, 2s);
     o.take_lost_slots = true;
-    o.pick_master_port = [] { return 40000; };
     return o;
   };
   std::vector<std::unique_ptr<Rendezvous>> agents;

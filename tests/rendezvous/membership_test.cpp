@@ -42,6 +42,35 @@ std::vector<std::unique_ptr<Node>> form_round(
   return nodes;
 }
 
+// The losses a --recovery step handler took (it takes every one), for the tests to wait on.
+class TakenLosses {
+ public:
+  MembershipWatcher::OnPeerLost handler() {
+    return [this](const LostPeer& p) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      taken_.push_back(p);
+      return true;
+    };
+  }
+  // Whether `count` losses were taken within 30 s (detection: 3 missed heartbeats).
+  bool wait_for(size_t count) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (all().size() >= count) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  std::vector<LostPeer> all() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return taken_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<LostPeer> taken_;
+};
+
 TEST(RdzvMembership, SilentNodeIsDeclaredDeadAndSurvivorsReform) {
   LoopbackStore store;
   auto nodes = form_round(store, {2, 3}, 3);
@@ -76,39 +105,23 @@ TEST(RdzvMembership, SilentNodeIsDeclaredDeadAndSurvivorsReform) {
 // marked lost, so nobody watches or waits for it any more.
 TEST(RdzvMembership, ALostNodeTakenInPlaceDoesNotEndTheRound) {
   LoopbackStore store;
-  std::mutex mutex;
-  std::vector<LostPeer> taken;
-  auto nodes = form_round(store, {1, 3}, 3, [&](const LostPeer& p) {
-    std::lock_guard<std::mutex> lock(mutex);
-    taken.push_back(p);
-    return true;
-  });
+  TakenLosses losses;
+  auto nodes = form_round(store, {1, 3}, 3, losses.handler());
   Node* victim = nullptr;
   for (auto& n : nodes) {
     if (n->round.node_rank == 1) victim = n.get();
   }
   ASSERT_NE(victim, nullptr);
   victim->watcher->stop();
-  // Detection takes 3 missed heartbeats (100 ms each here); wait for it, bounded.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (!taken.empty()) break;
-    }
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the lost node was never taken";
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  ASSERT_TRUE(losses.wait_for(1)) << "the lost node was never taken";
   // A few more heartbeats: the round must still not have ended.
   std::this_thread::sleep_for(victim->rdzv->options().conf.heartbeat * (kMissedHeartbeats + 2));
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    ASSERT_EQ(taken.size(), 1u);
-    EXPECT_EQ(taken[0].node_rank, 1);
-    EXPECT_EQ(taken[0].first_rank, 2);  // 2 workers a node
-    EXPECT_EQ(taken[0].num_ranks, 2);
-    EXPECT_NE(taken[0].why.find("missed 3 heartbeats"), std::string::npos) << taken[0].why;
-  }
+  const std::vector<LostPeer> taken = losses.all();
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0].node_rank, 1);
+  EXPECT_EQ(taken[0].first_rank, 2);  // 2 workers a node
+  EXPECT_EQ(taken[0].num_ranks, 2);
+  EXPECT_NE(taken[0].why.find("missed 3 heartbeats"), std::string::npos) << taken[0].why;
   for (auto& n : nodes) {
     if (n.get() == victim) continue;
     EXPECT_FALSE(n->watcher->reason().has_value()) << *n->watcher->reason();
@@ -183,31 +196,15 @@ TEST(RdzvMembership, ANodeArrivingAfterALossTakenInPlaceEndsTheRound) {
 // round goes on, the survivors watch the slot again, and its loss is taken once more.
 TEST(RdzvMembership, ANodeArrivingAfterALossTakenInPlaceTakesItsPlace) {
   LoopbackStore store;
-  std::mutex mutex;
-  std::vector<LostPeer> taken;
-  auto nodes = form_round(store, {1, 3}, 3, [&](const LostPeer& p) {
-    std::lock_guard<std::mutex> lock(mutex);
-    taken.push_back(p);
-    return true;
-  });
-  auto wait_for_losses = [&](size_t count) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    for (;;) {
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (taken.size() >= count) return true;
-      }
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  };
+  TakenLosses losses;
+  auto nodes = form_round(store, {1, 3}, 3, losses.handler());
   Node* victim = nullptr;
   for (auto& n : nodes) {
     if (n->round.node_rank == 1) victim = n.get();
   }
   ASSERT_NE(victim, nullptr);
   victim->watcher->stop();
-  ASSERT_TRUE(wait_for_losses(1)) << "the lost node was never taken";
+  ASSERT_TRUE(losses.wait_for(1)) << "the lost node was never taken";
 
   RendezvousOptions o = agent_options(store, "job", {1, 3}, 9, 2);
   o.take_lost_slots = true;
@@ -230,14 +227,11 @@ TEST(RdzvMembership, ANodeArrivingAfterALossTakenInPlaceTakesItsPlace) {
     EXPECT_FALSE(n->watcher->reason().has_value()) << *n->watcher->reason();
   }
   EXPECT_FALSE(watcher->reason().has_value()) << *watcher->reason();
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    EXPECT_EQ(taken.size(), 1u) << "the node that took the place was taken for lost";
-  }
+  EXPECT_EQ(losses.all().size(), 1u) << "the node that took the place was taken for lost";
   // The survivors watch the slot again: the new node's loss is seen and taken.
   watcher->stop();
-  ASSERT_TRUE(wait_for_losses(2)) << "the node that took the place is not watched";
-  std::lock_guard<std::mutex> lock(mutex);
+  ASSERT_TRUE(losses.wait_for(2)) << "the node that took the place is not watched";
+  const std::vector<LostPeer> taken = losses.all();
   EXPECT_EQ(taken[1].node_rank, 1);
   EXPECT_EQ(taken[1].first_rank, 2);
   EXPECT_NE(taken[1].why.find("host9"), std::string::npos) << taken[1].why;

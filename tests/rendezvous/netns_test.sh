@@ -143,6 +143,25 @@ wait_grep() {
   fail "'$pattern' did not appear in $* within $limit s"
 }
 
+# wait_for_text FILE TEXT LIMIT_S: whether FILE holds TEXT within LIMIT_S.
+wait_for_text() {
+  for ((k = 0; k < $3 * 10; k++)); do
+    grep -qF -- "$2" "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# wait_for_commit FILE STEP LIMIT_S: whether the commit log FILE ("pid step world" lines,
+# recovery_worker) reaches STEP within LIMIT_S.
+wait_for_commit() {
+  for ((k = 0; k < $3 * 10; k++)); do
+    [[ -f "$1" ]] && awk -v s="$2" '$2 >= s {found = 1} END {exit !found}' "$1" && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
 expect_in() {  # expect_in FILE TEXT
   grep -qF -- "$2" "$1" || fail "$(basename "$1") lacks: $2"
 }
@@ -420,12 +439,7 @@ recovery_lost_node)
     pids[node]=$LAST_PID
     ((node == 0)) && sleep 1  # node 0 joins first: the round's node 0 hosts the step store
   done
-  for ((k = 0; k < 1200; k++)); do
-    [[ -f "$T/out/rank2.commits" ]] && awk '$2 >= 8 {found = 1} END {exit !found}' \
-      "$T/out/rank2.commits" && break
-    sleep 0.1
-  done
-  ((k < 1200)) || fail "rank 2 (node 1) never committed step 8"
+  wait_for_commit "$T/out/rank2.commits" 8 120 || fail "rank 2 (node 1) never committed step 8"
   ip -n "$(ns_of 1)" link set rdzv0 down
   wait_exit "${pids[0]}" 120 || fail "node 0: ddprun exited $?"
   kill_node 1
@@ -464,24 +478,13 @@ recovery_replaced_node)
   start_node 0
   sleep 1  # node 0 joins first: the round's node 0 hosts the step store
   start_node 1
-  for ((k = 0; k < 1200; k++)); do
-    [[ -f "$T/out/rank2.commits" ]] && awk '$2 >= 8 {found = 1} END {exit !found}' \
-      "$T/out/rank2.commits" && break
-    sleep 0.1
-  done
-  ((k < 1200)) || fail "rank 2 (node 1) never committed step 8"
+  wait_for_commit "$T/out/rank2.commits" 8 120 || fail "rank 2 (node 1) never committed step 8"
   ip -n "$(ns_of 1)" link set rdzv0 down
-  for ((k = 0; k < 600; k++)); do
-    grep -qF "its ranks 2-3 leave the job" "$T/node0.log" && break
-    sleep 0.1
-  done
-  ((k < 600)) || fail "node 0 did not take node 1's loss in place"
+  wait_for_text "$T/node0.log" "its ranks 2-3 leave the job" 60 ||
+    fail "node 0 did not take node 1's loss in place"
   start_node 2
-  for ((k = 0; k < 600; k++)); do
-    grep -qF "this node takes the place of node 1" "$T/node2.log" && break
-    sleep 0.1
-  done
-  ((k < 600)) || fail "node 2 did not take node 1's place"
+  wait_for_text "$T/node2.log" "this node takes the place of node 1" 60 ||
+    fail "node 2 did not take node 1's place"
   sleep 2
   ip -n "$(ns_of 1)" link set rdzv0 up  # the split heals: node 1's processes are still there
   wait_exit "${pids[0]}" 180 || fail "node 0: ddprun exited $?"
