@@ -100,8 +100,29 @@ int64_t Rendezvous::advance_generation() {
   return to_int(store_->compare_set(gen_key, std::to_string(g), std::to_string(g + 1)), gen_key);
 }
 
+void Rendezvous::throw_if_lost_in_place() {
+  keys::Round k(options_.run_id, round_.generation);
+  const std::string beat = store_->get(k.hb(slot_));
+  std::string taker;
+  if (store_->check({k.took(slot_)})) taker = store_->get(k.took(slot_));
+  if (beat != keys::kLost && (taker.empty() || taker == info_)) return;
+  std::string by;
+  if (!taker.empty() && taker != info_) {
+    const JoinedNode node = decode_node_info(taker, slot_, k.took(slot_));
+    by = fmt::format(", and node {} ({}) took its place", node.host, node.addr);
+  }
+  throw Error(fmt::format(
+      "this node (node rank {} of round {}) was declared lost while the round ran (it missed its "
+      "heartbeats: a network split, or a stalled agent) and the job went on without it{}; it "
+      "does not join again, which would end the others' round: start a new agent to add a node "
+      "(it takes a lost node's place, or waits for the next round)",
+      slot_, round_.generation, by));
+}
+
 RoundInfo Rendezvous::next_round() {
   auto deadline = deadline_after(options_.conf.join_timeout);
+  // --recovery step: a node the round went on without must not end it by starting the next.
+  if (in_round_ && slot_ >= 0) throw_if_lost_in_place();
   in_round_ = false;
   slot_ = -1;
   register_run();

@@ -228,6 +228,22 @@ TEST(RdzvMembership, ANodeArrivingAfterALossTakenInPlaceTakesItsPlace) {
   }
   EXPECT_FALSE(watcher->reason().has_value()) << *watcher->reason();
   EXPECT_EQ(losses.all().size(), 1u) << "the node that took the place was taken for lost";
+  // The lost node's agent, still running (a split that healed), must not start the next round:
+  // that would end the one the others run.
+  try {
+    victim->rdzv->next_round();
+    ADD_FAILURE() << "the lost node joined a round again";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("was declared lost while the round ran"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("node host9 (10.0.0.9) took its place"), std::string::npos)
+        << e.what();
+  }
+  for (auto& n : nodes) {
+    if (n.get() == victim) continue;
+    EXPECT_FALSE(n->watcher->reason().has_value()) << *n->watcher->reason();
+  }
   // The survivors watch the slot again: the new node's loss is seen and taken.
   watcher->stop();
   ASSERT_TRUE(losses.wait_for(2)) << "the node that took the place is not watched";

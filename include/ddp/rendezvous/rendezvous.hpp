@@ -106,6 +106,9 @@ class Rendezvous {
   // whose node had as many workers as this one; nullopt when there is none.
   std::optional<RoundInfo> take_lost_slot(int64_t g, int n,
                                           std::chrono::steady_clock::time_point deadline);
+  // Error when the round this node was in went on without it (its slot marked lost, or taken
+  // by another node): starting the next round would end the others'.
+  void throw_if_lost_in_place();
   // One attempt at round g; nullopt when this agent must move on to a later round.
   std::optional<RoundInfo> try_round(int64_t g, std::chrono::steady_clock::time_point deadline);
   // Slot 0's step 4. nullopt when a member never published its info (round abandoned).
