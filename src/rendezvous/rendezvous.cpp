@@ -102,6 +102,7 @@ int64_t Rendezvous::advance_generation() {
 
 void Rendezvous::throw_if_lost_in_place() {
   keys::Round k(options_.run_id, round_.generation);
+  if (!store_->check({k.hb(slot_)})) return;  // the round's keys expired (etcd's key_ttl)
   const std::string beat = store_->get(k.hb(slot_));
   std::string taker;
   if (store_->check({k.took(slot_)})) taker = store_->get(k.took(slot_));
