@@ -7,8 +7,8 @@
 //
 // In-place recovery instead of snapshots (docs/recovery.md): a worker that dies is restarted
 // alone and healed from a live peer; the others drop the step and redo it:
-//   ddprun --standalone --nproc-per-node 2 --recovery step --max-restarts 3 \
-//       build/examples/toy/toy 50 10 --recovery step
+//   ddprun --standalone --nproc-per-node 2 --recovery step --max-restarts 3
+//       build/examples/toy/toy 50 10 --recovery step          (one command line)
 //
 // Output follows the tutorial:
 //   [RANK0] Epoch 0 | Batchsize: 32 | Steps: 32

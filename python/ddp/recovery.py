@@ -96,11 +96,15 @@ def _ddp_backend(group=None):
 
 
 def _host_rng_states():
-    """The global generators of Python's ``random`` and, when the program imported it, NumPy's
-    ``numpy.random`` (never imported here: NumPy is the program's choice)."""
+    """The global generators besides torch's CPU one: Python's ``random``, NumPy's
+    ``numpy.random`` when the program imported it (never imported here: NumPy is the program's
+    choice), and the current CUDA device's when the program initialized CUDA (dropout on the
+    GPU draws there; never initialized here)."""
     numpy = sys.modules.get("numpy")
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     return {"random": random.getstate(),
-            "numpy": numpy.random.get_state() if numpy is not None else None}
+            "numpy": numpy.random.get_state() if numpy is not None else None,
+            "cuda": torch.cuda.get_rng_state() if cuda else None}
 
 
 def _set_host_rng_states(states):
@@ -108,6 +112,8 @@ def _set_host_rng_states(states):
     numpy = sys.modules.get("numpy")
     if numpy is not None and states["numpy"] is not None:
         numpy.random.set_state(states["numpy"])
+    if states.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"])
 
 
 class StepManager:

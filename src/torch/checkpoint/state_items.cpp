@@ -11,6 +11,7 @@
 #include <numeric>
 #include <optional>
 
+#include "ddp/torch/nn/random_state.hpp"
 #include "ddp/torch/snapshot/torch_pickle.hpp"
 #include "ddp/util/error.hpp"
 
@@ -64,18 +65,6 @@ std::string dtype_name(torch::ScalarType t) {
       fmt::format("checkpoint: tensors of dtype {} cannot be saved; convert them to "
                   "a plain numeric dtype first",
                   c10::toString(t)));
-}
-
-// The CUDA device the module lives on (its first CUDA parameter or buffer), if any: whose
-// generator a checkpoint of a GPU run keeps beside the CPU one (dropout on the GPU draws there).
-std::optional<c10::Device> cuda_device_of(const torch::nn::Module& module) {
-  for (const auto& p : module.parameters(/*recurse=*/true)) {
-    if (p.is_cuda()) return p.device();
-  }
-  for (const auto& b : module.buffers(/*recurse=*/true)) {
-    if (b.is_cuda()) return b.device();
-  }
-  return std::nullopt;
 }
 
 torch::ScalarType dtype_from_name(const std::string& name, const std::string& fqn) {

@@ -1,6 +1,5 @@
 #include "ddp/torch/recovery/peer_heal.hpp"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
 #include <sstream>
@@ -8,6 +7,7 @@
 #include <vector>
 
 #include "ddp/torch/ddp/consistency.hpp"
+#include "ddp/torch/nn/random_state.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {
@@ -82,18 +82,16 @@ HealResult heal_from_peer(ProcessGroup& pg, const HealTarget& target, bool fresh
     if (pg.rank() != root) load_optimizer(*target.optimizer, state);
   }
 
-  auto generator = at::detail::getDefaultCPUGenerator();
-  torch::Tensor rng;
-  {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    rng = generator.get_state().contiguous();
+  // Every rank runs the same program: a module on a CUDA device on one is on one on all.
+  RandomState rng = capture_random_state(*target.module);
+  for (torch::Tensor* state : {&rng.cpu, &rng.cuda}) {
+    if (!state->defined()) continue;
+    *state = state->contiguous();
+    wait(pg.broadcast(state->data_ptr(), static_cast<size_t>(state->numel()), DataType::kUInt8,
+                      root),
+         timeout);
   }
-  wait(pg.broadcast(rng.data_ptr(), static_cast<size_t>(rng.numel()), DataType::kUInt8, root),
-       timeout);
-  if (pg.rank() != root) {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(rng);
-  }
+  if (pg.rank() != root) restore_random_state(*target.module, rng);
   *target.step = all[2 * root];
   return result;
 }

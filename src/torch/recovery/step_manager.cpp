@@ -1,11 +1,11 @@
 #include "ddp/torch/recovery/step_manager.hpp"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
 #include <thread>
 
 #include "ddp/store/recovery_notice.hpp"
+#include "ddp/torch/nn/random_state.hpp"
 #include "ddp/torch/recovery/peer_heal.hpp"
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
@@ -14,18 +14,6 @@
 namespace ddp {
 
 namespace {
-
-torch::Tensor generator_state() {
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  return generator.get_state();
-}
-
-void set_generator_state(const torch::Tensor& state) {
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(state);
-}
 
 std::chrono::milliseconds notice_wait_from_env() {
   const std::optional<int64_t> ms = env::get_int(recovery_notice::kNoticeWaitEnvVar);
@@ -116,7 +104,7 @@ torch::Tensor StepManager::run_step(const std::function<torch::Tensor()>& fn) {
   }
   for (int attempt = 1;; ++attempt) {
     if (group_.stale()) recover();  // one atomic load when nothing changed
-    const torch::Tensor rng_at_start = generator_state();
+    const RandomState rng_at_start = capture_random_state(model_->base_module());
     optimizer_->zero_grad();
     try {
       torch::Tensor out = fn();
@@ -135,7 +123,7 @@ torch::Tensor StepManager::run_step(const std::function<torch::Tensor()>& fn) {
           ->warn("rank {}: step {} dropped (a member was lost: {}); re-forming and redoing it",
                  rank(), step_, e.what());
       optimizer_->zero_grad();
-      set_generator_state(rng_at_start);
+      restore_random_state(model_->base_module(), rng_at_start);
     }
   }
 }

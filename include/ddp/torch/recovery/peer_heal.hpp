@@ -10,8 +10,9 @@
 // keeps that committed step and applies it exactly once everywhere.
 //
 // What is sent: parameters and buffers (in place), the optimizer's state (serialized, so a
-// restarted rank's lazily created Adam moments arrive too), the step counter and the CPU
-// default generator's state (so dropout and other randomness continue as on the source). The
+// restarted rank's lazily created Adam moments arrive too), the step counter and the random
+// state (random_state.hpp: the CPU generator's, and the module's CUDA device's), so dropout
+// and other randomness continue as on the source. The
 // data position follows from the step counter (StepManager).
 
 #include <torch/torch.h>

@@ -23,7 +23,8 @@
 // - Membership is checked at the start of every step with one atomic load (no store round trip)
 //   when nothing changed.
 // - A member lost during the step: no optimizer step on partial gradients. The survivors drop
-//   the attempt (gradients zeroed, the CPU generator rewound to the step's start), re-form the
+//   the attempt (gradients zeroed, the random state rewound to the step's start: the CPU
+//   generator's and the module's CUDA device's, random_state.hpp), re-form the
 //   group in the same processes, rebuild DDP's reducer on it, bring every rank (the restarted
 //   one included) to the state of the most advanced healthy rank (peer_heal.hpp), and run fn
 //   again for the same step. Gradients are averaged over the ranks that took part, which with
@@ -40,7 +41,7 @@
 //
 // Backends: cpu on one host (its waits poll the abort) and gloo (a dead peer's socket closes,
 // which ends the collective in flight; the notice then confirms the loss).
-// Not yet (docs/recovery.md): ZeroRedundancyOptimizer, the CUDA generator's state, multi-host
+// Not yet (docs/recovery.md): ZeroRedundancyOptimizer, multi-host
 // cpu groups whose peer hangs rather than dies.
 
 #include <torch/torch.h>
