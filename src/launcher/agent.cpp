@@ -374,6 +374,14 @@ AgentResult run_multi_node(const AgentOptions& options) {
       } catch (const Error& e) {
         std::string why = fmt::format("{} (on {})", e.what(), options.host);
         m.stop_watching();
+        if (round.took_lost_slot) {
+          // The job runs without this node: leaving costs it nothing (its heartbeats stop, the
+          // round takes the place as lost again); shutting the run down would end it.
+          throw Error(
+              fmt::format("{}; this node could not take the place of node {}, the job "
+                          "goes on without it",
+                          why, round.world.group_rank));
+        }
         m.shut_down(why);
         throw Error(why);
       }

@@ -42,6 +42,16 @@ std::vector<std::unique_ptr<Node>> form_round(
   return nodes;
 }
 
+// Stops the heartbeats of the node with `node_rank` (as if it died); returns it, or null.
+Node* silence(std::vector<std::unique_ptr<Node>>& nodes, int node_rank) {
+  for (auto& n : nodes) {
+    if (n->round.node_rank != node_rank) continue;
+    n->watcher->stop();
+    return n.get();
+  }
+  return nullptr;
+}
+
 // The losses a --recovery step handler took (it takes every one), for the tests to wait on.
 class TakenLosses {
  public:
@@ -75,12 +85,8 @@ TEST(RdzvMembership, SilentNodeIsDeclaredDeadAndSurvivorsReform) {
   LoopbackStore store;
   auto nodes = form_round(store, {2, 3}, 3);
   // "Kill" the node in round slot 1: its heartbeats stop.
-  Node* victim = nullptr;
-  for (auto& n : nodes) {
-    if (n->round.node_rank == 1) victim = n.get();
-  }
+  Node* victim = silence(nodes, 1);
   ASSERT_NE(victim, nullptr);
-  victim->watcher->stop();
   for (auto& n : nodes) {
     if (n.get() == victim) continue;
     std::string reason = n->changed.get_future().get();
@@ -107,12 +113,8 @@ TEST(RdzvMembership, ALostNodeTakenInPlaceDoesNotEndTheRound) {
   LoopbackStore store;
   TakenLosses losses;
   auto nodes = form_round(store, {1, 3}, 3, losses.handler());
-  Node* victim = nullptr;
-  for (auto& n : nodes) {
-    if (n->round.node_rank == 1) victim = n.get();
-  }
+  Node* victim = silence(nodes, 1);
   ASSERT_NE(victim, nullptr);
-  victim->watcher->stop();
   ASSERT_TRUE(losses.wait_for(1)) << "the lost node was never taken";
   // A few more heartbeats: the round must still not have ended.
   std::this_thread::sleep_for(victim->rdzv->options().conf.heartbeat * (kMissedHeartbeats + 2));
@@ -198,12 +200,8 @@ TEST(RdzvMembership, ANodeArrivingAfterALossTakenInPlaceTakesItsPlace) {
   LoopbackStore store;
   TakenLosses losses;
   auto nodes = form_round(store, {1, 3}, 3, losses.handler());
-  Node* victim = nullptr;
-  for (auto& n : nodes) {
-    if (n->round.node_rank == 1) victim = n.get();
-  }
+  Node* victim = silence(nodes, 1);
   ASSERT_NE(victim, nullptr);
-  victim->watcher->stop();
   ASSERT_TRUE(losses.wait_for(1)) << "the lost node was never taken";
 
   RendezvousOptions o = agent_options(store, "job", {1, 3}, 9, 2);

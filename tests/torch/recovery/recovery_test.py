@@ -184,6 +184,28 @@ def start_elastic_pair(ddprun, worker, out, run_id, node1_env, steps=STEPS, env=
     return procs, wait_all(procs, 240)
 
 
+def expect_reports(out, world, steps, generation, what, err):
+    """Fails unless ranks 0..world-1 each ended at `steps` committed steps, in a group of
+    `world` ranks at membership generation `generation`."""
+    reports = read_reports(out, world)
+    if any(r["step"] != steps or r["generation"] != generation or r["world_size"] != world
+           for r in reports):
+        fail(f"{what}: reports {reports}\n{err}")
+
+
+def expect_equal_params_near(out, world, reference, what, err):
+    """Fails unless ranks 0..world-1 hold bitwise equal parameters within LOST_NODE_TOLERANCE
+    (relative) of `reference`, a run that lost no node; returns that distance."""
+    params = read_params(out, world)
+    if len(set(params)) != 1:
+        fail(f"{what}: the ranks' parameters differ\n{err}")
+    drift = relative_error(params[0], reference)
+    if drift > LOST_NODE_TOLERANCE:
+        fail(f"{what}: the parameters are {drift:.3g} (relative) from the run that lost no node "
+             f"(limit {LOST_NODE_TOLERANCE})\n{err}")
+    return drift
+
+
 def relative_error(a, b):
     """The relative L2 distance of two parameter dumps (float32 bytes)."""
     x, y = array.array("f", a), array.array("f", b)
@@ -245,9 +267,7 @@ def lost_node(ddprun, worker, tmp, python=False):
                 if "timed out" in line and "flight recorder" not in line]
     if "restarting the worker group" in err0 or timeouts:
         fail(f"{what}: a group restart or a timeout\n{err}")
-    reports = read_reports(out, 2)
-    if any(r["step"] != STEPS or r["generation"] != 1 or r["world_size"] != 2 for r in reports):
-        fail(f"{what}: reports {reports}\n{err}")
+    expect_reports(out, 2, STEPS, 1, what, err)
     for slot in range(2):
         commits = read_commits(out, slot)
         steps = [step for _, step, _ in commits]
@@ -258,13 +278,7 @@ def lost_node(ddprun, worker, tmp, python=False):
         # redone by the survivors).
         if worlds != [4] * LOST_NODE_KILL_STEP + [2] * (STEPS - LOST_NODE_KILL_STEP):
             fail(f"{what}: rank {slot}'s world sizes per step {worlds}\n{err}")
-    params = read_params(out, 2)
-    if params[0] != params[1]:
-        fail(f"{what}: the survivors' parameters differ\n{err}")
-    drift = relative_error(params[0], reference[0])
-    if drift > LOST_NODE_TOLERANCE:
-        fail(f"{what}: the survivors' parameters are {drift:.3g} (relative) from the run that "
-             f"lost no node (limit {LOST_NODE_TOLERANCE})\n{err}")
+    drift = expect_equal_params_near(out, 2, reference[0], what, err)
     print(f"ok: {what}: node 0 exits 0, ranks 0-1 went on at world size 2 from step "
           f"{LOST_NODE_KILL_STEP + 1}, each step committed once, parameters bitwise equal on "
           f"both and {drift:.3g} (relative) from the run that lost no node")
@@ -339,9 +353,7 @@ def replaced_node(ddprun, worker, tmp):
         fail(f"{what}: node2 did not take node 1's place\n{err}")
     if any("restarting the worker group" in e for e in (err0, err2)):
         fail(f"{what}: a group restart\n{err}")
-    reports = read_reports(out, 4)
-    if any(r["step"] != steps or r["generation"] != 2 or r["world_size"] != 4 for r in reports):
-        fail(f"{what}: reports {reports}\n{err}")
+    expect_reports(out, 4, steps, 2, what, err)
     for slot in range(2):
         commits = read_commits(out, slot)
         worlds = [world for _, _, world in commits]
@@ -364,13 +376,7 @@ def replaced_node(ddprun, worker, tmp):
                 any(world != 4 for _, _, world in second_life):
             fail(f"{what}: rank {slot}'s new process committed {second_life}\n{err}")
         back_at = second_life[0][1]
-    params = read_params(out, 4)
-    if len(set(params)) != 1:
-        fail(f"{what}: the ranks' parameters differ\n{err}")
-    drift = relative_error(params[0], reference[0])
-    if drift > LOST_NODE_TOLERANCE:
-        fail(f"{what}: the parameters are {drift:.3g} (relative) from the run that lost no node "
-             f"(limit {LOST_NODE_TOLERANCE})\n{err}")
+    drift = expect_equal_params_near(out, 4, reference[0], what, err)
     print(f"ok: {what}: ranks 0-1 went on at world size 2 from step {LOST_NODE_KILL_STEP + 1}, "
           f"ranks 2-3 came back in node2's processes from step {back_at}, each step committed "
           f"once per process, no group restart, parameters bitwise equal on all 4 and "
