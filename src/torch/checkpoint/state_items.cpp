@@ -1,6 +1,5 @@
 #include "state_items.hpp"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -93,17 +92,12 @@ std::vector<Item> collect_items(const TrainingProgress& progress, const torch::n
   items.push_back(value_item("trainer.batches_in_epoch", {"trainer", "batches_in_epoch"},
                              progress.batches_in_epoch));
   items.push_back(value_item("trainer.world_size", {"trainer", "world_size"}, int64_t{world}));
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    items.push_back(tensor_item("rng." + std::to_string(rank), {"rng", std::to_string(rank)},
-                                gen.get_state(), WrittenBy::kThisRank));
-  }
-  if (const auto device = cuda_device_of(module)) {
-    auto gen = at::globalContext().defaultGenerator(*device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
+  const RandomState rng = capture_random_state(cuda_device_of(module));
+  items.push_back(tensor_item("rng." + std::to_string(rank), {"rng", std::to_string(rank)}, rng.cpu,
+                              WrittenBy::kThisRank));
+  if (rng.cuda.defined()) {
     items.push_back(tensor_item("rng_cuda." + std::to_string(rank),
-                                {"rng_cuda", std::to_string(rank)}, gen.get_state(),
+                                {"rng_cuda", std::to_string(rank)}, rng.cuda,
                                 WrittenBy::kThisRank));
   }
   for (const auto& [name, v] : extras) {
@@ -287,20 +281,12 @@ CheckpointExtras load_extras(const EntryReader& reader) {
 bool load_rng(const EntryReader& reader, int rank, const torch::nn::Module* module) {
   const std::string key = "rng." + std::to_string(rank);
   if (!reader.has(key)) return false;
-  torch::Tensor state = reader.tensor(key);
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state);
-  }
+  RandomState rng;
+  rng.cpu = reader.tensor(key);
   const std::string cuda_key = "rng_cuda." + std::to_string(rank);
-  if (module && reader.has(cuda_key)) {
-    if (const auto device = cuda_device_of(*module)) {
-      auto gen = at::globalContext().defaultGenerator(*device);
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(reader.tensor(cuda_key));
-    }
-  }
+  const std::optional<c10::Device> device = module ? cuda_device_of(*module) : std::nullopt;
+  if (device && reader.has(cuda_key)) rng.cuda = reader.tensor(cuda_key);
+  restore_random_state(device, rng);
   return true;
 }
 

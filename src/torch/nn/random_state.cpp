@@ -31,20 +31,17 @@ std::optional<c10::Device> cuda_device_of(const torch::nn::Module& module) {
   return std::nullopt;
 }
 
-RandomState capture_random_state(const torch::nn::Module& module) {
+RandomState capture_random_state(std::optional<c10::Device> cuda_device) {
   RandomState state;
   state.cpu = state_of(at::detail::getDefaultCPUGenerator());
-  if (const auto device = cuda_device_of(module)) {
-    state.cuda = state_of(at::globalContext().defaultGenerator(*device));
-  }
+  if (cuda_device) state.cuda = state_of(at::globalContext().defaultGenerator(*cuda_device));
   return state;
 }
 
-void restore_random_state(const torch::nn::Module& module, const RandomState& state) {
+void restore_random_state(std::optional<c10::Device> cuda_device, const RandomState& state) {
   if (state.cpu.defined()) set_state_of(at::detail::getDefaultCPUGenerator(), state.cpu);
-  if (!state.cuda.defined()) return;
-  if (const auto device = cuda_device_of(module)) {
-    set_state_of(at::globalContext().defaultGenerator(*device), state.cuda);
+  if (cuda_device && state.cuda.defined()) {
+    set_state_of(at::globalContext().defaultGenerator(*cuda_device), state.cuda);
   }
 }
 

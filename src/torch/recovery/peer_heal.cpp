@@ -83,7 +83,8 @@ HealResult heal_from_peer(ProcessGroup& pg, const HealTarget& target, bool fresh
   }
 
   // Every rank runs the same program: a module on a CUDA device on one is on one on all.
-  RandomState rng = capture_random_state(*target.module);
+  const std::optional<c10::Device> cuda_device = cuda_device_of(*target.module);
+  RandomState rng = capture_random_state(cuda_device);
   for (torch::Tensor* state : {&rng.cpu, &rng.cuda}) {
     if (!state->defined()) continue;
     *state = state->contiguous();
@@ -91,7 +92,7 @@ HealResult heal_from_peer(ProcessGroup& pg, const HealTarget& target, bool fresh
                       root),
          timeout);
   }
-  if (pg.rank() != root) restore_random_state(*target.module, rng);
+  if (pg.rank() != root) restore_random_state(cuda_device, rng);
   *target.step = all[2 * root];
   return result;
 }

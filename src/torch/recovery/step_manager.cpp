@@ -45,6 +45,7 @@ void StepManager::attach(DistributedDataParallelBase& model, torch::optim::Optim
   }
   model_ = &model;
   optimizer_ = &optimizer;
+  cuda_device_ = cuda_device_of(model.base_module());
   // This process starts with no trained state: at the job's start (every rank fresh) rank 0's
   // state goes everywhere, after a restart the survivors' does.
   HealTarget target{&model.base_module(), &optimizer, &step_};
@@ -104,7 +105,7 @@ torch::Tensor StepManager::run_step(const std::function<torch::Tensor()>& fn) {
   }
   for (int attempt = 1;; ++attempt) {
     if (group_.stale()) recover();  // one atomic load when nothing changed
-    const RandomState rng_at_start = capture_random_state(model_->base_module());
+    const RandomState rng_at_start = capture_random_state(cuda_device_);
     optimizer_->zero_grad();
     try {
       torch::Tensor out = fn();
@@ -123,7 +124,7 @@ torch::Tensor StepManager::run_step(const std::function<torch::Tensor()>& fn) {
           ->warn("rank {}: step {} dropped (a member was lost: {}); re-forming and redoing it",
                  rank(), step_, e.what());
       optimizer_->zero_grad();
-      restore_random_state(model_->base_module(), rng_at_start);
+      restore_random_state(cuda_device_, rng_at_start);
     }
   }
 }

@@ -18,8 +18,9 @@ struct RandomState {
   torch::Tensor cuda;  // the module's CUDA device's generator state; undefined for a CPU module
 };
 
-RandomState capture_random_state(const torch::nn::Module& module);
-// Sets the generators `state` has a state for (the CUDA one on the module's device).
-void restore_random_state(const torch::nn::Module& module, const RandomState& state);
+// `cuda_device`: the module's (cuda_device_of, found once: it walks every parameter), or nullopt.
+RandomState capture_random_state(std::optional<c10::Device> cuda_device);
+// Sets the generators `state` has a state for (the CUDA one on `cuda_device`, when given).
+void restore_random_state(std::optional<c10::Device> cuda_device, const RandomState& state);
 
 }  // namespace ddp

@@ -118,6 +118,7 @@ class StepManager {
   RecoverableGroup group_;
   DistributedDataParallelBase* model_ = nullptr;
   torch::optim::Optimizer* optimizer_ = nullptr;
+  std::optional<c10::Device> cuda_device_;  // the model's, found at attach (random_state.hpp)
   int64_t step_ = 0;
   int64_t dropped_ = 0;
   int64_t recoveries_ = 0;
