@@ -299,13 +299,28 @@ def wait_for_line(path, text, limit):
     return False
 
 
+def wait_for_commits_at_world(path, world, count, limit):
+    """Waits until the commit log at `path` ("pid step world" lines) holds `count` steps
+    committed at world size `world` (at most `limit` s); returns whether it did."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            with open(path) as f:
+                worlds = [line.split()[2] for line in f if len(line.split()) == 3]
+            if worlds.count(str(world)) >= count:
+                return True
+        time.sleep(0.05)
+    return False
+
+
 def replaced_node(ddprun, worker, tmp):
     """A lost node replaced while the job runs: as lost_node (node 1 killed after step
     LOST_NODE_KILL_STEP, the survivors go on at world size 2), then a third agent (node2, 2
     workers) starts: it takes node 1's place in the running round, its workers come back as
     ranks 2-3 healed from a live peer, and the survivors re-form at world size 4 without a
-    group restart (node2 starts 2 s after the loss was taken). The workers sleep DDP_TEST_STEP_SLEEP_MS after each step so that the job
-    is still running when node2 arrives. Checked: every agent but node 1 exits 0, nobody
+    group restart (node2 starts once the survivors committed 3 steps at world size 2). The
+    workers sleep DDP_TEST_STEP_SLEEP_MS after each step so that the job is still running when
+    node2 arrives. Checked: every agent but node 1 exits 0, nobody
     restarts the worker group; ranks 0-1 commit every step once in one process, at world size 4,
     then 2, then 4 again; ranks 2-3's new processes commit every step from their return to the
     end at world size 4; all four end at generation 2, world size 4, with bitwise equal
@@ -335,7 +350,9 @@ def replaced_node(ddprun, worker, tmp):
         dict(slow, DDP_TEST_KILL_NODE_AT_STEP=str(LOST_NODE_KILL_STEP)), steps, files[1]))
     taken = wait_for_line(logs[0], "its ranks 2-3 leave the job", 120)
     if taken:
-        time.sleep(2.0)  # the survivors train at world size 2 meanwhile
+        # node2 comes once the survivors committed a few steps at world size 2 (bounded; late,
+        # the checks below say so).
+        wait_for_commits_at_world(os.path.join(out, "rank0.commits"), 2, 3, 120)
         procs.append(start_elastic_agent(ddprun, worker, out, "replaced", port, "node2", slow,
                                          steps, files[2]))
     wait_all(procs, 240)
