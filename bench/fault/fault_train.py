@@ -158,7 +158,12 @@ def run_torchft(args):
         return {"model": model.state_dict(), "optim": optimizer.state_dict()}
 
     pg = ProcessGroupGloo(timeout=timedelta(seconds=5))
-    manager = Manager(pg=pg, min_replica_size=args.min_replicas, load_state_dict=load_state_dict,
+    # On network-namespace hosts (bench/fault/netns.sh) every node has the same host name and
+    # torchrun --standalone's MASTER_ADDR is localhost: both would name this node to the
+    # others by an address they cannot reach, so the replica advertises its node's address.
+    node = os.environ.get("FAULT_NODE_ADDR")
+    where = {"hostname": node, "store_addr": node} if node else {}
+    manager = Manager(pg=pg, **where, min_replica_size=args.min_replicas, load_state_dict=load_state_dict,
                       state_dict=state_dict, replica_id=f"fault_{group}",
                       timeout=timedelta(seconds=30),
                       checkpoint_transport=PGTransport(pg, timeout=timedelta(seconds=10),

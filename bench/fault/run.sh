@@ -19,9 +19,11 @@
 # fault_targets line (targets of issue 26). Keys: bench/fault/README.md.
 #
 #   bench/fault/run.sh [BUILD_DIR]        SYSTEMS=ddp_step,ddp_step_python,ddp_group,torchrun,torchft (default)
-#   (NODES=2 WORLD=4: two simulated hosts x 2 ranks through bench/fault/nodes.sh, c10d
-#   rendezvous, victim rank WORLD-1 on the second node; torchft runs as with one node: its
-#   replica groups talk TCP to each other either way.)
+#   (NODES=2 WORLD=4: two hosts x 2 ranks through bench/fault/nodes.sh, c10d rendezvous,
+#   victim rank WORLD-1 on the second node. FAULT_HOSTS=simulated (default): simulated hosts
+#   on this machine's network stack, torchft as with one node (its replica groups talk TCP to
+#   each other either way); FAULT_HOSTS=netns: each node a network namespace of its own
+#   (bench/fault/netns.sh, root), torchft's replica groups spread over them.)
 #   (REPEAT=N runs each pair N times, the medians go into the summary; KEEP=DIR keeps every
 #   run's loss log and output there.)
 set -euo pipefail
@@ -30,7 +32,8 @@ root=$(cd "$here/../.." && pwd)
 source "$root/bench/python.sh"  # PY, TORCHRUN: PyTorch 2.13
 build=${1:-$root/build}
 WORLD=${WORLD:-3}
-NODES=${NODES:-1}  # 2: two simulated hosts (nodes.sh), WORLD / NODES ranks each
+NODES=${NODES:-1}  # 2: two hosts (nodes.sh), WORLD / NODES ranks each
+export FAULT_HOSTS=${FAULT_HOSTS:-simulated} NODES
 if ((NODES < 1 || WORLD % NODES != 0)); then
   echo "bench/fault/run.sh: NODES=$NODES must divide WORLD=$WORLD" >&2
   exit 2
@@ -58,7 +61,7 @@ fi
 work=$(mktemp -d /tmp/ddp_bench_fault_XXXXXX)
 trap 'rm -rf "$work"' EXIT
 out=$work/out.jsonl
-echo "bench/fault: $WORLD ranks on $NODES (simulated) host(s), $SPE steps per epoch, $TOTAL" \
+echo "bench/fault: $WORLD ranks on $NODES host(s) ($FAULT_HOSTS), $SPE steps per epoch, $TOTAL" \
   "steps, kill at step $KILL_AT; $(nproc) CPUs; uptime: $(uptime)" >&2
 
 # launch LAUNCHER: sets `prefix` to the launcher's command prefix for WORLD ranks on NODES
@@ -71,6 +74,12 @@ launch() {
     port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
     prefix=(bash "$here/nodes.sh" "$NODES" "$port" "$1" --nproc-per-node "$((WORLD / NODES))")
   fi
+}
+
+# The torchft replica group killed: 1, or the last when its groups are spread over namespace
+# hosts (on the last node, away from the lighthouse and group 0, as VICTIM for the others).
+torchft_victim() {
+  if [[ $FAULT_HOSTS == netns ]] && ((NODES > 1)); then echo $((WORLD - 1)); else echo 1; fi
 }
 
 # run SYSTEM KILL_AT: one job under the driver, its JSON line to stdout and $out.
@@ -101,10 +110,10 @@ run() {
            "$here/fault_train.py" torchrun --epochs "$EPOCHS" --save-every 1
            --snapshot "$dir/snapshot.pt" --loss-log "$dir/loss.log") ;;
     torchft)
-      victim=REPLICA_GROUP_ID=1
+      victim=REPLICA_GROUP_ID=$(torchft_victim)
       cmd=(bash "$here/torchft_job.sh" "$WORLD" 1 "$TOTAL" "$dir/loss.log") ;;
     torchft_fixed_hook)
-      victim=REPLICA_GROUP_ID=1
+      victim=REPLICA_GROUP_ID=$(torchft_victim)
       cmd=(bash "$here/torchft_job.sh" "$WORLD" 1 "$TOTAL" "$dir/loss.log" --fix-comm-hook) ;;
   esac
   "$PY" "$here/fault_driver.py" --system "$system" --log "$dir/loss.log" --kill-at "$kill" \
@@ -120,10 +129,10 @@ for ((rep = 0; rep < REPEAT; rep++)); do
   done
 done
 
-"$PY" - "$out" "$KILL_AT" "$NODES" "$WORLD" <<'PYEOF'
+"$PY" - "$out" "$KILL_AT" "$NODES" "$WORLD" "$FAULT_HOSTS" <<'PYEOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-kill_at, nodes, world = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+kill_at, nodes, world, hosts = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 med = lambda xs: round(statistics.median(xs), 3) if xs else None
 summary = {}
 for system in dict.fromkeys(r["system"] for r in rows):
@@ -134,7 +143,7 @@ for system in dict.fromkeys(r["system"] for r in rows):
     redone = med([f["steps_logged_twice"] for f in fault])
     dropped = med([f["attempts_dropped_rank0"] for f in fault
                    if f["attempts_dropped_rank0"] is not None])
-    s = {"bench": "fault_summary", "system": system, "runs": len(lost), "nodes": nodes,
+    s = {"bench": "fault_summary", "system": system, "runs": len(lost), "nodes": nodes, "hosts": hosts,
          "world": world, "kill_at_step": kill_at, "wall_s_clean": med([c["wall_s"] for c in clean]),
          "wall_s_fault": med([f["wall_s"] for f in fault]), "lost_s": med(lost),
          "step_s": step_s, "lost_steps": round(med(lost) / step_s, 1) if step_s else None,
