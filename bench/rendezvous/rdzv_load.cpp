@@ -1,9 +1,10 @@
 // rdzv_load: the rendezvous protocol spoken by N agents inside this one process (a thread and
 // a store connection each, as N nodes would have), against the TCP store or etcd.
 //
-//   rdzv_load --store tcp --agents N [--hb-seconds D] [--shards K]
+//   rdzv_load --store tcp --agents N [--hb-seconds D] [--shards K] [--idle-seconds S]
+//             [--heartbeat H]
 //   rdzv_load --store etcd --etcd HOST:PORT[,...] --store-pid PID --agents N [--hb-seconds D]
-//             [--shards K]
+//             [--shards K] [--idle-seconds S] [--heartbeat H]
 //
 // --shards K: the agents live in K child processes (N/K threads each), because one process may
 // not hold the descriptors of thousands of etcd agents (about 10 each; this machine's hard
@@ -25,8 +26,20 @@
 //                    its heartbeat key in a loop for --hb-seconds (its capacity), and
 //                    hb_rps_needed: what N agents need at the default 5 s heartbeat with the
 //                    watcher's two calls per beat (a heartbeat write and a peer read)
+// With --idle-seconds S, then (the job's steady state): every agent runs ddprun's own
+// MembershipWatcher on its store (heartbeat H, default 5 s, the watchers' starts spread over
+// one period as real agents' are), and after one period the store's load is measured for S s:
+//   idle_calls_per_s     Store calls per second the watchers made (counted in the agents)
+//   idle_requests_per_s  requests per second the store served: etcd's gRPC requests
+//                        (grpc_server_started_total of its /metrics; a Store call on etcd
+//                        may be several), the TCP store's = idle_calls_per_s (one request
+//                        per call)
+//   idle_store_cpu_pct   the store process's CPU time over the window, % of one core
+//   idle_round_ended     agents whose watcher ended the round (a peer missed its heartbeats:
+//                        the store was too slow for the heartbeats); 0 when the store keeps up
 // Exit 1 (with the reason on stderr) when a round is inconsistent or an agent fails.
 
+#include <curl/curl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -45,6 +58,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -53,7 +67,9 @@
 
 #include <fmt/format.h>
 
+#include "counting_store.hpp"
 #include "ddp/rendezvous/etcd/etcd_store.hpp"
+#include "ddp/rendezvous/membership_watcher.hpp"
 #include "ddp/rendezvous/rendezvous.hpp"
 #include "ddp/store/tcp_store.hpp"
 #include "ddp/store/tcp_store_server.hpp"
@@ -78,6 +94,8 @@ struct Args {
   int agents = 1000;
   double hb_seconds = 3;
   int shards = 1;
+  double idle_seconds = 0;
+  double heartbeat_s = 5;
 };
 
 // VmRSS of `pid` in MiB; -1 when unreadable.
@@ -88,6 +106,58 @@ double rss_mb(int pid) {
     if (line.rfind("VmRSS:", 0) == 0) return std::atof(line.c_str() + 6) / 1024.0;
   }
   return -1;
+}
+
+// CPU seconds (user + system) `pid` has used; -1 when unreadable.
+double cpu_seconds(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  // Fields after the command: state is field 3, utime 14 and stime 15.
+  std::vector<std::string> fields;
+  size_t pos = close + 2;
+  while (pos < stat.size()) {
+    size_t end = stat.find(' ', pos);
+    fields.push_back(stat.substr(pos, end - pos));
+    if (end == std::string::npos) break;
+    pos = end + 1;
+  }
+  if (fields.size() < 13) return -1;
+  return (std::atof(fields[11].c_str()) + std::atof(fields[12].c_str())) /
+         static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+size_t append_body(char* data, size_t size, size_t n, void* out) {
+  static_cast<std::string*>(out)->append(data, size * n);
+  return size * n;
+}
+
+// gRPC requests etcd at `endpoint` has started (the sum of grpc_server_started_total in its
+// /metrics); -1 when unreadable.
+int64_t etcd_requests(const ddp::rdzv::Endpoint& endpoint) {
+  CURL* h = curl_easy_init();
+  if (h == nullptr) return -1;
+  std::string body;
+  std::string url = fmt::format("http://{}:{}/metrics", endpoint.host, endpoint.port);
+  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 30000L);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &append_body);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &body);
+  CURLcode rc = curl_easy_perform(h);
+  curl_easy_cleanup(h);
+  if (rc != CURLE_OK) return -1;
+  int64_t total = 0;
+  size_t pos = 0;
+  const std::string name = "grpc_server_started_total{";
+  while ((pos = body.find(name, pos)) != std::string::npos) {
+    size_t end = body.find('\n', pos);
+    size_t space = body.rfind(' ', end);
+    total += std::atoll(body.c_str() + space + 1);
+    pos = end;
+  }
+  return total;
 }
 
 // Sockets among `pid`'s open files.
@@ -129,11 +199,14 @@ struct Shared {
   int count = 0;
   ddp::rdzv::Endpoint endpoint;
   std::vector<ddp::rdzv::Endpoint> etcd_endpoints;
-  Gate go_round, go_hb;
+  Gate go_round, go_hb, go_idle, end_idle;
   std::atomic<int> connected{0}, returned{0}, failed{0};
   int connecting = 0;  // guarded by m
   std::atomic<bool> stop_hb{false};
   std::atomic<int64_t> beats{0};
+  std::atomic<int> hb_done{0};
+  std::atomic<int64_t> idle_calls{0};
+  std::atomic<int> round_ended{0};  // watchers that reported a change in the idle phase
   std::mutex m;
   std::condition_variable cv;
   Clock::time_point first_return{}, last_return{};
@@ -234,13 +307,40 @@ void* agent_main(void* p) {
     note_failure(s, std::string("heartbeat: ") + e.what());
   }
   s.beats += beat;
+  {
+    std::lock_guard<std::mutex> l(s.m);
+    ++s.hb_done;
+    s.cv.notify_all();
+  }
+  s.go_idle.wait();
+  if (s.args.idle_seconds <= 0) return nullptr;
+  // Real agents start watching when their round returns, not in the same millisecond: the
+  // starts are spread over one heartbeat period.
+  const auto period = std::chrono::duration<double>(s.args.heartbeat_s);
+  std::this_thread::sleep_for(period * ((a->index * 7919) % 1000) / 1000.0);
+  try {
+    ddp::rdzv::RendezvousOptions wo = o;
+    wo.conf.heartbeat = std::chrono::duration_cast<ddp::rdzv::Millis>(period);
+    ddp::rdzv::MembershipWatcher watcher(
+        wo, s.rounds[a->index - s.first], rdzv_load::counting(store, s.idle_calls),
+        [&s](const std::string& why) {
+          if (s.round_ended.fetch_add(1) == 0) {
+            std::fprintf(stderr, "rdzv_load: a watcher ended the round: %s\n", why.c_str());
+          }
+        });
+    s.end_idle.wait();
+    watcher.stop();
+  } catch (const std::exception& e) {
+    note_failure(s, std::string("watching: ") + e.what());
+  }
   return nullptr;
 }
 
 int usage(const char* why) {
   std::fprintf(stderr,
                "rdzv_load: %s\nusage: rdzv_load --store tcp|etcd --agents N [--etcd "
-               "HOST:PORT[,...] --store-pid PID] [--hb-seconds D] [--shards K]\n",
+               "HOST:PORT[,...] --store-pid PID] [--hb-seconds D] [--shards K] [--idle-seconds S] "
+               "[--heartbeat H]\n",
                why);
   return 2;
 }
@@ -286,6 +386,9 @@ bool receive_bytes(int fd, void* data, size_t n) {
 //   -> 'C' every agent connected (or 'F': one failed)     <- 'G' release the round
 //   -> RoundReport + node ranks                            <- 'H' heartbeat for hb_seconds
 //   -> int64 heartbeat writes
+//   (--idle-seconds) the idle phase at once: the watchers start, one period later the
+//   shard's store calls are counted for idle_seconds
+//   -> int64 store calls in the window, int32 watchers that ended the round
 // Returns the exit status.
 int run_shard(Shared& s, int fd) {
   s.rounds.resize(s.count);
@@ -294,6 +397,8 @@ int run_shard(Shared& s, int fd) {
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setstacksize(&attr, kAgentStack);
+  // The membership watchers' std::threads too.
+  (void)pthread_setattr_default_np(&attr);
   for (int i = 0; i < s.count; ++i) {
     agent_args[i] = {&s, s.first + i};
     if (pthread_create(&threads[i], &attr, agent_main, &agent_args[i]) != 0) {
@@ -335,9 +440,23 @@ int run_shard(Shared& s, int fd) {
   s.go_hb.open();
   std::this_thread::sleep_for(std::chrono::duration<double>(s.args.hb_seconds));
   s.stop_hb = true;
-  for (int i = 0; i < s.count; ++i) pthread_join(threads[i], nullptr);
+  if (!wait_for([&] { return s.hb_done == s.count; }, 600s)) fail();
   const int64_t beats = s.beats.load();
   (void)send_bytes(fd, &beats, sizeof beats);
+  s.go_idle.open();
+  if (s.args.idle_seconds > 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(s.args.heartbeat_s));
+    const int64_t calls0 = s.idle_calls.load();
+    std::this_thread::sleep_for(std::chrono::duration<double>(s.args.idle_seconds));
+    const int64_t calls = s.idle_calls.load() - calls0;
+    s.end_idle.open();
+    for (int i = 0; i < s.count; ++i) pthread_join(threads[i], nullptr);
+    const int32_t ended = s.round_ended.load();
+    (void)send_bytes(fd, &calls, sizeof calls);
+    (void)send_bytes(fd, &ended, sizeof ended);
+  } else {
+    for (int i = 0; i < s.count; ++i) pthread_join(threads[i], nullptr);
+  }
   ::_exit(s.failed == 0 ? 0 : 1);
 }
 
@@ -360,12 +479,17 @@ int main(int argc, char** argv) {
       args.hb_seconds = std::atof(value().c_str());
     } else if (a == "--shards") {
       args.shards = std::atoi(value().c_str());
+    } else if (a == "--idle-seconds") {
+      args.idle_seconds = std::atof(value().c_str());
+    } else if (a == "--heartbeat") {
+      args.heartbeat_s = std::atof(value().c_str());
     } else {
       return usage(("unknown argument " + a).c_str());
     }
   }
   if (args.agents < 1) return usage("--agents must be at least 1");
   if (args.shards < 1 || args.shards > args.agents) return usage("--shards: 1 to N");
+  if (args.heartbeat_s < 0.1) return usage("--heartbeat: at least 0.1 s");
   if (args.store != "tcp" && args.store != "etcd") return usage("--store is tcp or etcd");
   if (args.store == "etcd" && (args.etcd.empty() || args.store_pid <= 0)) {
     return usage("--store etcd needs --etcd and --store-pid");
@@ -502,6 +626,38 @@ int main(int argc, char** argv) {
     beats += b;
   }
   const double hb_rps = static_cast<double>(beats) / seconds(Clock::now() - hb0);
+  // The idle phase: the window starts one heartbeat period after the shards started their
+  // watchers (they start it at the same moment, having sent their beats).
+  std::string idle_json;
+  if (args.idle_seconds > 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(args.heartbeat_s));
+    const double cpu0 = cpu_seconds(args.store_pid);
+    const int64_t requests0 = args.store == "etcd" ? etcd_requests(proto.endpoint) : 0;
+    const auto w0 = Clock::now();
+    std::this_thread::sleep_for(std::chrono::duration<double>(args.idle_seconds));
+    const double window = seconds(Clock::now() - w0);
+    const double cpu = cpu_seconds(args.store_pid) - cpu0;
+    const int64_t requests = args.store == "etcd" ? etcd_requests(proto.endpoint) - requests0 : 0;
+    int64_t calls = 0;
+    int32_t ended = 0;
+    for (auto& c : shards) {
+      int64_t n = 0;
+      int32_t e = 0;
+      if (!receive_bytes(c.fd, &n, sizeof n) || !receive_bytes(c.fd, &e, sizeof e)) {
+        stop("a shard's idle phase failed");
+      }
+      calls += n;
+      ended += e;
+    }
+    const double calls_per_s = static_cast<double>(calls) / args.idle_seconds;
+    idle_json = fmt::format(
+        ",\"idle_s\":{:.0f},\"heartbeat_s\":{:.1f},\"idle_calls_per_s\":{:.0f},"
+        "\"idle_requests_per_s\":{:.0f},\"idle_store_cpu_pct\":{:.1f},\"idle_round_ended\":{}",
+        args.idle_seconds, args.heartbeat_s, calls_per_s,
+        args.store == "etcd" ? static_cast<double>(requests) / window : calls_per_s,
+        100.0 * cpu / window, ended);
+    ok = ok && ended == 0;
+  }
   for (auto& c : shards) {
     int status = 0;
     ::waitpid(c.pid, &status, 0);
@@ -511,10 +667,11 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"bench\":\"rdzv_load\",\"store\":\"%s\",\"agents\":%d,\"shards\":%d,\"connect_s\":%.3f,"
       "\"round_s\":%.3f,\"first_return_s\":%.3f,\"store_rss_base_mb\":%.1f,\"store_rss_mb\":%.1f,"
-      "\"store_connections\":%d,\"hb_rps\":%.0f,\"hb_rps_needed\":%.0f,\"ok\":%s}\n",
+      "\"store_connections\":%d,\"hb_rps\":%.0f,\"hb_rps_needed\":%.0f%s,\"ok\":%s}\n",
       args.store.c_str(), args.agents, args.shards, seconds(t_connected - t0),
       ok ? (last_ns - release_ns) / 1e9 : -1.0, ok ? (first_ns - release_ns) / 1e9 : -1.0, base_rss,
-      round_rss, round_sockets, hb_rps, 2.0 * args.agents / 5.0, ok ? "true" : "false");
+      round_rss, round_sockets, hb_rps, 2.0 * args.agents / 5.0, idle_json.c_str(),
+      ok ? "true" : "false");
   std::fflush(stdout);
   if (store_child > 0) ::kill(store_child, SIGKILL);
   return ok ? 0 : 1;

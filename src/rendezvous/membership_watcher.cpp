@@ -40,12 +40,16 @@ MembershipWatcher::~MembershipWatcher() {
 
 void MembershipWatcher::stop() {
   stop_ = true;
+  interrupter_.interrupt();
   if (thread_.joinable()) thread_.join();
 }
 
 void MembershipWatcher::request_end(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!end_requested_) end_requested_ = reason;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!end_requested_) end_requested_ = reason;
+  }
+  interrupter_.interrupt();
 }
 
 std::optional<std::string> MembershipWatcher::reason() const {
@@ -192,14 +196,22 @@ void MembershipWatcher::peer_gone(int slot, const std::string& why) {
 void MembershipWatcher::run() {
   keys::Round k(options_.run_id, round_.generation);
   int64_t beat = 0;
-  // Wait slices start short and double up to kMaxWaitSlice: stop() waits for the current
-  // slice, so a watcher stopped soon after it started (workers that exit at once) stops at
-  // once, and a long round costs only a few store calls per second.
+  // A store whose waits can be interrupted (etcd) is waited on until the next heartbeat in
+  // one request: stop() and request_end() interrupt it. Otherwise (the TCP store, where a
+  // wait is a request the server holds) in slices that start short and double up to
+  // kMaxWaitSlice: stop() waits for the current slice, so a watcher stopped soon after it
+  // started (workers that exit at once) stops at once, and a long round costs a few store
+  // calls per second.
+  auto* interruptible = dynamic_cast<InterruptibleWait*>(store_.get());
   Millis slice = std::min(options_.conf.heartbeat, kFirstWaitSlice);
   const Millis max_slice = std::min(options_.conf.heartbeat, kMaxWaitSlice);
   auto next_beat = Clock::now();
   try {
-    while (!stop_) {
+    for (;;) {
+      // Cleared before stop_ and end_requested_ are read: an interrupt after the reads ends
+      // the wait below, one before them is seen by them.
+      interrupter_.clear();
+      if (stop_) return;
       auto now = Clock::now();
       if (now >= next_beat) {
         store_->set(k.hb(round_.node_rank), std::to_string(++beat));
@@ -229,9 +241,16 @@ void MembershipWatcher::run() {
         report(store_->compare_set(k.changed(), "", *end));
         return;
       }
-      Millis wait = std::min(slice, remaining(next_beat));
-      slice = std::min(slice * 2, max_slice);
-      if (wait_for_keys(*store_, {k.changed()}, wait)) {
+      bool changed = false;
+      if (interruptible != nullptr) {
+        changed = interruptible->wait_interruptibly({k.changed()}, remaining(next_beat),
+                                                    interrupter_) == WaitOutcome::kSet;
+      } else {
+        Millis wait = std::min(slice, remaining(next_beat));
+        slice = std::min(slice * 2, max_slice);
+        changed = wait_for_keys(*store_, {k.changed()}, wait);
+      }
+      if (changed) {
         report(store_->get(k.changed()));
         return;
       }

@@ -161,6 +161,34 @@ TEST(EtcdStore, WaitWakesOnAPutFromAnotherClient) {
   setter.get();
 }
 
+TEST(EtcdStore, AnInterruptedWaitEndsAtOnceOthersEndSetOrTimedOut) {
+  DDP_SKIP_WITHOUT_ETCD();
+  EtcdProcess etcd;
+  EtcdStore waiter(store_options(etcd, "/t2i/"));
+  WaitInterrupter interrupter;
+  // Interrupted while its watch is open (60 s: a watch that ignored the interrupt would end
+  // kTimedOut only after that).
+  auto interrupt = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(300ms);
+    interrupter.interrupt();
+  });
+  EXPECT_EQ(waiter.wait_interruptibly({"never"}, 60s, interrupter), WaitOutcome::kInterrupted);
+  interrupt.get();
+  // Sticky until cleared: a wait that starts now ends at once.
+  EXPECT_EQ(waiter.wait_interruptibly({"never"}, 60s, interrupter), WaitOutcome::kInterrupted);
+  interrupter.clear();
+  EXPECT_EQ(waiter.wait_interruptibly({"never"}, 300ms, interrupter), WaitOutcome::kTimedOut);
+  auto setter = std::async(std::launch::async, [&] {
+    EtcdStore s(store_options(etcd, "/t2i/"));
+    std::this_thread::sleep_for(200ms);
+    s.set("k", "1");
+  });
+  EXPECT_EQ(waiter.wait_interruptibly({"k"}, 30s, interrupter), WaitOutcome::kSet);
+  setter.get();
+  // The store is usable after an interrupted watch (its stream connection was dropped).
+  EXPECT_EQ(waiter.get("k"), "1");
+}
+
 TEST(EtcdStore, ConcurrentAddsCountEveryIncrementOnce) {
   DDP_SKIP_WITHOUT_ETCD();
   EtcdProcess etcd;

@@ -15,12 +15,17 @@
 // round's "changed" key (the first reason wins), which wakes every other watcher at once
 // (they block on that key between heartbeats).
 //
-// The watcher's wait slices hold its Store for up to 500 ms at a time: give it a connection
-// of its own, or one its owner leaves alone while watching (ddprun's agent shares its own: it
-// makes no store call between starting and stopping the watcher; it ends the round through
-// request_end meanwhile). on_change runs on the watcher
-// thread, exactly once; it must not block for long (e.g. write to a pipe the agent polls). Stopping
-// takes at most one wait slice (5 ms at first, doubling up to 500 ms).
+// Between heartbeats the watcher waits on "changed". On a store whose waits can be interrupted
+// (InterruptibleWait: etcd, where each wait is a watch request) it waits until its next
+// heartbeat in one wait, and stop() and request_end() interrupt it: an idle agent sends the
+// store a few requests per heartbeat (measured: bench/rendezvous/README.md). On other stores
+// (TCP: a wait is a request the server holds, which the client cannot withdraw) it waits in
+// slices of 5 ms doubling to 500 ms, and stopping takes at most one slice. Either way the
+// watcher holds its Store while it waits: give it a connection of its own, or one its owner
+// leaves alone while watching (ddprun's agent shares its own: it makes no store call between
+// starting and stopping the watcher; it ends the round through request_end meanwhile).
+// on_change runs on the watcher thread, exactly once; it must not block for long (e.g. write
+// to a pipe the agent polls).
 
 #include <atomic>
 #include <exception>
@@ -35,6 +40,7 @@
 #include "ddp/rendezvous/options.hpp"
 #include "ddp/rendezvous/rendezvous.hpp"
 #include "ddp/store/store.hpp"
+#include "ddp/store/wait_interrupter.hpp"
 
 namespace ddp::rdzv {
 
@@ -71,7 +77,8 @@ class MembershipWatcher {
   void stop();
   // Asks the watcher to end the round with `reason` (Rendezvous::request_new_round on the
   // watcher's own thread, which owns the store while watching: the owner cannot make that
-  // call itself then). Done before the watcher's next wait slice (within 500 ms); the watcher
+  // call itself then). Done at once (an interruptible store), else before the watcher's next
+  // wait slice (within 500 ms); the watcher
   // then reports the round's reason (the first any node gave) as a change. Thread-safe.
   void request_end(const std::string& reason);
   // The reason reported, if any.
@@ -100,6 +107,7 @@ class MembershipWatcher {
   std::set<int> taken_;        // which
   std::set<int> passed_lost_;  // slots seen "lost" (by any watcher): a node may take one back
   std::atomic<bool> stop_{false};
+  WaitInterrupter interrupter_;  // ends the watcher's wait on stop() and request_end()
   mutable std::mutex mutex_;
   std::optional<std::string> reason_;
   std::optional<std::string> end_requested_;  // request_end's, until the watcher sends it

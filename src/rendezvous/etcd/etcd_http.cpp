@@ -3,6 +3,10 @@
 #include <curl/curl.h>
 #include <fmt/format.h>
 
+#if LIBCURL_VERSION_NUM < 0x074400
+#error "ddp's etcd client needs libcurl 7.68 or later (curl_multi_poll, curl_multi_wakeup)"
+#endif
+
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -188,6 +192,7 @@ struct EtcdHttp::Impl {
   HttpOptions options;
   CURL* unary = nullptr;
   CURL* stream = nullptr;
+  CURLM* stream_multi = nullptr;  // drives `stream` when a WaitInterrupter may end it
   curl_slist* headers = nullptr;
   size_t current = 0;  // the member that answered last
   char error_buffer[CURL_ERROR_SIZE] = {};
@@ -260,15 +265,47 @@ struct EtcdHttp::Impl {
     }
   }
 
-  // One attempt at member `m`.
+  // curl_easy_perform(h), through stream_multi so that `interrupter` can end it at once (its
+  // wake-up is curl_multi_wakeup, which is thread-safe). Sets `interrupted` when it did.
+  CURLcode perform_interruptibly(CURL* h, WaitInterrupter& interrupter, bool& interrupted) {
+    if (curl_multi_add_handle(stream_multi, h) != CURLM_OK) return CURLE_FAILED_INIT;
+    CURLcode result = CURLE_OK;
+    {
+      auto registration = interrupter.on_interrupt([m = stream_multi] { curl_multi_wakeup(m); });
+      for (;;) {
+        int running = 0;
+        if (curl_multi_perform(stream_multi, &running) != CURLM_OK) {
+          result = CURLE_FAILED_INIT;
+          break;
+        }
+        int queued = 0;
+        if (CURLMsg* msg = curl_multi_info_read(stream_multi, &queued);
+            msg != nullptr && msg->msg == CURLMSG_DONE) {
+          result = msg->data.result;
+          break;
+        }
+        if (interrupter.interrupted()) {
+          interrupted = true;
+          break;
+        }
+        // curl's own timers (CURLOPT_TIMEOUT_MS) wake the poll earlier when due.
+        curl_multi_poll(stream_multi, nullptr, 0, 1000, nullptr);
+      }
+    }
+    curl_multi_remove_handle(stream_multi, h);
+    return result;
+  }
+
+  // One attempt at member `m`; a watch with an interrupter ends when it is interrupted.
   Attempt attempt(CURL* h, size_t m, const std::string& path, const std::string& body, Sink& sink,
-                  Millis total) {
+                  Millis total, WaitInterrupter* interrupter = nullptr) {
     std::string url = base_url(options.endpoints[m], options.https) + path;
     Millis connect = std::min(total, options.retry_for);
     prepare(h, url, body, sink, total, connect);
     error_buffer[0] = '\0';
     Attempt a;
-    a.curl_code = curl_easy_perform(h);
+    a.curl_code = interrupter != nullptr ? perform_interruptibly(h, *interrupter, a.interrupted)
+                                         : curl_easy_perform(h);
     a.curl_error =
         error_buffer[0] ? error_buffer : curl_easy_strerror(static_cast<CURLcode>(a.curl_code));
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &a.http_status);
@@ -356,7 +393,9 @@ struct EtcdHttp::Impl {
   struct Result {
     std::string body;                                                    // unary: the reply
     const std::function<bool(const WatchMessage&)>* callback = nullptr;  // watch
-    bool done = false;  // watch: the callback returned true
+    WaitInterrupter* interrupter = nullptr;                              // watch, optional
+    bool done = false;         // watch: the callback returned true
+    bool interrupted = false;  // watch: the interrupter ended it
   };
 
   // Runs attempts over the members until one completes. For a watch, `deadline` bounds the
@@ -376,7 +415,12 @@ struct EtcdHttp::Impl {
       const std::function<bool(const WatchMessage&)>* callback = nullptr;
       if (is_watch) callback = on_complete.callback;
       sink.on_message = callback;
-      Attempt a = attempt(is_watch ? stream : unary, current, path, body, sink, total);
+      if (is_watch && on_complete.interrupter && on_complete.interrupter->interrupted()) {
+        on_complete.interrupted = true;
+        return;
+      }
+      Attempt a = attempt(is_watch ? stream : unary, current, path, body, sink, total,
+                          is_watch ? on_complete.interrupter : nullptr);
       if (sink.error) std::rethrow_exception(sink.error);
       if (sink.too_large) {
         throw ProtocolError(fmt::format("{} answered more than {} MiB: not an etcd reply",
@@ -384,6 +428,10 @@ struct EtcdHttp::Impl {
       }
       if (is_watch && sink.done) {
         on_complete.done = true;
+        return;
+      }
+      if (a.interrupted) {
+        on_complete.interrupted = true;
         return;
       }
       if (is_watch && a.curl_code == CURLE_OPERATION_TIMEDOUT && a.connected) return;
@@ -429,7 +477,10 @@ EtcdHttp::EtcdHttp(HttpOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
   impl_->unary = curl_easy_init();
   impl_->stream = curl_easy_init();
-  if (!impl_->unary || !impl_->stream) throw Error("libcurl: curl_easy_init failed");
+  impl_->stream_multi = curl_multi_init();
+  if (!impl_->unary || !impl_->stream || !impl_->stream_multi) {
+    throw Error("libcurl: curl_easy_init or curl_multi_init failed");
+  }
   impl_->headers = curl_slist_append(nullptr, "Content-Type: application/json");
   // No "Expect: 100-continue" round trip before larger bodies.
   impl_->headers = curl_slist_append(impl_->headers, "Expect:");
@@ -438,6 +489,7 @@ EtcdHttp::EtcdHttp(HttpOptions options) : impl_(std::make_unique<Impl>()) {
 EtcdHttp::~EtcdHttp() {
   if (impl_->unary) curl_easy_cleanup(impl_->unary);
   if (impl_->stream) curl_easy_cleanup(impl_->stream);
+  if (impl_->stream_multi) curl_multi_cleanup(impl_->stream_multi);
   curl_slist_free_all(impl_->headers);
 }
 
@@ -460,12 +512,15 @@ Json EtcdHttp::call(const std::string& path, const Json& body, const CallOptions
                      fmt::format("etcd at {} (POST {})", impl_->member(impl_->current), path));
 }
 
-bool EtcdHttp::watch(const Json& body, Millis limit,
-                     const std::function<bool(const WatchMessage&)>& on_message) {
+EtcdHttp::WatchEnd EtcdHttp::watch(const Json& body, Millis limit,
+                                   const std::function<bool(const WatchMessage&)>& on_message,
+                                   WaitInterrupter* interrupter) {
   Impl::Result r;
   r.callback = &on_message;
+  r.interrupter = interrupter;
   impl_->run("/v3/watch", body.dump(), deadline_after(limit), true, true, limit, r);
-  return r.done;
+  if (r.done) return WatchEnd::kMessage;
+  return r.interrupted ? WatchEnd::kInterrupted : WatchEnd::kLimit;
 }
 
 }  // namespace ddp::rdzv::etcd

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "ddp/rendezvous/options.hpp"
+#include "ddp/store/wait_interrupter.hpp"
 #include "ddp/util/error.hpp"
 #include "etcd_json.hpp"
 
@@ -65,7 +66,8 @@ struct Attempt {
   std::string curl_error;  // curl's error buffer (or curl_easy_strerror)
   long http_status = 0;
   std::string body;
-  bool connected = false;  // the TCP (and TLS) connection was established
+  bool connected = false;    // the TCP (and TLS) connection was established
+  bool interrupted = false;  // a watch's WaitInterrupter ended it (no failure)
 };
 
 // How an attempt failed: retry on another member, or final (the exception to throw).
@@ -104,8 +106,12 @@ class EtcdHttp {
   // again on the next member with the same body, so the watch must name its start revision.
   // A stream that stays silent ends at `limit` like an unset key: callers keep `limit` short
   // (EtcdStore: watch_attempt) and read again, so a member that died silently is found.
-  bool watch(const Json& body, Millis limit,
-             const std::function<bool(const WatchMessage&)>& on_message);
+  // With an `interrupter`, the watch also ends (kInterrupted) as soon as it is interrupted:
+  // the stream is then driven by a curl multi handle that interrupt() wakes.
+  enum class WatchEnd { kMessage, kLimit, kInterrupted };
+  WatchEnd watch(const Json& body, Millis limit,
+                 const std::function<bool(const WatchMessage&)>& on_message,
+                 WaitInterrupter* interrupter = nullptr);
 
   // "host:port, host:port" of every member, for messages.
   std::string members() const;

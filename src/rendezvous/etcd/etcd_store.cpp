@@ -115,8 +115,13 @@ struct EtcdStore::Impl {
     return {std::move(values), revision};
   }
 
-  // Waits until every key is set; returns their values. TimeoutError after `limit`.
-  std::vector<std::string> await(const std::vector<std::string>& keys, Millis limit) {
+  // Thrown by await() when its interrupter was interrupted (nothing failed).
+  struct Interrupted {};
+
+  // Waits until every key is set; returns their values. TimeoutError after `limit`;
+  // Interrupted soon after `interrupter` (optional) is interrupted.
+  std::vector<std::string> await(const std::vector<std::string>& keys, Millis limit,
+                                 WaitInterrupter* interrupter = nullptr) {
     auto start = std::chrono::steady_clock::now();
     auto deadline = deadline_after(limit, start);
     std::vector<std::string> out(keys.size());
@@ -124,7 +129,20 @@ struct EtcdStore::Impl {
     for (size_t i = 0; i < keys.size(); ++i) pending[i] = i;
     std::string cancel_reason;  // of the last watch etcd cancelled
     Millis cancel_backoff{0};
+    auto timed_out = [&] {
+      std::vector<std::string> missing;
+      for (size_t i = 0; i < pending.size() && i < 8; ++i) missing.push_back(keys[pending[i]]);
+      return TimeoutError(fmt::format(
+          "timed out after {} ms waiting for {} of {} keys ({}{}) in etcd at {} (prefix {}){}",
+          std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start).count(),
+          pending.size(), keys.size(), fmt::join(missing, ", "),
+          pending.size() > missing.size() ? ", ..." : "", http.members(), options.prefix,
+          cancel_reason.empty()
+              ? std::string()
+              : fmt::format("; etcd cancelled the last watch: {}", cancel_reason)));
+    };
     for (;;) {
+      if (interrupter && interrupter->interrupted()) throw Interrupted{};
       std::vector<std::string> ask;
       for (size_t i : pending) ask.push_back(keys[i]);
       auto [values, revision] = read(ask);
@@ -138,18 +156,7 @@ struct EtcdStore::Impl {
       }
       pending.swap(still);
       if (pending.empty()) return out;
-      if (std::chrono::steady_clock::now() >= deadline) {
-        std::vector<std::string> missing;
-        for (size_t i = 0; i < pending.size() && i < 8; ++i) missing.push_back(keys[pending[i]]);
-        throw TimeoutError(fmt::format(
-            "timed out after {} ms waiting for {} of {} keys ({}{}) in etcd at {} (prefix {}){}",
-            std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start).count(),
-            pending.size(), keys.size(), fmt::join(missing, ", "),
-            pending.size() > missing.size() ? ", ..." : "", http.members(), options.prefix,
-            cancel_reason.empty()
-                ? std::string()
-                : fmt::format("; etcd cancelled the last watch: {}", cancel_reason)));
-      }
+      if (std::chrono::steady_clock::now() >= deadline) throw timed_out();
       // Watch the first missing key from the revision just read: a put after the read is
       // delivered even if it came before the watch was created. Each watch lasts at most
       // watch_attempt, then the keys are read again (failing over when the member is gone
@@ -157,14 +164,23 @@ struct EtcdStore::Impl {
       // loop reads again, after a pause that grows while etcd keeps cancelling.
       bool canceled = false;
       std::string reason;
-      http.watch(watch_create(full(keys[pending.front()]), revision + 1),
-                 std::min(remaining(deadline), options.watch_attempt), [&](const WatchMessage& m) {
-                   if (m.canceled) {
-                     canceled = true;
-                     reason = m.cancel_reason.empty() ? "(no reason given)" : m.cancel_reason;
-                   }
-                   return m.put_events > 0 || m.canceled;
-                 });
+      auto end = http.watch(
+          watch_create(full(keys[pending.front()]), revision + 1),
+          std::min(remaining(deadline), options.watch_attempt),
+          [&](const WatchMessage& m) {
+            if (m.canceled) {
+              canceled = true;
+              reason = m.cancel_reason.empty() ? "(no reason given)" : m.cancel_reason;
+            }
+            return m.put_events > 0 || m.canceled;
+          },
+          interrupter);
+      if (end == etcd::EtcdHttp::WatchEnd::kInterrupted) throw Interrupted{};
+      // A watch that ran to the wait's deadline saw no put since the read: no read again (a
+      // wait of the membership watcher per heartbeat would cost a request more each time).
+      if (end == etcd::EtcdHttp::WatchEnd::kLimit && std::chrono::steady_clock::now() >= deadline) {
+        throw timed_out();
+      }
       if (canceled) {
         cancel_reason = std::move(reason);
         cancel_backoff = std::min(std::max(cancel_backoff * 2, Millis(50)), Millis(1000));
@@ -318,6 +334,21 @@ bool EtcdStore::check(const std::vector<std::string>& keys) {
 void EtcdStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   if (keys.empty()) return;
   impl_->await(keys, timeout);
+}
+
+WaitOutcome EtcdStore::wait_interruptibly(const std::vector<std::string>& keys,
+                                          std::chrono::milliseconds timeout,
+                                          WaitInterrupter& interrupter) {
+  if (interrupter.interrupted()) return WaitOutcome::kInterrupted;
+  if (keys.empty()) return WaitOutcome::kSet;
+  try {
+    impl_->await(keys, timeout, &interrupter);
+    return WaitOutcome::kSet;
+  } catch (const TimeoutError&) {
+    return WaitOutcome::kTimedOut;
+  } catch (const Impl::Interrupted&) {
+    return WaitOutcome::kInterrupted;
+  }
 }
 
 EtcdStoreOptions etcd_store_options(const RendezvousOptions& o) {

@@ -8,7 +8,9 @@
 //   set, multi_set     put (a txn of puts)
 //   get, multi_get     range; an absent key is watched from the revision the range read, so a
 //                      put between the read and the watch is not missed
-//   wait, check        the same, without reading values
+//   wait, check        the same, without reading values; wait_interruptibly (InterruptibleWait)
+//                      ends the watch at once when interrupted, and a wait whose watch ran
+//                      to its deadline ends without reading again
 //   compare_set        txn: compare value (absent: create_revision 0), put, else range
 //   add                one ticket key per increment (under "<key>\0tickets/"), put in one txn:
 //                      the value is the number of tickets created up to that txn's revision
@@ -36,6 +38,7 @@
 
 #include "ddp/rendezvous/options.hpp"
 #include "ddp/store/store.hpp"
+#include "ddp/store/wait_interrupter.hpp"
 
 namespace ddp::rdzv {
 
@@ -60,7 +63,7 @@ struct EtcdStoreOptions {
   Millis watch_attempt{10000};
 };
 
-class EtcdStore : public Store {
+class EtcdStore : public Store, public InterruptibleWait {
  public:
   // Reads one key, so an unreachable cluster, refused TLS or an endpoint that is not etcd
   // fail here, with their message.
@@ -77,6 +80,9 @@ class EtcdStore : public Store {
   bool check(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   using Store::wait;
+  WaitOutcome wait_interruptibly(const std::vector<std::string>& keys,
+                                 std::chrono::milliseconds timeout,
+                                 WaitInterrupter& interrupter) override;
   std::vector<std::string> multi_get(const std::vector<std::string>& keys) override;
   void multi_set(const std::vector<std::string>& keys,
                  const std::vector<std::string>& values) override;
