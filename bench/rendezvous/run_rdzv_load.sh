@@ -3,9 +3,11 @@
 # stdout: the TCP store at N = 1000 4000 10000, then etcd (a fresh single-member etcd started
 # here on a free loopback port, killed at the end) at the ETCD_SIZES (default 1000 4000 10000),
 # with a shard process per 1500 etcd agents (an etcd agent holds about 10 descriptors and one
-# process may open 20000 here).
+# process may open 20000 here). Each run ends with IDLE_SECONDS (default 30; 0: none) of the
+# job's steady state: every agent's MembershipWatcher at the default 5 s heartbeat, the store's
+# requests per second and CPU (rdzv_load --idle-seconds).
 # Usage: run_rdzv_load.sh BUILD_DIR [TCP_SIZES...]   (TCP_SIZES "none": etcd only;
-#        ETCD_SIZES="..." in the environment)
+#        ETCD_SIZES="..." and IDLE_SECONDS=S in the environment)
 set -euo pipefail
 BUILD="${1:?usage: run_rdzv_load.sh BUILD_DIR [TCP_SIZES...]}"
 shift
@@ -13,9 +15,10 @@ TCP_SIZES=("${@:-1000 4000 10000}")
 read -r -a TCP_SIZES <<<"${TCP_SIZES[*]}"
 read -r -a ETCD_SIZES <<<"${ETCD_SIZES:-1000 4000 10000}"
 LOAD="$BUILD/bench/rendezvous/rdzv_load"
+IDLE=(--idle-seconds "${IDLE_SECONDS:-30}")
 
 if [[ ${TCP_SIZES[0]} != none ]]; then
-  for n in "${TCP_SIZES[@]}"; do "$LOAD" --store tcp --agents "$n" 2>/dev/null; done
+  for n in "${TCP_SIZES[@]}"; do "$LOAD" --store tcp --agents "$n" "${IDLE[@]}" 2>/dev/null; done
 fi
 
 command -v etcd >/dev/null || { echo "run_rdzv_load: etcd is not installed; skipping etcd" >&2; exit 0; }
@@ -34,6 +37,6 @@ for ((k = 0; k < 600; k++)); do
 done
 for n in "${ETCD_SIZES[@]}"; do
   "$LOAD" --store etcd --etcd "127.0.0.1:$port" --store-pid "$etcd_pid" --agents "$n" \
-    --shards $(((n + 1499) / 1500)) 2>"$dir/load-$n.err" || sed 's/^/  /' "$dir/load-$n.err" >&2
+    --shards $(((n + 1499) / 1500)) "${IDLE[@]}" 2>"$dir/load-$n.err" || sed 's/^/  /' "$dir/load-$n.err" >&2
   sleep 60  # the previous run's connections leave TIME_WAIT
 done

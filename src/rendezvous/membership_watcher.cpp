@@ -196,10 +196,9 @@ void MembershipWatcher::peer_gone(int slot, const std::string& why) {
 void MembershipWatcher::run() {
   keys::Round k(options_.run_id, round_.generation);
   int64_t beat = 0;
-  // A store whose waits can be interrupted (etcd) is waited on until the next heartbeat in
-  // one request: stop() and request_end() interrupt it. Otherwise (the TCP store, where a
-  // wait is a request the server holds) in slices that start short and double up to
-  // kMaxWaitSlice: stop() waits for the current slice, so a watcher stopped soon after it
+  // A store whose waits can be interrupted (the TCP store, etcd) is waited on until the next
+  // heartbeat in one request: stop() and request_end() interrupt it. Otherwise in slices that
+  // start short and double up to kMaxWaitSlice: stop() waits for the current slice, so a watcher stopped soon after it
   // started (workers that exit at once) stops at once, and a long round costs a few store
   // calls per second.
   auto* interruptible = dynamic_cast<InterruptibleWait*>(store_.get());

@@ -184,6 +184,8 @@ std::string op_name(Op op) {
       return "multi_get";
     case Op::kMultiSet:
       return "multi_set";
+    case Op::kCancelWait:
+      return "cancel_wait";
     case Op::kPing:
       return "ping";
     case Op::kOk:

@@ -118,6 +118,9 @@ class TcpStoreServer::Loop {
 
   // Requests.
   void process(Connection& conn);
+  // While a wait is parked, its client may send kCancelWait (the one request read then): the
+  // wait answers kTimeout at once. Anything else stays buffered until the wait's reply.
+  void take_cancel(Connection& conn);
   void handle(Connection& conn, Frame& frame);
   void handle_handshake(Connection& conn, Frame& frame);
   void handle_request(Connection& conn, Frame& frame);

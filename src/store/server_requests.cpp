@@ -67,6 +67,7 @@ std::optional<int64_t> parse_counter(const std::string& text) {
 }  // namespace
 
 void TcpStoreServer::Loop::process(Connection& conn) {
+  if (conn.waiter.active && conn.state == State::kReady) take_cancel(conn);
   while (
       (conn.state == State::kHello || conn.state == State::kAuth || conn.state == State::kReady) &&
       !conn.waiter.active && conn.out.empty() && conn.in_off < conn.in.size()) {
@@ -107,6 +108,17 @@ void TcpStoreServer::Loop::process(Connection& conn) {
     conn.in.erase(0, conn.in_off);
     conn.in_off = 0;
   }
+}
+
+void TcpStoreServer::Loop::take_cancel(Connection& conn) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(conn.in.data()) + conn.in_off;
+  auto parsed = store_protocol::parse_frame(bytes, conn.in.size() - conn.in_off, frame_limit(conn));
+  if (parsed.status != store_protocol::ParseStatus::kComplete ||
+      parsed.frame.op != Op::kCancelWait) {
+    return;
+  }
+  conn.in_off += parsed.consumed;
+  if (parsed.frame.request_id == conn.waiter.request_id) time_out_waiter(conn);
 }
 
 void TcpStoreServer::Loop::handle(Connection& conn, Frame& frame) {
@@ -179,6 +191,9 @@ void TcpStoreServer::Loop::handle_request(Connection& conn, Frame& frame) {
   switch (frame.op) {
     case Op::kPing:
       reply(conn, Op::kOk, rid, {});
+      return;
+    case Op::kCancelWait:
+      // The wait it names was answered before the cancel arrived: nothing to do, no reply.
       return;
     case Op::kSet:
       expect_fields(frame, 2);

@@ -3,7 +3,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <thread>
 
 #include "ddp/store/auth.hpp"
@@ -185,38 +191,43 @@ void TcpStore::throw_reply_error(const Frame& reply, Op op) {
       fmt::format("store at {} rejected {}: {}", endpoint(), store_protocol::op_name(op), message));
 }
 
+uint32_t TcpStore::send_locked(Frame request, net::Deadline deadline) {
+  request.request_id = next_request_id_++;
+  std::string bytes = store_protocol::encode_frame(request);
+  net::write_all(sock_.fd(), bytes.data(), bytes.size(), deadline, endpoint());
+  return request.request_id;
+}
+
+TcpStore::Frame TcpStore::read_reply_locked(uint32_t request_id, net::Deadline deadline) {
+  std::string peer = endpoint();
+  std::string buffer(store_protocol::kHeaderBytes, '\0');
+  net::read_exact(sock_.fd(), buffer.data(), buffer.size(), deadline, peer);
+  auto parsed = store_protocol::parse_frame(reinterpret_cast<const uint8_t*>(buffer.data()),
+                                            buffer.size(), options_.max_frame_bytes);
+  if (parsed.status == store_protocol::ParseStatus::kNeedMore) {
+    uint32_t payload = static_cast<uint8_t>(buffer[12]) |
+                       (static_cast<uint32_t>(static_cast<uint8_t>(buffer[13])) << 8) |
+                       (static_cast<uint32_t>(static_cast<uint8_t>(buffer[14])) << 16) |
+                       (static_cast<uint32_t>(static_cast<uint8_t>(buffer[15])) << 24);
+    buffer.resize(store_protocol::kHeaderBytes + payload);
+    net::read_exact(sock_.fd(), buffer.data() + store_protocol::kHeaderBytes, payload, deadline,
+                    peer);
+    parsed = store_protocol::parse_frame(reinterpret_cast<const uint8_t*>(buffer.data()),
+                                         buffer.size(), options_.max_frame_bytes);
+  }
+  if (parsed.status != store_protocol::ParseStatus::kComplete) {
+    throw ProtocolError(fmt::format("store at {} sent a malformed reply: {}", peer, parsed.error));
+  }
+  if (parsed.frame.request_id != request_id) {
+    throw ProtocolError(fmt::format("store at {} answered request {} while {} was expected", peer,
+                                    parsed.frame.request_id, request_id));
+  }
+  return std::move(parsed.frame);
+}
+
 TcpStore::Frame TcpStore::exchange_locked(const Frame& request, net::Deadline deadline) {
   try {
-    Frame sent = request;
-    sent.request_id = next_request_id_++;
-    std::string bytes = store_protocol::encode_frame(sent);
-    std::string peer = endpoint();
-    net::write_all(sock_.fd(), bytes.data(), bytes.size(), deadline, peer);
-
-    std::string buffer(store_protocol::kHeaderBytes, '\0');
-    net::read_exact(sock_.fd(), buffer.data(), buffer.size(), deadline, peer);
-    auto parsed = store_protocol::parse_frame(reinterpret_cast<const uint8_t*>(buffer.data()),
-                                              buffer.size(), options_.max_frame_bytes);
-    if (parsed.status == store_protocol::ParseStatus::kNeedMore) {
-      uint32_t payload = static_cast<uint8_t>(buffer[12]) |
-                         (static_cast<uint32_t>(static_cast<uint8_t>(buffer[13])) << 8) |
-                         (static_cast<uint32_t>(static_cast<uint8_t>(buffer[14])) << 16) |
-                         (static_cast<uint32_t>(static_cast<uint8_t>(buffer[15])) << 24);
-      buffer.resize(store_protocol::kHeaderBytes + payload);
-      net::read_exact(sock_.fd(), buffer.data() + store_protocol::kHeaderBytes, payload, deadline,
-                      peer);
-      parsed = store_protocol::parse_frame(reinterpret_cast<const uint8_t*>(buffer.data()),
-                                           buffer.size(), options_.max_frame_bytes);
-    }
-    if (parsed.status != store_protocol::ParseStatus::kComplete) {
-      throw ProtocolError(
-          fmt::format("store at {} sent a malformed reply: {}", peer, parsed.error));
-    }
-    if (parsed.frame.request_id != sent.request_id) {
-      throw ProtocolError(fmt::format("store at {} answered request {} while {} was expected", peer,
-                                      parsed.frame.request_id, sent.request_id));
-    }
-    return std::move(parsed.frame);
+    return read_reply_locked(send_locked(request, deadline), deadline);
   } catch (...) {
     // The connection's state is unknown (a late reply may still arrive): start afresh.
     sock_.close();
@@ -319,6 +330,78 @@ int64_t TcpStore::num_keys() {
 
 bool TcpStore::check(const std::vector<std::string>& keys) {
   return decode_bool(call(Op::kCheck, keys, timeout_, {}), "check", endpoint());
+}
+
+WaitOutcome TcpStore::wait_interruptibly(const std::vector<std::string>& keys, Ms timeout,
+                                         WaitInterrupter& interrupter) {
+  if (interrupter.interrupted()) return WaitOutcome::kInterrupted;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto start = net::Clock::now();
+  if (!sock_.valid()) connect_locked(deadline_after(options_.timeout));
+  if (!wake_.valid()) {
+    wake_ = net::Socket(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!wake_.valid()) {
+      throw Error(fmt::format("store at {}: cannot create an eventfd for an interruptible wait: {}",
+                              endpoint(), std::strerror(errno)));
+    }
+  }
+  uint64_t drained = 0;
+  while (::read(wake_.fd(), &drained, sizeof drained) > 0) {
+  }
+  auto registration = interrupter.on_interrupt([fd = wake_.fd()] {
+    uint64_t one = 1;
+    (void)!::write(fd, &one, sizeof one);
+  });
+  Frame request;
+  request.op = Op::kWait;
+  request.fields.push_back(encode_i64(timeout.count()));
+  request.fields.insert(request.fields.end(), keys.begin(), keys.end());
+  const auto deadline = deadline_after(saturating_add(timeout, kReplyGrace));
+  Frame reply;
+  bool cancelled = false;
+  try {
+    const uint32_t id = send_locked(std::move(request), deadline);
+    for (;;) {
+      pollfd fds[2] = {{sock_.fd(), POLLIN, 0}, {wake_.fd(), POLLIN, 0}};
+      const auto left = std::chrono::duration_cast<Ms>(deadline - net::Clock::now());
+      if (left.count() <= 0) {
+        throw TimeoutError(fmt::format(
+            "store at {}: no reply to wait after {} ms (limit {} ms) waiting for keys {}; the "
+            "server is unresponsive or the network is down",
+            endpoint(), elapsed_since(start).count(), timeout.count(), keys_text(keys)));
+      }
+      int n =
+          ::poll(fds, cancelled ? 1 : 2, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+      if (n < 0 && errno != EINTR) {
+        throw NetworkError(
+            fmt::format("store at {}: poll failed: {}", endpoint(), std::strerror(errno)));
+      }
+      if (n <= 0) continue;
+      if (fds[0].revents != 0) {
+        reply = read_reply_locked(id, deadline);
+        break;
+      }
+      if (!cancelled && fds[1].revents != 0) {
+        Frame cancel;
+        cancel.op = Op::kCancelWait;
+        cancel.request_id = id;  // the wait's: the server answers it at once
+        std::string bytes = store_protocol::encode_frame(cancel);
+        net::write_all(sock_.fd(), bytes.data(), bytes.size(), deadline, endpoint());
+        cancelled = true;
+      }
+    }
+  } catch (...) {
+    // The connection's state is unknown (a late reply may still arrive): start afresh.
+    sock_.close();
+    throw;
+  }
+  if (reply.op == Op::kOk) return WaitOutcome::kSet;
+  if (reply.op == Op::kTimeout)
+    return cancelled ? WaitOutcome::kInterrupted : WaitOutcome::kTimedOut;
+  if (reply.op == Op::kError) throw_reply_error(reply, Op::kWait);
+  sock_.close();
+  throw ProtocolError(fmt::format("store at {}: unexpected {} reply to wait", endpoint(),
+                                  store_protocol::op_name(reply.op)));
 }
 
 void TcpStore::wait(const std::vector<std::string>& keys, Ms timeout) {

@@ -16,11 +16,10 @@
 // (they block on that key between heartbeats).
 //
 // Between heartbeats the watcher waits on "changed". On a store whose waits can be interrupted
-// (InterruptibleWait: etcd, where each wait is a watch request) it waits until its next
-// heartbeat in one wait, and stop() and request_end() interrupt it: an idle agent sends the
-// store a few requests per heartbeat (measured: bench/rendezvous/README.md). On other stores
-// (TCP: a wait is a request the server holds, which the client cannot withdraw) it waits in
-// slices of 5 ms doubling to 500 ms, and stopping takes at most one slice. Either way the
+// (InterruptibleWait: the TCP store and etcd) it waits until its next heartbeat in one wait,
+// and stop() and request_end() interrupt it: an idle agent sends the store a few requests per
+// heartbeat (measured: bench/rendezvous/README.md). On other stores it waits in slices of 5 ms
+// doubling to 500 ms, and stopping takes at most one slice. Either way the
 // watcher holds its Store while it waits: give it a connection of its own, or one its owner
 // leaves alone while watching (ddprun's agent shares its own: it makes no store call between
 // starting and stopping the watcher; it ends the round through request_end meanwhile).

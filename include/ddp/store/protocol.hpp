@@ -38,6 +38,9 @@ enum class Op : uint8_t {
   kWait = 0x17,        // [timeout i64 ms, key...]    -> kOk [] | kTimeout [missing...]
   kMultiGet = 0x18,    // [timeout i64 ms, key...]    -> kOk [value...] | kTimeout [missing...]
   kMultiSet = 0x19,    // [key, value, key, value...] -> kOk []
+  // Sent while a kWait of the same request id waits: that wait answers kTimeout at once.
+  // No reply of its own (the only request a client may send before the previous reply).
+  kCancelWait = 0x1A,  // []                          -> (none)
   kPing = 0x1F,        // []                          -> kOk []
   // Replies.
   kOk = 0x80,

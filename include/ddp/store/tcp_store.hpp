@@ -33,6 +33,7 @@
 
 #include "ddp/store/protocol.hpp"
 #include "ddp/store/store.hpp"
+#include "ddp/store/wait_interrupter.hpp"
 #include "ddp/util/socket.hpp"
 
 namespace ddp {
@@ -59,7 +60,7 @@ struct TcpStoreOptions {
   size_t max_frame_bytes = store_protocol::kDefaultMaxFrameBytes;
 };
 
-class TcpStore : public Store {
+class TcpStore : public Store, public InterruptibleWait {
  public:
   explicit TcpStore(TcpStoreOptions options);
   ~TcpStore() override;
@@ -76,6 +77,11 @@ class TcpStore : public Store {
   bool check(const std::vector<std::string>& keys) override;
   using Store::wait;
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  // A wait that `interrupter` ends early: the client sends cancel_wait and the server answers
+  // the wait at once (docs/store-protocol.md), so the connection stays usable.
+  WaitOutcome wait_interruptibly(const std::vector<std::string>& keys,
+                                 std::chrono::milliseconds timeout,
+                                 WaitInterrupter& interrupter) override;
   std::vector<std::string> multi_get(const std::vector<std::string>& keys) override;
   void multi_set(const std::vector<std::string>& keys,
                  const std::vector<std::string>& values) override;
@@ -104,6 +110,9 @@ class TcpStore : public Store {
   void connect_locked(net::Deadline deadline);
   void handshake_locked(net::Deadline deadline);
   Frame exchange_locked(const Frame& request, net::Deadline deadline);
+  // Sends `request` under the next request id (returned) / reads the reply to `request_id`.
+  uint32_t send_locked(Frame request, net::Deadline deadline);
+  Frame read_reply_locked(uint32_t request_id, net::Deadline deadline);
   [[noreturn]] void throw_reply_error(const Frame& reply, Op op);
 
   TcpStoreOptions options_;
@@ -111,6 +120,7 @@ class TcpStore : public Store {
   std::unique_ptr<TcpStoreServer> server_;
   std::mutex mutex_;
   net::Socket sock_;
+  net::Socket wake_;  // eventfd an interrupter writes to (wait_interruptibly), made on first use
   uint32_t next_request_id_ = 1;
 };
 

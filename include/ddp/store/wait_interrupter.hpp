@@ -1,8 +1,8 @@
 #pragma once
-// Waits one thread can end from another: a store whose wait is a request it can abandon (etcd:
-// a watch stream) offers InterruptibleWait, and a caller that must stop promptly (the
-// rendezvous' membership watcher) then waits long and interrupts instead of polling in short
-// slices, each of which would be a request to the store.
+// Waits one thread can end from another: a store whose wait can be withdrawn (TcpStore: the
+// client sends cancel_wait; EtcdStore: the watch stream is dropped) offers InterruptibleWait,
+// and a caller that must stop promptly (the rendezvous' membership watcher) then waits long and
+// interrupts instead of polling in short slices, each of which would be a request to the store.
 //
 //   WaitInterrupter interrupter;                       // shared by the two threads
 //   // waiting thread:                                  // other thread:
