@@ -138,7 +138,9 @@ summary = {}
 for system in dict.fromkeys(r["system"] for r in rows):
     clean = [r for r in rows if r["system"] == system and not r["kill_at_step"]]
     fault = [r for r in rows if r["system"] == system and r["kill_at_step"]]
-    lost = [f["wall_s"] - c["wall_s"] for c, f in zip(clean, fault)]
+    # A run with the kill that failed or stopped short did not recover: no time lost to quote.
+    recovered = lambda r: r["exit_code"] == 0 and r["last_step"] == max(x["last_step"] or 0 for x in rows)
+    lost = [f["wall_s"] - c["wall_s"] for c, f in zip(clean, fault) if recovered(f)]
     step_s = med([r["step_s_median"] for r in clean if r["step_s_median"]])
     redone = med([f["steps_logged_twice"] for f in fault])
     dropped = med([f["attempts_dropped_rank0"] for f in fault
@@ -146,7 +148,8 @@ for system in dict.fromkeys(r["system"] for r in rows):
     s = {"bench": "fault_summary", "system": system, "runs": len(lost), "nodes": nodes, "hosts": hosts,
          "world": world, "kill_at_step": kill_at, "wall_s_clean": med([c["wall_s"] for c in clean]),
          "wall_s_fault": med([f["wall_s"] for f in fault]), "lost_s": med(lost),
-         "step_s": step_s, "lost_steps": round(med(lost) / step_s, 1) if step_s else None,
+         "recovered": all(recovered(f) for f in fault),
+         "step_s": step_s, "lost_steps": round(med(lost) / step_s, 1) if step_s and lost else None,
          "steps_recomputed": redone,
          "attempts_dropped_rank0": dropped,
          "stall_s": med([f["stall_s"] for f in fault if f.get("stall_s") is not None]),
@@ -154,27 +157,43 @@ for system in dict.fromkeys(r["system"] for r in rows):
          "all_reached_end": len({r["last_step"] for r in clean + fault}) == 1}
     summary[system] = s
     print(json.dumps(s), flush=True)
+# Targets on both measures: the wall-time difference (the issue's definition; noisy on a
+# shared machine) and the stall in rank 0's log (kill to the next committed step, less one
+# step). A peer that did not recover has no figure: its comparison is null, and
+# "<peer>_recovered" says why.
 t = {"bench": "fault_targets"}
 if "ddp_step" in summary:
     d = summary["ddp_step"]
     t["ddp_step_lost_s"] = d["lost_s"]
+    t["ddp_step_stall_s"] = d["stall_s"]
     t["ddp_step_budget_s"] = round(1 + d["step_s"], 3)
-    t["ddp_step_under_1s_plus_one_step"] = d["lost_s"] < 1 + d["step_s"]
+    t["ddp_step_under_1s_plus_one_step"] = (d["lost_s"] < 1 + d["step_s"]
+                                            if d["lost_s"] is not None else None)
+    t["ddp_step_stall_under_1s_plus_one_step"] = (d["stall_s"] < 1 + d["step_s"]
+                                                  if d["stall_s"] is not None else None)
     for peer in ("torchrun", "torchft", "torchft_fixed_hook", "ddp_group"):
-        if peer in summary and summary[peer]["lost_s"] is not None:
-            t[f"{peer}_over_ddp_step"] = (round(summary[peer]["lost_s"] / d["lost_s"], 1)
-                                          if d["lost_s"] > 0 else None)
-    if "torchrun" in summary:
+        if peer not in summary:
+            continue
+        p = summary[peer]
+        t[f"{peer}_recovered"] = p["recovered"]
+        t[f"{peer}_over_ddp_step"] = (round(p["lost_s"] / d["lost_s"], 1)
+                                      if p["lost_s"] and p["lost_s"] > 0 and d["lost_s"]
+                                      and d["lost_s"] > 0 else None)
+        t[f"{peer}_stall_over_ddp_step"] = (round(p["stall_s"] / d["stall_s"], 1)
+                                            if p["stall_s"] is not None and d["stall_s"] else None)
+    if "torchrun" in summary and summary["torchrun"]["lost_s"] is not None and d["lost_s"]:
         t["at_least_10x_less_than_torchrun"] = summary["torchrun"]["lost_s"] >= 10 * d["lost_s"]
     for peer in ("torchft", "torchft_fixed_hook"):
-        if peer in summary:
+        if peer in summary and summary[peer]["lost_s"] is not None and d["lost_s"] is not None:
             t[f"less_than_{peer}"] = d["lost_s"] < summary[peer]["lost_s"]
-if "ddp_step_python" in summary and summary["ddp_step_python"]["lost_s"]:
+if "ddp_step_python" in summary:
     d = summary["ddp_step_python"]
     t["ddp_step_python_lost_s"] = d["lost_s"]
-    t["ddp_step_python_under_1s_plus_one_step"] = d["lost_s"] < 1 + d["step_s"]
+    t["ddp_step_python_stall_s"] = d["stall_s"]
+    if d["lost_s"] is not None:
+        t["ddp_step_python_under_1s_plus_one_step"] = d["lost_s"] < 1 + d["step_s"]
     for peer in ("torchrun", "torchft", "torchft_fixed_hook"):
-        if peer in summary and summary[peer]["lost_s"] is not None:
+        if peer in summary and summary[peer]["lost_s"] is not None and d["lost_s"]:
             t[f"{peer}_over_ddp_step_python"] = round(summary[peer]["lost_s"] / d["lost_s"], 1)
 print(json.dumps(t), flush=True)
 PYEOF

@@ -302,7 +302,11 @@ void* agent_main(void* p) {
   std::string key = "load/hb/" + std::to_string(a->index);
   int64_t beat = 0;
   try {
-    while (!s.stop_hb.load(std::memory_order_relaxed)) store->set(key, std::to_string(++beat));
+    // --hb-seconds 0: no capacity phase (etcd refuses a closed loop of writes from thousands
+    // of agents with "too many requests", which would end the run before the idle phase).
+    while (s.args.hb_seconds > 0 && !s.stop_hb.load(std::memory_order_relaxed)) {
+      store->set(key, std::to_string(++beat));
+    }
   } catch (const std::exception& e) {
     note_failure(s, std::string("heartbeat: ") + e.what());
   }

@@ -77,8 +77,9 @@ class TcpStore : public Store, public InterruptibleWait {
   bool check(const std::vector<std::string>& keys) override;
   using Store::wait;
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
-  // A wait that `interrupter` ends early: the client sends cancel_wait and the server answers
-  // the wait at once (docs/store-protocol.md), so the connection stays usable.
+  // A wait that `interrupter` ends early (within 100 ms: the client looks at it while it
+  // waits): the client sends cancel_wait and the server answers the wait at once
+  // (docs/store-protocol.md), so the connection stays usable.
   WaitOutcome wait_interruptibly(const std::vector<std::string>& keys,
                                  std::chrono::milliseconds timeout,
                                  WaitInterrupter& interrupter) override;
@@ -120,7 +121,6 @@ class TcpStore : public Store, public InterruptibleWait {
   std::unique_ptr<TcpStoreServer> server_;
   std::mutex mutex_;
   net::Socket sock_;
-  net::Socket wake_;  // eventfd an interrupter writes to (wait_interruptibly), made on first use
   uint32_t next_request_id_ = 1;
 };
 
