@@ -198,9 +198,9 @@ void MembershipWatcher::run() {
   int64_t beat = 0;
   // A store whose waits can be interrupted (the TCP store, etcd) is waited on until the next
   // heartbeat in one request: stop() and request_end() interrupt it. Otherwise in slices that
-  // start short and double up to kMaxWaitSlice: stop() waits for the current slice, so a watcher stopped soon after it
-  // started (workers that exit at once) stops at once, and a long round costs a few store
-  // calls per second.
+  // start short and double up to kMaxWaitSlice: stop() waits for the current slice, so a watcher
+  // stopped soon after it started (workers that exit at once) stops at once, and a long round costs
+  // a few store calls per second.
   auto* interruptible = dynamic_cast<InterruptibleWait*>(store_.get());
   Millis slice = std::min(options_.conf.heartbeat, kFirstWaitSlice);
   const Millis max_slice = std::min(options_.conf.heartbeat, kMaxWaitSlice);

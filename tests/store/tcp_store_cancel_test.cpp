@@ -97,4 +97,4 @@ TEST(TcpStoreCancel, WaitInterruptiblyEndsWhenInterruptedAndTheStoreGoesOn) {
 }
 
 }  // namespace
-}  // namespace ddp
+}  // namespace ddp::test
