@@ -15,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -143,13 +144,28 @@ struct StackService::State {
   std::deque<std::shared_ptr<Outgoing>> outgoing;
   std::condition_variable cv;
 
+  // The last stack read of each worker process of the round (by pid). When another node's
+  // worker fails, the round ends at once: this node captures its workers' stacks and stops
+  // them, and the failing node's request may arrive after that. A worker that exited since is
+  // then answered with where it was when this node stopped it, not "exited".
+  std::map<int64_t, RankStacks> last_read;  // under mutex; cleared at join_round
+
   std::vector<RankStacks> capture(Clock::time_point deadline) {
     std::vector<StackTarget> targets;
     {
       std::lock_guard<std::mutex> lock(mutex);
       targets = workers;
     }
-    return capture_stacks(targets, options.host, options.tools, deadline);
+    std::vector<RankStacks> got = capture_stacks(targets, options.host, options.tools, deadline);
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto& r : got) {
+      if (r.error.empty()) {
+        last_read[r.pid] = r;
+      } else if (auto it = last_read.find(r.pid); it != last_read.end()) {
+        r = it->second;
+      }
+    }
+    return got;
   }
 
   // Asks the other nodes of the round; returns each node's answer ("" for none) by `deadline`.
@@ -278,6 +294,41 @@ struct StackService::State {
     }
   }
 
+  // Request `next` of round `prefix`, if it is there within `wait` (0: only if it is there
+  // now): another node's is answered with this node's stacks, this node's own is passed over.
+  // Returns whether there was one (then `next` moves on).
+  bool serve_request(Store& s, const std::string& prefix, int64_t next, int me,
+                     std::chrono::milliseconds wait) {
+    const std::string key = fmt::format("{}req/{}", prefix, next);
+    if (wait.count() <= 0) {
+      if (!s.check({key})) return false;
+    } else {
+      try {
+        s.wait({key}, wait);
+      } catch (const TimeoutError&) {
+        return false;
+      }
+    }
+    const std::string value = s.get(key);
+    const int from = std::atoi(value.c_str());
+    const size_t space = value.find(' ');
+    const int64_t budget_ms = std::clamp<int64_t>(
+        space == std::string::npos ? 5000 : std::atoll(value.c_str() + space + 1), 100,
+        kMaxCapture.count());
+    if (from == me) return true;
+    try {
+      // Answer a little before the asker stops waiting.
+      const auto stacks = capture(Clock::now() + std::chrono::milliseconds(budget_ms * 8 / 10));
+      s.set(fmt::format("{}resp/{}/{}", prefix, next, me), encode_stacks(stacks));
+    } catch (const Error&) {
+      throw;  // the store: handled by the caller
+    } catch (const std::exception& e) {
+      // Anything else (an encoding, memory) loses this answer, not the service.
+      warn(fmt::format("request {} from node rank {} failed: {}", next, from, e.what()));
+    }
+    return true;
+  }
+
   void round_loop(std::shared_ptr<Store> s, int gen, int me, int nodes) {
     const std::string prefix = keys_prefix(options.run_id, gen);
     try {
@@ -303,11 +354,17 @@ struct StackService::State {
           for (int n = 0; n < nodes; ++n) {
             if (n != me) keys.push_back(fmt::format("{}resp/{}/{}", prefix, id, n));
           }
-          const auto left =
-              std::chrono::duration_cast<std::chrono::milliseconds>(mine->deadline - Clock::now());
-          if (!keys.empty() && left.count() > 0) {
+          // While it waits for the answers this node answers the others' requests: when a
+          // round ends every node captures at the same moment (the failing node, and each node
+          // its agent stops), and two nodes that only waited would each wait out the other.
+          while (!keys.empty()) {
+            while (serve_request(*s, prefix, next, me, std::chrono::milliseconds(0))) ++next;
+            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(mine->deadline -
+                                                                                    Clock::now());
+            if (left.count() <= 0) break;
             try {
-              s->wait(keys, left);
+              s->wait(keys, std::min(left, kSlice));
+              break;
             } catch (const TimeoutError&) {
             }
           }
@@ -324,32 +381,7 @@ struct StackService::State {
           cv.notify_all();
           continue;
         }
-        const std::string key = fmt::format("{}req/{}", prefix, next);
-        try {
-          s->wait({key}, kSlice);
-        } catch (const TimeoutError&) {
-          continue;
-        }
-        const std::string value = s->get(key);
-        const int from = std::atoi(value.c_str());
-        const size_t space = value.find(' ');
-        const int64_t budget_ms = std::clamp<int64_t>(
-            space == std::string::npos ? 5000 : std::atoll(value.c_str() + space + 1), 100,
-            kMaxCapture.count());
-        if (from != me) {
-          try {
-            // Answer a little before the asker stops waiting.
-            const auto stacks =
-                capture(Clock::now() + std::chrono::milliseconds(budget_ms * 8 / 10));
-            s->set(fmt::format("{}resp/{}/{}", prefix, next, me), encode_stacks(stacks));
-          } catch (const Error&) {
-            throw;  // the store: handled below
-          } catch (const std::exception& e) {
-            // Anything else (an encoding, memory) loses this answer, not the service.
-            warn(fmt::format("request {} from node rank {} failed: {}", next, from, e.what()));
-          }
-        }
-        ++next;
+        if (serve_request(*s, prefix, next, me, kSlice)) ++next;
       }
     } catch (const Error&) {
       // The store is gone (the round ended, its host exited): requests get no other nodes.
@@ -444,6 +476,7 @@ void StackService::join_round(std::shared_ptr<Store> store, int generation, int 
   {
     std::lock_guard<std::mutex> lock(s.mutex);
     s.store = store;
+    s.last_read.clear();
     s.generation = generation;
     s.node_rank = node_rank;
     s.num_nodes = num_nodes;
