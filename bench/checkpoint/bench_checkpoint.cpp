@@ -17,6 +17,7 @@
 #include "ddp/store/hash_store.hpp"
 #include "ddp/torch/checkpoint/checkpoint.hpp"
 #include "ddp/torch/models/mnist_cnn.hpp"
+#include "ddp/util/remove_tree.hpp"
 
 namespace {
 
@@ -89,7 +90,7 @@ int main(int argc, char** argv) {
   for (int s = 0; s < steps; ++s) step_work(work);
   const double baseline = seconds_since(t0);
 
-  std::filesystem::remove_all(dir);
+  ddp::remove_tree(dir);
   ddp::Checkpointer ckpt(ddp::CheckpointOptions(dir).async(mode == "async").keep(2), pg);
   std::vector<double> stalls;
   t0 = Clock::now();
@@ -103,7 +104,7 @@ int main(int argc, char** argv) {
   }
   ckpt.wait();
   const double job = seconds_since(t0);
-  std::filesystem::remove_all(dir);
+  ddp::remove_tree(dir);
   std::cout << fmt::format(
                    "{{\"bench\":\"checkpoint\",\"impl\":\"ddp\",\"mode\":\"{}\",\"state\":\"{}\","
                    "\"state_bytes\":{},\"saves\":{},\"stall_s_median\":{:.4f},\"stall_s_first\":"

@@ -4,8 +4,14 @@
 
 Each case prints one JSON line from rank 0 ({"bench": "gpu_python", "case", "ok", "detail"}):
   cpu_all_reduce          init_process_group("ddp"), all_reduce of a CPU tensor (the baseline)
-  cuda_all_reduce         the same with a CUDA tensor on backend "ddp"
-  cuda_ddp_model          torch DDP of a model on the GPU over backend "ddp"
+  cuda_all_reduce         the same with a CUDA tensor on backend "ddp" (staged through the host)
+  cuda_collectives        broadcast, all_gather, all_gather_into_tensor, reduce_scatter_tensor,
+                          all_to_all_single, a non-contiguous all_reduce, on CUDA tensors
+  cuda_side_stream        an all_reduce issued under a side stream waits for that stream's work
+  cuda_future_then        work.get_future().then(...) on a CUDA all_reduce (what comm hooks do)
+  cuda_ddp_model          torch DDP of a model on the GPU over backend "ddp": 3 steps, gradients
+                          equal to the average computed on the CPU from every rank's batch
+  cuda_barrier            dist.barrier() with CUDA registered
   mixed_cuda_all_reduce   a group "cpu:ddp,cuda:nccl" (world 1 only: NCCL takes one rank per GPU)
 A case that raises reports the exception's text: the point is that it is one clear message.
 """
@@ -50,23 +56,89 @@ def cuda_all_reduce(group=None):
     return "sum correct, result on " + str(t.device)
 
 
+def cuda_collectives():
+    r = float(rank)
+    b = torch.full((3,), r, device=device)
+    dist.broadcast(b, src=world - 1)
+    assert b.device == device and b.cpu().tolist() == [world - 1.0] * 3, b
+    outs = [torch.empty(2, device=device) for _ in range(world)]
+    dist.all_gather(outs, torch.full((2,), r, device=device))
+    assert [o.cpu().tolist() for o in outs] == [[float(p)] * 2 for p in range(world)], outs
+    flat = torch.empty(2 * world, device=device)
+    dist.all_gather_into_tensor(flat, torch.full((2,), r, device=device))
+    assert flat.cpu().tolist() == [float(p) for p in range(world) for _ in range(2)], flat
+    rs = torch.empty(2, device=device)
+    dist.reduce_scatter_tensor(rs, torch.arange(2.0 * world, device=device))
+    assert rs.cpu().tolist() == [world * (2.0 * rank), world * (2.0 * rank + 1)], rs
+    a2a = torch.empty(world, device=device)
+    dist.all_to_all_single(a2a, torch.full((world,), r, device=device))
+    assert a2a.cpu().tolist() == [float(p) for p in range(world)], a2a
+    strided = torch.ones(4, 6, device=device)[:, ::2]  # not contiguous
+    dist.all_reduce(strided)
+    assert strided.device == device and strided.cpu().eq(world).all(), strided
+    return "broadcast, all_gather(+_into_tensor), reduce_scatter_tensor, all_to_all_single, strided"
+
+
+def cuda_side_stream():
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        big = torch.ones(1 << 22, device=device)
+        for _ in range(20):  # long enough that reading before the stream ran would see stale data
+            big.mul_(1.0).add_(0.0)
+        big.fill_(float(rank + 1))
+        dist.all_reduce(big)
+        total = big.sum().item()
+    want = (world * (world + 1) / 2) * (1 << 22)
+    assert total == want, (total, want)
+    return "the staging copy waited for the side stream"
+
+
+def cuda_future_then():
+    t = torch.full((4,), float(rank + 1), device=device)
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    doubled = fut.then(lambda f: f.value()[0] * 2).wait()
+    assert doubled.device == device
+    assert doubled.cpu().tolist() == [world * (world + 1)] * 4, doubled
+    return "future value on " + str(doubled.device)
+
+
 def cuda_ddp_model():
     torch.manual_seed(0)
+    reference = torch.nn.Linear(8, 2)
     net = torch.nn.Linear(8, 2).to(device)
+    net.load_state_dict(reference.state_dict())
     model = torch.nn.parallel.DistributedDataParallel(net, device_ids=[0])
-    model(torch.randn(4, 8, device=device)).sum().backward()
-    g = net.weight.grad.reshape(1, -1)
-    everyone = [torch.empty_like(g.cpu()) for _ in range(world)]
-    dist.all_gather(everyone, g.cpu())
-    assert all(torch.equal(e, everyone[0]) for e in everyone)
-    return "gradients averaged, equal on all ranks"
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for step in range(3):
+        batches = [torch.Generator().manual_seed(100 * step + p) for p in range(world)]
+        xs = [torch.randn(4, 8, generator=g) for g in batches]
+        opt.zero_grad()
+        model(xs[rank].to(device)).sum().backward()
+        opt.step()
+        # The reference: the average of every rank's gradient, on the CPU.
+        ref_opt.zero_grad()
+        (sum(reference(x).sum() for x in xs) / world).backward()
+        ref_opt.step()
+    err = (net.weight.detach().cpu() - reference.weight.detach()).abs().max().item()
+    assert err < 1e-5, f"after 3 steps the GPU model is {err} from the CPU reference"
+    return f"3 steps, max difference from the CPU reference {err:.1e}"
+
+
+def cuda_barrier():
+    dist.barrier()
+    return "barrier returned"
 
 
 dist.init_process_group("ddp")
 torch.cuda.set_device(device)
 report("cpu_all_reduce", cpu_all_reduce)
 report("cuda_all_reduce", cuda_all_reduce)
+report("cuda_collectives", cuda_collectives)
+report("cuda_side_stream", cuda_side_stream)
+report("cuda_future_then", cuda_future_then)
 report("cuda_ddp_model", cuda_ddp_model)
+report("cuda_barrier", cuda_barrier)
 if world == 1:
     mixed = dist.new_group(backend="cpu:ddp,cuda:nccl")
     report("mixed_cuda_all_reduce", lambda: cuda_all_reduce(mixed))

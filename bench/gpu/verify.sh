@@ -12,12 +12,17 @@
 # "cpu" runs the step-time section on the CPU: a smoke test of this script without a GPU),
 # STEP_ARGS (extra arguments of both step benchmarks, e.g. "--steps 5 --blocks 3"), DEPS_DIR
 # (default <repo>/.gpu-deps when present: the Debian packages bench/gpu/pack_deps.sh unpacked,
-# for a machine without them and without a registry).
+# for a machine without them and without a registry), SKIP (sections left out, of: probe tests
+# example step one_gpu data_parallel python cpu), MULTIRANK_FILTER / PROCESSES_FILTER /
+# CUDA_FILTER (gtest filters of test_ddp_multirank / test_ddp_processes / test_ddp_cuda in a
+# TARGETS run), PYTHON_PARTS (verify_python.sh's parts: cuda tutorial frameworks).
 #
 # Steps (each one JSON status line in results.jsonl, "status": ok | failed | skipped + reason):
 #   env        GPU, driver, torch/CUDA/NCCL versions, ABI of the wheel
 #   configure  cmake against the wheel's LibTorch (torch_cuda=ON and the nccl backend expected)
-#   build      the targets below, each on its own (a failure names the target)
+#   build      the targets below, together, then each on its own (a failure names the target)
+#   probe      which std::filesystem::remove_all a program linked against this LibTorch runs
+#              (remove_all_probe.sh) and the DT_NEEDED order of the test programs
 #   tests      comm_nccl_test (collectives at world 1, and 2/4 with that many GPUs),
 #              test_ddp_cuda (DDP equivalence on CUDA), the whole ddp suite (ctest -L ddp)
 #   example    mnist --device cuda under ddprun (1 rank; accuracy line)
@@ -73,6 +78,8 @@ PY
 keep_json() { sed -u 's/^\[default[0-9]*\]://' | grep --line-buffered '^{' | tee -a "$RESULTS"; }
 
 have() { command -v "$1" >/dev/null 2>&1; }
+# want SECTION: false when SKIP names it (probe tests example step one_gpu data_parallel python cpu).
+want() { [[ " ${SKIP:-} " != *" $1 "* ]]; }
 free_port() { "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # ---------------------------------------------------------------- env
@@ -172,11 +179,22 @@ targets=(comm_nccl_test test_ddp_cuda test_ddp_units test_ddp_multirank test_ddp
 built=()
 # Read once: `cmake ... | grep -q` would fail under pipefail when grep exits early (SIGPIPE).
 known_targets=$(cmake --build "$BUILD" --target help 2>/dev/null)
+configured=()
 for t in "${targets[@]}"; do
-  if ! grep -qE "(^| |\.\.\. )$t(:| |$)" <<<"$known_targets"; then
-    record build skipped target="$t" reason="not configured (dependency missing, see logs/configure.log)"
-    continue
-  fi
+  if grep -qE "(^| |\.\.\. )$t(:| |$)" <<<"$known_targets"; then configured+=("$t")
+  else record build skipped target="$t" reason="not configured (dependency missing, see logs/configure.log)"; fi
+done
+# All targets in one build first (every core busy until the end; ninja -k 0 goes past a failing
+# target), then each on its own: nothing left to do for those that built, and a failure's log
+# names its target.
+start=$(date +%s)
+keep_going=()
+have ninja && keep_going=(-- -k 0)
+cmake --build "$BUILD" --target "${configured[@]}" -j "$JOBS" "${keep_going[@]}" >"$LOGS/build-all.log" 2>&1
+rc=$?
+record build_all "$([ $rc = 0 ] && echo ok || echo failed)" seconds=$(($(date +%s) - start)) \
+  targets="${configured[*]}" log=logs/build-all.log
+for t in "${configured[@]}"; do
   start=$(date +%s)
   if cmake --build "$BUILD" --target "$t" -j "$JOBS" >"$LOGS/build-$t.log" 2>&1; then
     record build ok target="$t" seconds=$(($(date +%s) - start))
@@ -189,22 +207,35 @@ done
 is_built() { local t; for t in "${built[@]}"; do [ "$t" = "$1" ] && return 0; done; return 1; }
 bin() { find "$BUILD" -name "$1" -type f -perm -u+x | head -1; }
 
+# ---------------------------------------------------------------- probe
+# Which std::filesystem::remove_all a program linked against this LibTorch runs
+# (remove_all_probe.sh), and the DT_NEEDED order of a test program as built here.
+if want probe; then
+  "$ROOT/bench/gpu/remove_all_probe.sh" "$TORCH_PREFIX/../../lib" "$OUT_DIR/probe" 2>>"$LOGS/probe.log" | keep_json
+  for t in test_ddp_processes ddprun; do
+    is_built $t || continue
+    record probe ok binary=$t needed="$(readelf -d "$(bin $t)" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | head -6 | paste -sd, -)"
+  done
+fi
+
 # ---------------------------------------------------------------- tests
-gtest() {  # name binary
+gtest() {  # name binary [gtest filter]
   local name=$1 exe; exe=$(bin "$2")
   if ! is_built "$2"; then record tests skipped test="$name" reason="$2 not built"; return; fi
-  "$exe" --gtest_output="json:$OUT_DIR/$name.json" >"$LOGS/$name.log" 2>&1
+  "$exe" --gtest_filter="${3:-*}" --gtest_output="json:$OUT_DIR/$name.json" >"$LOGS/$name.log" 2>&1
   local rc=$?
   local counts; counts=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\]' "$LOGS/$name.log" | grep -E 'tests?[,.]' | tr '\n' ' ')
   if [ $rc -eq 0 ]; then record tests ok test="$name" summary="$counts"
   else record tests failed test="$name" log="logs/$name.log" summary="$counts"; fi
 }
-gtest comm_nccl comm_nccl_test
-gtest ddp_cuda test_ddp_cuda
-if ! { is_built test_ddp_units && is_built gpt; }; then
+want tests && gtest comm_nccl comm_nccl_test
+want tests && gtest ddp_cuda test_ddp_cuda "${CUDA_FILTER:-*}"
+if ! want tests; then
+  :
+elif ! { is_built test_ddp_units && is_built gpt; }; then
   # A short run (TARGETS): no whole suite, but the multi-rank and multi-process binaries.
-  gtest ddp_multirank test_ddp_multirank
-  gtest ddp_processes test_ddp_processes
+  gtest ddp_multirank test_ddp_multirank "${MULTIRANK_FILTER:-*}"
+  gtest ddp_processes test_ddp_processes "${PROCESSES_FILTER:-*}"
 elif is_built test_ddp_multirank && is_built test_ddp_processes; then
   if ctest --test-dir "$BUILD" -L ddp -j "$JOBS" --timeout 600 --output-on-failure >"$LOGS/ctest-ddp.log" 2>&1; then
     record tests ok test="ctest -L ddp" summary="$(grep -E 'tests passed' "$LOGS/ctest-ddp.log")"
@@ -214,7 +245,9 @@ elif is_built test_ddp_multirank && is_built test_ddp_processes; then
 fi
 
 # ---------------------------------------------------------------- example
-if is_built mnist && is_built ddprun && [ "$GPUS" -ge 1 ] && [ -d "$MNIST_DIR" ]; then
+if ! want example; then
+  :
+elif is_built mnist && is_built ddprun && [ "$GPUS" -ge 1 ] && [ -d "$MNIST_DIR" ]; then
   (cd "$OUT_DIR" && "$(bin ddprun)" --standalone --nproc-per-node 1 "$(bin mnist)" --device cuda \
      --epochs 1 --max-steps 300 --data-dir "$MNIST_DIR") >"$LOGS/mnist.log" 2>&1
   line=$(grep -a 'test accuracy' "$LOGS/mnist.log" | tail -1)
@@ -243,7 +276,9 @@ step_torch() {  # model mode world
       --device "$STEP_DEVICE" $STEP_ARGS 2>>"$LOGS/step.log" | keep_json
   fi
 }
-if is_built bench_gpu_step && is_built ddprun && { [ "$GPUS" -ge 1 ] || [ "$STEP_DEVICE" = cpu ]; }; then
+if ! want step; then
+  :
+elif is_built bench_gpu_step && is_built ddprun && { [ "$GPUS" -ge 1 ] || [ "$STEP_DEVICE" = cpu ]; }; then
   worlds=1
   [ "$GPUS" -gt 1 ] && worlds="1 $((GPUS > 8 ? 8 : GPUS))"
   for ((round = 0; round < ROUNDS; ++round)); do
@@ -288,7 +323,7 @@ fi
 # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); the tutorials' users with one
 # GPU train world 2 through a host backend: ddp's cpu backend (CUDA buckets staged through the
 # host) against PyTorch's gloo. Both ranks use cuda:0 (--device cuda:0).
-if is_built bench_gpu_step && is_built ddprun && [ "$GPUS" = 1 ]; then
+if want one_gpu && is_built bench_gpu_step && is_built ddprun && [ "$GPUS" = 1 ]; then
   for ((round = 0; round < ROUNDS; ++round)); do
     for model in cnn resnet18; do
       "$(bin ddprun)" --standalone --nproc-per-node 2 "$(bin bench_gpu_step)" --model "$model" \
@@ -319,7 +354,7 @@ if is_built bench_gpu_step && is_built ddprun && [ "$GPUS" = 1 ]; then
 fi
 
 # ---------------------------------------------------------------- DataParallel (one process)
-if is_built bench_gpu_step && [ "$GPUS" -ge 1 ]; then
+if want data_parallel && is_built bench_gpu_step && [ "$GPUS" -ge 1 ]; then
   for model in cnn resnet18; do
     "$(bin bench_gpu_step)" --model "$model" --mode data_parallel --device cuda:0 $STEP_ARGS \
       2>>"$LOGS/data_parallel.log" | keep_json
@@ -331,8 +366,9 @@ if is_built bench_gpu_step && [ "$GPUS" -ge 1 ]; then
 fi
 
 # ---------------------------------------------------------------- Python and frameworks
-if [ "$GPUS" -ge 1 ] && is_built ddprun; then
+if want python && [ "$GPUS" -ge 1 ] && is_built ddprun; then
   PYTHON="$PYTHON" DDPRUN="$(bin ddprun)" DDP_PYTHONPATH="$BUILD/python" SEEDS="${DEPS_DIR:+$DEPS_DIR/seeds}" \
+    PARTS="${PYTHON_PARTS:-cuda tutorial frameworks}" \
     "$ROOT/bench/gpu/verify_python.sh" "$OUT_DIR" 2>>"$LOGS/python.log" | tee -a "$RESULTS"
   grep -q '"step": "python", "status": "failed"' "$RESULTS" && FAILED=1
 fi
@@ -348,6 +384,7 @@ ar_ddp() {  # backend world
   done
   for r in "${pids[@]}"; do wait "$r"; done
 }
+want cpu || CPU_WORLDS=
 for world in $CPU_WORLDS; do
   if is_built allreduce_bench; then
     ar_ddp cpu "$world" 2>>"$LOGS/cpu.log" | keep_json

@@ -6,7 +6,7 @@
 #   ddprun (tests/frameworks/).
 #
 #   PYTHON=python3 DDPRUN=build/apps/ddprun DDP_PYTHONPATH=build/python SEEDS=../shared/seeds \
-#     bench/gpu/verify_python.sh OUT_DIR
+#     [PARTS="cuda tutorial frameworks"] bench/gpu/verify_python.sh OUT_DIR
 #
 # Prints JSON lines (the scripts' own, and {"bench": "gpu_verify", "step": "python", ...} status
 # lines); logs go to OUT_DIR/logs/python-*.log.
@@ -27,9 +27,12 @@ status() {  # what ok|failed detail
   "$PYTHON" -c 'import json,sys; print(json.dumps({"bench": "gpu_verify", "step": "python", "what": sys.argv[1], "status": sys.argv[2], "detail": sys.argv[3][-600:]}))' "$@"
 }
 json_lines() { grep -a --line-buffered '^{' || true; }
+# PARTS (default all three): cuda tutorial frameworks.
+part() { [[ " ${PARTS:-cuda tutorial frameworks} " == *" $1 "* ]]; }
 
 # 1. The Python backend and CUDA tensors.
 for world in 1 2; do
+  part cuda || break
   timeout 300 "$DDPRUN" --standalone --nproc-per-node $world "$ROOT/bench/gpu/python_cuda.py" \
     >"$LOGS/python-cuda-w$world.log" 2>&1
   rc=$?
@@ -40,7 +43,9 @@ done
 
 # 2. A tutorial's GPU script, unmodified, under ddprun (1 rank: NCCL takes one rank per GPU).
 seed=$(ls "$SEEDS"/000_*.txt 2>/dev/null | head -1)
-if [ -n "$seed" ]; then
+if ! part tutorial; then
+  :
+elif [ -n "$seed" ]; then
   work=$(mktemp -d)
   "$PYTHON" "$ROOT/bench/gpu/seed_code.py" "$seed" multi_gpu.py datautils.py --out "$work"
   for run in first resumed; do
@@ -61,6 +66,7 @@ fi
 
 # 3. Accelerate and Lightning on the GPU under ddprun.
 for fw in accelerate lightning; do
+  part frameworks || break
   timeout 300 "$DDPRUN" --standalone --nproc-per-node 1 "$ROOT/tests/frameworks/${fw}_train.py" \
     >"$LOGS/python-$fw.log" 2>&1
   rc=$?

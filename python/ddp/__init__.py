@@ -68,9 +68,12 @@ def _register():
 
     params = inspect.signature(_dist.Backend.register_backend).parameters
     if "devices" in params:
-        # torch >= 2.1: the creator returns a c10d Backend that torch wraps for CPU tensors.
+        # torch >= 2.1: the creator returns a c10d Backend that torch wraps for CPU tensors and,
+        # where torch has CUDA, for CUDA tensors (staged through the host, as gloo does). torch
+        # makes one backend for all the device types of a group that name the same backend.
+        devices = ["cpu", "cuda"] if torch.backends.cuda.is_built() else ["cpu"]
         _dist.Backend.register_backend(BACKEND_NAME, _create_extended, extended_api=True,
-                                       devices=["cpu"])
+                                       devices=devices)
     elif "extended_api" in params:
         _dist.Backend.register_backend(BACKEND_NAME, _create_extended, extended_api=True)
     else:

@@ -83,12 +83,12 @@ std::pair<ddp::ReduceOp, DataType> reduction(const at::Tensor& t, const c10d::Re
   return {r, reduce_data_type(t.scalar_type(), what)};
 }
 
-// Packs `ts` (equal dtype) into one contiguous 1-D tensor.
+// Packs `ts` (equal dtype) into one contiguous 1-D tensor in host memory.
 at::Tensor pack(const std::vector<at::Tensor>& ts) {
   std::vector<at::Tensor> flat;
   flat.reserve(ts.size());
   for (const auto& t : ts) flat.push_back(t.reshape(-1));
-  return at::cat(flat);
+  return host_contiguous(at::cat(flat));
 }
 
 // The bytes of a contiguous tensor as a 1-D uint8 tensor sharing its storage.
@@ -277,7 +277,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::broadcast(std::vector<at::Tensor
   const auto& t = single_tensor(tensors, "broadcast");
   check_root(opts.rootRank, "broadcast");
   if (opts.rootTensor != 0) throw UsageError("broadcast: the ddp backend takes rootTensor 0");
-  auto buf = contiguous(t);
+  auto buf = host_contiguous(t);
   const auto e = move_elements(t.scalar_type(), t.numel());
   const int root = static_cast<int>(opts.rootRank);
   auto start = [this, buf, e, root] {
@@ -290,7 +290,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::all_reduce_tensor(const at::Tens
                                                                   const c10d::ReduceOp& op) {
   if (is_bitwise(op)) return bitwise_all_reduce(t, op);
   const auto [r, dtype] = reduction(t, op, "all_reduce");
-  auto buf = contiguous(t);
+  auto buf = host_contiguous(t);
   auto start = [this, buf, dtype = dtype, r = r] {
     return std::vector<WorkPtr>{
         live()->all_reduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), dtype, r)};
@@ -306,8 +306,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::bitwise_all_reduce(const at::Ten
         "integer or bool tensors)",
         reduce_op_name(op), dtype_name(t.scalar_type())));
   }
-  auto buf = contiguous(t);
-  auto gathered = at::empty({size_, t.numel()}, t.options());
+  auto buf = host_contiguous(t);
+  auto gathered = at::empty({size_, t.numel()}, host_options(t));
   const auto e = move_elements(t.scalar_type(), t.numel());
   auto start = [this, buf, gathered, e] {
     return std::vector<WorkPtr>{
@@ -368,7 +368,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce(std::vector<at::Tensor>& 
   check_root(opts.rootRank, "reduce");
   if (opts.rootTensor != 0) throw UsageError("reduce: the ddp backend takes rootTensor 0");
   const auto [r, dtype] = reduction(t, opts.reduceOp, "reduce");
-  auto buf = contiguous(t);
+  auto buf = host_contiguous(t);
   const int root_rank = static_cast<int>(opts.rootRank);
   auto start = [this, buf, dtype = dtype, r = r, root_rank] {
     return std::vector<WorkPtr>{
@@ -402,14 +402,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather(
         "all_gather: output[{}] (this rank's slot) has {} elements but the input has {}", rank_,
         outs[rank_].numel(), in.numel()));
   }
-  auto src = contiguous(in);
+  auto src = host_contiguous(in);
   bool equal = true;
   int64_t total = 0;
   for (const auto& o : outs) {
     equal = equal && o.numel() == in.numel();
     total += o.numel();
   }
-  auto flat = at::empty({total}, in.options());
+  auto flat = at::empty({total}, host_options(in));
   WorkDDP::Start start;
   if (equal) {
     const auto e = move_elements(in.scalar_type(), in.numel());
@@ -439,11 +439,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& /*opts*/) {
-  check_cpu_dense(input, "all_gather_into_tensor");
+  check_dense(input, "all_gather_into_tensor");
   check_same({output}, input.scalar_type(), input.numel() * size_, "all_gather_into_tensor",
              "output");
-  auto src = contiguous(input);
-  auto dst = contiguous(output);
+  auto src = host_contiguous(input);
+  auto dst = host_contiguous(output);
   const auto e = move_elements(input.scalar_type(), input.numel());
   auto start = [this, src, dst, e] {
     return std::vector<WorkPtr>{
@@ -466,8 +466,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather_coalesced(
   std::vector<at::Tensor> staged;
   int64_t bytes = 0;
   for (const auto& t : inputs) {
-    check_cpu_dense(t, op);
-    staged.push_back(contiguous(t));
+    check_dense(t, op);
+    staged.push_back(host_contiguous(t));
     bytes += static_cast<int64_t>(t.nbytes());
   }
   for (const auto& list : outputs) {
@@ -492,7 +492,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather_coalesced(
     for (size_t r = 0; r < outs.size(); ++r) {
       int64_t offset = static_cast<int64_t>(r) * bytes;
       for (const auto& o : outs[r]) {
-        auto dst = contiguous(o);
+        auto dst = host_contiguous(o);
         const auto n = static_cast<int64_t>(o.nbytes());
         bytes_of(dst).copy_(flat.narrow(0, offset, n));
         copy_back(o, dst);
@@ -524,8 +524,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::gather(
   } else if (!outputs.empty() && !outputs[0].empty()) {
     throw UsageError("gather: only the root passes a gather_list");
   }
-  auto src = contiguous(in);
-  auto flat = root ? at::empty({in.numel() * size_}, in.options()) : at::Tensor();
+  auto src = host_contiguous(in);
+  auto flat = root ? at::empty({in.numel() * size_}, host_options(in)) : at::Tensor();
   const auto e = move_elements(in.scalar_type(), in.numel());
   const int root_rank = static_cast<int>(opts.rootRank);
   auto start = [this, src, flat, e, root_rank] {
@@ -560,7 +560,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::scatter(
   } else if (!inputs.empty() && !inputs[0].empty()) {
     throw UsageError("scatter: only the root passes a scatter_list");
   }
-  auto dst = contiguous(out);
+  auto dst = host_contiguous(out);
   const auto e = move_elements(out.scalar_type(), out.numel());
   const int root_rank = static_cast<int>(opts.rootRank);
   auto start = [this, flat, dst, e, root_rank] {
@@ -580,7 +580,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce_scatter(
   check_same(inputs[0], out.scalar_type(), out.numel(), "reduce_scatter", "input_list");
   const auto [r, dtype] = reduction(out, opts.reduceOp, "reduce_scatter");
   auto flat = pack(inputs[0]);
-  auto dst = contiguous(out);
+  auto dst = host_contiguous(out);
   auto start = [this, flat, dst, dtype = dtype, r = r] {
     return std::vector<WorkPtr>{live()->reduce_scatter(flat.data_ptr(), dst.data_ptr(),
                                                        static_cast<size_t>(dst.numel()), dtype, r)};
@@ -591,12 +591,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce_scatter(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  check_cpu_dense(output, "reduce_scatter_tensor");
+  check_dense(output, "reduce_scatter_tensor");
   check_same({input}, output.scalar_type(), output.numel() * size_, "reduce_scatter_tensor",
              "input");
   const auto [r, dtype] = reduction(output, opts.reduceOp, "reduce_scatter_tensor");
-  auto src = contiguous(input);
-  auto dst = contiguous(output);
+  auto src = host_contiguous(input);
+  auto dst = host_contiguous(output);
   auto start = [this, src, dst, dtype = dtype, r = r] {
     return std::vector<WorkPtr>{live()->reduce_scatter(src.data_ptr(), dst.data_ptr(),
                                                        static_cast<size_t>(dst.numel()), dtype, r)};
@@ -644,7 +644,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall_base(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
     std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& /*opts*/) {
   const char* op = "all_to_all_single";
-  check_cpu_dense(input, op);
+  check_dense(input, op);
   check_same({output}, input.scalar_type(), std::nullopt, op, "output");
   auto splits_ok = [&](const std::vector<int64_t>& s, const at::Tensor& t, const char* what) {
     if (s.empty()) {
@@ -668,8 +668,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall_base(
   };
   const auto in_splits = splits_ok(input_splits, input, "input");
   const auto out_splits = splits_ok(output_splits, output, "output");
-  auto src = contiguous(input);
-  auto dst = contiguous(output);
+  auto src = host_contiguous(input);
+  auto dst = host_contiguous(output);
   const int64_t in_row = input.size(0) ? input.numel() / input.size(0) : 0;
   const int64_t out_row = output.size(0) ? output.numel() / output.size(0) : 0;
   const bool even_here = std::all_of(in_splits.begin(), in_splits.end(),
@@ -711,7 +711,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall(std::vector<at::Tensor>
     throw UsageError(fmt::format("{}: needs {} input and {} output tensors (got {} and {})", op,
                                  size_, size_, inputs.size(), outputs.size()));
   }
-  check_cpu_dense(inputs[0], op);
+  check_dense(inputs[0], op);
   const auto dtype = inputs[0].scalar_type();
   check_same(inputs, dtype, std::nullopt, op, "input_tensor_list");
   check_same(outputs, dtype, std::nullopt, op, "output_tensor_list");
@@ -723,7 +723,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall(std::vector<at::Tensor>
   std::vector<at::Tensor> outs = outputs;
   if (all_ranks_even(even ? n : -1)) {
     auto src = pack(inputs);
-    auto flat = at::empty({n * size_}, inputs[0].options());
+    auto flat = at::empty({n * size_}, host_options(inputs[0]));
     const auto e = move_elements(dtype, n);
     auto start = [this, src, flat, e] {
       return std::vector<WorkPtr>{
@@ -738,8 +738,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall(std::vector<at::Tensor>
   }
   std::vector<at::Tensor> sends, recvs;
   for (int p = 0; p < size_; ++p) {
-    sends.push_back(contiguous(inputs[p]));
-    recvs.push_back(contiguous(outputs[p]));
+    sends.push_back(host_contiguous(inputs[p]));
+    recvs.push_back(host_contiguous(outputs[p]));
   }
   if (sends[rank_].numel() != recvs[rank_].numel()) {
     throw UsageError(fmt::format("{}: this rank sends itself {} elements but expects {}", op,
@@ -859,7 +859,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::send(std::vector<at::Tensor>& te
     throw UsageError(
         fmt::format("send: destination rank {} is invalid for rank {} of {}", dst, rank_, size_));
   }
-  auto buf = contiguous(t);
+  auto buf = host_contiguous(t);
   const auto e = move_elements(t.scalar_type(), t.numel());
   auto start = [this, buf, e, dst, tag] {
     return std::vector<WorkPtr>{live()->send(buf.data_ptr(), e.count, e.dtype, dst, tag)};
@@ -874,7 +874,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::recv(std::vector<at::Tensor>& te
     throw UsageError(
         fmt::format("recv: source rank {} is invalid for rank {} of {}", src, rank_, size_));
   }
-  auto buf = contiguous(t);
+  auto buf = host_contiguous(t);
   const auto e = move_elements(t.scalar_type(), t.numel());
   auto start = [this, buf, e, src, tag] {
     return std::vector<WorkPtr>{live()->recv(buf.data_ptr(), e.count, e.dtype, src, tag)};
@@ -885,7 +885,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::recv(std::vector<at::Tensor>& te
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::recvAnysource(std::vector<at::Tensor>& tensors,
                                                               int tag) {
   const auto& t = single_tensor(tensors, "recv");
-  auto buf = contiguous(t);
+  auto buf = host_contiguous(t);
   const auto e = move_elements(t.scalar_type(), t.numel());
   auto source = std::make_shared<int>(-1);
   auto start = [this, buf, e, tag, source] {

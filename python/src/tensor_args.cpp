@@ -27,16 +27,13 @@ std::optional<DataType> to_data_type(at::ScalarType type) {
   }
 }
 
-void check_cpu_dense(const at::Tensor& t, const std::string& op) {
+void check_dense(const at::Tensor& t, const std::string& op) {
   if (!t.defined()) throw UsageError(fmt::format("{}: got an undefined tensor", op));
-  if (t.is_cuda()) {
-    throw UsageError(
-        fmt::format("{}: the ddp backend takes CPU tensors; use nccl for CUDA (got a tensor on {})",
-                    op, t.device().str()));
-  }
-  if (t.device().type() != at::kCPU) {
-    throw UsageError(fmt::format("{}: the ddp backend takes CPU tensors (got a tensor on {})", op,
-                                 t.device().str()));
+  if (!t.is_cpu() && !t.is_cuda()) {
+    throw UsageError(fmt::format(
+        "{}: the ddp backend takes CPU and CUDA tensors (got a tensor on {}); move it with "
+        ".cpu() first",
+        op, t.device().str()));
   }
   if (t.layout() != at::kStrided) {
     throw NotSupportedError(
@@ -52,14 +49,14 @@ const at::Tensor& single_tensor(const std::vector<at::Tensor>& tensors, const st
         "forms are not supported",
         op, tensors.size()));
   }
-  check_cpu_dense(tensors[0], op);
+  check_dense(tensors[0], op);
   return tensors[0];
 }
 
 void check_same(const std::vector<at::Tensor>& ts, at::ScalarType dtype,
                 std::optional<int64_t> numel, const std::string& op, const std::string& what) {
   for (size_t i = 0; i < ts.size(); ++i) {
-    check_cpu_dense(ts[i], op);
+    check_dense(ts[i], op);
     if (ts[i].scalar_type() != dtype) {
       throw UsageError(fmt::format("{}: {}[{}] has dtype {} but the input has {}", op, what, i,
                                    dtype_name(ts[i].scalar_type()), dtype_name(dtype)));

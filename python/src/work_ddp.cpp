@@ -210,14 +210,31 @@ void WorkDDP::complete(std::exception_ptr err) {
   mark_future();
 }
 
+namespace {
+// The distinct non-CPU devices of `tensors`, in first-seen order (empty for CPU tensors).
+std::vector<c10::Device> devices_of(const std::vector<at::Tensor>& tensors) {
+  std::vector<c10::Device> devices;
+  for (const auto& t : tensors) {
+    if (!t.defined() || t.is_cpu()) continue;
+    if (std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
+      devices.push_back(t.device());
+    }
+  }
+  return devices;
+}
+}  // namespace
+
 c10::intrusive_ptr<c10::ivalue::Future> WorkDDP::getFuture() {
   bool finished = isCompleted();
   c10::intrusive_ptr<c10::ivalue::Future> future;
   {
     std::lock_guard<std::mutex> lock(future_mutex_);
     if (future_) return future_;
-    future_ =
-        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    // A future over CUDA outputs names their devices, as torch's own backends do: completing
+    // it then records an event on the completing thread's stream, and its waiters and
+    // callbacks (DDP's comm hooks) order their streams after it.
+    future_ = c10::make_intrusive<c10::ivalue::Future>(
+        c10::ListType::create(c10::TensorType::get()), devices_of(outputs_));
     future = future_;
     finished = done_;
     // Deferred and not issued yet: the completer, which holds it queued, completes it.

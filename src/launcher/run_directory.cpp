@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "ddp/util/error.hpp"
+#include "ddp/util/remove_tree.hpp"
 
 namespace ddp::launcher {
 
@@ -44,7 +45,7 @@ RunDirectory::~RunDirectory() {
 void RunDirectory::remove_temporary() noexcept {
   if (persistent_ || root_.empty()) return;
   std::error_code ec;
-  fs::remove_all(root_, ec);  // best effort: nothing sensible to do on failure at exit
+  ddp::remove_tree(root_, ec);  // best effort: nothing sensible to do on failure at exit
 }
 
 std::string RunDirectory::rank_dir(int attempt, int global_rank) const {

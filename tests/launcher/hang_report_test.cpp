@@ -13,6 +13,7 @@
 #include "ddp/launcher/cli.hpp"
 #include "ddp/launcher/hang_report.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/remove_tree.hpp"
 
 using namespace ddp::launcher;
 
@@ -260,7 +261,7 @@ TEST(HangReport, NodeRecordsCombineIntoOneReport) {
   EXPECT_EQ(rank1_lines, 1u) << all(lines);
   EXPECT_EQ(nlohmann::json::parse(pack_a)["dumps"][0]["dump"]["entries"].size(), kSharedEntries);
   EXPECT_NE(hang_report_for_nodes({"{not json"})[0].find("could not be read"), std::string::npos);
-  std::filesystem::remove_all(base);
+  ddp::remove_tree(base);
 }
 
 TEST(HangReportCli, TraceSubcommandTakesPaths) {

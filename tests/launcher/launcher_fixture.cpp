@@ -1,4 +1,5 @@
 #include "launcher_fixture.hpp"
+#include "ddp/util/remove_tree.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -110,7 +111,7 @@ void LauncherTest::SetUp() {
 void LauncherTest::TearDown() {
   expect_no_survivors();
   std::error_code ec;
-  std::filesystem::remove_all(dir_, ec);
+  ddp::remove_tree(dir_, ec);
 }
 
 pid_t LauncherTest::start(const std::vector<std::string>& args, const EnvPairs& extra) {

@@ -27,6 +27,7 @@
 #include "../support/free_port_range.hpp"
 #include "ddp/rendezvous/etcd/etcd_store.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/remove_tree.hpp"
 
 namespace ddp::rdzv::test {
 
@@ -70,13 +71,13 @@ class EtcdProcess {
       if (wait_healthy(/*may_retry=*/attempt < 3)) break;
       for (int i = 0; i < members; ++i) kill(i);
       // The abandoned cluster's data dirs.
-      for (int i = 0; i < members; ++i) std::filesystem::remove_all(fmt::format("{}/m{}", dir_, i));
+      for (int i = 0; i < members; ++i) ddp::remove_tree(fmt::format("{}/m{}", dir_, i));
     }
   }
   ~EtcdProcess() {
     for (int i = 0; i < static_cast<int>(pids_.size()); ++i) kill(i);
     std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
+    ddp::remove_tree(dir_, ec);
   }
   EtcdProcess(const EtcdProcess&) = delete;
   EtcdProcess& operator=(const EtcdProcess&) = delete;

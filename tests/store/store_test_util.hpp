@@ -16,6 +16,7 @@
 #include "ddp/store/tcp_store.hpp"
 #include "ddp/store/tcp_store_server.hpp"
 #include "ddp/util/logging.hpp"
+#include "ddp/util/remove_tree.hpp"
 #include "ddp/util/socket.hpp"
 
 namespace ddp::test {
@@ -109,7 +110,7 @@ class TempDir {
   }
   ~TempDir() {
     std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
+    ddp::remove_tree(path_, ignored);
   }
   std::string file(const std::string& name) const { return (path_ / name).string(); }
 

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "ddp/util/error.hpp"
+#include "ddp/util/remove_tree.hpp"
 
 namespace ddp::checkpoint {
 
@@ -139,7 +140,7 @@ void remove_incomplete(const std::string& dir, std::optional<int64_t> below_step
   std::error_code ec;
   for (const auto& d : step_dirs(dir)) {
     if (below_step && d.step >= *below_step) continue;
-    if (!fs::exists(d.path + "/.metadata", ec)) fs::remove_all(d.path, ec);
+    if (!fs::exists(d.path + "/.metadata", ec)) ddp::remove_tree(d.path, ec);
   }
 }
 
@@ -149,7 +150,7 @@ void prune_complete(const std::string& dir, int keep) {
   for (size_t i = static_cast<size_t>(keep); i < complete.size(); ++i) {
     // .metadata first: a directory half removed by a kill is incomplete, never half complete.
     fs::remove(complete[i].path + "/.metadata", ec);
-    fs::remove_all(complete[i].path, ec);
+    ddp::remove_tree(complete[i].path, ec);
   }
 }
 

@@ -72,7 +72,7 @@ class AllReduceHook : public CommHook {
   std::string name() const override { return even_alone_ ? "always_allreduce" : "allreduce"; }
   std::unique_ptr<BucketReduction> launch(ProcessGroup& pg, const torch::Tensor& bucket) override {
     if (pg.size() == 1 && !even_alone_) return std::make_unique<DoneReduction>();
-    torch::Tensor wire = needs_host_staging(bucket, pg) ? bucket.cpu() : bucket;
+    torch::Tensor wire = needs_host_staging(bucket, pg) ? pinned_host_copy(bucket) : bucket;
     WorkPtr work = all_reduce(pg, wire, ReduceOp::kAvg);
     return std::make_unique<WireReduction>(pg, bucket, wire, std::move(work));
   }
@@ -89,7 +89,7 @@ class CompressHook : public CommHook {
     if (pg.size() == 1) return std::make_unique<DoneReduction>();
     // Dividing before the cast keeps the float16 sum of size() ranks inside its range.
     torch::Tensor wire = bucket.div(pg.size()).to(type_);
-    if (needs_host_staging(wire, pg)) wire = wire.cpu();
+    if (needs_host_staging(wire, pg)) wire = pinned_host_copy(wire);
     WorkPtr work = all_reduce(pg, wire, ReduceOp::kSum);
     return std::make_unique<WireReduction>(pg, bucket, wire, std::move(work));
   }

@@ -189,7 +189,7 @@ std::unique_ptr<BucketReduction> PowerSGDHook::launch(ProcessGroup& pg, const to
   }
   std::lock_guard<std::mutex> lock(mutex_);
   torch::NoGradGuard no_grad;
-  const torch::Tensor buf = needs_host_staging(bucket, pg) ? bucket.cpu() : bucket;
+  const torch::Tensor buf = needs_host_staging(bucket, pg) ? pinned_host_copy(bucket) : bucket;
   auto reduction = std::make_unique<PowerSGDReduction>(*this, pg, bucket, buf, info);
   const double world = pg.size();
 

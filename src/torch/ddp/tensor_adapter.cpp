@@ -77,6 +77,13 @@ bool needs_host_staging(const torch::Tensor& tensor, const ProcessGroup& pg) {
   return tensor.is_cuda() && pg.backend_name() != "nccl";
 }
 
+torch::Tensor pinned_host_copy(const torch::Tensor& tensor) {
+  torch::Tensor host = torch::empty(
+      tensor.sizes(), tensor.options().device(torch::kCPU).pinned_memory(tensor.is_cuda()));
+  host.copy_(tensor);
+  return host;
+}
+
 WorkPtr all_reduce(ProcessGroup& pg, const torch::Tensor& tensor, ReduceOp op) {
   TensorBuffer b = tensor_buffer(tensor);
   use_current_stream(pg);

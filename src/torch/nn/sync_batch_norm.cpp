@@ -33,7 +33,7 @@ std::vector<int64_t> channel_shape(const torch::Tensor& input) {
 // copy (the comm layer cannot address device memory).
 void all_reduce_sum(ProcessGroup& pg, torch::Tensor& buffer) {
   if (needs_host_staging(buffer, pg)) {
-    auto host = buffer.to(torch::kCPU).contiguous();
+    auto host = pinned_host_copy(buffer);
     ddp::all_reduce(pg, host)->wait(pg.timeout());
     buffer.copy_(host);
     return;

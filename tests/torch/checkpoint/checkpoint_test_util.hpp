@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <string>
+#include "ddp/util/remove_tree.hpp"
 
 namespace ddp::test {
 
@@ -38,7 +39,7 @@ class TempDir {
   }
   ~TempDir() {
     std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    ddp::remove_tree(path_, ec);
   }
   const std::string& path() const { return path_; }
 

@@ -24,6 +24,7 @@
 #include "ddp/torch/ddp/distributed_data_parallel.hpp"
 #include "ddp/torch/ddp/stream_order.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/remove_tree.hpp"
 #include "ddp/util/socket.hpp"
 #include "models.hpp"
 #include "rank_threads.hpp"
@@ -320,7 +321,7 @@ TEST(CudaDdp, CpuBackendWithCudaTensorsWorld2) {
     }
     EXPECT_LT(error_against(net, ref), kTolerance) << "rank " << r;
   }
-  fs::remove_all(dir);
+  ddp::remove_tree(dir);
 }
 
 TEST(CudaDdp, NcclRejectsAModelOnTheCpu) {

@@ -13,6 +13,7 @@
 #include "ddp/torch/ddp/distributed_data_parallel.hpp"
 #include "ddp/torch/ddp/straggler.hpp"
 #include "ddp/util/logging.hpp"
+#include "ddp/util/remove_tree.hpp"
 #include "models.hpp"
 #include "rank_threads.hpp"
 
@@ -118,7 +119,7 @@ TEST(DdpFeatures, TimelineHasForwardBackwardBucketsAndStep) {
     EXPECT_EQ(counts["allreduce bucket 0"], 2);
     EXPECT_EQ(counts["allreduce bucket 1"], 2);
   }
-  std::filesystem::remove_all(dir);
+  ddp::remove_tree(dir);
 }
 
 // Every collective DDP issues carries a flight recorder tag naming what it is for, so a hang
@@ -213,7 +214,7 @@ TEST(DdpStraggler, SlowRankIsLoggedByRankZeroAndTheTimelineMarksTheWaits) {
     if (e.at("name") == "wait for peers") ++waits;
   }
   EXPECT_GE(waits, 5) << "one wait span per iteration at least";
-  std::filesystem::remove_all(dir);
+  ddp::remove_tree(dir);
 }
 
 // Three synchronized iterations with find_unused_parameters on: of a Linear layer (every

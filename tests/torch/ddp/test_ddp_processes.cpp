@@ -28,6 +28,7 @@
 #include "ddp/torch/optim/zero_redundancy_optimizer.hpp"
 #include "ddp/torch/snapshot/snapshot.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/remove_tree.hpp"
 #include "ddp/util/socket.hpp"
 #include "models.hpp"
 
@@ -226,7 +227,7 @@ std::pair<int, std::string> run_blas_probe(const std::vector<std::string>& extra
   std::ifstream in(log);
   std::stringstream text;
   text << in.rdbuf();
-  fs::remove_all(log.parent_path());
+  ddp::remove_tree(log.parent_path());
   return {code, text.str()};
 }
 
@@ -278,7 +279,7 @@ TEST(DdpProcesses, TwoProcessesMatchOneProcessWithTheWholeBatch) {
     torch::load(trained, (dir / ("rank" + std::to_string(r) + ".pt")).string());
     EXPECT_LT(ddp::test::max_relative_error(*trained, *ref), 1e-5) << "rank " << r;
   }
-  fs::remove_all(dir);
+  ddp::remove_tree(dir);
 }
 
 // Uneven inputs across real processes (3, 2 and 1 steps): Join with DDP and ZeRO neither hangs
@@ -296,14 +297,14 @@ TEST(DdpProcesses, JoinWithZeroOnUnevenInputsEndsIdentical) {
     torch::load(other, (dir / ("rank" + std::to_string(r) + ".pt")).string());
     EXPECT_EQ(ddp::test::max_relative_error(*other, *first), 0.0) << "rank " << r;
   }
-  fs::remove_all(dir);
+  ddp::remove_tree(dir);
 }
 
 TEST(DdpProcesses, MismatchedModelFailsEveryRank) {
   auto dir = temp_dir("ddp_mismatch");
   auto exits = run_workers(2, dir.string(), true);
   for (int r = 0; r < 2; ++r) EXPECT_EQ(exits[r].code, 1) << "rank " << r;
-  fs::remove_all(dir);
+  ddp::remove_tree(dir);
 }
 
 // Snapshot resume across real processes. Each rank's snapshot directory is its own (as on
@@ -311,7 +312,7 @@ TEST(DdpProcesses, MismatchedModelFailsEveryRank) {
 class SnapshotResume : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = temp_dir("ddp_resume"); }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { ddp::remove_tree(dir_); }
 
   // Saves a snapshot with `epochs_run` at path (a one-parameter model, `fill` everywhere).
   static void save(const std::string& path, int64_t epochs_run, float fill) {

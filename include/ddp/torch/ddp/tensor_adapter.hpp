@@ -40,6 +40,14 @@ TensorBuffer tensor_buffer(const torch::Tensor& tensor, const std::string& what 
 // collective on it must go through a host copy. True for CUDA tensors on any backend but nccl.
 bool needs_host_staging(const torch::Tensor& tensor, const ProcessGroup& pg);
 
+// A contiguous copy of the CUDA `tensor` in pinned (page-locked) host memory, for a
+// collective on a host backend; written back with `tensor.copy_(copy)`. The copy waits for
+// the work queued on the current CUDA stream (it is synchronous). Pinned memory moves at the
+// link's full speed in both directions, a pageable copy at a fraction of it (the driver
+// stages it through a pinned buffer of its own); the caching host allocator reuses the
+// blocks, so steady-state training allocates none.
+torch::Tensor pinned_host_copy(const torch::Tensor& tensor);
+
 // Convenience wrappers: in-place collectives on one tensor (asynchronous, like the
 // ProcessGroup calls; keep the tensor alive until wait() returns). With the nccl backend they
 // order the collective after LibTorch's current CUDA stream (stream_order.hpp); wait with
