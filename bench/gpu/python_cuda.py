@@ -15,6 +15,7 @@ Each case prints one JSON line from rank 0 ({"bench": "gpu_python", "case", "ok"
   mixed_cuda_all_reduce   a group "cpu:ddp,cuda:nccl" (world 1 only: NCCL takes one rank per GPU)
 A case that raises reports the exception's text: the point is that it is one clear message.
 """
+import datetime
 import json
 import os
 import traceback
@@ -26,7 +27,8 @@ import ddp  # noqa: F401  (registers the "ddp" backend)
 
 rank = int(os.environ["RANK"])
 world = int(os.environ["WORLD_SIZE"])
-device = torch.device("cuda:0")
+# PYTHON_CUDA_DEVICE=cpu runs the same cases on CPU tensors (a check of the script itself).
+device = torch.device(os.environ.get("PYTHON_CUDA_DEVICE", "cuda:0"))
 
 
 def report(case, fn):
@@ -107,7 +109,8 @@ def cuda_ddp_model():
     reference = torch.nn.Linear(8, 2)
     net = torch.nn.Linear(8, 2).to(device)
     net.load_state_dict(reference.state_dict())
-    model = torch.nn.parallel.DistributedDataParallel(net, device_ids=[0])
+    model = torch.nn.parallel.DistributedDataParallel(
+        net, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     for step in range(3):
@@ -130,8 +133,10 @@ def cuda_barrier():
     return "barrier returned"
 
 
-dist.init_process_group("ddp")
-torch.cuda.set_device(device)
+torch.backends.cuda.matmul.allow_tf32 = False  # the DDP case compares with a float32 CPU reference
+dist.init_process_group("ddp", timeout=datetime.timedelta(seconds=60))
+if device.type == "cuda":
+    torch.cuda.set_device(device)
 report("cpu_all_reduce", cpu_all_reduce)
 report("cuda_all_reduce", cuda_all_reduce)
 report("cuda_collectives", cuda_collectives)

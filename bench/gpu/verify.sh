@@ -326,9 +326,9 @@ fi
 if want one_gpu && is_built bench_gpu_step && is_built ddprun && [ "$GPUS" = 1 ]; then
   for ((round = 0; round < ROUNDS; ++round)); do
     for model in cnn resnet18; do
-      "$(bin ddprun)" --standalone --nproc-per-node 2 "$(bin bench_gpu_step)" --model "$model" \
+      timeout 300 "$(bin ddprun)" --standalone --nproc-per-node 2 "$(bin bench_gpu_step)" --model "$model" \
         --device cuda:0 --backend cpu $STEP_ARGS 2>>"$LOGS/one_gpu.log" | keep_json
-      "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 2 \
+      timeout 300 "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 2 \
         "$ROOT/bench/gpu/torch_step.py" --model "$model" --device cuda:0 --backend gloo \
         $STEP_ARGS 2>>"$LOGS/one_gpu.log" | keep_json
     done
@@ -379,7 +379,7 @@ ar_ddp() {  # backend world
   local pids=() r
   for ((r = 0; r < $2; r++)); do
     RANK=$r WORLD_SIZE=$2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=$2 MASTER_ADDR=127.0.0.1 \
-      MASTER_PORT=$port OMP_NUM_THREADS=1 "$(bin allreduce_bench)" "$1" &
+      MASTER_PORT=$port OMP_NUM_THREADS=1 timeout 300 "$(bin allreduce_bench)" "$1" &
     pids+=($!)
   done
   for r in "${pids[@]}"; do wait "$r"; done
@@ -389,15 +389,15 @@ for world in $CPU_WORLDS; do
   if is_built allreduce_bench; then
     ar_ddp cpu "$world" 2>>"$LOGS/cpu.log" | keep_json
     ar_ddp gloo "$world" 2>>"$LOGS/cpu.log" | keep_json
-    "$PYTHON" "$ROOT/bench/allreduce/torch_allreduce.py" "$world" 4096,1048576,16777216,67108864 \
+    timeout 300 "$PYTHON" "$ROOT/bench/allreduce/torch_allreduce.py" "$world" 4096,1048576,16777216,67108864 \
       2>>"$LOGS/cpu.log" | keep_json
     record cpu ok what=allreduce world="$world"
   else
     record cpu skipped what=allreduce world="$world" reason="allreduce_bench not built"
   fi
   if is_built bench_ddp; then
-    "$(bin bench_ddp)" train --world "$world" --steps "$CPU_STEPS" 2>>"$LOGS/cpu.log" | keep_json
-    "$PYTHON" "$ROOT/bench/ddp/bench_ddp.py" --world "$world" --steps "$CPU_STEPS" 2>>"$LOGS/cpu.log" | keep_json
+    timeout 300 "$(bin bench_ddp)" train --world "$world" --steps "$CPU_STEPS" 2>>"$LOGS/cpu.log" | keep_json
+    timeout 300 "$PYTHON" "$ROOT/bench/ddp/bench_ddp.py" --world "$world" --steps "$CPU_STEPS" 2>>"$LOGS/cpu.log" | keep_json
     record cpu ok what=ddp_cnn world="$world"
   else
     record cpu skipped what=ddp_cnn world="$world" reason="bench_ddp not built"

@@ -33,7 +33,7 @@ part() { [[ " ${PARTS:-cuda tutorial frameworks} " == *" $1 "* ]]; }
 # 1. The Python backend and CUDA tensors.
 for world in 1 2; do
   part cuda || break
-  timeout 300 "$DDPRUN" --standalone --nproc-per-node $world "$ROOT/bench/gpu/python_cuda.py" \
+  timeout 150 "$DDPRUN" --standalone --nproc-per-node $world "$ROOT/bench/gpu/python_cuda.py" \
     >"$LOGS/python-cuda-w$world.log" 2>&1
   rc=$?
   json_lines <"$LOGS/python-cuda-w$world.log"
