@@ -13,7 +13,9 @@ import subprocess
 import sys
 import tempfile
 
-TINY = ["--steps", "40", "--batch", "4", "--seq", "16", "--context", "16", "--vocab", "64",
+# --device cpu: the test is of two ranks on the cpu backend; on a machine with one GPU, "auto"
+# would put both on cuda:0, which gpt refuses (one GPU per process; seen on the H200).
+TINY = ["--device", "cpu", "--steps", "40", "--batch", "4", "--seq", "16", "--context", "16", "--vocab", "64",
         "--d-model", "32", "--heads", "2", "--layers", "2", "--lr", "3e-3", "--log-every", "1"]
 
 
