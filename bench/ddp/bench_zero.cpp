@@ -5,6 +5,11 @@
 // per line (bench_zero.py prints the same for PyTorch's ZeroRedundancyOptimizer):
 //
 //   bench_zero [--world 2] [--layers 8] [--width 512] [--steps 20] [--optimizer adam|fused-adam]
+//              [--recoverable]
+//
+// --recoverable: as under ddp::StepManager (enable_recovery): every rank also steps a replica
+// of another rank's shard and checks the backward first; state_bytes_max_rank then counts the
+// replica's state too.
 //
 // step_ms: median over the timed steps of the slowest rank's step; state_bytes_max_rank: the
 // largest per-rank optimizer state (ddp::optimizer_state_bytes); unsharded_state_bytes: an
@@ -52,7 +57,7 @@ struct Result {
 };
 
 template <typename Opt>
-Result run(int world, int layers, int width, int steps) {
+Result run(int world, int layers, int width, int steps, bool recoverable) {
   auto store = std::make_shared<ddp::HashStore>();
   std::vector<std::vector<double>> times(world);
   std::vector<size_t> bytes(world);
@@ -70,13 +75,14 @@ Result run(int world, int layers, int width, int steps) {
         auto pg = ddp::init_process_group(opts);
         auto params = make_params(layers, width);
         ddp::ZeroRedundancyOptimizer<Opt> zero(params, torch::optim::AdamOptions(1e-3), pg);
+        if (recoverable) zero.enable_recovery();
         for (int s = 0; s < steps + 3; ++s) {
           const auto t0 = Clock::now();
           zero.step();
           const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
           if (s >= 3) times[r].push_back(ms);
         }
-        bytes[r] = zero.local_state_bytes();
+        bytes[r] = zero.local_state_bytes() + zero.replica_state_bytes();
       } catch (...) {
         errors[r] = std::current_exception();
       }
@@ -102,16 +108,19 @@ int main(int argc, char** argv) {
   CLI::App app{"ZeroRedundancyOptimizer step time and optimizer memory, JSON lines"};
   int world = 2, layers = 8, width = 512, steps = 20;
   std::string optimizer = "adam";
+  bool recoverable = false;
   app.add_option("--world", world, "ranks (threads)");
   app.add_option("--layers", layers, "weight matrices (each with a bias)");
   app.add_option("--width", width, "rows and columns of each weight matrix");
   app.add_option("--steps", steps, "timed steps (after 3 warm-up steps)");
   app.add_option("--optimizer", optimizer, "adam (torch::optim::Adam) or fused-adam")
       ->check(CLI::IsMember({"adam", "fused-adam"}));
+  app.add_flag("--recoverable", recoverable, "replicas and the backward check (StepManager's)");
   CLI11_PARSE(app, argc, argv);
 
-  Result result = optimizer == "adam" ? run<torch::optim::Adam>(world, layers, width, steps)
-                                      : run<ddp::FusedAdam>(world, layers, width, steps);
+  Result result = optimizer == "adam"
+                      ? run<torch::optim::Adam>(world, layers, width, steps, recoverable)
+                      : run<ddp::FusedAdam>(world, layers, width, steps, recoverable);
   size_t unsharded = 0;
   int64_t numel = 0;
   double adam_ms = 0;
@@ -133,6 +142,7 @@ int main(int argc, char** argv) {
   nlohmann::json line{{"bench", "zero"},
                       {"impl", "ddp"},
                       {"optimizer", optimizer},
+                      {"recoverable", recoverable},
                       {"world", world},
                       {"params", numel},
                       {"steps", steps},

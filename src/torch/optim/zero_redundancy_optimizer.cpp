@@ -11,9 +11,10 @@
 #include "ddp/torch/optim/optimizer_state_bytes.hpp"
 #include "ddp/torch/optim/optimizer_state_key.hpp"
 #include "ddp/util/error.hpp"
+#include "zero_internal.hpp"
 
 namespace ddp {
-namespace {
+namespace zero_detail {
 
 std::string archive_bytes(const torch::optim::Optimizer& optimizer) {
   torch::serialize::OutputArchive archive;
@@ -30,7 +31,6 @@ void load_bytes(torch::optim::Optimizer& optimizer, const std::string& bytes) {
   optimizer.load(archive);
 }
 
-// Waits for `work`, naming what timed out.
 void wait_for(ProcessGroup& pg, Work& work, const std::string& what) {
   try {
     wait_on_current_stream(pg, work, pg.timeout());
@@ -43,7 +43,6 @@ void wait_for(ProcessGroup& pg, Work& work, const std::string& what) {
   }
 }
 
-// `bytes` from `root` to every rank (the others' `bytes` are replaced). Collective.
 void broadcast_bytes(ProcessGroup& pg, std::string& bytes, int root) {
   const torch::Device device = comm_device(pg);
   auto size = torch::full({1}, static_cast<int64_t>(bytes.size()), torch::kInt64).to(device);
@@ -59,7 +58,12 @@ void broadcast_bytes(ProcessGroup& pg, std::string& bytes, int root) {
   bytes.assign(reinterpret_cast<const char*>(data.data_ptr()), n);
 }
 
-}  // namespace
+}  // namespace zero_detail
+
+using zero_detail::archive_bytes;
+using zero_detail::broadcast_bytes;
+using zero_detail::load_bytes;
+using zero_detail::wait_for;
 
 class ZeroJoinHook : public JoinHook {
  public:
@@ -129,11 +133,37 @@ void ZeroRedundancyOptimizerBase::partition_groups(size_t from_group) {
   }
 }
 
+std::vector<std::vector<std::vector<torch::Tensor>>> ZeroRedundancyOptimizerBase::partition_for(
+    int world) const {
+  // The same assignment as partition_groups over every group at once (each group's depends
+  // only on the loads the groups before it left).
+  std::vector<std::vector<std::vector<torch::Tensor>>> shards(world);
+  std::vector<int64_t> load(world, 0);
+  for (const auto& group : param_groups_) {
+    for (auto& shard : shards) shard.emplace_back();
+    std::vector<torch::Tensor> sorted = group.params();
+    std::stable_sort(sorted.begin(), sorted.end(),
+                     [](const auto& a, const auto& b) { return a.numel() > b.numel(); });
+    for (const auto& p : sorted) {
+      const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+      shards[r].back().push_back(p);
+      load[r] += p.numel();
+    }
+  }
+  return shards;
+}
+
+void ZeroRedundancyOptimizerBase::build_local_optimizers() {
+  local_ = make_optimizer(groups_with_options(shards_[pg_->rank()]));
+  const int replicated = replicated_rank();
+  replica_ = replicated >= 0 ? make_optimizer(groups_with_options(shards_[replicated])) : nullptr;
+}
+
 void ZeroRedundancyOptimizerBase::init() {
   if (!pg_) throw UsageError("ZeroRedundancyOptimizer: the process group is null");
   check_params(0);
   partition_groups(0);
-  local_ = make_optimizer(groups_with_options(shards_[pg_->rank()]));
+  build_local_optimizers();
 }
 
 void ZeroRedundancyOptimizerBase::adopt_added_groups() {
@@ -144,9 +174,14 @@ void ZeroRedundancyOptimizerBase::adopt_added_groups() {
   // optimizer this rank's shard of each; the existing shards and their state stay.
   check_params(known);
   partition_groups(known);
+  const int replicated = replicated_rank();
   for (size_t g = known; g < param_groups_.size(); ++g) {
     local_->add_param_group(torch::optim::OptimizerParamGroup(shards_[pg_->rank()][g],
                                                               param_groups_[g].options().clone()));
+    if (replica_) {
+      replica_->add_param_group(torch::optim::OptimizerParamGroup(
+          shards_[replicated][g], param_groups_[g].options().clone()));
+    }
   }
 }
 
@@ -172,6 +207,7 @@ torch::Tensor ZeroRedundancyOptimizerBase::step(LossClosure closure) {
 
 torch::Tensor ZeroRedundancyOptimizerBase::step_and_sync(LossClosure closure) {
   adopt_added_groups();
+  if (recovery_) return step_recoverable(std::move(closure));
   push_options(*local_);
   torch::Tensor loss = local_->step(std::move(closure));
   sync_params();
@@ -278,20 +314,29 @@ void ZeroRedundancyOptimizerBase::load(torch::serialize::InputArchive& archive) 
         "groups, as save() after consolidate_state_dict writes): {}",
         pg_->rank(), e.what_without_backtrace()));
   }
-  local_->state().clear();
-  for (const auto& group : shards_[pg_->rank()]) {
-    for (const auto& p : group) {
-      auto it = full->state().find(optimizer_state_key(p));
-      if (it != full->state().end())
-        local_->state()[optimizer_state_key(p)] = std::move(it->second);
+  const int replicated = replicated_rank();
+  for (auto [optimizer, owner] :
+       {std::pair{local_.get(), pg_->rank()}, std::pair{replica_.get(), replicated}}) {
+    if (optimizer == nullptr) continue;
+    optimizer->state().clear();
+    for (const auto& group : shards_[owner]) {
+      for (const auto& p : group) {
+        auto it = full->state().find(optimizer_state_key(p));
+        if (it == full->state().end()) continue;
+        optimizer->state()[optimizer_state_key(p)] = std::move(it->second);
+      }
     }
+    push_options(*optimizer);
   }
-  push_options(*local_);
   consolidated_.reset();
 }
 
 size_t ZeroRedundancyOptimizerBase::local_state_bytes() const {
   return optimizer_state_bytes(*local_);
+}
+
+size_t ZeroRedundancyOptimizerBase::replica_state_bytes() const {
+  return replica_ ? optimizer_state_bytes(*replica_) : 0;
 }
 
 std::unique_ptr<JoinHook> ZeroRedundancyOptimizerBase::join_hook(const JoinOptions&) {

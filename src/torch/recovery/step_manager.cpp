@@ -6,6 +6,7 @@
 
 #include "ddp/store/recovery_notice.hpp"
 #include "ddp/torch/nn/random_state.hpp"
+#include "ddp/torch/optim/zero_redundancy_optimizer.hpp"
 #include "ddp/torch/recovery/peer_heal.hpp"
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
@@ -43,15 +44,25 @@ void StepManager::attach(DistributedDataParallelBase& model, torch::optim::Optim
         "StepManager::attach: the DDP wrapper runs on another process group; build it on "
         "StepManager::process_group() (with DistributedDataParallelOptions().init_sync(false))");
   }
+  auto* zero = dynamic_cast<ZeroRedundancyOptimizerBase*>(&optimizer);
+  if (zero != nullptr) {
+    if (&zero->join_process_group() != group_.group().get()) {
+      throw UsageError(
+          "StepManager::attach: the ZeroRedundancyOptimizer runs on another process group; "
+          "build it on StepManager::process_group()");
+    }
+    zero->enable_recovery();  // replicas, the backward check (zero_redundancy_optimizer.hpp)
+  }
   model_ = &model;
   optimizer_ = &optimizer;
+  zero_ = zero;
   cuda_device_ = cuda_device_of(model.base_module());
   // This process starts with no trained state: at the job's start (every rank fresh) rank 0's
   // state goes everywhere, after a restart the survivors' does.
   HealTarget target{&model.base_module(), &optimizer, &step_};
   for (;;) {
     try {
-      heal_from_peer(*group_.group(), target, /*fresh=*/true, group_.group()->timeout());
+      heal_from_peer(group_.group(), target, /*fresh=*/true, group_.group()->timeout());
       return;
     } catch (const std::exception& e) {
       if (!loss_announced(e)) throw;
@@ -81,9 +92,18 @@ void StepManager::recover() {
       group_.reform();
       ++recoveries_;
       model_->reset_process_group(group_.group());
+      HealTarget target{&model_->base_module(), optimizer_, &step_};
+      if (pending_rng_) {
+        // The ZeRO step cut by the loss is dropped, not rolled forward: what run_step held back.
+        target.drop_pending = [this] {
+          ++dropped_;
+          optimizer_->zero_grad();
+          restore_random_state(cuda_device_, *pending_rng_);
+        };
+      }
       const HealResult healed =
-          heal_from_peer(*group_.group(), HealTarget{&model_->base_module(), optimizer_, &step_},
-                         /*fresh=*/false, group_.group()->timeout());
+          heal_from_peer(group_.group(), target, /*fresh=*/false, group_.group()->timeout());
+      pending_rng_.reset();
       log::get("ddp.recovery")
           ->info("rank {}: group re-formed at generation {} ({}): rank {} of {}; {} at step {}",
                  group_.slot(), generation(), group_.loss_description(), rank(), world_size(),
@@ -103,12 +123,20 @@ torch::Tensor StepManager::run_step(const std::function<torch::Tensor()>& fn) {
   if (model_ == nullptr) {
     throw UsageError("StepManager::run_step: call attach(model, optimizer) first");
   }
+  const int64_t step_at_call = step_;
+  torch::Tensor cut_out;  // fn's result of an attempt cut inside ZeRO's optimizer step
   for (int attempt = 1;; ++attempt) {
-    if (group_.stale()) recover();  // one atomic load when nothing changed
+    if (group_.stale()) {  // one atomic load when nothing changed
+      recover();
+      // The cut ZeRO step was rolled forward by the heal: this call's step is committed.
+      if (cut_out.defined() && step_ > step_at_call) return cut_out;
+      cut_out = torch::Tensor();
+    }
     const RandomState rng_at_start = capture_random_state(cuda_device_);
     optimizer_->zero_grad();
+    torch::Tensor out;
     try {
-      torch::Tensor out = fn();
+      out = fn();
       model_->finalize();
       // Every gradient holds the average over all ranks now: commit, even when a loss was
       // announced meanwhile (a peer that dropped this step heals from this rank's state).
@@ -119,6 +147,18 @@ torch::Tensor StepManager::run_step(const std::function<torch::Tensor()>& fn) {
       // A loss shows as PeerLostError, as a socket error (gloo), or as whatever an autograd
       // hook made of it: ddprun's notice, seen by the watcher, is what decides.
       if (!loss_announced(e) || attempt >= options_.max_attempts_per_step) throw;
+      if (zero_ != nullptr && zero_->pending() != ZeroRedundancyOptimizerBase::Pending::kNone) {
+        // Cut inside ZeRO's step after the backward: the heal rolls it forward (with these
+        // gradients and this generator state) or drops it (peer_heal.hpp).
+        pending_rng_ = rng_at_start;
+        cut_out = out;
+        log::get("ddp.recovery")
+            ->warn(
+                "rank {}: step {} cut in the optimizer step (a member was lost: {}); "
+                "re-forming, then finishing or redoing it",
+                rank(), step_, e.what());
+        continue;
+      }
       ++dropped_;
       log::get("ddp.recovery")
           ->warn("rank {}: step {} dropped (a member was lost: {}); re-forming and redoing it",

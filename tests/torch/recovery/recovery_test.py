@@ -13,6 +13,11 @@ agent each, kills on either node, rank 0 included):
 - --recovery group (the default) with the same kill restarts the whole group, as before;
 - a bad --recovery value is a usage error naming the choices.
 
+With --zero the worker trains with ddp::ZeroRedundancyOptimizer (Adam, sharded): the same
+checks, with kills inside the optimizer step too (after the dying rank stepped its shard,
+before the parameter all-gather: the survivors finish that step), and with --lost-node a node
+lost with its ranks' shards (their replicas live on the other node).
+
 With --python PY --python-worker recovery_worker.py the same checks (cpu only: reference, 3
 seeds, a failure in the first step, two in a row, a replacement killed while being healed) run
 PyTorch's DistributedDataParallel on the ddp backend with ddp.StepManager.
@@ -29,6 +34,9 @@ import sys
 import tempfile
 import time
 
+# Worker environment every run gets (--zero: the ZeRO optimizer).
+EXTRA_ENV = {}
+
 WORLD = 3
 TWO_NODES_WORLD = 4  # --two-nodes: 2 agents x 2 ranks
 STEPS = 30
@@ -42,6 +50,7 @@ def run_two_nodes(ddprun, worker, out, env_extra, step_on=(True, True)):
     procs = []
     for node in range(2):
         env = dict(os.environ)
+        env.update(EXTRA_ENV)
         env.update(env_extra)
         env["DDP_HOST_ID"] = f"node{node}"
         cmd = [ddprun, "--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1",
@@ -160,6 +169,7 @@ def start_elastic_agent(ddprun, worker, out, run_id, port, host, env_extra, step
     env = dict(os.environ)
     env["DDP_HOST_ID"] = host
     env["DDP_TEST_DROPOUT"] = "0"
+    env.update(EXTRA_ENV)
     env.update(env_extra)
     cmd = [ddprun, "--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
@@ -268,6 +278,9 @@ def lost_node(ddprun, worker, tmp, python=False):
     if "restarting the worker group" in err0 or timeouts:
         fail(f"{what}: a group restart or a timeout\n{err}")
     expect_reports(out, 2, STEPS, 1, what, err)
+    if EXTRA_ENV and "both the owner and the replica" in err0:
+        fail(f"{what}: ZeRO lost a shard's optimizer state with the node (its replica must live "
+             f"on the other node)\n{err}")
     for slot in range(2):
         commits = read_commits(out, slot)
         steps = [step for _, step, _ in commits]
@@ -404,6 +417,7 @@ def replaced_node(ddprun, worker, tmp):
 def run(ddprun, worker, out, recovery, env_extra):
     """worker: the command (a list) that runs one rank."""
     env = dict(os.environ)
+    env.update(EXTRA_ENV)
     env.update(env_extra)
     cmd = [ddprun, "--standalone", "--nproc-per-node", str(WORLD), "--max-restarts", "2"]
     if recovery:
@@ -440,9 +454,13 @@ def main():
                     help="two agents (simulated hosts) x 2 ranks instead of one x 3")
     ap.add_argument("--lost-node", action="store_true",
                     help="two agents (simulated hosts) x 2 ranks, c10d 1:2; node 1 is lost")
+    ap.add_argument("--zero", action="store_true",
+                    help="train with ddp::ZeroRedundancyOptimizer (kills in its step too)")
     ap.add_argument("--replaced-node", action="store_true",
                     help="as --lost-node, then a third agent takes the lost node's place")
     args = ap.parse_args()
+    if args.zero:
+        EXTRA_ENV["DDP_TEST_OPTIMIZER"] = "zero_adam"
     python = args.python_worker is not None
     if python == (args.worker is not None) or (python and not args.python):
         ap.error("give --worker, or --python and --python-worker")
@@ -470,6 +488,8 @@ def main():
     print(f"reference: {STEPS} steps, {len(reference[0])} parameter bytes per rank")
 
     phases = ["forward", "backward", "between"]
+    if args.zero:
+        phases = ["optimizer", "forward", "backward", "between"]
     for seed in range(3 if python else 5):
         rnd = random.Random(seed)
         kill_rank = seed % WORLD  # rank 0 too: the store lives in ddprun, not in rank 0

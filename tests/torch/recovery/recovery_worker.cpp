@@ -12,7 +12,10 @@
 // between forward and backward, or after the step committed. S and R may be comma-separated
 // lists of the same length (several failures, one per pair). DDP_TEST_KILL_NODE_AT_STEP=S: the
 // worker SIGKILLs its agent (and so its node's other workers) and itself after step S.
-// DDP_TEST_OPTIMIZER=sgd: SGD with momentum instead of Adam (see run()).
+// DDP_TEST_OPTIMIZER=sgd: SGD with momentum instead of Adam (see run()); zero_adam / zero_sgd:
+// the same sharded by ddp::ZeroRedundancyOptimizer. DDP_TEST_KILL_PHASE=optimizer (with ZeRO):
+// the rank dies inside the optimizer step, after stepping its shard and before the parameter
+// all-gather.
 // DDP_TEST_STEP_SLEEP_MS=T: sleep T ms after each committed step (a job that runs long enough
 // for a node to join it).
 //
@@ -28,6 +31,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -36,6 +40,28 @@
 #include <ddp/ddp.hpp>
 
 namespace {
+
+// Called after each inner step of the ZeRO test optimizers (below): the optimizer-phase kill.
+std::function<void()> after_inner_step;
+
+// Adam and SGD that call after_inner_step once they stepped (ZeRO's shard and replica
+// optimizers are of this type, so the hook runs inside ZeroRedundancyOptimizer::step()).
+struct HookedAdam : torch::optim::Adam {
+  using torch::optim::Adam::Adam;
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    auto loss = torch::optim::Adam::step(std::move(closure));
+    if (after_inner_step) after_inner_step();
+    return loss;
+  }
+};
+struct HookedSGD : torch::optim::SGD {
+  using torch::optim::SGD::SGD;
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    auto loss = torch::optim::SGD::step(std::move(closure));
+    if (after_inner_step) after_inner_step();
+    return loss;
+  }
+};
 
 struct Net : torch::nn::Module {
   explicit Net(double dropout) : dropout(dropout) {
@@ -112,9 +138,16 @@ int run(int64_t steps, const std::string& out) {
   // in another order) into whole-step differences; SGD keeps a run that changed its world size
   // within rounding of one that did not, over any number of steps.
   std::unique_ptr<torch::optim::Optimizer> optimizer_holder;
-  if (env_or("DDP_TEST_OPTIMIZER", "adam") == "sgd") {
+  const std::string optimizer_name = env_or("DDP_TEST_OPTIMIZER", "adam");
+  if (optimizer_name == "sgd") {
     optimizer_holder = std::make_unique<torch::optim::SGD>(
         model.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  } else if (optimizer_name == "zero_sgd") {
+    optimizer_holder = std::make_unique<ddp::ZeroRedundancyOptimizer<HookedSGD>>(
+        model.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9), manager.process_group());
+  } else if (optimizer_name == "zero_adam") {
+    optimizer_holder = std::make_unique<ddp::ZeroRedundancyOptimizer<HookedAdam>>(
+        model.parameters(), torch::optim::AdamOptions(1e-2), manager.process_group());
   } else {
     optimizer_holder =
         std::make_unique<torch::optim::Adam>(model.parameters(), torch::optim::AdamOptions(1e-2));
@@ -142,6 +175,7 @@ int run(int64_t steps, const std::string& out) {
     }
   };
 
+  after_inner_step = [&] { maybe_die("optimizer"); };
   const std::chrono::milliseconds step_sleep(std::stoll(env_or("DDP_TEST_STEP_SLEEP_MS", "0")));
   std::ofstream commits(fmt::format("{}/rank{}.commits", out, slot), std::ios::app);
   while (manager.step() < steps) {

@@ -33,6 +33,18 @@
 // Join (join.hpp): a rank that ran out of inputs runs step() once per iteration of the others
 // (as PyTorch's ZeRO join hook: its shard is stepped with the gradients it holds, e.g. the last
 // averaged ones) and so takes part in every parameter all-gather.
+//
+// In-place recovery (StepManager::attach turns it on; docs/recovery.md, zero_recovery.cpp):
+// every rank also keeps a replica of another rank's shard and steps it with the same averaged
+// gradients, so a lost rank's optimizer state survives elsewhere: rank r replicates the shard
+// of rank r - LOCAL_WORLD_SIZE (mod world; the rank at its place on the node before) when the
+// group spans several nodes, so a lost node takes no shard with it, else of rank r - 1. Twice
+// the optimizer state and step compute of plain ZeRO (2/world of an unsharded optimizer's
+// memory). step() first agrees that every rank finished
+// its backward (a one-element all-reduce): when that completed anywhere, every rank holds the
+// step's averaged gradients, so a step cut by a loss after it can be finished (rolled forward)
+// on the survivors instead of being half applied. reshard() redistributes shards, replicas and
+// their state over a re-formed group (another world size, renumbered ranks, a fresh rank).
 
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
@@ -87,10 +99,35 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   torch::optim::Optimizer& local_optimizer() { return *local_; }
   // Bytes of tensors in this rank's optimizer state (optimizer_state_bytes(local_optimizer())).
   size_t local_state_bytes() const;
+  // Bytes of tensors in the state of the shard this rank replicates (0 without recovery).
+  size_t replica_state_bytes() const;
 
   // Joinable.
   std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override;
   ProcessGroup& join_process_group() const override { return *pg_; }
+
+  // In-place recovery (see the header comment; implemented in zero_recovery.cpp).
+  // Keeps a replica of another rank's shard from now on (see above); collective-free, but
+  // every rank must call it before the same step().
+  void enable_recovery();
+  bool recovery_enabled() const { return recovery_; }
+  // Where the last step() stopped when it threw: kNone (it finished, or never got past the
+  // backward check), kArrived (this rank finished its backward: it holds the step's averaged
+  // gradients, nothing applied), kApplied (its shard and replica were stepped; the parameter
+  // all-gather did not finish).
+  enum class Pending { kNone, kArrived, kApplied };
+  Pending pending() const { return pending_; }
+  // Rolls a kArrived step forward: steps the shard and the replica with the gradients held.
+  void apply_pending();
+  // Forgets the pending step (the caller zeroes the gradients).
+  void clear_pending() { pending_ = Pending::kNone; }
+  // Collective over `pg`, a re-formed group this optimizer moves to: every shard's parameters
+  // and optimizer state (and every replica) go from a rank that holds them to the ranks that
+  // hold them in `pg`'s partition. `fresh`: this rank was (re)started and holds no state. A
+  // shard whose owner and replica were both lost (or every shard, when every rank is fresh)
+  // takes its parameters from rank `params_root` of `pg` and starts with fresh optimizer state
+  // (logged when some rank had trained).
+  void reshard(ProcessGroupPtr pg, bool fresh, int params_root);
 
  protected:
   ZeroRedundancyOptimizerBase(std::vector<torch::optim::OptimizerParamGroup> groups,
@@ -123,11 +160,23 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   void adopt_added_groups();
   // Copies the exposed groups' options (learning rate ...) into `optimizer`'s groups.
   void push_options(torch::optim::Optimizer& optimizer) const;
+  // The partition of every group over `world` ranks (PyTorch's): [rank][group].
+  std::vector<std::vector<std::vector<torch::Tensor>>> partition_for(int world) const;
+  // The rank whose shard this rank replicates (see the header comment), or -1 (recovery off,
+  // or a world of one).
+  int replicated_rank() const;
+  // (Re)builds local_ (and replica_) over shards_ for this rank.
+  void build_local_optimizers();
+  // The recovery part of step(): the backward check, then the shard and replica steps.
+  torch::Tensor step_recoverable(LossClosure closure);
 
   ProcessGroupPtr pg_;
   std::vector<std::vector<std::vector<torch::Tensor>>> shards_;  // [rank][group]
   std::unique_ptr<torch::optim::Optimizer> local_;
   std::unique_ptr<torch::optim::Optimizer> consolidated_;  // on the consolidate target only
+  bool recovery_ = false;
+  std::unique_ptr<torch::optim::Optimizer> replica_;  // over shards_[replicated_rank()]
+  Pending pending_ = Pending::kNone;
 };
 
 template <typename OptimizerType>

@@ -14,11 +14,20 @@
 // state (random_state.hpp: the CPU generator's, and the module's CUDA device's), so dropout
 // and other randomness continue as on the source. The
 // data position follows from the step counter (StepManager).
+//
+// A ZeroRedundancyOptimizer (its state is sharded: no rank holds all of it) is healed by its
+// reshard() instead of one rank's serialized state. First its step cut by the loss is settled:
+// when any survivor had stepped its shard (the backward check had completed, so every rank
+// had finished its backward and holds the averaged gradients), every survivor finishes that
+// step (apply_pending) and counts it committed: rolled forward. Otherwise nobody applied
+// anything and the step is dropped (`drop_pending`: the caller's zeroing of the gradients and
+// rewinding of the generators, which it had held back for this decision).
 
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 
 #include "ddp/comm/process_group.hpp"
 
@@ -28,6 +37,9 @@ struct HealTarget {
   torch::nn::Module* module = nullptr;           // parameters and buffers
   torch::optim::Optimizer* optimizer = nullptr;  // may be null
   int64_t* step = nullptr;                       // committed steps
+  // With a ZeroRedundancyOptimizer whose step was cut (pending): what dropping that step takes
+  // on this rank (zero the gradients, rewind the generators). May be empty.
+  std::function<void()> drop_pending;
 };
 
 struct HealResult {
@@ -37,7 +49,7 @@ struct HealResult {
 
 // Collective over `pg`. `fresh`: this rank was just (re)started and holds no trained state.
 // Throws what the group's collectives throw (PeerLostError when another rank is lost meanwhile).
-HealResult heal_from_peer(ProcessGroup& pg, const HealTarget& target, bool fresh,
+HealResult heal_from_peer(const ProcessGroupPtr& pg, const HealTarget& target, bool fresh,
                           std::chrono::milliseconds timeout);
 
 }  // namespace ddp

@@ -39,10 +39,14 @@
 // - Other errors propagate unchanged; so does a loss when this rank has no StepManager state
 //   attached yet.
 //
+// - A ZeroRedundancyOptimizer (built on process_group()) keeps working: attach() makes it keep
+//   a replica of another rank's shard, a re-form reshards it over the new group, and a step
+//   cut inside its optimizer step is finished on every survivor when any had applied it
+//   (peer_heal.hpp); otherwise dropped like any other.
+//
 // Backends: cpu on one host (its waits poll the abort) and gloo (a dead peer's socket closes,
 // which ends the collective in flight; the notice then confirms the loss).
-// Not yet (docs/recovery.md): ZeroRedundancyOptimizer, multi-host
-// cpu groups whose peer hangs rather than dies.
+// Not yet (docs/recovery.md): multi-host cpu groups whose peer hangs rather than dies.
 
 #include <torch/torch.h>
 
@@ -54,6 +58,7 @@
 
 #include "ddp/comm/recoverable_group.hpp"
 #include "ddp/torch/ddp/distributed_data_parallel.hpp"
+#include "ddp/torch/nn/random_state.hpp"
 
 namespace ddp {
 
@@ -69,6 +74,8 @@ struct StepManagerOptions {
   // heartbeats), else 5 s.
   std::optional<std::chrono::milliseconds> notice_wait;
 };
+
+class ZeroRedundancyOptimizerBase;
 
 class StepManager {
  public:
@@ -118,6 +125,10 @@ class StepManager {
   RecoverableGroup group_;
   DistributedDataParallelBase* model_ = nullptr;
   torch::optim::Optimizer* optimizer_ = nullptr;
+  ZeroRedundancyOptimizerBase* zero_ = nullptr;  // optimizer_, when it is one
+  // The generators at the start of a ZeRO step cut after its backward: the heal decides
+  // whether it is dropped (then they are restored) or rolled forward.
+  std::optional<RandomState> pending_rng_;
   std::optional<c10::Device> cuda_device_;  // the model's, found at attach (random_state.hpp)
   int64_t step_ = 0;
   int64_t dropped_ = 0;
