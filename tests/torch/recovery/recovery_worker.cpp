@@ -44,20 +44,13 @@ namespace {
 // Called after each inner step of the ZeRO test optimizers (below): the optimizer-phase kill.
 std::function<void()> after_inner_step;
 
-// Adam and SGD that call after_inner_step once they stepped (ZeRO's shard and replica
+// An optimizer that calls after_inner_step once it stepped (ZeRO's shard and replica
 // optimizers are of this type, so the hook runs inside ZeroRedundancyOptimizer::step()).
-struct HookedAdam : torch::optim::Adam {
-  using torch::optim::Adam::Adam;
-  torch::Tensor step(LossClosure closure = nullptr) override {
-    auto loss = torch::optim::Adam::step(std::move(closure));
-    if (after_inner_step) after_inner_step();
-    return loss;
-  }
-};
-struct HookedSGD : torch::optim::SGD {
-  using torch::optim::SGD::SGD;
-  torch::Tensor step(LossClosure closure = nullptr) override {
-    auto loss = torch::optim::SGD::step(std::move(closure));
+template <typename Base>
+struct Hooked : Base {
+  using Base::Base;
+  torch::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override {
+    auto loss = Base::step(std::move(closure));
     if (after_inner_step) after_inner_step();
     return loss;
   }
@@ -143,10 +136,10 @@ int run(int64_t steps, const std::string& out) {
     optimizer_holder = std::make_unique<torch::optim::SGD>(
         model.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   } else if (optimizer_name == "zero_sgd") {
-    optimizer_holder = std::make_unique<ddp::ZeroRedundancyOptimizer<HookedSGD>>(
+    optimizer_holder = std::make_unique<ddp::ZeroRedundancyOptimizer<Hooked<torch::optim::SGD>>>(
         model.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9), manager.process_group());
   } else if (optimizer_name == "zero_adam") {
-    optimizer_holder = std::make_unique<ddp::ZeroRedundancyOptimizer<HookedAdam>>(
+    optimizer_holder = std::make_unique<ddp::ZeroRedundancyOptimizer<Hooked<torch::optim::Adam>>>(
         model.parameters(), torch::optim::AdamOptions(1e-2), manager.process_group());
   } else {
     optimizer_holder =
