@@ -107,36 +107,11 @@ void ZeroRedundancyOptimizerBase::check_params(size_t from_group) const {
   if (!first) throw UsageError("ZeroRedundancyOptimizer: no parameters to optimize");
 }
 
-void ZeroRedundancyOptimizerBase::partition_groups(size_t from_group) {
-  // PyTorch's partition: per group, largest first (stable), each to the least-loaded rank;
-  // the loads carry over from group to group (so earlier groups keep their ranks when a group
-  // is added).
-  const int world = pg_->size();
-  shards_.resize(world);
-  std::vector<int64_t> load(world, 0);
-  for (int r = 0; r < world; ++r) {
-    shards_[r].resize(from_group);
-    for (const auto& group : shards_[r]) {
-      for (const auto& p : group) load[r] += p.numel();
-    }
-  }
-  for (size_t g = from_group; g < param_groups_.size(); ++g) {
-    for (auto& shard : shards_) shard.emplace_back();
-    std::vector<torch::Tensor> sorted = param_groups_[g].params();
-    std::stable_sort(sorted.begin(), sorted.end(),
-                     [](const auto& a, const auto& b) { return a.numel() > b.numel(); });
-    for (const auto& p : sorted) {
-      const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-      shards_[r][g].push_back(p);
-      load[r] += p.numel();
-    }
-  }
-}
-
 std::vector<std::vector<std::vector<torch::Tensor>>> ZeroRedundancyOptimizerBase::partition_for(
     int world) const {
-  // The same assignment as partition_groups over every group at once (each group's depends
-  // only on the loads the groups before it left).
+  // PyTorch's partition: per group, largest first (stable), each to the least-loaded rank; the
+  // loads carry over from group to group, so a group added later leaves the earlier groups'
+  // assignment as it was (add_param_group).
   std::vector<std::vector<std::vector<torch::Tensor>>> shards(world);
   std::vector<int64_t> load(world, 0);
   for (const auto& group : param_groups_) {
@@ -162,7 +137,7 @@ void ZeroRedundancyOptimizerBase::build_local_optimizers() {
 void ZeroRedundancyOptimizerBase::init() {
   if (!pg_) throw UsageError("ZeroRedundancyOptimizer: the process group is null");
   check_params(0);
-  partition_groups(0);
+  shards_ = partition_for(pg_->size());
   build_local_optimizers();
 }
 
@@ -173,7 +148,7 @@ void ZeroRedundancyOptimizerBase::adopt_added_groups() {
   // them as PyTorch's ZeroRedundancyOptimizer.add_param_group does, and give the local
   // optimizer this rank's shard of each; the existing shards and their state stay.
   check_params(known);
-  partition_groups(known);
+  shards_ = partition_for(pg_->size());  // the earlier groups keep their ranks
   const int replicated = replicated_rank();
   for (size_t g = known; g < param_groups_.size(); ++g) {
     local_->add_param_group(torch::optim::OptimizerParamGroup(shards_[pg_->rank()][g],

@@ -152,15 +152,13 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   // UsageError unless the parameters of groups [from_group, end) are dense, of an all-gatherable
   // dtype, on the group's device, and share dtype and device with the first parameter.
   void check_params(size_t from_group) const;
-  // Assigns the parameters of groups [from_group, end) to ranks (shards_), continuing from the
-  // loads of the groups before.
-  void partition_groups(size_t from_group);
   // Partitions groups added by add_param_group since the last call and adds this rank's shard
   // of each to the local optimizer.
   void adopt_added_groups();
   // Copies the exposed groups' options (learning rate ...) into `optimizer`'s groups.
   void push_options(torch::optim::Optimizer& optimizer) const;
-  // The partition of every group over `world` ranks (PyTorch's): [rank][group].
+  // The partition of every group over `world` ranks (PyTorch's; see partition_for in the .cpp):
+  // [rank][group].
   std::vector<std::vector<std::vector<torch::Tensor>>> partition_for(int world) const;
   // The rank whose shard this rank replicates (see the header comment), or -1 (recovery off,
   // or a world of one).
