@@ -45,7 +45,8 @@ if BACKEND == "ddp":
 
     # The feature sets the suite's skip decorators consult while distributed_test is imported:
     # ddp is a third-party backend ("plugin"), runs DistributedDataParallel ("ddp") and makes
-    # subgroups ("subgroup"). Not "gpu"/"cuda": it takes CPU tensors only.
+    # subgroups ("subgroup"). Not "gpu"/"cuda": the suite runs on the CPU-only wheel here (CUDA
+    # tensors, staged through the host, are checked by bench/gpu/python_cuda.py on a GPU).
     for feature in ("plugin", "ddp", "subgroup"):
         DistTestCases.backend_feature[feature].add("ddp")
 
