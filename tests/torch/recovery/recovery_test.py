@@ -288,8 +288,14 @@ def lost_node(ddprun, worker, tmp, python=False):
         if steps != list(range(1, STEPS + 1)) or len({pid for pid, _, _ in commits}) != 1:
             fail(f"{what}: rank {slot} committed {commits}\n{err}")
         # Steps 1..KILL at world size 4, every later one at 2 (step KILL + 1 was dropped and
-        # redone by the survivors).
-        if worlds != [4] * LOST_NODE_KILL_STEP + [2] * (STEPS - LOST_NODE_KILL_STEP):
+        # redone by the survivors). With ZeRO, the loss can also cut step KILL inside the
+        # optimizer step (node 1 committed it, node 0's parameter all-gather lacked the dying
+        # node's part): the survivors roll it forward after re-forming, so it is logged at
+        # world size 2, and this rank says so.
+        expected = [4] * LOST_NODE_KILL_STEP + [2] * (STEPS - LOST_NODE_KILL_STEP)
+        rolled = [4] * (LOST_NODE_KILL_STEP - 1) + [2] * (STEPS - LOST_NODE_KILL_STEP + 1)
+        cut = f"rank {slot}: step {LOST_NODE_KILL_STEP - 1} cut in the optimizer step"
+        if worlds != expected and not (EXTRA_ENV and worlds == rolled and cut in err0):
             fail(f"{what}: rank {slot}'s world sizes per step {worlds}\n{err}")
     drift = expect_equal_params_near(out, 2, reference[0], what, err)
     print(f"ok: {what}: node 0 exits 0, ranks 0-1 went on at world size 2 from step "
