@@ -19,31 +19,10 @@ namespace ddp {
 
 using zero_detail::archive_bytes;
 using zero_detail::broadcast_bytes;
+using zero_detail::flatten_shard;
 using zero_detail::load_bytes;
+using zero_detail::shard_numel;
 using zero_detail::wait_for;
-
-namespace {
-
-// The parameters of a shard, flattened in shard order into one tensor on the group's
-// communication device (`like`: any parameter, for the dtype).
-torch::Tensor flatten(const std::vector<std::vector<torch::Tensor>>& shard,
-                      const torch::TensorOptions& options) {
-  std::vector<torch::Tensor> flat;
-  for (const auto& group : shard) {
-    for (const auto& p : group) flat.push_back(p.detach().reshape({-1}));
-  }
-  return flat.empty() ? torch::empty({0}, options) : torch::cat(flat).to(options);
-}
-
-int64_t numel_of(const std::vector<std::vector<torch::Tensor>>& shard) {
-  int64_t n = 0;
-  for (const auto& group : shard) {
-    for (const auto& p : group) n += p.numel();
-  }
-  return n;
-}
-
-}  // namespace
 
 int ZeroRedundancyOptimizerBase::replicated_rank() const {
   const int world = pg_->size();
@@ -135,11 +114,7 @@ void ZeroRedundancyOptimizerBase::reshard(ProcessGroupPtr pg, bool fresh, int pa
   // replicated it) to every rank: its parameters and its optimizer state.
   std::unordered_map<OptimizerStateKey, std::unique_ptr<torch::optim::OptimizerParamState>> state;
   std::vector<int> lost;
-  torch::TensorOptions options;
-  for (const auto& g : param_groups_) {
-    if (!g.params().empty()) options = g.params().front().options();
-  }
-  options = options.device(device).requires_grad(false);
+  const torch::TensorOptions options = wire_options(group);
   // No rank trained (the job's start): one shard of everything, from params_root.
   const auto old_shards = partition_for(std::max(old_world, 1));
   for (int s = 0; s < static_cast<int>(old_shards.size()); ++s) {
@@ -164,10 +139,10 @@ void ZeroRedundancyOptimizerBase::reshard(ProcessGroupPtr pg, bool fresh, int pa
       if (me == holder) bytes = archive_bytes(from_replica ? *replica_ : *local_);
       broadcast_bytes(group, bytes, holder);
     }
-    if (numel_of(old_shards[s]) > 0) {
+    if (shard_numel(old_shards[s]) > 0) {
       torch::NoGradGuard no_grad;
-      torch::Tensor flat = me == holder ? flatten(old_shards[s], options)
-                                        : torch::empty({numel_of(old_shards[s])}, options);
+      torch::Tensor flat = me == holder ? flatten_shard(old_shards[s], options)
+                                        : torch::empty({shard_numel(old_shards[s])}, options);
       WorkPtr work = broadcast(group, flat, holder);
       wait_on_current_stream(group, *work, group.timeout());
       int64_t offset = 0;

@@ -58,11 +58,29 @@ void broadcast_bytes(ProcessGroup& pg, std::string& bytes, int root) {
   bytes.assign(reinterpret_cast<const char*>(data.data_ptr()), n);
 }
 
+int64_t shard_numel(const Shard& shard) {
+  int64_t n = 0;
+  for (const auto& group : shard) {
+    for (const auto& p : group) n += p.numel();
+  }
+  return n;
+}
+
+torch::Tensor flatten_shard(const Shard& shard, const torch::TensorOptions& options) {
+  std::vector<torch::Tensor> flat;
+  for (const auto& group : shard) {
+    for (const auto& p : group) flat.push_back(p.detach().reshape({-1}));
+  }
+  return flat.empty() ? torch::empty({0}, options) : torch::cat(flat).to(options);
+}
+
 }  // namespace zero_detail
 
 using zero_detail::archive_bytes;
 using zero_detail::broadcast_bytes;
+using zero_detail::flatten_shard;
 using zero_detail::load_bytes;
+using zero_detail::shard_numel;
 using zero_detail::wait_for;
 
 class ZeroJoinHook : public JoinHook {
@@ -105,6 +123,14 @@ void ZeroRedundancyOptimizerBase::check_params(size_t from_group) const {
     }
   }
   if (!first) throw UsageError("ZeroRedundancyOptimizer: no parameters to optimize");
+}
+
+torch::TensorOptions ZeroRedundancyOptimizerBase::wire_options(const ProcessGroup& pg) const {
+  torch::TensorOptions options;
+  for (const auto& group : param_groups_) {
+    if (!group.params().empty()) options = group.params().front().options();
+  }
+  return options.device(comm_device(pg)).requires_grad(false);
 }
 
 std::vector<std::vector<std::vector<torch::Tensor>>> ZeroRedundancyOptimizerBase::partition_for(
@@ -196,21 +222,10 @@ void ZeroRedundancyOptimizerBase::sync_params() {
   torch::NoGradGuard no_grad;
   const int me = pg_->rank();
   std::vector<size_t> counts(world, 0);
-  for (int r = 0; r < world; ++r) {
-    for (const auto& group : shards_[r]) {
-      for (const auto& p : group) counts[r] += static_cast<size_t>(p.numel());
-    }
-  }
-  torch::TensorOptions options;
-  for (const auto& group : param_groups_) {
-    if (!group.params().empty()) options = group.params().front().options();
-  }
-  options = options.device(comm_device(*pg_)).requires_grad(false);
-  std::vector<torch::Tensor> mine;
-  for (const auto& group : shards_[me]) {
-    for (const auto& p : group) mine.push_back(p.detach().reshape({-1}));
-  }
-  torch::Tensor in = mine.empty() ? torch::empty({1}, options) : torch::cat(mine).to(options);
+  for (int r = 0; r < world; ++r) counts[r] = static_cast<size_t>(shard_numel(shards_[r]));
+  const torch::TensorOptions options = wire_options(*pg_);
+  torch::Tensor in = flatten_shard(shards_[me], options);
+  if (in.numel() == 0) in = torch::empty({1}, options);  // a valid pointer for an empty shard
   size_t total = 0;
   for (size_t c : counts) total += c;
   torch::Tensor out = torch::empty({static_cast<int64_t>(total)}, options);

@@ -157,6 +157,8 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   void adopt_added_groups();
   // Copies the exposed groups' options (learning rate ...) into `optimizer`'s groups.
   void push_options(torch::optim::Optimizer& optimizer) const;
+  // The parameters' dtype on `pg`'s communication device: the buffers shards travel in.
+  torch::TensorOptions wire_options(const ProcessGroup& pg) const;
   // The partition of every group over `world` ranks (PyTorch's; see partition_for in the .cpp):
   // [rank][group].
   std::vector<std::vector<std::vector<torch::Tensor>>> partition_for(int world) const;
