@@ -32,6 +32,12 @@ What ddp does for it:
   and a failed step can be dropped: no ``optimizer.step()``, gradients zeroed, the global
   generators rewound (torch's CPU generator, Python's ``random``, NumPy's ``numpy.random``
   when the program imported NumPy). Register no other comm hook on the model.
+- A lost node (an elastic job): the survivors go on with fewer ranks in the same processes.
+  A torch.distributed group keeps its rank and size for life, so ``dist.get_rank()`` and
+  ``dist.get_world_size()`` keep the launch's (``slot``, ``launch_world_size``) while ``rank``
+  and ``world_size`` follow the current generation: pick each step's data from those, as the
+  default group's operations take ranks in those terms. A node that takes the lost one's place
+  brings its ranks back.
 - Healing: every rank, the restarted one included, takes parameters, buffers, optimizer state,
   the step counter and those generators' states from the rank with the most committed steps
   (the lowest such rank), by broadcasts over the group. So seed the generators the same on
@@ -41,6 +47,7 @@ What ddp does for it:
 """
 
 import os
+import pickle
 import random
 import sys
 import time
@@ -140,7 +147,7 @@ class StepManager:
             raise RuntimeError(
                 "ddp.StepManager: the model must be a DistributedDataParallel over the default "
                 "process group (DistributedDataParallel(module, init_sync=False))")
-        self._world = dist.get_world_size()
+        self._world = self.world_size  # what the comm hook divides by (the current generation's)
         self._hook_error = None
         model.register_comm_hook(self, StepManager._average_hook)
         self._heal_until_done()
@@ -149,6 +156,30 @@ class StepManager:
     def generation(self):
         """The membership generation of the current group (0 until a rank is lost)."""
         return _C._generation(self._backend)
+
+    @property
+    def rank(self):
+        """This rank in the current generation's group. Equal to ``slot`` until a node is lost:
+        the survivors are then renumbered 0..world_size-1 in the order of their slots."""
+        return _C._group_rank(self._backend)
+
+    @property
+    def world_size(self):
+        """The number of ranks in the current generation (fewer than ``launch_world_size`` after
+        a lost node). ``torch.distributed.get_world_size()`` keeps saying the launch's: a
+        torch.distributed group's size is fixed for its lifetime."""
+        return _C._group_size(self._backend)
+
+    @property
+    def slot(self):
+        """The rank this process was launched with (RANK, ``torch.distributed.get_rank()``):
+        its identity across generations."""
+        return dist.get_rank()
+
+    @property
+    def launch_world_size(self):
+        """The world size the job was launched with (WORLD_SIZE): the slots are 0 .. this - 1."""
+        return dist.get_world_size()
 
     # The comm hook: DDP's averaging all-reduce, recording a failure instead of raising it in
     # autograd (the step is dropped after backward returns).
@@ -198,7 +229,7 @@ class StepManager:
             if not self._lost_peer():
                 raise error
             self.dropped += 1
-            print(f"ddp.StepManager: rank {dist.get_rank()} dropped step {self.step} and "
+            print(f"ddp.StepManager: rank {self.slot} dropped step {self.step} and "
                   f"re-forms the group: {error}", file=sys.stderr, flush=True)
             torch.set_rng_state(rng)
             _set_host_rng_states(host_rngs)
@@ -230,7 +261,7 @@ class StepManager:
             except RuntimeError as e:
                 if not self._lost_peer():
                     raise
-                print(f"ddp.StepManager: rank {dist.get_rank()} lost a peer while healing and "
+                print(f"ddp.StepManager: rank {self.slot} lost a peer while healing and "
                       f"re-forms the group: {e}", file=sys.stderr, flush=True)
             _C._reform(self._backend)
             self.recoveries += 1
@@ -250,9 +281,10 @@ class StepManager:
     def _heal(self):
         """Every rank takes the state of the rank with the most committed steps (lowest rank
         among equals): parameters and buffers, optimizer state, step, the global generators
-        (torch's CPU generator, Python's random, NumPy's if imported)."""
+        (torch's CPU generator, Python's random, NumPy's if imported). Ranks are the current
+        generation's (collectives on the default group take them; a lost node renumbers)."""
         self._same_buckets()
-        rank = dist.get_rank()
+        rank, self._world = self.rank, self.world_size
         key = torch.tensor([self.step * self._world + (self._world - 1 - rank)], dtype=torch.int64)
         dist.all_reduce(key, op=dist.ReduceOp.MAX)
         src = self._world - 1 - int(key.item()) % self._world
@@ -260,13 +292,26 @@ class StepManager:
         with torch.no_grad():
             for t in self.model.module.state_dict(keep_vars=True).values():
                 dist.broadcast(t.data if t.requires_grad else t, src)
-        state = [self.optimizer.state_dict() if rank == src else None]
-        dist.broadcast_object_list(state, src)
+        state = self._broadcast_object(self.optimizer.state_dict() if rank == src else None, src)
         if rank != src:
-            self.optimizer.load_state_dict(state[0])
+            self.optimizer.load_state_dict(state)
         rng = torch.get_rng_state()
         dist.broadcast(rng, src)
         torch.set_rng_state(rng)
-        host_rngs = [_host_rng_states() if rank == src else None]
-        dist.broadcast_object_list(host_rngs, src)
-        _set_host_rng_states(host_rngs[0])
+        _set_host_rng_states(self._broadcast_object(_host_rng_states() if rank == src else None,
+                                                    src))
+
+    def _broadcast_object(self, obj, src):
+        """`obj` of the current generation's rank `src`, pickled, on every rank (what
+        torch.distributed.broadcast_object_list does, but in the current generation's ranks:
+        that function tells the source by torch.distributed.get_rank(), the launch's rank)."""
+        if self.rank == src:
+            payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+            size = torch.tensor([payload.numel()], dtype=torch.int64)
+        else:
+            size = torch.zeros(1, dtype=torch.int64)
+        dist.broadcast(size, src)
+        if self.rank != src:
+            payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        dist.broadcast(payload, src)
+        return obj if self.rank == src else pickle.loads(payload.numpy().tobytes())

@@ -62,6 +62,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_lost_rank", [](const c10::intrusive_ptr<ddp::python::ProcessGroupBase>& b) {
     return ddp_backend(b).lost_rank();
   });
+  m.def("_group_rank", [](const c10::intrusive_ptr<ddp::python::ProcessGroupBase>& b) {
+    return ddp_backend(b).group_rank();
+  });
+  m.def("_group_size", [](const c10::intrusive_ptr<ddp::python::ProcessGroupBase>& b) {
+    return ddp_backend(b).group_size();
+  });
   m.def(
       "_reform",
       [](const c10::intrusive_ptr<ddp::python::ProcessGroupBase>& b) { ddp_backend(b).reform(); },

@@ -116,19 +116,10 @@ ProcessGroupDDP::ProcessGroupDDP(const c10::intrusive_ptr<c10d::Store>& store, i
     r.rank = rank;
     r.world_size = size;
     r.group_name = "python_recovery";
-    r.fixed_world = true;  // a lost node restarts the worker group (process groups keep their size)
     recoverable_ = std::make_unique<RecoverableGroup>(r);
+    // A replacement started after a lost node shrank the job joins a smaller group than the
+    // launch's `size`: group_rank() and group_size() say where it stands.
     pg_ = recoverable_->group();
-    if (pg_->size() != size) {
-      // A replacement started after a lost node shrank the job: its torch.distributed group
-      // would claim the launch's size (reform() explains it for the survivors).
-      throw RemovedFromJobError(fmt::format(
-          "the job lost a node ({}) and went on with {} ranks, but a torch.distributed process "
-          "group has the launch's {}: under --recovery step the ddp backend recovers lost "
-          "workers, not lost nodes (use --recovery group for Python jobs that must survive a "
-          "lost node)",
-          recoverable_->loss_description(), pg_->size(), size));
-    }
   } else {
     InitOptions o;
     o.backend = "cpu";
@@ -200,20 +191,20 @@ void ProcessGroupDDP::reform() {
     }
   }
   ProcessGroupPtr next = group.reform();
-  // A torch.distributed group's rank and size are fixed (c10d::Backend): a lost node, which
-  // renumbers the survivors, cannot be followed here.
-  if (next->size() != getSize() || next->rank() != getRank()) {
-    throw RemovedFromJobError(
-        fmt::format("the job lost a node ({}): the survivors would go on as rank {} of {}, but a "
-                    "torch.distributed process group keeps rank {} of {} for its lifetime; under "
-                    "--recovery step the ddp backend recovers lost workers, not lost nodes (use "
-                    "--recovery group for Python jobs that must survive a lost node)",
-                    group.loss_description(), next->rank(), next->size(), getRank(), getSize()));
-  }
+  // A lost node renumbers the survivors (group_rank(), group_size()); c10d's rank and size stay
+  // the launch's (getRank(), getSize()).
   {
     std::lock_guard<std::mutex> lock(pg_mutex_);
     pg_ = next;
   }
+}
+
+int ProcessGroupDDP::group_rank() const {
+  return live()->rank();
+}
+
+int ProcessGroupDDP::group_size() const {
+  return live()->size();
 }
 
 void ProcessGroupDDP::shutdown() {
@@ -249,8 +240,8 @@ c10::intrusive_ptr<WorkDDP> ProcessGroupDDP::make_work(c10d::OpType type, WorkDD
       type != c10d::OpType::RECVANYSOURCE) {
     ++seq_;
   }
-  auto work = c10::make_intrusive<WorkDDP>(rank_, type, std::move(epilogue), std::move(outputs),
-                                           timeout_, completer_);
+  auto work = c10::make_intrusive<WorkDDP>(group_rank(), type, std::move(epilogue),
+                                           std::move(outputs), timeout_, completer_);
   // Issued at once unless a future's callbacks may still issue operations before it (see
   // "Issue order" in work_ddp.hpp).
   if (!completer_->defer_if_busy(work, start)) {
@@ -266,9 +257,9 @@ c10::intrusive_ptr<WorkDDP> ProcessGroupDDP::make_work(c10d::OpType type, WorkDD
 }
 
 void ProcessGroupDDP::check_root(int64_t root, const char* op) const {
-  if (root < 0 || root >= size_) {
-    throw UsageError(
-        fmt::format("{}: root rank {} is out of range for a group of {} ranks", op, root, size_));
+  if (root < 0 || root >= group_size()) {
+    throw UsageError(fmt::format("{}: root rank {} is out of range for a group of {} ranks", op,
+                                 root, group_size()));
   }
 }
 
@@ -307,7 +298,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::bitwise_all_reduce(const at::Ten
         reduce_op_name(op), dtype_name(t.scalar_type())));
   }
   auto buf = host_contiguous(t);
-  auto gathered = at::empty({size_, t.numel()}, host_options(t));
+  auto gathered = at::empty({group_size(), t.numel()}, host_options(t));
   const auto e = move_elements(t.scalar_type(), t.numel());
   auto start = [this, buf, gathered, e] {
     return std::vector<WorkPtr>{
@@ -376,7 +367,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce(std::vector<at::Tensor>& 
   };
   // Only the root's result is defined; other ranks' tensors hold unspecified values afterwards
   // (gloo leaves partial sums there too), so only the root copies a staged result back.
-  const bool root = opts.rootRank == rank_;
+  const bool root = opts.rootRank == group_rank();
   auto epilogue = [t, buf, root] {
     if (root) copy_back(t, buf);
   };
@@ -391,16 +382,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather(
     throw UsageError(fmt::format("all_gather: expected one output list, got {}", outputs.size()));
   }
   const std::vector<at::Tensor> outs = outputs[0];
-  if (static_cast<int>(outs.size()) != size_) {
+  if (static_cast<int>(outs.size()) != group_size()) {
     throw UsageError(
         fmt::format("all_gather: the output list has {} tensors but the group has {} ranks",
-                    outs.size(), size_));
+                    outs.size(), group_size()));
   }
   check_same(outs, in.scalar_type(), std::nullopt, "all_gather", "output");
-  if (outs[rank_].numel() != in.numel()) {
+  if (outs[group_rank()].numel() != in.numel()) {
     throw UsageError(fmt::format(
-        "all_gather: output[{}] (this rank's slot) has {} elements but the input has {}", rank_,
-        outs[rank_].numel(), in.numel()));
+        "all_gather: output[{}] (this rank's slot) has {} elements but the input has {}",
+        group_rank(), outs[group_rank()].numel(), in.numel()));
   }
   auto src = host_contiguous(in);
   bool equal = true;
@@ -440,7 +431,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather(
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& /*opts*/) {
   check_dense(input, "all_gather_into_tensor");
-  check_same({output}, input.scalar_type(), input.numel() * size_, "all_gather_into_tensor",
+  check_same({output}, input.scalar_type(), input.numel() * group_size(), "all_gather_into_tensor",
              "output");
   auto src = host_contiguous(input);
   auto dst = host_contiguous(output);
@@ -458,9 +449,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& /*opts*/) {
   const char* op = "all_gather_coalesced";
-  if (static_cast<int>(outputs.size()) != size_) {
-    throw UsageError(fmt::format("{}: expected {} output lists (one per rank), got {}", op, size_,
-                                 outputs.size()));
+  if (static_cast<int>(outputs.size()) != group_size()) {
+    throw UsageError(fmt::format("{}: expected {} output lists (one per rank), got {}", op,
+                                 group_size(), outputs.size()));
   }
   // Every input travels as bytes, packed in order; every rank's outputs match the inputs.
   std::vector<at::Tensor> staged;
@@ -482,7 +473,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather_coalesced(
   std::vector<at::Tensor> byte_views;
   for (const auto& s : staged) byte_views.push_back(bytes_of(s));
   auto packed = byte_views.empty() ? at::empty({0}, at::kByte) : at::cat(byte_views);
-  auto flat = at::empty({bytes * size_}, at::kByte);
+  auto flat = at::empty({bytes * group_size()}, at::kByte);
   auto start = [this, packed, flat, bytes] {
     return std::vector<WorkPtr>{live()->all_gather(packed.data_ptr(), flat.data_ptr(),
                                                    static_cast<size_t>(bytes), DataType::kUInt8)};
@@ -510,12 +501,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::gather(
     const c10d::GatherOptions& opts) {
   const auto& in = single_tensor(inputs, "gather");
   check_root(opts.rootRank, "gather");
-  const bool root = opts.rootRank == rank_;
+  const bool root = opts.rootRank == group_rank();
   std::vector<at::Tensor> outs;
   if (root) {
-    if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_) {
+    if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != group_size()) {
       throw UsageError(fmt::format(
-          "gather: the root needs one output list of {} tensors (got {} lists{})", size_,
+          "gather: the root needs one output list of {} tensors (got {} lists{})", group_size(),
           outputs.size(),
           outputs.empty() ? std::string() : fmt::format(", the first of {}", outputs[0].size())));
     }
@@ -525,7 +516,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::gather(
     throw UsageError("gather: only the root passes a gather_list");
   }
   auto src = host_contiguous(in);
-  auto flat = root ? at::empty({in.numel() * size_}, host_options(in)) : at::Tensor();
+  auto flat = root ? at::empty({in.numel() * group_size()}, host_options(in)) : at::Tensor();
   const auto e = move_elements(in.scalar_type(), in.numel());
   const int root_rank = static_cast<int>(opts.rootRank);
   auto start = [this, src, flat, e, root_rank] {
@@ -546,12 +537,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::scatter(
     const c10d::ScatterOptions& opts) {
   const auto& out = single_tensor(outputs, "scatter");
   check_root(opts.rootRank, "scatter");
-  const bool root = opts.rootRank == rank_;
+  const bool root = opts.rootRank == group_rank();
   at::Tensor flat;
   if (root) {
-    if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
+    if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != group_size()) {
       throw UsageError(fmt::format(
-          "scatter: the root needs one scatter_list of {} tensors (got {} lists{})", size_,
+          "scatter: the root needs one scatter_list of {} tensors (got {} lists{})", group_size(),
           inputs.size(),
           inputs.empty() ? std::string() : fmt::format(", the first of {}", inputs[0].size())));
     }
@@ -574,8 +565,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   const auto& out = single_tensor(outputs, "reduce_scatter");
-  if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
-    throw UsageError(fmt::format("reduce_scatter: expected one input list of {} tensors", size_));
+  if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != group_size()) {
+    throw UsageError(
+        fmt::format("reduce_scatter: expected one input list of {} tensors", group_size()));
   }
   check_same(inputs[0], out.scalar_type(), out.numel(), "reduce_scatter", "input_list");
   const auto [r, dtype] = reduction(out, opts.reduceOp, "reduce_scatter");
@@ -592,7 +584,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce_scatter(
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   check_dense(output, "reduce_scatter_tensor");
-  check_same({input}, output.scalar_type(), output.numel() * size_, "reduce_scatter_tensor",
+  check_same({input}, output.scalar_type(), output.numel() * group_size(), "reduce_scatter_tensor",
              "input");
   const auto [r, dtype] = reduction(output, opts.reduceOp, "reduce_scatter_tensor");
   auto src = host_contiguous(input);
@@ -626,14 +618,14 @@ std::vector<WorkPtr> ProcessGroupDDP::exchange(const std::vector<at::Tensor>& se
   // numbers its exchanges alike because collectives are called in the same order.
   const int tag = -1 - static_cast<int>(exchange_seq_++ % (1 << 30));
   std::vector<WorkPtr> works;
-  recv_blocks[rank_].copy_(send_blocks[rank_]);
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_ || recv_blocks[p].numel() == 0) continue;
+  recv_blocks[group_rank()].copy_(send_blocks[group_rank()]);
+  for (int p = 0; p < group_size(); ++p) {
+    if (p == group_rank() || recv_blocks[p].numel() == 0) continue;
     works.push_back(live()->recv(bytes_of(recv_blocks[p]).data_ptr(), recv_blocks[p].nbytes(),
                                  DataType::kUInt8, p, tag));
   }
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_ || send_blocks[p].numel() == 0) continue;
+  for (int p = 0; p < group_size(); ++p) {
+    if (p == group_rank() || send_blocks[p].numel() == 0) continue;
     works.push_back(
         live()->send(send_blocks[p].data_ptr(), send_blocks[p].nbytes(), DataType::kUInt8, p, tag));
   }
@@ -648,20 +640,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall_base(
   check_same({output}, input.scalar_type(), std::nullopt, op, "output");
   auto splits_ok = [&](const std::vector<int64_t>& s, const at::Tensor& t, const char* what) {
     if (s.empty()) {
-      if (t.dim() == 0 || t.size(0) % size_ != 0) {
+      if (t.dim() == 0 || t.size(0) % group_size() != 0) {
         throw UsageError(
             fmt::format("{}: {} of shape {} does not split evenly into {} ranks along dim 0; pass "
                         "{}_split_sizes",
-                        op, what, c10::str(t.sizes()), size_, what));
+                        op, what, c10::str(t.sizes()), group_size(), what));
       }
-      return std::vector<int64_t>(size_, t.size(0) / size_);
+      return std::vector<int64_t>(group_size(), t.size(0) / group_size());
     }
-    if (static_cast<int>(s.size()) != size_ ||
+    if (static_cast<int>(s.size()) != group_size() ||
         std::accumulate(s.begin(), s.end(), int64_t{0}) != t.size(0)) {
       throw UsageError(fmt::format(
           "{}: {}_split_sizes has {} entries summing to {}; it needs {} entries summing to "
           "{} (dim 0 of the {})",
-          op, what, s.size(), std::accumulate(s.begin(), s.end(), int64_t{0}), size_,
+          op, what, s.size(), std::accumulate(s.begin(), s.end(), int64_t{0}), group_size(),
           t.dim() ? t.size(0) : 0, what));
     }
     return s;
@@ -685,16 +677,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall_base(
   } else {
     std::vector<at::Tensor> sends, recvs;
     int64_t so = 0, ro = 0;
-    for (int p = 0; p < size_; ++p) {
+    for (int p = 0; p < group_size(); ++p) {
       sends.push_back(src.reshape(-1).narrow(0, so * in_row, in_splits[p] * in_row));
       recvs.push_back(dst.reshape(-1).narrow(0, ro * out_row, out_splits[p] * out_row));
       so += in_splits[p];
       ro += out_splits[p];
     }
-    if (sends[rank_].numel() != recvs[rank_].numel()) {
+    if (sends[group_rank()].numel() != recvs[group_rank()].numel()) {
       throw UsageError(
           fmt::format("{}: this rank sends itself {} elements but expects {} from itself", op,
-                      sends[rank_].numel(), recvs[rank_].numel()));
+                      sends[group_rank()].numel(), recvs[group_rank()].numel()));
     }
     start = [this, sends, recvs] { return exchange(sends, recvs); };
   }
@@ -707,9 +699,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall(std::vector<at::Tensor>
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& /*opts*/) {
   const char* op = "all_to_all";
-  if (static_cast<int>(inputs.size()) != size_ || static_cast<int>(outputs.size()) != size_) {
+  if (static_cast<int>(inputs.size()) != group_size() ||
+      static_cast<int>(outputs.size()) != group_size()) {
     throw UsageError(fmt::format("{}: needs {} input and {} output tensors (got {} and {})", op,
-                                 size_, size_, inputs.size(), outputs.size()));
+                                 group_size(), group_size(), inputs.size(), outputs.size()));
   }
   check_dense(inputs[0], op);
   const auto dtype = inputs[0].scalar_type();
@@ -717,13 +710,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall(std::vector<at::Tensor>
   check_same(outputs, dtype, std::nullopt, op, "output_tensor_list");
   const int64_t n = inputs[0].numel();
   bool even = true;
-  for (int p = 0; p < size_; ++p) {
+  for (int p = 0; p < group_size(); ++p) {
     even = even && inputs[p].numel() == n && outputs[p].numel() == n;
   }
   std::vector<at::Tensor> outs = outputs;
   if (all_ranks_even(even ? n : -1)) {
     auto src = pack(inputs);
-    auto flat = at::empty({n * size_}, host_options(inputs[0]));
+    auto flat = at::empty({n * group_size()}, host_options(inputs[0]));
     const auto e = move_elements(dtype, n);
     auto start = [this, src, flat, e] {
       return std::vector<WorkPtr>{
@@ -737,13 +730,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::alltoall(std::vector<at::Tensor>
     return make_work(c10d::OpType::ALLTOALL, start, std::move(epilogue), outs);
   }
   std::vector<at::Tensor> sends, recvs;
-  for (int p = 0; p < size_; ++p) {
+  for (int p = 0; p < group_size(); ++p) {
     sends.push_back(host_contiguous(inputs[p]));
     recvs.push_back(host_contiguous(outputs[p]));
   }
-  if (sends[rank_].numel() != recvs[rank_].numel()) {
+  if (sends[group_rank()].numel() != recvs[group_rank()].numel()) {
     throw UsageError(fmt::format("{}: this rank sends itself {} elements but expects {}", op,
-                                 sends[rank_].numel(), recvs[rank_].numel()));
+                                 sends[group_rank()].numel(), recvs[group_rank()].numel()));
   }
   auto start = [this, sends, recvs] { return exchange(sends, recvs); };
   auto epilogue = [outs, sends, recvs] {
@@ -785,7 +778,7 @@ void ProcessGroupDDP::monitoredBarrier(const c10d::BarrierOptions& opts, bool wa
 
 void ProcessGroupDDP::monitored_barrier(std::chrono::milliseconds limit, bool wait_all_ranks,
                                         const char* op, std::chrono::milliseconds stated) {
-  if (size_ == 1) return;
+  if (group_size() == 1) return;
   // Through the group's store, as gloo's monitored barrier goes through its own messages:
   // every rank sets its key, rank 0 watches them until `limit` and then writes the outcome
   // every rank waits for. Store requests leave nothing pending behind a failed barrier (a
@@ -801,8 +794,8 @@ void ProcessGroupDDP::monitored_barrier(std::chrono::milliseconds limit, bool wa
   };
   const std::string outcome_key = prefix + "outcome";
   try {
-    store_->set(prefix + std::to_string(rank_), std::vector<uint8_t>{1});
-    if (rank_ != 0) {
+    store_->set(prefix + std::to_string(group_rank()), std::vector<uint8_t>{1});
+    if (group_rank() != 0) {
       store_->wait({outcome_key}, left());
       const auto outcome = store_->get(outcome_key);
       if (outcome.empty() || outcome[0] != 'o') {
@@ -816,14 +809,14 @@ void ProcessGroupDDP::monitored_barrier(std::chrono::milliseconds limit, bool wa
       // that one's outcome. (One call before could still be read by a slow rank.)
       const std::string old = fmt::format("ddp_monitored_barrier/{}/", seq - 2);
       try {
-        for (int r = 0; r < size_; ++r) store_->deleteKey(old + std::to_string(r));
+        for (int r = 0; r < group_size(); ++r) store_->deleteKey(old + std::to_string(r));
         store_->deleteKey(old + "outcome");
       } catch (const c10::Error&) {
         // A store without deleteKey keeps them: a few bytes per call.
       }
     }
     std::vector<int> missing;
-    for (int r = 1; r < size_; ++r) {
+    for (int r = 1; r < group_size(); ++r) {
       const std::string key = prefix + std::to_string(r);
       while (!store_->check({key}) && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -838,8 +831,8 @@ void ProcessGroupDDP::monitored_barrier(std::chrono::milliseconds limit, bool wa
       outcome = fmt::format(
           "{} {} failed to pass the barrier within {} ms (rank 0 of {}); they crashed, hang or "
           "run something else{}",
-          missing.size() == 1 ? "rank" : "ranks", fmt::join(missing, ", "), stated.count(), size_,
-          wait_all_ranks ? "" : " (wait_all_ranks=True lists every missing rank)");
+          missing.size() == 1 ? "rank" : "ranks", fmt::join(missing, ", "), stated.count(),
+          group_size(), wait_all_ranks ? "" : " (wait_all_ranks=True lists every missing rank)");
     }
     store_->set(outcome_key, std::vector<uint8_t>(outcome.begin(), outcome.end()));
     if (!missing.empty()) throw TimeoutError(fmt::format("{}: {}", op, outcome));
@@ -848,16 +841,16 @@ void ProcessGroupDDP::monitored_barrier(std::chrono::milliseconds limit, bool wa
     throw TimeoutError(fmt::format(
         "{}: rank {} was not released by rank 0 within {} ms: rank 0 did not reach the barrier "
         "or is still waiting for other ranks (its error names them): {}",
-        op, rank_, stated.count(), e.what_without_backtrace()));
+        op, group_rank(), stated.count(), e.what_without_backtrace()));
   }
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::send(std::vector<at::Tensor>& tensors, int dst,
                                                      int tag) {
   const auto& t = single_tensor(tensors, "send");
-  if (dst < 0 || dst >= size_ || dst == rank_) {
-    throw UsageError(
-        fmt::format("send: destination rank {} is invalid for rank {} of {}", dst, rank_, size_));
+  if (dst < 0 || dst >= group_size() || dst == group_rank()) {
+    throw UsageError(fmt::format("send: destination rank {} is invalid for rank {} of {}", dst,
+                                 group_rank(), group_size()));
   }
   auto buf = host_contiguous(t);
   const auto e = move_elements(t.scalar_type(), t.numel());
@@ -870,9 +863,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::send(std::vector<at::Tensor>& te
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::recv(std::vector<at::Tensor>& tensors, int src,
                                                      int tag) {
   const auto& t = single_tensor(tensors, "recv");
-  if (src < 0 || src >= size_ || src == rank_) {
-    throw UsageError(
-        fmt::format("recv: source rank {} is invalid for rank {} of {}", src, rank_, size_));
+  if (src < 0 || src >= group_size() || src == group_rank()) {
+    throw UsageError(fmt::format("recv: source rank {} is invalid for rank {} of {}", src,
+                                 group_rank(), group_size()));
   }
   auto buf = host_contiguous(t);
   const auto e = move_elements(t.scalar_type(), t.numel());

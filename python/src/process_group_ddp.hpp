@@ -113,6 +113,13 @@ class ProcessGroupDDP : public ProcessGroupBase {
   // live ranks and the restarted one). The training thread's call, with no operation of its
   // own in flight.
   void reform();
+  // This rank and the group's size in the current generation. c10d keeps the launch's rank and
+  // size for a group's lifetime (getRank(), getSize(), hence torch.distributed.get_rank() and
+  // get_world_size()); a node lost under --recovery step renumbers the survivors, and the
+  // operations then take ranks (roots, sources, destinations) and list lengths in these terms.
+  // Equal to getRank() and getSize() in every other group.
+  int group_rank() const;
+  int group_size() const;
 
   // The number of collectives this group issued (sends and receives not counted), equal on
   // every rank of a group used correctly. torch's ProcessGroupWrapper, which wraps every group

@@ -83,7 +83,6 @@ RecoverableGroup::RecoverableGroup(RecoverableGroupOptions options) : options_(s
     }
   }
   if (!watch_store_) watch_store_ = store_;
-  if (options_.fixed_world) recovery_notice::mark_fixed_world(*store_);
 
   // A restarted rank joins the generation its loss opened; at the start that is 0. Another
   // rank lost while this one forms it (two failures at once, on two nodes): the others have

@@ -159,14 +159,6 @@ bool StepRecovery::on_node_lost(const LostNode& node) {
     ~RestoreTimeout() { store.set_timeout(timeout); }
   } restore{*store_, request_timeout};
   try {
-    if (recovery_notice::is_fixed_world(*store_)) {
-      say(
-          fmt::format("ddprun: {}; the workers cannot go on with fewer ranks (PyTorch's "
-                      "process groups keep their size): ending the round, the worker group "
-                      "restarts on the nodes left\n",
-                      node.why));
-      return false;
-    }
     const int64_t generation = recovery_notice::publish_lost_node(*store_, slots);
     const size_t left = recovery_notice::members(*store_, generation, world_size_).size();
     const std::string ranks =

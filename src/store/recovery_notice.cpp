@@ -136,14 +136,6 @@ int64_t publish_lost_rank(Store& store, int rank) {
   return claim_generation(store, std::to_string(rank));
 }
 
-void mark_fixed_world(Store& store) {
-  store.set(std::string(kRecoveryPrefix) + "fixed_world", "1");
-}
-
-bool is_fixed_world(Store& store) {
-  return store.check({std::string(kRecoveryPrefix) + "fixed_world"});
-}
-
 int64_t publish_lost_node(Store& store, const std::vector<int>& slots) {
   if (slots.empty()) throw UsageError("recovery_notice::publish_lost_node: no rank given");
   return claim_generation(store, fmt::format("{}{}", kNodePrefix, fmt::join(slots, ",")));

@@ -6,17 +6,24 @@ outputs, so tests/torch/recovery/recovery_test.py checks both.
 
   recovery_worker.py --steps N --out DIR
 
+The global batch is the launch world's (one share of 32 a launch rank); after a lost node the
+live ranks split it (StepManager.rank and world_size: torch.distributed's rank and world size stay
+the launch's). DDP_TEST_DROPOUT=P sets the dropout (default 0.2); DDP_TEST_OPTIMIZER=sgd: SGD
+with momentum instead of Adam; DDP_TEST_STEP_SLEEP_MS=T: sleep T ms after each committed step.
+
 DDP_TEST_KILL_AT_STEP=S, DDP_TEST_KILL_RANK=R, DDP_TEST_KILL_PHASE=forward|backward|between:
 rank R of the first incarnation SIGKILLs itself at step S (lists: several failures);
 DDP_TEST_KILL_IN_HEAL=1: the first replacement dies after joining, before it is healed.
 DDP_TEST_KILL_NODE_AT_STEP=S: after step S the worker SIGKILLs its agent (its node's other
 workers die with it) and itself.
-Writes DIR/rank<R>.params (every parameter's bytes, in order) and DIR/rank<R>.json."""
+Writes DIR/rank<R>.params (every parameter's bytes, in order), DIR/rank<R>.json and appends
+"<pid> <step> <world size>" to DIR/rank<R>.commits per committed step; R is the launch rank."""
 import argparse
 import json
 import os
 import random
 import signal
+import time
 
 import numpy as np
 import torch
@@ -27,21 +34,30 @@ import ddp
 
 
 class Net(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, dropout):
         super().__init__()
+        self.dropout = dropout
         self.fc1 = torch.nn.Linear(16, 64)
         self.fc2 = torch.nn.Linear(64, 64)
         self.fc3 = torch.nn.Linear(64, 4)
 
     def forward(self, x):
         h = torch.relu(self.fc1(x))
-        h = torch.nn.functional.dropout(h, 0.2, self.training)
+        h = torch.nn.functional.dropout(h, self.dropout, self.training)
         return self.fc3(torch.relu(self.fc2(h)))
 
 
-def batch_for(step, rank):
-    g = torch.Generator().manual_seed(step * 1000 + rank)
+def share_of(step, share):
+    """Launch rank `share`'s part of step `step`'s global batch: the same in every process."""
+    g = torch.Generator().manual_seed(step * 1000 + share)
     return torch.randn(32, 16, generator=g), torch.randint(0, 4, (32,), generator=g)
+
+
+def batch_for(step, rank, world, launch_world):
+    """Rank `rank` of `world` takes the shares s with s % world == rank: after a lost node the
+    survivors also train on the lost ranks' shares, so a step averages the same samples."""
+    parts = [share_of(step, share) for share in range(rank, launch_world, world)]
+    return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
 
 
 def ints(text):
@@ -56,12 +72,15 @@ def main():
 
     dist.init_process_group("ddp")
     torch.set_num_threads(1)
-    rank = dist.get_rank()
+    slot = dist.get_rank()  # the launch rank: names the files and the kill orders
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)
-    model = DDP(Net(), init_sync=False)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model = DDP(Net(float(os.environ.get("DDP_TEST_DROPOUT", "0.2"))), init_sync=False)
+    if os.environ.get("DDP_TEST_OPTIMIZER", "adam") == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     restart_count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if os.environ.get("DDP_TEST_KILL_IN_HEAL") == "1" and restart_count == "1":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -75,12 +94,13 @@ def main():
         if restart_count != "0" or phase != kill_phase:
             return
         for s, r in zip(kill_steps, kill_ranks):
-            if rank == r and steps.step == s:
+            if slot == r and steps.step == s:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     def forward():
         maybe_die("forward")
-        x, y = batch_for(steps.step, rank)  # the step being run (a redo may run a later one)
+        # The step being run (a redo may run a later one), split over the current ranks.
+        x, y = batch_for(steps.step, steps.rank, steps.world_size, steps.launch_world_size)
         # Augmentation from Python's and NumPy's global generators (seeded alike on every
         # rank): a redo must draw what the dropped attempt drew, and a replacement must go on
         # from its peers' states, or the parameters differ from a run without the failure.
@@ -91,18 +111,25 @@ def main():
         return loss
 
     kill_node_at = int(os.environ.get("DDP_TEST_KILL_NODE_AT_STEP", "-1"))
+    step_sleep = int(os.environ.get("DDP_TEST_STEP_SLEEP_MS", "0")) / 1000.0
+    commits = open(os.path.join(args.out, f"rank{slot}.commits"), "a")
     while steps.step < args.steps:
         steps.run_step(forward)
+        commits.write(f"{os.getpid()} {steps.step} {steps.world_size}\n")
+        commits.flush()
         maybe_die("between")
+        if step_sleep:
+            time.sleep(step_sleep)
         if steps.step == kill_node_at:  # the whole node: the agent, then this worker
             os.kill(os.getppid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    with open(os.path.join(args.out, f"rank{rank}.params"), "wb") as f:
+    with open(os.path.join(args.out, f"rank{slot}.params"), "wb") as f:
         for p in model.parameters():
             f.write(p.detach().contiguous().numpy().tobytes())
-    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-        json.dump({"rank": rank, "step": steps.step, "dropped": steps.dropped,
+    with open(os.path.join(args.out, f"rank{slot}.json"), "w") as f:
+        json.dump({"rank": steps.rank, "slot": slot, "world_size": steps.world_size,
+                   "step": steps.step, "dropped": steps.dropped,
                    "recoveries": steps.recoveries, "generation": steps.generation,
                    "restart_count": int(restart_count)}, f)
     dist.destroy_process_group()

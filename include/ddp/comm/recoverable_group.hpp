@@ -70,10 +70,6 @@ struct RecoverableGroupOptions {
   // client from the environment, or `store` itself when `store` was given.
   std::shared_ptr<Store> watch_store;
   std::string group_name = "recovery";
-  // The program cannot follow a shrinking world (the Python backend: a torch.distributed
-  // group's size is fixed): tells ddprun so (recovery_notice::mark_fixed_world), which then
-  // restarts the worker group when a node is lost instead of going on without it.
-  bool fixed_world = false;
 };
 
 class RecoverableGroup {

@@ -88,8 +88,7 @@ class StepRecovery {
   // A node of the job was lost (LostNodeHandler, on the membership watcher's thread): records
   // that its ranks leave the job, so the survivors re-form without them, and says so. Returns
   // false, saying why, when the survivors cannot go on in place: the lost node is the round's
-  // node 0 (it served this store), the workers cannot shrink (recovery_notice::is_fixed_world),
-  // or the store fails. The round then ends as in group mode.
+  // node 0 (it served this store) or the store fails. The round then ends as in group mode.
   bool on_node_lost(const LostNode& node);
 
   // This node joined the running round in the place of a node it lost (before its workers

@@ -78,10 +78,4 @@ int64_t publish_lost_node(Store& store, const std::vector<int>& slots);
 // that joined the running job; returns the generation it opened, as publish_lost_rank.
 int64_t publish_joined_node(Store& store, const std::vector<int>& slots);
 
-// Worker side: this job's workers cannot go on with fewer ranks (a torch.distributed group's
-// size is fixed), so a lost node must end the round (the worker group restarts) instead of
-// being taken in place. Key "fixed_world", set once by any worker; read by the launcher.
-void mark_fixed_world(Store& store);
-bool is_fixed_world(Store& store);
-
 }  // namespace ddp::recovery_notice
