@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <exception>
 
 #include "ddp/comm/init.hpp"
 #include "ddp/comm/world_info.hpp"
@@ -49,6 +50,13 @@ std::shared_ptr<Store> store_client_from_env(int rank, bool may_host,
   return std::make_shared<TcpStore>(o);
 }
 
+// "rank 2", "ranks 0 and 2", "ranks 0, 2 and 3".
+std::string ranks_text(const std::vector<int>& slots) {
+  if (slots.size() == 1) return fmt::format("rank {}", slots.front());
+  const std::vector<int> head(slots.begin(), slots.end() - 1);
+  return fmt::format("ranks {} and {}", fmt::join(head, ", "), slots.back());
+}
+
 }  // namespace
 
 RecoverableGroup::RecoverableGroup(RecoverableGroupOptions options) : options_(std::move(options)) {
@@ -83,6 +91,11 @@ RecoverableGroup::RecoverableGroup(RecoverableGroupOptions options) : options_(s
     }
   }
   if (!watch_store_) watch_store_ = store_;
+  // Without ddprun --recovery step (and no store given) the generation never changes: nobody
+  // waits for a finished rank, and rank 0's store may be gone when the others finish.
+  records_finish_ = agent_hosts_store() || options_.store != nullptr;
+  // This process forms a group in its slot again: an earlier group's finish no longer holds.
+  if (records_finish_) recovery_notice::clear_finished(*store_, slot_);
 
   // A restarted rank joins the generation its loss opened; at the start that is 0. Another
   // rank lost while this one forms it (two failures at once, on two nodes): the others have
@@ -117,6 +130,16 @@ RecoverableGroup::~RecoverableGroup() {
   }
   cv_.notify_all();
   if (watcher_.joinable()) watcher_.join();
+  // Unwinding: this process is failing, and ddprun may restart its slot (that restart's record
+  // would make the finish stale anyway); the others keep waiting for it as before.
+  if (!records_finish_ || std::uncaught_exceptions() > 0) return;
+  try {
+    recovery_notice::publish_finished(*watch_store_, slot_, generation_);
+  } catch (const std::exception& e) {
+    log::get("ddp.comm")
+        ->warn("RecoverableGroup: rank {} cannot record in the job's store that it finished: {}",
+               slot_, e.what());
+  }
 }
 
 std::optional<int> RecoverableGroup::lost_rank() const {
@@ -217,6 +240,13 @@ ProcessGroupPtr RecoverableGroup::form(int64_t generation) {
     rank = static_cast<int>(at - slots.begin());
     world_size = static_cast<int>(slots.size());
   }
+  if (generation > 0) {
+    await_members(generation, slots);
+  } else {
+    std::vector<int> all(static_cast<size_t>(initial_world_size_));
+    for (int i = 0; i < initial_world_size_; ++i) all[static_cast<size_t>(i)] = i;
+    await_members(generation, all);
+  }
   InitOptions init;
   init.backend = options_.backend;
   init.timeout = options_.timeout;
@@ -229,6 +259,75 @@ ProcessGroupPtr RecoverableGroup::form(int64_t generation) {
   world_size_ = world_size;
   if (!first_generation_) first_generation_ = generation;
   return group;
+}
+
+void RecoverableGroup::await_members(int64_t generation, const std::vector<int>& slots) {
+  // Keys of this group name and generation only: a group formed again in the same processes
+  // (same name, same generation) finds them set and goes straight to its rendezvous.
+  const std::string base = fmt::format("{}/g{}/present/", options_.group_name, generation);
+  std::vector<std::string> keys;
+  keys.reserve(slots.size());
+  for (int s : slots) keys.push_back(base + std::to_string(s));
+  store_->set(base + std::to_string(slot_), "1");
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto deadline = start + options_.timeout;
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    try {
+      store_->wait(keys, std::clamp(left, std::chrono::milliseconds(1), options_.watch_interval));
+      return;
+    } catch (const TimeoutError&) {
+    }
+    const bool late = Clock::now() >= deadline;
+    // One round trip a poll while nobody finished (every normal re-forming).
+    if (!late && recovery_notice::read_finish_count(*store_) == 0) continue;
+    std::vector<int> missing;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (!store_->check({keys[i]})) missing.push_back(slots[i]);
+    }
+    if (missing.empty()) return;
+    const std::vector<int> finished = recovery_notice::finished_slots(*store_, missing);
+    if (!finished.empty()) throw finished_error(generation, finished);
+    if (!late) continue;
+    throw TimeoutError(fmt::format(
+        "RecoverableGroup: rank {} (launched as rank {}) waited {} ms for membership generation "
+        "{} of '{}', but {} never joined it ({} of {} did); start every rank with the same world "
+        "size and store",
+        rank_.load(), slot_,
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count(),
+        generation, options_.group_name, ranks_text(missing), slots.size() - missing.size(),
+        slots.size()));
+  }
+}
+
+PeersFinishedError RecoverableGroup::finished_error(int64_t generation,
+                                                    const std::vector<int>& finished) const {
+  const bool one = finished.size() == 1;
+  const std::string who =
+      fmt::format("{} already finished (closed {} group without an error, after {} last step)",
+                  ranks_text(finished), one ? "its" : "their", one ? "its" : "their");
+  // A replacement forms the generation its own loss opened first (nothing formed yet).
+  const bool replacement = !first_generation_ && generation > 0 &&
+                           recovery_notice::read_lost_rank(*store_, generation) == slot_;
+  if (replacement) {
+    return PeersFinishedError(
+        fmt::format(
+            "rank {} of {} cannot rejoin the job: {} before this replacement could join "
+            "membership generation {}, so no live peer is left to heal it from (ddprun "
+            "--recovery step). The job's training completed on the other ranks, but rank {}'s "
+            "previous process died after its last step, while they were finishing: its "
+            "end-of-run work is lost, and the job fails for that",
+            slot_, initial_world_size_, who, generation, slot_),
+        finished);
+  }
+  return PeersFinishedError(
+      fmt::format("rank {} of {} cannot form membership generation {}: {} and will never join "
+                  "it, so the job cannot go on in place (ddprun --recovery step); every rank "
+                  "must run the same number of steps",
+                  slot_, initial_world_size_, generation, who),
+      finished);
 }
 
 const ProcessGroupPtr& RecoverableGroup::reform() {

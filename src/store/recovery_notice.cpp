@@ -25,6 +25,14 @@ std::string lost_key(int64_t generation) {
   return std::string(kRecoveryPrefix) + "lost/" + std::to_string(generation);
 }
 
+std::string finished_key(int slot) {
+  return std::string(kRecoveryPrefix) + "finished/" + std::to_string(slot);
+}
+
+std::string finish_count_key() {
+  return std::string(kRecoveryPrefix) + "finish_count";
+}
+
 struct Record {
   enum class Kind { kRestart, kNodeLost, kNodeJoined };
   std::vector<int> slots;  // the ranks' slots, at least one
@@ -144,6 +152,51 @@ int64_t publish_lost_node(Store& store, const std::vector<int>& slots) {
 int64_t publish_joined_node(Store& store, const std::vector<int>& slots) {
   if (slots.empty()) throw UsageError("recovery_notice::publish_joined_node: no rank given");
   return claim_generation(store, fmt::format("{}{}", kJoinPrefix, fmt::join(slots, ",")));
+}
+
+void publish_finished(Store& store, int slot, int64_t generation) {
+  // The record before the count: a waiter that sees the count finds the record.
+  store.set(finished_key(slot), std::to_string(generation));
+  store.add(finish_count_key(), 1);
+}
+
+void clear_finished(Store& store, int slot) {
+  // Emptied, not deleted: a reader that saw the key set must not wait in get() for it.
+  if (store.check({finished_key(slot)})) store.set(finished_key(slot), "");
+}
+
+int64_t read_finish_count(Store& store) {
+  return store.add(finish_count_key(), 0);
+}
+
+std::vector<int> finished_slots(Store& store, const std::vector<int>& slots) {
+  const int64_t newest = read_generation(store);
+  std::vector<int> out;
+  for (int slot : slots) {
+    const std::string key = finished_key(slot);
+    if (!store.check({key})) continue;
+    const std::string value = store.get(key);
+    if (value.empty()) continue;  // cleared: the slot formed a group again
+    size_t used = 0;
+    int64_t written = -1;
+    try {
+      written = std::stoll(value, &used);
+    } catch (const std::exception&) {
+    }
+    if (written < 0 || used != value.size()) {
+      throw ProtocolError("store key " + key + " holds '" + value +
+                          "', not a membership generation; only ddp's RecoverableGroup may "
+                          "write it");
+    }
+    bool overridden = false;
+    for (int64_t g = written + 1; g <= newest && !overridden; ++g) {
+      const std::optional<Record> record = read_record(store, g);
+      overridden = record && std::find(record->slots.begin(), record->slots.end(), slot) !=
+                                 record->slots.end();
+    }
+    if (!overridden) out.push_back(slot);
+  }
+  return out;
 }
 
 }  // namespace ddp::recovery_notice

@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "ddp/comm/recoverable_group.hpp"
 #include "ddp/store/hash_store.hpp"
 #include "ddp/store/recovery_notice.hpp"
+#include "ddp/store/tcp_store.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {
@@ -31,6 +33,18 @@ RecoverableGroupOptions options_for(int rank, const std::shared_ptr<Store>& stor
   o.timeout = std::chrono::minutes(5);
   o.watch_interval = std::chrono::milliseconds(20);
   return o;
+}
+
+// Destroys `group` while an exception is in flight, as a failing process unwinds: it records no
+// finish.
+void throw_in_scope(std::unique_ptr<RecoverableGroup> group) {
+  try {
+    struct Dies {
+      std::unique_ptr<RecoverableGroup> group;
+    } dies{std::move(group)};
+    throw std::runtime_error("killed");
+  } catch (const std::runtime_error&) {
+  }
 }
 
 float all_reduce_one(ProcessGroup& pg, float value) {
@@ -365,6 +379,184 @@ TEST(RecoverableGroup, AProcessOfALostNodeFindsNoPlaceOnceANodeTookItsSlots) {
   EXPECT_TRUE(recovery_notice::removed_between(*store, 1, 0, 2));
   EXPECT_FALSE(recovery_notice::removed_between(*store, 1, 1, 2));
   EXPECT_FALSE(recovery_notice::removed_between(*store, 0, 0, 2));
+}
+
+// A finished/<r> record holds for the process that wrote it: a later record naming the slot (a
+// restart in place, a lost node, a joining node) means another process has the slot now.
+TEST(RecoveryNotice, AFinishedSlotStaysFinishedUntilALaterRecordNamesIt) {
+  HashStore store;
+  using V = std::vector<int>;
+  EXPECT_EQ(recovery_notice::read_finish_count(store), 0);
+  EXPECT_TRUE(recovery_notice::finished_slots(store, {0, 1, 2, 3}).empty());
+  recovery_notice::publish_finished(store, 0, 0);
+  recovery_notice::publish_finished(store, 2, 0);
+  EXPECT_EQ(recovery_notice::read_finish_count(store), 2);
+  EXPECT_EQ(recovery_notice::finished_slots(store, {0, 1, 2, 3}), (V{0, 2}));
+  // Rank 1 restarted in place: its peers' records still hold.
+  EXPECT_EQ(recovery_notice::publish_lost_rank(store, 1), 1);
+  EXPECT_EQ(recovery_notice::finished_slots(store, {0, 1, 2, 3}), (V{0, 2}));
+  // Rank 2 restarted after it finished (it exited with an error after closing its group).
+  EXPECT_EQ(recovery_notice::publish_lost_rank(store, 2), 2);
+  EXPECT_EQ(recovery_notice::finished_slots(store, {0, 1, 2, 3}), (V{0}));
+  // A record written at the newest generation holds; a lost node's record overrides it, and a
+  // joining node's new process is not the one that finished.
+  recovery_notice::publish_finished(store, 3, 2);
+  EXPECT_EQ(recovery_notice::finished_slots(store, {3}), (V{3}));
+  EXPECT_EQ(recovery_notice::publish_lost_node(store, {3}), 3);
+  EXPECT_TRUE(recovery_notice::finished_slots(store, {3}).empty());
+  recovery_notice::publish_finished(store, 1, 3);
+  EXPECT_EQ(recovery_notice::publish_joined_node(store, {3}), 4);
+  EXPECT_EQ(recovery_notice::finished_slots(store, {0, 1, 2, 3}), (V{0, 1}));
+  // The slot formed a group again in the same process.
+  recovery_notice::clear_finished(store, 0);
+  recovery_notice::clear_finished(store, 2);  // no record of its own: nothing to clear
+  EXPECT_EQ(recovery_notice::finished_slots(store, {0, 1, 2, 3}), (V{1}));
+  EXPECT_EQ(recovery_notice::read_finish_count(store), 4);
+  store.set("ddp/recovery/finished/5", "soon");
+  EXPECT_THROW(recovery_notice::finished_slots(store, {5}), ProtocolError);
+}
+
+// Far beyond how long the refusal may take (a hang detector, not a timing check), and short of
+// the group timeout, which the replacement waited out before it knew of finished peers.
+constexpr auto kFastRefusal = std::chrono::seconds(5);
+constexpr auto kLongGroupTimeout = std::chrono::seconds(20);
+
+// Ranks as threads, each with its own connections to a real TcpStore (as processes have).
+struct TcpJob {
+  TcpJob() {
+    TcpStoreOptions o;
+    o.port = 0;
+    o.is_server = true;
+    o.timeout = std::chrono::seconds(30);
+    server = std::make_unique<TcpStore>(o);
+  }
+  RecoverableGroupOptions options(int rank, std::chrono::milliseconds timeout) const {
+    RecoverableGroupOptions o = options_for(rank, client(), kWorld);
+    o.watch_store = client();
+    o.timeout = timeout;
+    return o;
+  }
+  // Every rank's group of generation 0, after one collective.
+  std::vector<std::unique_ptr<RecoverableGroup>> form_all() const {
+    std::vector<std::unique_ptr<RecoverableGroup>> groups(kWorld);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kWorld; ++r) {
+      threads.emplace_back([&, r] {
+        groups[r] = std::make_unique<RecoverableGroup>(options(r, kLongGroupTimeout));
+        EXPECT_EQ(all_reduce_one(*groups[r]->group(), 1.0f), 3.0f);
+      });
+    }
+    for (auto& t : threads) t.join();
+    return groups;
+  }
+  std::shared_ptr<Store> client() const {
+    TcpStoreOptions o;
+    o.port = server->port();
+    o.timeout = std::chrono::seconds(30);
+    return std::make_shared<TcpStore>(o);
+  }
+  std::unique_ptr<TcpStore> server;
+};
+
+// The job's last step: rank 1 dies right after it, ddprun restarts it, and ranks 0 and 2 finish
+// (close their groups) before the replacement starts. The replacement refuses at once with
+// PeersFinishedError naming them, instead of waiting out the group timeout for a generation
+// nobody else will form.
+TEST(RecoverableGroup, AReplacementWhosePeersFinishedRefusesAtOnce) {
+  TcpJob job;
+  std::vector<std::unique_ptr<RecoverableGroup>> peers = job.form_all();
+  throw_in_scope(std::move(peers[1]));  // rank 1 is killed right after the last step
+  peers[0].reset();                     // ranks 0 and 2 finish
+  peers[2].reset();
+  EXPECT_EQ(recovery_notice::publish_lost_rank(*job.server, 1), 1);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    RecoverableGroup replacement(job.options(1, kLongGroupTimeout));
+    FAIL() << "the replacement formed a generation without its finished peers";
+  } catch (const PeersFinishedError& e) {
+    EXPECT_EQ(e.finished_slots(), (std::vector<int>{0, 2}));
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 1 of 3 cannot rejoin the job: ranks 0 and 2 already finished"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("no live peer is left to heal it from"), std::string::npos) << what;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, kFastRefusal);
+}
+
+// The same when the peers finish while the replacement already waits for them.
+TEST(RecoverableGroup, AWaitingReplacementRefusesOnceItsPeersFinish) {
+  TcpJob job;
+  std::vector<std::unique_ptr<RecoverableGroup>> peers = job.form_all();
+  throw_in_scope(std::move(peers[1]));  // rank 1 dies
+  EXPECT_EQ(recovery_notice::publish_lost_rank(*job.server, 1), 1);
+  auto replacement = std::async(std::launch::async, [&] {
+    try {
+      RecoverableGroup group(job.options(1, kLongGroupTimeout));
+      return std::string("formed generation ") + std::to_string(group.generation());
+    } catch (const PeersFinishedError& e) {
+      return std::string(e.what());
+    } catch (const std::exception& e) {
+      return std::string("other error: ") + e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_EQ(replacement.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
+      << "the replacement did not wait for its peers: " << replacement.get();
+  const auto finished_at = std::chrono::steady_clock::now();
+  peers[0].reset();  // they finish: their last step is done
+  peers[2].reset();
+  ASSERT_EQ(replacement.wait_for(kFastRefusal), std::future_status::ready)
+      << "the replacement still waits for its finished peers";
+  const std::string what = replacement.get();
+  EXPECT_NE(what.find("ranks 0 and 2 already finished"), std::string::npos) << what;
+  EXPECT_LT(std::chrono::steady_clock::now() - finished_at, kFastRefusal);
+}
+
+// A normal in-place recovery is not taken for finished peers: each rank formed its group a
+// second time in the same process (the first one's finish no longer holds), rank 2 is
+// restarted after it closed its group cleanly (a later record names it), and the survivors wait
+// for the late rank 1 and for the replacement as before.
+TEST(RecoverableGroup, GroupsFormedAgainAndReplacementsAreNotTakenForFinished) {
+  TcpJob job;
+  std::array<float, kWorld> sums{};
+  std::array<std::string, kWorld> errors;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        {
+          RecoverableGroup first(job.options(r, kLongGroupTimeout));
+          EXPECT_EQ(all_reduce_one(*first.group(), 1.0f), 3.0f);
+        }
+        RecoverableGroup again(job.options(r, kLongGroupTimeout));
+        EXPECT_EQ(all_reduce_one(*again.group(), 1.0f), 3.0f);
+        if (r == 2) return;  // closes its group cleanly, then "dies": restarted below
+        while (!again.stale()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        // Rank 0 waits for rank 1 with rank 1's first group's finish in the store.
+        if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        again.reform();
+        sums[r] = all_reduce_one(*again.group(), 1.0f);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  threads[2].join();
+  EXPECT_EQ(recovery_notice::publish_lost_rank(*job.server, 2), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  try {
+    RecoverableGroup replacement(job.options(2, kLongGroupTimeout));
+    sums[2] = all_reduce_one(*replacement.group(), 1.0f);
+  } catch (const std::exception& e) {
+    errors[2] = e.what();
+  }
+  threads[0].join();
+  threads[1].join();
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(sums[r], 3.0f) << "rank " << r;
+  }
 }
 
 TEST(RecoverableGroup, BadOptionsAreUsageErrors) {

@@ -38,6 +38,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "ddp/comm/process_group.hpp"
 #include "ddp/store/store.hpp"
@@ -50,6 +51,21 @@ namespace ddp {
 class RemovedFromJobError : public Error {
  public:
   using Error::Error;
+};
+
+// A generation this rank forms cannot form: a member it waits for already finished (closed
+// its group without an error, after its last step: recovery_notice::publish_finished) and will
+// never join, e.g. a replacement started after the job's last step while its peers were exiting.
+// Thrown as soon as the record is seen, instead of a TimeoutError after the group timeout.
+class PeersFinishedError : public Error {
+ public:
+  PeersFinishedError(const std::string& what, std::vector<int> finished_slots)
+      : Error(what), finished_slots_(std::move(finished_slots)) {}
+  // The slots (launch ranks) that finished, ascending.
+  const std::vector<int>& finished_slots() const { return finished_slots_; }
+
+ private:
+  std::vector<int> finished_slots_;
 };
 
 struct RecoverableGroupOptions {
@@ -76,8 +92,14 @@ class RecoverableGroup {
  public:
   // Joins the current generation; blocks until every rank joined it (TimeoutError after
   // options.timeout, naming how many did, unless a newer generation was announced meanwhile:
-  // then it joins that one, as reform() does).
+  // then it joins that one, as reform() does). PeersFinishedError, within about
+  // options.watch_interval, when a rank it waits for already finished (below).
   explicit RecoverableGroup(RecoverableGroupOptions options = {});
+  // Destroyed without an exception in flight, the group records in the job's store that this
+  // slot finished (recovery_notice::publish_finished), so a rank still waiting for it to form a
+  // generation (a replacement started after the job's last step) fails at once with
+  // PeersFinishedError instead of waiting out the timeout. Only where generations can change:
+  // under ddprun --recovery step, or with options.store given.
   ~RecoverableGroup();
   RecoverableGroup(const RecoverableGroup&) = delete;
   RecoverableGroup& operator=(const RecoverableGroup&) = delete;
@@ -116,6 +138,11 @@ class RecoverableGroup {
   void watch_loop();
   // Forms `generation`'s group with this slot's place in it (rank_, world_size_ on success).
   ProcessGroupPtr form(int64_t generation);
+  // Waits until every slot of `slots` (this one included) arrived at `generation`, before the
+  // group's own rendezvous: polls every watch_interval, throws PeersFinishedError as soon as a
+  // missing slot finished and TimeoutError, naming the missing slots, after options.timeout.
+  void await_members(int64_t generation, const std::vector<int>& slots);
+  PeersFinishedError finished_error(int64_t generation, const std::vector<int>& finished) const;
   Loss read_loss(Store& store, int64_t generation) const;
   PeerLostError lost_error(int64_t generation, const Loss& loss) const;
 
@@ -128,6 +155,7 @@ class RecoverableGroup {
   std::shared_ptr<Store> watch_store_;
   // From the environment: a new connection per generation (recoverable_group.cpp); else unset.
   std::function<std::shared_ptr<Store>()> connect_;
+  bool records_finish_ = false;  // the destructor publishes this slot's finish (see there)
   ProcessGroupPtr group_;
   int64_t generation_ = 0;
   std::optional<int64_t> first_generation_;  // the first one this process formed

@@ -14,16 +14,29 @@
 //                       "join:<r>,<s>.." a node that joined the running job took the slots
 //                                        r, s, ... a lost node left: its new workers come back
 //                                        in them (healed from a peer), the others make room.
+//   finished/<r>      the process in rank slot r closed its group without an error (its
+//                     training is over) while a member of generation "<g>", the value; it
+//                     never joins a later generation. Written by that process
+//                     (RecoverableGroup's destructor); emptied ("") when the slot forms a
+//                     group again in the same process.
+//   finish_count      an add() counter, +1 for every finished/<r> written: a waiter reads the
+//                     slots' records only once it is above 0 (one round trip per poll).
 //
 // A rank's slot is the RANK it was launched with; it never changes. Its rank in generation g is
 // its index among the slots of g (members()): the launch's 0..W-1 minus every slot a "node:"
 // record up to g removed and no later "join:" record gave back, in slot order. So the membership of
 // any generation follows from the records alone, whatever order concurrent writers claimed them in.
-// The launchers (one agent per node) are the only writers: each claims the next free lost/<g>
-// with compare_set, then raises the counter, so the keys lost/1..lost/k are all set whenever
-// the counter reads k, even when agents on two nodes record losses at the same moment. Workers
-// read the counter from a watcher thread (RecoverableGroup), never on the training step's
-// path.
+// A finished/<r> record speaks for the process that wrote it only: once a record of a later
+// generation than its "<g>" names slot r (restarted in place, lost with its node, taken back by
+// a joining node), slot r is another process's now and the record is stale (finished_slots).
+// So a replacement or a new node's worker never reads as finished, whatever order the writers
+// ran in.
+//
+// The launchers (one agent per node) are the only writers of generation and lost/<g>: each
+// claims the next free lost/<g> with compare_set, then raises the counter, so the keys
+// lost/1..lost/k are all set whenever the counter reads k, even when agents on two nodes record
+// losses at the same moment. Workers read the counter from a watcher thread (RecoverableGroup),
+// never on the training step's path.
 
 #include <cstdint>
 #include <optional>
@@ -77,5 +90,25 @@ int64_t publish_lost_node(Store& store, const std::vector<int>& slots);
 // slots `slots` (non-empty; each removed by an earlier "node:" record) come back with a node
 // that joined the running job; returns the generation it opened, as publish_lost_rank.
 int64_t publish_joined_node(Store& store, const std::vector<int>& slots);
+
+// Worker side (RecoverableGroup's destructor): records that the process in `slot`, a member
+// of `generation` (the last one it formed), closed its group without an error and will not
+// join any later generation. Two round trips.
+void publish_finished(Store& store, int slot, int64_t generation);
+
+// Worker side (a RecoverableGroup constructed in `slot` again, in the same process): the slot's
+// earlier record no longer holds. One round trip.
+void clear_finished(Store& store, int slot);
+
+// How many finished/<r> records were ever written (0: none, so no slot finished). One round
+// trip, no wait.
+int64_t read_finish_count(Store& store);
+
+// The slots among `slots` whose process finished (publish_finished) and that no process will
+// take back: a record written at generation gw that no record of a generation in (gw, newest]
+// overrides (one naming the slot: an in-place restart, a lost node, a joining node). In the
+// order of `slots`. Reads the counter and each slot's record, and the generation records after
+// it for those that have one: for a waiter that saw read_finish_count() above 0, not per step.
+std::vector<int> finished_slots(Store& store, const std::vector<int>& slots);
 
 }  // namespace ddp::recovery_notice

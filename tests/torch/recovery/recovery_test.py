@@ -411,6 +411,38 @@ def replaced_node(ddprun, worker, tmp, python=False):
     print("PASS")
 
 
+def killed_after_last_step(ddprun, worker, tmp):
+    """Rank 1 killed right after the job's last step committed, while ranks 0 and 2 finish and
+    exit 0. ddprun restarts it (its peers had not exited yet), but no live peer is left to heal
+    the replacement: the job must fail at once, saying so, not after the worker's 60 s group
+    timeout with "ranks [0, 2] never did (1 of 3 joined)"."""
+    what = "rank 1 killed after the job's last step"
+    out = os.path.join(tmp, "killed_after_last_step")
+    os.makedirs(out)
+    start = time.monotonic()
+    p = run(ddprun, worker, out, "step", {
+        "DDP_TEST_KILL_AT_STEP": str(STEPS), "DDP_TEST_KILL_RANK": "1",
+        "DDP_TEST_KILL_PHASE": "between"})
+    took = time.monotonic() - start
+    if p.returncode == 0:
+        fail(f"{what}: ddprun exited 0, though rank 1's end of run was lost", p)
+    if "never did" in p.stderr or "timed out" in p.stderr:
+        fail(f"{what}: the replacement waited out the group timeout", p)
+    # A hang detector (the run itself takes seconds; the group timeout is 60 s).
+    if took > 30:
+        fail(f"{what}: the job took {took:.0f} s to fail", p)
+    if "restarting only rank 1" in p.stderr:
+        expected = ("rank 1 of 3 cannot rejoin the job: ranks 0 and 2 already finished (closed "
+                    "their group without an error, after their last step)")
+        if expected not in p.stderr or "no live peer is left to heal it from" not in p.stderr:
+            fail(f"{what}: the replacement's failure does not name the finished peers", p)
+        how = "the replacement refused to rejoin its finished peers"
+    else:
+        # A peer had exited already when ddprun reaped rank 1: it did not restart it at all.
+        how = "ddprun did not restart it (a peer had already exited)"
+    print(f"ok: {what}: exit {p.returncode} after {took:.1f} s; {how}")
+
+
 def run(ddprun, worker, out, recovery, env_extra):
     """worker: the command (a list) that runs one rank."""
     env = dict(os.environ)
@@ -557,6 +589,8 @@ def main():
     if python:
         print("PASS")
         return
+
+    killed_after_last_step(args.ddprun, args.worker, tmp)
 
     # The gloo backend: the collective in flight ends on the dead peer's socket, the notice
     # confirms the loss. Its own reference (gloo sums in another order than cpu).
