@@ -49,6 +49,9 @@ constexpr const char* kLeft = "left";
 // Set by a survivor whose --recovery step agent took the node's loss: the round goes on
 // without it (membership_watcher.hpp); as "done" for everyone waiting on heartbeats.
 constexpr const char* kLost = "lost";
+// A heartbeat kept alive by its writer's lease instead of a counter (a KeptAliveKeys store:
+// etcd): live while present, gone once the store deleted it (heartbeats.hpp).
+constexpr const char* kAlive = "alive";
 
 struct Round {
   Round(const std::string& run_id, int64_t g) : base(fmt::format("rdzv/{}/{}/", run_id, g)) {}

@@ -27,6 +27,7 @@ MembershipWatcher::MembershipWatcher(const RendezvousOptions& options, const Rou
       on_change_(std::move(on_change)),
       on_peer_lost_(std::move(on_peer_lost)) {
   if (!store_) throw UsageError("MembershipWatcher: no store given");
+  kept_alive_ = dynamic_cast<KeptAliveKeys*>(store_.get());
   if (round_.node_rank < 0 || round_.node_rank >= round_.num_nodes) {
     throw UsageError(fmt::format("MembershipWatcher: node rank {} outside a round of {} nodes",
                                  round_.node_rank, round_.num_nodes));
@@ -103,7 +104,19 @@ void MembershipWatcher::check_peers() {
       target_value_.clear();
       target_changed_at_ = now;
     }
-    std::string value = store_->get(k.hb(target_));
+    // On a store that keeps heartbeats alive (etcd) the key vanishes with a dead peer's lease.
+    std::optional<std::string> read =
+        kept_alive_ ? kept_alive_->read_now({k.hb(target_)}).front() : store_->get(k.hb(target_));
+    if (!read && taken_.count(target_) == 0) {
+      peer_gone(
+          target_,
+          fmt::format("{} missed {} heartbeats (its liveness key expired with its lease of "
+                      "{:.1f} s, heartbeat {:.1f} s): its agent died or lost the network",
+                      describe_slot(target_), kMissedHeartbeats, liveness_ttl().count() / 1000.0,
+                      options_.conf.heartbeat.count() / 1000.0));
+      return;
+    }
+    const std::string value = read.value_or(keys::kLost);
     // A slot taken as lost stays lost, even if a process of it still writes its heartbeat (a
     // split that healed): its ranks are out of the job.
     if (value == keys::kDone || value == keys::kLost || taken_.count(target_) > 0) {
@@ -117,22 +130,15 @@ void MembershipWatcher::check_peers() {
       }
       continue;
     }
-    auto describe = [&] {
-      std::string who = fmt::format("node rank {}", target_);
-      try {
-        JoinedNode node = decode_node_info(store_->get(k.node(target_)), target_, k.node(target_));
-        who += fmt::format(" ({}, {})", node.host, node.addr);
-      } catch (const Error&) {
-      }
-      return who;
-    };
+    auto describe = [&] { return describe_slot(target_); };
     if (value == keys::kLeft) {
       // A node that leaves ends the round itself (Rendezvous::mark_left); this is the same.
       std::string reason = fmt::format("{} left the job", describe());
       report(store_->compare_set(k.changed(), "", reason));
       return;
     }
-    if (value != target_value_) {
+    // A heartbeat kept alive by a lease does not change while its peer lives.
+    if (value != target_value_ || value == keys::kAlive) {
       target_value_ = value;
       target_changed_at_ = now;
     } else if (now - target_changed_at_ > options_.conf.heartbeat * kMissedHeartbeats) {
@@ -144,6 +150,21 @@ void MembershipWatcher::check_peers() {
     }
     return;
   }
+}
+
+std::string MembershipWatcher::describe_slot(int slot) {
+  keys::Round k(options_.run_id, round_.generation);
+  std::string who = fmt::format("node rank {}", slot);
+  try {
+    JoinedNode node = decode_node_info(store_->get(k.node(slot)), slot, k.node(slot));
+    who += fmt::format(" ({}, {})", node.host, node.addr);
+  } catch (const Error&) {
+  }
+  return who;
+}
+
+Millis MembershipWatcher::liveness_ttl() const {
+  return options_.conf.heartbeat * kMissedHeartbeats;
 }
 
 LostPeer MembershipWatcher::describe_lost(int slot, const std::string& why) {
@@ -213,7 +234,11 @@ void MembershipWatcher::run() {
       if (stop_) return;
       auto now = Clock::now();
       if (now >= next_beat) {
-        store_->set(k.hb(round_.node_rank), std::to_string(++beat));
+        if (kept_alive_) {
+          kept_alive_->keep_alive(k.hb(round_.node_rank), keys::kAlive, liveness_ttl());
+        } else {
+          store_->set(k.hb(round_.node_rank), std::to_string(++beat));
+        }
         next_beat = deadline_after(options_.conf.heartbeat, now);
         if (round_.num_nodes > 1) check_peers();
         if (stop_) return;

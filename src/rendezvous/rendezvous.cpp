@@ -12,6 +12,7 @@
 #include "ddp/util/error.hpp"
 #include "ddp/util/logging.hpp"
 #include "ddp/util/socket.hpp"
+#include "heartbeats.hpp"
 #include "keys.hpp"
 #include "node_info.hpp"
 #include "store_wait.hpp"
@@ -210,8 +211,7 @@ std::optional<RoundInfo> Rendezvous::take_lost_slot(int64_t g, int n, Clock::tim
   keys::Round k(options_.run_id, g);
   std::vector<std::string> hb_keys;
   for (int i = 0; i < n; ++i) hb_keys.push_back(k.hb(i));
-  if (!store_->check(hb_keys)) return std::nullopt;
-  const std::vector<std::string> beats = store_->multi_get(hb_keys);
+  const std::vector<std::optional<std::string>> beats = read_heartbeats(*store_, hb_keys);
   for (int i = 0; i < n; ++i) {
     if (beats[i] != keys::kLost) continue;
     const JoinedNode lost = decode_node_info(store_->get(k.node(i)), i, k.node(i));
@@ -248,32 +248,16 @@ void Rendezvous::wait_for_admission(int64_t g, int n, Clock::time_point deadline
   const auto still = std::max<Clock::duration>(options_.conf.heartbeat * kMissedHeartbeats,
                                                options_.conf.close_timeout);
   const Millis slice = std::min<Millis>(options_.conf.heartbeat * kMissedHeartbeats, Millis(5000));
-  std::vector<std::string> last;
-  std::vector<Clock::time_point> since;
+  HeartbeatTracker members(*store_, hb_keys, still);
   for (;;) {
     if (!store_->check({k.closed()})) return;  // the round's keys expired: start afresh
-    if (store_->check(hb_keys)) {
-      std::vector<std::string> now_values = store_->multi_get(hb_keys);
-      auto now = Clock::now();
-      bool all_gone = true;
-      for (int i = 0; i < n; ++i) {
-        const std::string& v = now_values[i];
-        if (last.size() != hb_keys.size() || v != last[i]) {
-          if (since.size() != hb_keys.size()) since.assign(hb_keys.size(), now);
-          since[i] = now;
-        }
-        bool gone =
-            v == keys::kDone || v == keys::kLeft || v == keys::kLost || now - since[i] > still;
-        all_gone = all_gone && gone;
-      }
-      last = std::move(now_values);
-      if (all_gone) {
-        request_new_round(
-            fmt::format("round {} has no live member left (every node finished, left or went "
-                        "silent); node {} starts the next",
-                        g, options_.hostname));
-        return;
-      }
+    const std::vector<bool> gone = members.poll();
+    if (std::all_of(gone.begin(), gone.end(), [](bool g) { return g; })) {
+      request_new_round(
+          fmt::format("round {} has no live member left (every node finished, left or went "
+                      "silent); node {} starts the next",
+                      g, options_.hostname));
+      return;
     }
     if (wait_for_keys(*store_, {k.changed()}, std::min(slice, remaining(deadline)))) return;
     if (Clock::now() >= deadline) {
@@ -388,24 +372,13 @@ bool Rendezvous::wait_for_peers_to_finish(Millis limit) {
   for (int i = 0; i < round_.num_nodes; ++i) {
     if (i != slot_) hb_keys.push_back(k.hb(i));
   }
-  std::vector<std::string> last(hb_keys.size());
-  std::vector<Clock::time_point> changed_at(hb_keys.size(), Clock::now());
-  const auto stale = options_.conf.heartbeat * kMissedHeartbeats;
+  HeartbeatTracker peers(*store_, hb_keys, options_.conf.heartbeat * kMissedHeartbeats);
   const auto deadline = deadline_after(limit);
   const Millis poll = std::min<Millis>(options_.conf.heartbeat / 2 + Millis(1), Millis(200));
   for (;;) {
-    std::vector<std::string> now_values = store_->multi_get(hb_keys);
+    const std::vector<bool> gone = peers.poll();
     auto now = Clock::now();
-    bool all = true;
-    for (size_t i = 0; i < hb_keys.size(); ++i) {
-      if (now_values[i] != last[i]) {
-        last[i] = now_values[i];
-        changed_at[i] = now;
-      }
-      bool gone = last[i] == keys::kDone || last[i] == keys::kLeft || last[i] == keys::kLost ||
-                  now - changed_at[i] > stale;
-      all = all && gone;
-    }
+    const bool all = std::all_of(gone.begin(), gone.end(), [](bool g) { return g; });
     if (all) return true;
     if (now >= deadline) return false;
     std::this_thread::sleep_for(std::min<Clock::duration>(poll, deadline - now));

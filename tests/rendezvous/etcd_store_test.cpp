@@ -241,6 +241,45 @@ TEST(EtcdStore, LeasedKeysOutliveTheirWriterAndVanishAfterTheLastClient) {
   EXPECT_TRUE(reader.check({"keep/count"})) << "an unleased key was deleted";
 }
 
+// The membership watcher's heartbeat on etcd (KeptAliveKeys): a key attached to a lease of its
+// writer's lives while the writer renews the lease, and renewals write nothing (etcd's revision
+// stands still); once the writer stops renewing, etcd deletes the key within its TTL. A writer
+// whose lease expired writes the key again, unless a peer's verdict took its place.
+TEST(EtcdStore, KeptAliveKeyLivesWhileRenewedWritesNothingAndVanishesAfterItsTtl) {
+  DDP_SKIP_WITHOUT_ETCD();
+  EtcdProcess etcd;
+  EtcdStore writer(store_options(etcd, "/t9/"));
+  EtcdStore reader(store_options(etcd, "/t9/"));
+  auto present = [&] { return reader.read_now({"hb"}).front().has_value(); };
+  auto vanished_within = [&](std::chrono::seconds limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (!present()) return true;
+      std::this_thread::sleep_for(100ms);
+    }
+    return false;
+  };
+  writer.keep_alive("hb", "alive", 2s);
+  EXPECT_EQ(reader.read_now({"hb", "absent"}),
+            (std::vector<std::optional<std::string>>{"alive", std::nullopt}));
+  const int64_t revision = reader.revision();
+  for (int i = 0; i < 8; ++i) {  // 4 s of renewals: twice the TTL
+    std::this_thread::sleep_for(500ms);
+    writer.keep_alive("hb", "alive", 2s);
+  }
+  EXPECT_TRUE(present()) << "a key whose lease was renewed vanished";
+  EXPECT_EQ(reader.revision(), revision) << "renewing the lease wrote to etcd";
+
+  EXPECT_TRUE(vanished_within(10s)) << "the key outlived its unrenewed lease by 8 s";
+  writer.keep_alive("hb", "alive", 2s);  // the lease expired: written again
+  EXPECT_TRUE(present());
+
+  EXPECT_TRUE(vanished_within(10s));
+  reader.set("hb", "lost");              // a peer took the silent node as lost meanwhile
+  writer.keep_alive("hb", "alive", 2s);  // its verdict stands
+  EXPECT_EQ(reader.read_now({"hb"}).front(), std::optional<std::string>("lost"));
+}
+
 TEST(EtcdStore, UnreachableEndpointFailsNamingItAndTheFix) {
   DDP_SKIP_WITHOUT_ETCD();
   EtcdStoreOptions o;
@@ -431,6 +470,44 @@ TEST(EtcdRendezvous, ElasticRoundAndMissedHeartbeats) {
   auto got = reason.get_future();
   ASSERT_EQ(got.wait_for(30s), std::future_status::ready);
   EXPECT_NE(got.get().find("missed 3 heartbeats"), std::string::npos);
+}
+
+// On etcd the watchers heartbeat by renewing their leases: a round's idle members write nothing
+// (etcd's revision stands still over several heartbeats; with counters every beat of every node
+// is a write), and a member that stops renewing is named once its key expired.
+TEST(EtcdRendezvous, IdleWatchersWriteNothingAndAMemberWhoseLeaseExpiredIsNamed) {
+  DDP_SKIP_WITHOUT_ETCD();
+  EtcdProcess etcd;
+  std::vector<std::unique_ptr<Rendezvous>> agents;
+  std::vector<std::shared_ptr<EtcdStore>> stores;
+  for (int i = 0; i < 2; ++i) {
+    const RendezvousOptions o = etcd_agent_options(etcd, "etcdlease", {2, 2}, i, 1s);
+    stores.push_back(std::make_shared<EtcdStore>(etcd_store_options(o)));
+    agents.push_back(std::make_unique<Rendezvous>(o, stores.back()));
+  }
+  std::vector<std::future<RoundInfo>> f;
+  for (auto& a : agents)
+    f.push_back(std::async(std::launch::async, [&a] { return a->next_round(); }));
+  f[0].get();
+  f[1].get();
+  std::promise<std::string> reason;
+  MembershipWatcher w0(agents[0]->options(), agents[0]->round(), stores[0],
+                       [&](const std::string& why) { reason.set_value(why); });
+  auto w1 = std::make_unique<MembershipWatcher>(agents[1]->options(), agents[1]->round(), stores[1],
+                                                [](const std::string&) {});
+  std::this_thread::sleep_for(1s);  // both have beaten: their keys are on their leases
+  EtcdStore observer(etcd_store_options(agents[0]->options()));
+  const int64_t revision = observer.revision();
+  std::this_thread::sleep_for(2s);  // 10 heartbeats of each watcher
+  EXPECT_EQ(observer.revision(), revision) << "idle watchers wrote to etcd";
+  EXPECT_FALSE(w0.reason().has_value()) << *w0.reason();
+
+  w1.reset();  // agent 1 stops heartbeating (its lease is not revoked: as if it died)
+  auto got = reason.get_future();
+  ASSERT_EQ(got.wait_for(30s), std::future_status::ready);
+  const std::string why = got.get();
+  EXPECT_NE(why.find("missed 3 heartbeats (its liveness key expired"), std::string::npos) << why;
+  EXPECT_NE(why.find("(host1, 10.0.0.2)"), std::string::npos) << why;
 }
 
 // --recovery step on etcd: a node lost while the round runs is taken in place, and a node that

@@ -7,7 +7,10 @@
 //   - nodes are waiting to join (c10d, while the round is below MAX nodes, counting the nodes
 //     this watcher took as lost: a node that replaces a lost one ends the round, and the
 //     worker group restarts with it).
-// It also writes this node's heartbeat every `heartbeat` period.
+// It also writes this node's heartbeat every `heartbeat` period: a counter, or on a store that
+// keeps keys alive (KeptAliveKeys: etcd) a renewal of the lease its heartbeat key is attached
+// to, kMissedHeartbeats periods long (no write per period); such a peer is gone once its key
+// vanished with its lease.
 //
 // Watching is a ring: the node in slot i watches the next slot that has not finished, so
 // each agent makes O(1) store calls per period whatever the number of nodes, and every death
@@ -38,6 +41,7 @@
 
 #include "ddp/rendezvous/options.hpp"
 #include "ddp/rendezvous/rendezvous.hpp"
+#include "ddp/store/kept_alive_keys.hpp"
 #include "ddp/store/store.hpp"
 #include "ddp/store/wait_interrupter.hpp"
 
@@ -96,10 +100,15 @@ class MembershipWatcher {
   // it) or ends the round with `why`.
   void peer_gone(int slot, const std::string& why);
   LostPeer describe_lost(int slot, const std::string& why);
+  // "node rank 1 (host, addr)", for messages.
+  std::string describe_slot(int slot);
+  // The lease of a heartbeat kept alive: kMissedHeartbeats heartbeats.
+  Millis liveness_ttl() const;
 
   RendezvousOptions options_;
   RoundInfo round_;
   std::shared_ptr<Store> store_;
+  KeptAliveKeys* kept_alive_ = nullptr;  // store_ as one, when it keeps keys alive
   OnChange on_change_;
   OnPeerLost on_peer_lost_;
   int lost_peers_ = 0;         // slots this watcher marked "lost" (and not taken back)

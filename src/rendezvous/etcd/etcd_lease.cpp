@@ -12,12 +12,10 @@
 namespace ddp::rdzv::etcd {
 
 namespace {
-
 constexpr int kAcquireAttempts = 8;
+}  // namespace
 
-// Renewals are sent again to another member after a timeout, and each attempt is bounded by
-// `timeout` (nullopt: read_timeout).
-int64_t renew(EtcdHttp& http, int64_t id, std::optional<Millis> timeout = std::nullopt) {
+int64_t renew_lease(EtcdHttp& http, int64_t id, std::optional<Millis> timeout) {
   CallOptions how;
   how.idempotent = true;
   how.timeout = timeout;
@@ -27,7 +25,13 @@ int64_t renew(EtcdHttp& http, int64_t id, std::optional<Millis> timeout = std::n
   return int_field(r, "TTL", "etcd lease keepalive reply");
 }
 
-}  // namespace
+int64_t grant_lease(EtcdHttp& http, Millis ttl, const std::string& context) {
+  const int64_t seconds = std::max<int64_t>((ttl.count() + 999) / 1000, 1);
+  Json grant = http.call("/v3/lease/grant", {{"TTL", std::to_string(seconds)}});
+  const int64_t id = int_field(grant, "ID", context);
+  if (id == 0) throw ProtocolError(fmt::format("{}: lease grant returned no ID", context));
+  return id;
+}
 
 SharedLease::SharedLease(HttpOptions http, std::string lease_key, Millis ttl)
     : http_(http),
@@ -69,13 +73,10 @@ int64_t SharedLease::acquire_locked() {
       long long parsed = std::strtoll(v.c_str(), &end, 10);
       // Not a lease id (written by something else): replaced below once it is gone.
       int64_t theirs = (v.empty() || *end != '\0' || errno == ERANGE) ? 0 : parsed;
-      if (theirs != 0 && renew(http_, theirs) > 0) return theirs;
+      if (theirs != 0 && renew_lease(http_, theirs) > 0) return theirs;
       continue;  // expired since it was read: etcd deletes the key with it
     }
-    Json grant = http_.call("/v3/lease/grant",
-                            {{"TTL", std::to_string(std::max<int64_t>(ttl_.count() / 1000, 1))}});
-    int64_t mine = int_field(grant, "ID", context);
-    if (mine == 0) throw ProtocolError(fmt::format("{}: lease grant returned no ID", context));
+    const int64_t mine = grant_lease(http_, ttl_, context);
     TxnReply t = parse_txn(
         http_.call("/v3/kv/txn",
                    txn(Json::array({compare_absent(key_)}),
@@ -112,7 +113,7 @@ void SharedLease::keep_alive() {
     int64_t ttl_left = 1;
     std::optional<std::string> failure;
     try {
-      ttl_left = renew(renew_http_, id, bound);
+      ttl_left = renew_lease(renew_http_, id, bound);
     } catch (const LeaseNotFoundError&) {
       ttl_left = 0;
     } catch (const Error& e) {

@@ -20,12 +20,21 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "etcd_http.hpp"
 
 namespace ddp::rdzv::etcd {
+
+// Renews lease `id`; returns its time to live left in seconds (0 or less: expired). Sent again
+// to another member after a timeout; each attempt is bounded by `timeout` (nullopt:
+// read_timeout). Throws LeaseNotFoundError for a lease etcd no longer knows.
+int64_t renew_lease(EtcdHttp& http, int64_t id, std::optional<Millis> timeout = std::nullopt);
+// Grants a lease of `ttl` (whole seconds, rounded up, at least 1) and returns its id; `context`
+// names it in errors.
+int64_t grant_lease(EtcdHttp& http, Millis ttl, const std::string& context);
 
 class SharedLease {
  public:

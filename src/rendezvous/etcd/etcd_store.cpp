@@ -10,6 +10,7 @@
 #include "../keys.hpp"
 #include "../store_wait.hpp"
 #include "ddp/util/deadline.hpp"
+#include "ddp/util/logging.hpp"
 #include "etcd_http.hpp"
 #include "etcd_http_options.hpp"
 #include "etcd_json.hpp"
@@ -48,6 +49,8 @@ struct EtcdStore::Impl {
   std::unique_ptr<SharedLease> lease;
   std::string client_id = random_client_id();  // names this client's add() tickets
   uint64_t add_seq = 0;
+  int64_t liveness_lease = 0;  // keep_alive's lease; 0: none yet, or found expired
+  std::string liveness_key;    // the key attached to it (full)
 
   explicit Impl(EtcdStoreOptions o) : options(std::move(o)), http(http_options(options)) {
     if (options.lease_key) {
@@ -349,6 +352,60 @@ WaitOutcome EtcdStore::wait_interruptibly(const std::vector<std::string>& keys,
   } catch (const Impl::Interrupted&) {
     return WaitOutcome::kInterrupted;
   }
+}
+
+void EtcdStore::keep_alive(const std::string& key, const std::string& value,
+                           std::chrono::milliseconds ttl) {
+  Impl& i = *impl_;
+  const std::string k = i.full(key);
+  const bool same_key = k == i.liveness_key;
+  if (i.liveness_lease != 0) {
+    // One attempt at a member waits at most a third of the TTL: a member that accepted the
+    // renewal and went silent must not hold it until the lease expires.
+    const Millis bound = std::min(i.options.read_timeout, std::max(ttl / 3, Millis(1)));
+    bool live = false;
+    try {
+      live = renew_lease(i.http, i.liveness_lease, bound) > 0;
+    } catch (const LeaseNotFoundError&) {
+    }
+    if (live && same_key) return;
+    if (!live) {
+      if (same_key) {
+        log::get("ddp.rdzv")
+            ->warn(
+                "{}: this node's liveness lease expired (it could not renew it for {:.1f} s, and "
+                "etcd deleted {}); its peers may have taken it as lost. Writing it again",
+                describe(), ttl.count() / 1000.0, key);
+      }
+      i.liveness_lease = 0;
+    }
+  }
+  if (i.liveness_lease == 0)
+    i.liveness_lease = grant_lease(i.http, ttl, i.context("keep_alive", key));
+  if (same_key) {
+    // Written again after the lease expired: only while absent, so that a peer's verdict
+    // ("lost") written meanwhile stands.
+    i.http.call(
+        "/v3/kv/txn",
+        txn(Json::array({compare_absent(k)}),
+            Json::array({{{"request_put", put_op(k, value, i.liveness_lease)}}}), Json::array()));
+  } else {
+    i.http.call("/v3/kv/put", put_op(k, value, i.liveness_lease));
+    i.liveness_key = k;
+  }
+}
+
+std::vector<std::optional<std::string>> EtcdStore::read_now(const std::vector<std::string>& keys) {
+  if (keys.empty()) return {};
+  return impl_->read(keys).first;
+}
+
+int64_t EtcdStore::revision() {
+  CallOptions how;
+  how.idempotent = true;
+  return parse_range(impl_->http.call("/v3/kv/range", range_op(impl_->full("")), how),
+                     impl_->context("range", ""))
+      .revision;
 }
 
 EtcdStoreOptions etcd_store_options(const RendezvousOptions& o) {

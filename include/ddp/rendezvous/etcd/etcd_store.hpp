@@ -20,9 +20,12 @@
 //                      zero-padded ("00000000000000000007"), for get(). Increments of 1 to 64
 //                      only: another delta is a NotSupportedError
 //   delete_key         deleterange;  num_keys: a count-only range over the prefix
+//   keep_alive         (KeptAliveKeys, the membership watcher's heartbeat) a put attached to a
+//                      lease of this client's, granted at the first call; later calls renew
+//                      it (/v3/lease/keepalive: no raft proposal, unlike a put)
 // Every key lives under `prefix`. With a lease key, every key written is attached to one lease
 // that all clients of the same lease key share and renew (etcd_lease in src/), except keys
-// under `unleased_prefixes`.
+// under `unleased_prefixes` and the key kept alive.
 //
 // Every request is bounded (read_timeout; connect_timeout for unreachable members, which are
 // left for the next member of `endpoints`, as are members that accepted a read and did not
@@ -37,6 +40,7 @@
 #include <vector>
 
 #include "ddp/rendezvous/options.hpp"
+#include "ddp/store/kept_alive_keys.hpp"
 #include "ddp/store/store.hpp"
 #include "ddp/store/wait_interrupter.hpp"
 
@@ -63,7 +67,7 @@ struct EtcdStoreOptions {
   Millis watch_attempt{10000};
 };
 
-class EtcdStore : public Store, public InterruptibleWait {
+class EtcdStore : public Store, public InterruptibleWait, public KeptAliveKeys {
  public:
   // Reads one key, so an unreachable cluster, refused TLS or an endpoint that is not etcd
   // fail here, with their message.
@@ -86,6 +90,14 @@ class EtcdStore : public Store, public InterruptibleWait {
   std::vector<std::string> multi_get(const std::vector<std::string>& keys) override;
   void multi_set(const std::vector<std::string>& keys,
                  const std::vector<std::string>& values) override;
+
+  void keep_alive(const std::string& key, const std::string& value,
+                  std::chrono::milliseconds ttl) override;
+  std::vector<std::optional<std::string>> read_now(const std::vector<std::string>& keys) override;
+
+  // The cluster's revision now (one read): it grows by one with every write, so two readings
+  // count the writes between them (tests, benchmarks).
+  int64_t revision();
 
   // "etcd at host:port, host:port (prefix /ddprun/)", for messages.
   std::string describe() const;
