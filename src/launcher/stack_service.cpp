@@ -150,13 +150,40 @@ struct StackService::State {
   // then answered with where it was when this node stopped it, not "exited".
   std::map<int64_t, RankStacks> last_read;  // under mutex; cleared at join_round
 
+  // One capture of the workers at a time. A process admits one tracer (eu-stack and py-spy
+  // attach with ptrace), and when a round ends every node captures at once: this node for its
+  // own report and, on the round thread, for the other nodes' requests. Two captures of the
+  // same workers at the same moment made each other fail (a node's report then lacked the
+  // other node's ranks, or some of its own). A capture asked for while another runs waits for
+  // that one (until its own deadline) and takes its result: the same moment of the job.
+  bool capturing = false;                // under mutex
+  uint64_t captures_finished = 0;        // under mutex
+  std::vector<RankStacks> last_capture;  // under mutex: the result of the last one
+  std::condition_variable capture_done;
+
   std::vector<RankStacks> capture(Clock::time_point deadline) {
     std::vector<StackTarget> targets;
     {
-      std::lock_guard<std::mutex> lock(mutex);
+      std::unique_lock<std::mutex> lock(mutex);
+      if (capturing) {
+        const uint64_t running = captures_finished;
+        if (capture_done.wait_until(lock, deadline, [&] { return captures_finished != running; })) {
+          return last_capture;
+        }
+        return last_reads_of(workers, "a capture of this node's workers still ran at the deadline");
+      }
+      capturing = true;
       targets = workers;
     }
-    std::vector<RankStacks> got = capture_stacks(targets, options.host, options.tools, deadline);
+    std::vector<RankStacks> got;
+    try {
+      got = capture_stacks(targets, options.host, options.tools, deadline);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex);
+      capturing = false;
+      capture_done.notify_all();
+      throw;
+    }
     std::lock_guard<std::mutex> lock(mutex);
     for (auto& r : got) {
       if (r.error.empty()) {
@@ -165,7 +192,30 @@ struct StackService::State {
         r = it->second;
       }
     }
+    capturing = false;
+    last_capture = got;
+    ++captures_finished;
+    capture_done.notify_all();
     return got;
+  }
+
+  // What the last reads say of `targets` (under mutex); `why` for a worker never read.
+  std::vector<RankStacks> last_reads_of(const std::vector<StackTarget>& targets,
+                                        const std::string& why) {
+    std::vector<RankStacks> out;
+    for (const StackTarget& t : targets) {
+      if (auto it = last_read.find(t.pid); it != last_read.end()) {
+        out.push_back(it->second);
+        continue;
+      }
+      RankStacks r;
+      r.global_rank = t.global_rank;
+      r.pid = t.pid;
+      r.host = options.host;
+      r.error = why;
+      out.push_back(std::move(r));
+    }
+    return out;
   }
 
   // Asks the other nodes of the round; returns each node's answer ("" for none) by `deadline`.

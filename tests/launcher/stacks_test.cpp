@@ -292,6 +292,39 @@ TEST_F(StacksWithTools, AClientThatDoesNotReadDoesNotWedgeTheService) {
   service.reset();  // with `idle` still connected and unread
 }
 
+// Two captures of the same workers at the same moment (a node's own failure report and another
+// node's request, when a round ends): a process admits one tracer, so the second tracer fails
+// (the fake eu-stack below refuses while another holds the pid, as ptrace does). The service
+// runs one capture at a time and the later one takes its result: both read every worker.
+// Before, one of the two reports lacked the ranks (the flaky two-node stacks tests).
+TEST_F(StacksWithTools, CapturesAtTheSameMomentShareOneTraceOfEachWorker) {
+  StackServiceOptions so;
+  so.run_id = "overlap";
+  so.host = "node";
+  so.tools.eu_stack = tool(
+      "eu-stack", "lock=" + dir_ +
+                      "/traced.$2\n"
+                      "mkdir \"$lock\" 2>/dev/null || { echo \"eu-stack: dwfl_linux_proc_attach "
+                      "pid $2: Operation not permitted\" >&2; exit 1; }\n"
+                      "sleep 0.5\n"
+                      "echo \"PID $2 - process\"; echo \"TID $2:\"; "
+                      "echo \"#0  0x00007f38b2aed545 wait_here\"\n"
+                      "rmdir \"$lock\"");
+  StackService service(so);
+  service.set_workers({{0, ::getpid()}});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  std::vector<RankStacks> first, second;
+  std::thread other([&] { first = service.capture_local(deadline); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the first tool holds the pid
+  second = service.capture_local(deadline);
+  other.join();
+  for (const auto* got : {&first, &second}) {
+    ASSERT_EQ(got->size(), 1u);
+    EXPECT_EQ((*got)[0].error, "");
+    ASSERT_FALSE((*got)[0].threads.empty());
+  }
+}
+
 // Without a store (etcd, or one without auth token) the other nodes of a round are not
 // asked: the answer counts them all and says why, so `ddprun stacks` does not report
 // "1 of 1 nodes" on a 4-node job.

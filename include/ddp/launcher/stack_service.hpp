@@ -17,6 +17,9 @@
 //   `.../resp/<n>/<node rank>`. The node asked first sets the request and waits for the others'
 //   answers until the request's deadline; nodes that do not answer are named.
 //
+// - One capture of the workers at a time: a process admits one tracer (ptrace), and when a
+//   round ends this node's own report and other nodes' requests want its workers at the same
+//   moment; a capture asked for while another runs takes that one's result.
 // - Other nodes are served and asked only over an authenticated store (a token configured):
 //   a request makes every node ptrace its workers. Without one (or with etcd) the answer counts
 //   every node of the round, names the others as not asked and why.
