@@ -58,6 +58,16 @@ TEST(EtcdClassify, UnreachableAndLeaderlessMembersAreRetriedElsewhere) {
   }
 }
 
+// etcd's back-pressure refuses before proposing: any request, a write too, is sent again.
+TEST(EtcdClassify, AnOverloadedEtcdIsRetriedEvenForAWrite) {
+  HttpOptions o;
+  Failure f = classify(http_reply(500, R"({"error":"etcdserver: too many requests","code":2,)"
+                                       R"("message":"etcdserver: too many requests"})"),
+                       kMember, kRequest, o, /*idempotent=*/false);
+  EXPECT_TRUE(f.retry);
+  EXPECT_EQ(f.reason.rfind("overloaded", 0), 0u) << f.reason;
+}
+
 TEST(EtcdClassify, AMemberThatAcceptedButNeverAnsweredIsATimeout) {
   HttpOptions o;
   std::string m = final_message<TimeoutError>(classify(

@@ -386,6 +386,34 @@ TEST(EtcdStore, WaitFailsOverWhenTheWatchedMemberStops) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 25s);
 }
 
+// etcd's back-pressure ("etcdserver: too many requests": its apply loop is behind, and it
+// refused before proposing) delays a write instead of failing it: the client sends it again
+// after a pause. A first version took it as a refusal, and 4,000 agents' watchers ended their
+// round on a busy etcd ("lost the rendezvous store").
+TEST(EtcdStore, AnOverloadedEtcdDelaysAWriteInsteadOfFailingIt) {
+  std::atomic<int> puts{0};
+  FakeHttpServer server([&](const std::string& request) {
+    std::string status = "200 OK";
+    std::string body = R"({"header":{"revision":"5"}})";
+    if (request.find("POST /v3/kv/put") == 0 && ++puts <= 2) {
+      status = "500 Internal Server Error";
+      body = R"({"error":"etcdserver: too many requests","code":2,)"
+             R"("message":"etcdserver: too many requests"})";
+    }
+    return fmt::format(
+        "HTTP/1.1 {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
+        "Connection: close\r\n\r\n{}",
+        status, body.size(), body);
+  });
+  EtcdStoreOptions o;
+  o.endpoints = {{"127.0.0.1", server.port()}};
+  o.connect_timeout = 1s;
+  o.read_timeout = 20s;
+  EtcdStore s(o);
+  EXPECT_NO_THROW(s.set("k", "v"));
+  EXPECT_EQ(puts.load(), 3);
+}
+
 // A fake etcd that has no keys and cancels every watch at once: a wait opens watches after a
 // growing pause (no busy loop against etcd), and its TimeoutError carries etcd's reason.
 TEST(EtcdStore, AWatchCancelledOverAndOverBacksOffAndNamesTheReason) {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include "../store_wait.hpp"
@@ -24,6 +25,10 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxReplyBytes = size_t(64) << 20;
 // The start of the reason of an idempotent request that a member accepted and left unanswered.
 const std::string kNoAnswer = "accepted the request, no answer";
+// etcd's back-pressure: its apply loop is more than 5,000 raft entries behind the commits, and
+// it refuses new proposals before proposing them, so the request was not applied (any request,
+// a write included, may be sent again).
+const std::string kOverloaded = "overloaded";
 
 bool contains(const std::string& text, const char* part) {
   return text.find(part) != std::string::npos;
@@ -171,6 +176,9 @@ Failure classify(const Attempt& a, const std::string& member, const std::string&
   }
   if (err->code == kGrpcUnavailable || a.http_status == 503) {
     return retry_failure(fmt::format("unavailable: {}", err->message));
+  }
+  if (contains(err->message, "too many requests")) {
+    return retry_failure(fmt::format("{}: {}", kOverloaded, err->message));
   }
   if (err->code == kGrpcNotFound && contains(err->message, "lease")) {
     return final_failure<LeaseNotFoundError>(
@@ -341,6 +349,17 @@ struct EtcdHttp::Impl {
     for (const auto& reason : last) {
       none_answered = none_answered && reason.rfind(kNoAnswer, 0) == 0;
     }
+    bool overloaded = true;
+    for (const auto& reason : last) {
+      overloaded = overloaded && (reason.empty() || reason.rfind(kOverloaded, 0) == 0);
+    }
+    if (overloaded) {
+      throw StoreError(fmt::format(
+          "etcd refused {} as overloaded for {:.1f} s ({}): its apply loop stayed too far behind "
+          "its commits. The cluster is too slow for this job's agents: give etcd machines (CPU, "
+          "fast disks) of its own, a longer --rdzv-conf heartbeat, or use --rdzv-backend c10d",
+          request, tried, fmt::join(parts, "; ")));
+    }
     if (none_answered) {
       throw TimeoutError(fmt::format(
           "every etcd member accepted {} but none answered within {:.1f} s (--rdzv-conf "
@@ -455,16 +474,28 @@ struct EtcdHttp::Impl {
                       [](const std::string& r) { return r.rfind(kNoAnswer, 0) == 0; })) {
         give_up(request, last, *first_failure, per_attempt);
       }
-      if (now - *first_failure >= options.retry_for || now >= deadline) {
+      // An overloaded etcd catches up within seconds to a minute: it gets read_timeout, and
+      // pauses that grow to 2 s, spread so that thousands of agents do not come back at once.
+      const bool overloaded = f.reason.rfind(kOverloaded, 0) == 0;
+      const Millis budget =
+          overloaded ? std::max(options.retry_for, options.read_timeout) : options.retry_for;
+      if (now - *first_failure >= budget || now >= deadline) {
         if (is_watch && now >= deadline) return;
         give_up(request, last, *first_failure, per_attempt);
       }
       current = (current + 1) % options.endpoints.size();
       if (++tried_in_pass >= options.endpoints.size()) {
         tried_in_pass = 0;
-        auto pause = std::min<Clock::duration>(backoff, deadline - now);
+        Millis pause_for = backoff;
+        if (overloaded) {
+          thread_local std::minstd_rand spread(std::random_device{}());
+          pause_for =
+              Millis(backoff.count() / 2 +
+                     static_cast<int64_t>(spread() % static_cast<uint64_t>(backoff.count() + 1)));
+        }
+        auto pause = std::min<Clock::duration>(pause_for, deadline - now);
         if (pause.count() > 0) std::this_thread::sleep_for(pause);
-        backoff = std::min(backoff * 2, Millis(500));
+        backoff = std::min(backoff * 2, overloaded ? Millis(2000) : Millis(500));
       }
     }
   }

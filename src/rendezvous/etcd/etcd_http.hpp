@@ -9,6 +9,10 @@
 //     is left for the next member of the list; passes over the list repeat with a short
 //     backoff for `retry_for` (connect_timeout) from the first such failure, then a
 //     NetworkError names every member and its last error, and the fix.
+//   - A member that answers "etcdserver: too many requests" (etcd's back-pressure: its apply
+//     loop is far behind its commits; it refuses before proposing, so nothing was applied) is
+//     retried the same way, any request, but for read_timeout and with pauses growing to 2 s,
+//     spread at random; then a StoreError says etcd is too slow for the job.
 //   - A member that accepted an idempotent request (a read, a lease renewal, a watch) but did
 //     not answer within its timeout is left for the next member too: it may be stopped
 //     (SIGSTOP), swapping or cut off without a reset, and only another member can answer.
