@@ -1,15 +1,19 @@
 #pragma once
 // A Store that counts the calls it forwards (rdzv_load's idle phase: store calls per second of
 // N membership watchers). A store that offers InterruptibleWait (etcd) is wrapped in
-// CountingInterruptibleStore, which offers it too, so the watcher behaves as on the bare store.
+// CountingInterruptibleStore, which offers it too, and one that also keeps keys alive (etcd:
+// KeptAliveKeys, the watchers' heartbeats) in CountingKeptAliveStore, so the watcher behaves as
+// on the bare store.
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "ddp/store/kept_alive_keys.hpp"
 #include "ddp/store/store.hpp"
 #include "ddp/store/wait_interrupter.hpp"
 
@@ -61,9 +65,27 @@ class CountingInterruptibleStore : public CountingStore, public ddp::Interruptib
   }
 };
 
-// `store` wrapped so that its calls are counted in `calls`, interruptible if it is.
+class CountingKeptAliveStore : public CountingInterruptibleStore, public ddp::KeptAliveKeys {
+ public:
+  using CountingInterruptibleStore::CountingInterruptibleStore;
+  void keep_alive(const std::string& key, const std::string& value,
+                  std::chrono::milliseconds ttl) override {
+    count();
+    dynamic_cast<ddp::KeptAliveKeys&>(*inner_).keep_alive(key, value, ttl);
+  }
+  std::vector<std::optional<std::string>> read_now(const std::vector<std::string>& keys) override {
+    count();
+    return dynamic_cast<ddp::KeptAliveKeys&>(*inner_).read_now(keys);
+  }
+};
+
+// `store` wrapped so that its calls are counted in `calls`, with the capabilities it has.
 inline std::shared_ptr<ddp::Store> counting(std::shared_ptr<ddp::Store> store,
                                             std::atomic<int64_t>& calls) {
+  if (dynamic_cast<ddp::InterruptibleWait*>(store.get()) != nullptr &&
+      dynamic_cast<ddp::KeptAliveKeys*>(store.get()) != nullptr) {
+    return std::make_shared<CountingKeptAliveStore>(std::move(store), calls);
+  }
   if (dynamic_cast<ddp::InterruptibleWait*>(store.get()) != nullptr) {
     return std::make_shared<CountingInterruptibleStore>(std::move(store), calls);
   }

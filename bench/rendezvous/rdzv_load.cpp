@@ -34,6 +34,8 @@
 //                        (grpc_server_started_total of its /metrics; a Store call on etcd
 //                        may be several), the TCP store's = idle_calls_per_s (one request
 //                        per call)
+//   idle_store_writes_per_s  etcd: writes per second over the window (its revision's growth:
+//                        each is a raft proposal with an fsync); -1 for the TCP store
 //   idle_store_cpu_pct   the store process's CPU time over the window, % of one core
 //   idle_round_ended     agents whose watcher ended the round (a peer missed its heartbeats:
 //                        the store was too slow for the heartbeats); 0 when the store keeps up
@@ -158,6 +160,28 @@ int64_t etcd_requests(const ddp::rdzv::Endpoint& endpoint) {
     pos = end;
   }
   return total;
+}
+
+// etcd's revision at `endpoint` (it grows by one with every write: a put, a txn that wrote, a
+// lease revoked with keys); -1 when unreadable.
+int64_t etcd_revision(const ddp::rdzv::Endpoint& endpoint) {
+  CURL* h = curl_easy_init();
+  if (h == nullptr) return -1;
+  std::string body;
+  const std::string url = fmt::format("http://{}:{}/v3/kv/range", endpoint.host, endpoint.port);
+  const std::string request = R"({"key":"AA=="})";  // key "\0": absent, only the header
+  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 30000L);
+  curl_easy_setopt(h, CURLOPT_POSTFIELDS, request.c_str());
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &append_body);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &body);
+  CURLcode rc = curl_easy_perform(h);
+  curl_easy_cleanup(h);
+  const std::string name = "\"revision\":\"";
+  const size_t pos = body.find(name);
+  if (rc != CURLE_OK || pos == std::string::npos) return -1;
+  return std::atoll(body.c_str() + pos + name.size());
 }
 
 // Sockets among `pid`'s open files.
@@ -637,11 +661,16 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::duration<double>(args.heartbeat_s));
     const double cpu0 = cpu_seconds(args.store_pid);
     const int64_t requests0 = args.store == "etcd" ? etcd_requests(proto.endpoint) : 0;
+    const int64_t revision0 = args.store == "etcd" ? etcd_revision(proto.endpoint) : -1;
     const auto w0 = Clock::now();
     std::this_thread::sleep_for(std::chrono::duration<double>(args.idle_seconds));
     const double window = seconds(Clock::now() - w0);
     const double cpu = cpu_seconds(args.store_pid) - cpu0;
     const int64_t requests = args.store == "etcd" ? etcd_requests(proto.endpoint) - requests0 : 0;
+    const int64_t revision1 = args.store == "etcd" ? etcd_revision(proto.endpoint) : -1;
+    const double writes_per_s = revision0 >= 0 && revision1 >= 0
+                                    ? static_cast<double>(revision1 - revision0) / window
+                                    : -1.0;
     int64_t calls = 0;
     int32_t ended = 0;
     for (auto& c : shards) {
@@ -656,9 +685,10 @@ int main(int argc, char** argv) {
     const double calls_per_s = static_cast<double>(calls) / args.idle_seconds;
     idle_json = fmt::format(
         ",\"idle_s\":{:.0f},\"heartbeat_s\":{:.1f},\"idle_calls_per_s\":{:.0f},"
-        "\"idle_requests_per_s\":{:.0f},\"idle_store_cpu_pct\":{:.1f},\"idle_round_ended\":{}",
+        "\"idle_requests_per_s\":{:.0f},\"idle_store_writes_per_s\":{:.1f},"
+        "\"idle_store_cpu_pct\":{:.1f},\"idle_round_ended\":{}",
         args.idle_seconds, args.heartbeat_s, calls_per_s,
-        args.store == "etcd" ? static_cast<double>(requests) / window : calls_per_s,
+        args.store == "etcd" ? static_cast<double>(requests) / window : calls_per_s, writes_per_s,
         100.0 * cpu / window, ended);
     ok = ok && ended == 0;
   }

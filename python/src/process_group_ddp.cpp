@@ -383,6 +383,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather(
   }
   const std::vector<at::Tensor> outs = outputs[0];
   if (static_cast<int>(outs.size()) != group_size()) {
+    if (recoverable_ && static_cast<int>(outs.size()) == getSize()) {
+      // Sized by torch.distributed's world size, which stays the launch's after a lost node.
+      throw UsageError(fmt::format(
+          "all_gather: the output list has {} tensors, torch.distributed's world size (the "
+          "launch's), but the job lost a node ({}) and runs with {} ranks: size it by "
+          "ddp.StepManager.world_size. PyTorch's DistributedDataParallel constructor does "
+          "this (it all-gathers the parameter count), so a worker restarted while the job runs "
+          "with fewer ranks than it was launched with cannot build its DDP (docs/recovery.md, "
+          "\"Python\")",
+          outs.size(), recoverable_->loss_description(), group_size()));
+    }
     throw UsageError(
         fmt::format("all_gather: the output list has {} tensors but the group has {} ranks",
                     outs.size(), group_size()));
