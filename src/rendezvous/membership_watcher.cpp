@@ -108,12 +108,12 @@ void MembershipWatcher::check_peers() {
     std::optional<std::string> read =
         kept_alive_ ? kept_alive_->read_now({k.hb(target_)}).front() : store_->get(k.hb(target_));
     if (!read && taken_.count(target_) == 0) {
-      peer_gone(
-          target_,
-          fmt::format("{} missed {} heartbeats (its liveness key expired with its lease of "
-                      "{:.1f} s, heartbeat {:.1f} s): its agent died or lost the network",
-                      describe_slot(target_), kMissedHeartbeats, liveness_ttl().count() / 1000.0,
-                      options_.conf.heartbeat.count() / 1000.0));
+      peer_gone(target_,
+                fmt::format("{} missed {} heartbeats (its liveness key expired with its lease of "
+                            "{} s, heartbeat {:.1f} s): its agent died or lost the network",
+                            describe_slot(target_), kMissedHeartbeats,
+                            (liveness_ttl().count() + 999) / 1000,
+                            options_.conf.heartbeat.count() / 1000.0));
       return;
     }
     const std::string value = read.value_or(keys::kLost);

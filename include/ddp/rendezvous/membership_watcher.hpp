@@ -102,7 +102,8 @@ class MembershipWatcher {
   LostPeer describe_lost(int slot, const std::string& why);
   // "node rank 1 (host, addr)", for messages.
   std::string describe_slot(int slot);
-  // The lease of a heartbeat kept alive: kMissedHeartbeats heartbeats.
+  // The lease of a heartbeat kept alive: kMissedHeartbeats heartbeats (etcd counts whole
+  // seconds: the store rounds it up).
   Millis liveness_ttl() const;
 
   RendezvousOptions options_;
