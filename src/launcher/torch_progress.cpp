@@ -49,6 +49,7 @@ def _ddprun_start_progress():
     rank = _ddprun_os.environ.get("RANK")
     if not directory or not rank:
         return
+    import atexit
     import json
     import socket
     import threading
@@ -98,11 +99,12 @@ def _ddprun_start_progress():
                               open_since_us=since)
         return record
 
+    stop = threading.Event()
+
     def loop():
         last = None
         handled = 0.0
-        while True:
-            time.sleep(interval)
+        while not stop.wait(interval):
             try:
                 doc = read_recorder()
                 if doc is None:
@@ -124,7 +126,17 @@ def _ddprun_start_progress():
             except Exception:
                 pass  # a reporter must never disturb the program
 
-    threading.Thread(target=loop, name="ddprun-progress", daemon=True).start()
+    reporter = threading.Thread(target=loop, name="ddprun-progress", daemon=True)
+    reporter.start()
+
+    # Stopped before the interpreter finalizes: a daemon thread still inside torch's C++ (it
+    # releases the GIL) when Python exits is ended by a forced unwind, which C++ turns into
+    # std::terminate ("terminate called without an active exception", SIGABRT at exit).
+    def stop_reporter():
+        stop.set()
+        reporter.join(interval + 5.0)
+
+    atexit.register(stop_reporter)
 
 
 _ddprun_chain_user_sitecustomize()
