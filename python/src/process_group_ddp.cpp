@@ -629,16 +629,18 @@ std::vector<WorkPtr> ProcessGroupDDP::exchange(const std::vector<at::Tensor>& se
   // numbers its exchanges alike because collectives are called in the same order.
   const int tag = -1 - static_cast<int>(exchange_seq_++ % (1 << 30));
   std::vector<WorkPtr> works;
-  recv_blocks[group_rank()].copy_(send_blocks[group_rank()]);
-  for (int p = 0; p < group_size(); ++p) {
-    if (p == group_rank() || recv_blocks[p].numel() == 0) continue;
-    works.push_back(live()->recv(bytes_of(recv_blocks[p]).data_ptr(), recv_blocks[p].nbytes(),
-                                 DataType::kUInt8, p, tag));
+  ProcessGroup* group = live();  // one generation for the whole exchange
+  const int me = group->rank(), size = group->size();
+  recv_blocks[me].copy_(send_blocks[me]);
+  for (int p = 0; p < size; ++p) {
+    if (p == me || recv_blocks[p].numel() == 0) continue;
+    works.push_back(group->recv(bytes_of(recv_blocks[p]).data_ptr(), recv_blocks[p].nbytes(),
+                                DataType::kUInt8, p, tag));
   }
-  for (int p = 0; p < group_size(); ++p) {
-    if (p == group_rank() || send_blocks[p].numel() == 0) continue;
+  for (int p = 0; p < size; ++p) {
+    if (p == me || send_blocks[p].numel() == 0) continue;
     works.push_back(
-        live()->send(send_blocks[p].data_ptr(), send_blocks[p].nbytes(), DataType::kUInt8, p, tag));
+        group->send(send_blocks[p].data_ptr(), send_blocks[p].nbytes(), DataType::kUInt8, p, tag));
   }
   return works;
 }
