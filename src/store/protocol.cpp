@@ -158,6 +158,11 @@ int64_t decode_i64(const std::string& field, const char* what) {
   return static_cast<int64_t>(bits);
 }
 
+bool is_write(Op op) {
+  return op == Op::kSet || op == Op::kAdd || op == Op::kCompareSet || op == Op::kDelete ||
+         op == Op::kMultiSet;
+}
+
 std::string op_name(Op op) {
   switch (op) {
     case Op::kHello:
@@ -188,6 +193,12 @@ std::string op_name(Op op) {
       return "cancel_wait";
     case Op::kPing:
       return "ping";
+    case Op::kReplicate:
+      return "replicate";
+    case Op::kPromote:
+      return "promote";
+    case Op::kSnapshot:
+      return "snapshot";
     case Op::kOk:
       return "ok";
     case Op::kChallenge:

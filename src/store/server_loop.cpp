@@ -54,6 +54,7 @@ TcpStoreServer::Loop::Loop(const TcpStoreServerOptions& options, net::Socket lis
       listener_(std::move(listener)),
       token_(std::move(token)),
       logger_(log::get("ddp.store")) {
+  standby_.store(options_.standby);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (epoll_fd_ < 0 || wake_fd_ < 0) {
@@ -97,7 +98,17 @@ void TcpStoreServer::Loop::run() {
         accept_all();
         continue;
       }
-      if (id == kWakeId) continue;  // stop_requested_ is checked by the loop condition
+      if (id == kWakeId) {
+        // stop_requested_ is checked by the loop condition; the rest are tasks and the
+        // replicator's progress.
+        uint64_t count = 0;
+        ssize_t ignored = ::read(wake_fd_, &count, sizeof(count));
+        (void)ignored;
+        run_posted();
+        take_replica_progress();
+        run_runnable();
+        continue;
+      }
       Connection* conn = find(id);
       if (conn == nullptr) continue;
       if (flags & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) on_readable(*conn);
@@ -108,6 +119,7 @@ void TcpStoreServer::Loop::run() {
     run_runnable();
     reap_dead();
   }
+  replicator_.reset();  // joins its thread before the connections go
   size_t open = conns_.size();
   conns_.clear();
   num_connections_.store(0);

@@ -18,7 +18,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <queue>
 #include <set>
 #include <string>
@@ -28,6 +31,7 @@
 #include "ddp/store/protocol.hpp"
 #include "ddp/store/tcp_store_server.hpp"
 #include "ddp/util/socket.hpp"
+#include "replicator.hpp"
 
 namespace spdlog {
 class logger;
@@ -46,6 +50,10 @@ class TcpStoreServer::Loop {
   void request_stop();
 
   bool auth_required() const { return !token_.empty(); }
+  // Replication (TcpStoreServer::replicate_to). Thread-safe.
+  void replicate_to(std::vector<std::string> standbys, std::chrono::milliseconds request_timeout);
+  bool is_standby() const { return standby_.load(); }
+  std::string replica() const;
   size_t num_connections() const { return num_connections_.load(); }
   uint64_t num_auth_refusals() const { return auth_refusals_.load(); }
   uint64_t num_protocol_errors() const { return protocol_errors_.load(); }
@@ -86,6 +94,24 @@ class TcpStoreServer::Loop {
     bool want_write = false;
     Waiter waiter;
     uint64_t timer_seq = 0;  // handshake or linger timer
+    std::string role;        // hello's (protocol.hpp): a client's, a replication stream's, ...
+    std::string client_id;   // hello's " id=": its writes are answered once (applied_)
+    bool awaiting_replica = false;  // its write waits for the standby's acknowledgement
+  };
+
+  // A write waiting for the standby (replicator_) before it is applied and answered.
+  struct PendingWrite {
+    uint64_t seq = 0;
+    uint64_t conn_id = 0;
+    std::string client_id;
+    Frame frame;
+  };
+  // The reply a write got, kept per client id so that the same write sent again after a
+  // fail-over gets it instead of being applied twice.
+  struct Applied {
+    uint32_t request_id = 0;
+    Op reply_op = Op::kOk;
+    std::vector<std::string> fields;
   };
 
   struct Timer {
@@ -136,6 +162,21 @@ class TcpStoreServer::Loop {
   void notify(const std::string& key);
   void set_key(const std::string& key, std::string value);
 
+  // Writes and replication (server_replication.cpp).
+  void handle_write(Connection& conn, Frame& frame);
+  // Throws BadRequest when a write's fields are malformed (before it is queued or applied).
+  static void validate_write(const Frame& frame);
+  // Applies a valid write and returns its reply, kept under client_id when there is one.
+  Applied apply_write(const std::string& client_id, Frame& frame);
+  void handle_replicate(Connection& conn, Frame& frame);
+  void promote(std::vector<std::string> next_standbys);
+  void attach_next_replica();
+  // Applies the writes the standby acknowledged (all of them once it failed), answering them.
+  void take_replica_progress();
+  void post(std::function<void()> task);
+  void run_posted();
+  void wake();
+
   // Output and teardown.
   void reply(Connection& conn, Op op, uint32_t request_id, std::vector<std::string> fields);
   void flush(Connection& conn);
@@ -172,6 +213,18 @@ class TcpStoreServer::Loop {
   // Connections holding a handshake slot, oldest first (ids grow in accept order).
   std::set<uint64_t> handshaking_;
   std::unordered_map<std::string, std::set<uint64_t>> handshaking_by_address_;
+
+  // Replication (docs/store-protocol.md "Standby stores").
+  std::atomic<bool> standby_{false};
+  std::unique_ptr<Replicator> replicator_;
+  std::vector<std::string> replica_candidates_;  // the standbys after replicator_'s
+  std::chrono::milliseconds replica_timeout_{TcpStoreServer::kDefaultReplicaTimeout};
+  std::deque<PendingWrite> pending_writes_;
+  std::unordered_map<std::string, Applied> applied_;  // client id -> its last write's reply
+  mutable std::mutex replica_mutex_;
+  std::string replica_endpoint_;
+  std::mutex posted_mutex_;
+  std::vector<std::function<void()>> posted_;  // tasks other threads hand the loop
 
   std::atomic<size_t> num_connections_{0};
   std::atomic<uint64_t> auth_refusals_{0};

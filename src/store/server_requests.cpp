@@ -9,68 +9,23 @@
 #include "ddp/store/auth.hpp"
 #include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
+#include "request_fields.hpp"
 #include "server_loop.hpp"
 
 namespace ddp {
-
-namespace {
 
 using store_protocol::kErrorAuth;
 using store_protocol::kErrorProtocol;
 using store_protocol::kErrorStore;
 using store_protocol::kErrorUsage;
-
-// Thrown by handlers for a well-framed request whose fields are wrong; closes the connection.
-struct BadRequest {
-  std::string message;
-};
-
-void expect_fields(const store_protocol::Frame& frame, size_t count) {
-  if (frame.fields.size() != count) {
-    throw BadRequest{fmt::format("{} needs {} fields, got {}", store_protocol::op_name(frame.op),
-                                 count, frame.fields.size())};
-  }
-}
-
-void expect_min_fields(const store_protocol::Frame& frame, size_t count) {
-  if (frame.fields.size() < count) {
-    throw BadRequest{fmt::format("{} needs at least {} fields, got {}",
-                                 store_protocol::op_name(frame.op), count, frame.fields.size())};
-  }
-}
-
-int64_t field_i64(const std::string& field, const char* what) {
-  if (field.size() != 8) {
-    throw BadRequest{
-        fmt::format("field '{}' must be an 8-byte integer, got {} bytes", what, field.size())};
-  }
-  return store_protocol::decode_i64(field, what);
-}
-
-// Parses a value written by add(); nullopt if it is not a plain decimal integer.
-std::optional<int64_t> parse_counter(const std::string& text) {
-  if (text.empty() || text.size() > 20) return std::nullopt;
-  size_t i = text[0] == '-' ? 1 : 0;
-  if (i == text.size()) return std::nullopt;
-  int64_t value = 0;
-  for (; i < text.size(); ++i) {
-    if (text[i] < '0' || text[i] > '9') return std::nullopt;
-    int digit = text[i] - '0';
-    if (__builtin_mul_overflow(value, 10, &value)) return std::nullopt;
-    if (__builtin_add_overflow(value, text[0] == '-' ? -digit : digit, &value)) {
-      return std::nullopt;
-    }
-  }
-  return value;
-}
-
-}  // namespace
+using namespace request_fields;
 
 void TcpStoreServer::Loop::process(Connection& conn) {
   if (conn.waiter.active && conn.state == State::kReady) take_cancel(conn);
   while (
       (conn.state == State::kHello || conn.state == State::kAuth || conn.state == State::kReady) &&
-      !conn.waiter.active && conn.out.empty() && conn.in_off < conn.in.size()) {
+      !conn.waiter.active && !conn.awaiting_replica && conn.out.empty() &&
+      conn.in_off < conn.in.size()) {
     const auto* bytes = reinterpret_cast<const uint8_t*>(conn.in.data()) + conn.in_off;
     size_t available = conn.in.size() - conn.in_off;
     size_t limit = frame_limit(conn);
@@ -141,6 +96,22 @@ void TcpStoreServer::Loop::handle_handshake(Connection& conn, Frame& frame) {
              "the first request must be hello (is the client a ddp TcpStore?)");
       return;
     }
+    const std::string who = frame.fields.empty() ? "" : frame.fields[0];
+    const auto id_at = who.find(" id=");
+    conn.role = who.substr(0, id_at);
+    if (id_at != std::string::npos) conn.client_id = who.substr(id_at + 4);
+    if (conn.role == store_protocol::kReplicaRole && !standby_.load()) {
+      close_with_error(conn, frame.request_id, kErrorStore,
+                       "this store serves clients (a primary, or a standby promoted already): it "
+                       "takes no replication stream");
+      return;
+    }
+    if (conn.role != store_protocol::kReplicaRole && conn.role != store_protocol::kAdminRole &&
+        standby_.load()) {
+      close_with_error(conn, frame.request_id, store_protocol::kErrorStandby,
+                       "it serves clients only once promoted (when its primary is declared lost)");
+      return;
+    }
     if (token_.empty()) {
       handshake_done(conn);
       reply(conn, Op::kOk, frame.request_id, {"auth:none"});
@@ -188,17 +159,30 @@ void TcpStoreServer::Loop::handle_handshake(Connection& conn, Frame& frame) {
 void TcpStoreServer::Loop::handle_request(Connection& conn, Frame& frame) {
   const uint32_t rid = frame.request_id;
   auto& f = frame.fields;
-  switch (frame.op) {
-    case Op::kPing:
-      reply(conn, Op::kOk, rid, {});
+  if (frame.op == Op::kPing) {
+    reply(conn, Op::kOk, rid, {});
+    return;
+  }
+  if (frame.op == Op::kPromote) {
+    promote(std::move(f));
+    reply(conn, Op::kOk, rid, {});
+    return;
+  }
+  if (conn.role == store_protocol::kReplicaRole || conn.role == store_protocol::kAdminRole) {
+    if (conn.role == store_protocol::kReplicaRole && frame.op == Op::kReplicate) {
+      handle_replicate(conn, frame);
       return;
+    }
+    throw BadRequest{
+        fmt::format("{} on a {} connection", store_protocol::op_name(frame.op), conn.role)};
+  }
+  if (store_protocol::is_write(frame.op)) {
+    handle_write(conn, frame);
+    return;
+  }
+  switch (frame.op) {
     case Op::kCancelWait:
       // The wait it names was answered before the cancel arrived: nothing to do, no reply.
-      return;
-    case Op::kSet:
-      expect_fields(frame, 2);
-      set_key(f[0], std::move(f[1]));
-      reply(conn, Op::kOk, rid, {});
       return;
     case Op::kGet: {
       expect_fields(frame, 2);
@@ -211,50 +195,6 @@ void TcpStoreServer::Loop::handle_request(Connection& conn, Frame& frame) {
       }
       return;
     }
-    case Op::kAdd: {
-      expect_fields(frame, 2);
-      int64_t delta = field_i64(f[1], "delta");
-      int64_t current = 0;
-      auto it = data_.find(f[0]);
-      if (it != data_.end()) {
-        auto parsed = parse_counter(it->second);
-        if (!parsed) {
-          reply(conn, Op::kError, rid,
-                {kErrorStore, fmt::format("add on key '{}': its value is not an integer; use a "
-                                          "key that only add() writes",
-                                          f[0])});
-          return;
-        }
-        current = *parsed;
-      }
-      int64_t result = 0;
-      if (__builtin_add_overflow(current, delta, &result)) {
-        reply(conn, Op::kError, rid,
-              {kErrorStore,
-               fmt::format("add on key '{}': {} + {} overflows int64", f[0], current, delta)});
-        return;
-      }
-      set_key(f[0], std::to_string(result));
-      reply(conn, Op::kOk, rid, {store_protocol::encode_i64(result)});
-      return;
-    }
-    case Op::kCompareSet: {
-      expect_fields(frame, 3);
-      auto it = data_.find(f[0]);
-      bool matches = it == data_.end() ? f[1].empty() : it->second == f[1];
-      if (matches) {
-        std::string value = f[2];
-        set_key(f[0], std::move(f[2]));
-        reply(conn, Op::kOk, rid, {std::move(value)});
-      } else {
-        reply(conn, Op::kOk, rid, {it == data_.end() ? f[1] : it->second});
-      }
-      return;
-    }
-    case Op::kDelete:
-      expect_fields(frame, 1);
-      reply(conn, Op::kOk, rid, {std::string(1, data_.erase(f[0]) > 0 ? '\1' : '\0')});
-      return;
     case Op::kNumKeys:
       expect_fields(frame, 0);
       reply(conn, Op::kOk, rid, {store_protocol::encode_i64(static_cast<int64_t>(data_.size()))});
@@ -271,13 +211,6 @@ void TcpStoreServer::Loop::handle_request(Connection& conn, Frame& frame) {
       park(conn, frame.op, rid, std::move(keys), timeout_ms);
       return;
     }
-    case Op::kMultiSet:
-      if (f.size() % 2 != 0) {
-        throw BadRequest{fmt::format("multi_set needs key/value pairs, got {} fields", f.size())};
-      }
-      for (size_t i = 0; i < f.size(); i += 2) set_key(f[i], std::move(f[i + 1]));
-      reply(conn, Op::kOk, rid, {});
-      return;
     case Op::kHello:
     case Op::kAuth:
       throw BadRequest{"hello/auth sent twice on one connection"};

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <thread>
+#include <tuple>
 
 #include "ddp/store/auth.hpp"
 #include "ddp/store/tcp_store_server.hpp"
@@ -30,6 +31,24 @@ constexpr Ms kFirstBackoff{10};
 constexpr Ms kMaxBackoff{1000};
 // How often an interruptible wait looks at its interrupter (its latency).
 constexpr Ms kInterruptPoll{100};
+// With standbys: how long one connection attempt to one endpoint may take before the next
+// endpoint is tried (a store host that vanished answers nothing).
+constexpr Ms kFailoverAttempt{1000};
+
+// A standby not promoted refused this client at hello: another endpoint (or this one, later)
+// may serve. Kept apart so that a timeout's message names it rather than a later attempt's.
+class StandbyRefusal : public NetworkError {
+ public:
+  using NetworkError::NetworkError;
+};
+
+std::string hex_id(const std::string& bytes) {
+  std::string out;
+  for (size_t i = 0; i < 8 && i < bytes.size(); ++i) {
+    out += fmt::format("{:02x}", static_cast<unsigned>(static_cast<uint8_t>(bytes[i])));
+  }
+  return out;
+}
 
 Ms elapsed_since(net::Clock::time_point start) {
   return std::chrono::duration_cast<Ms>(net::Clock::now() - start);
@@ -53,6 +72,11 @@ TcpStore::TcpStore(TcpStoreOptions options)
     server_->start();
     options_.port = server_->port();
   }
+  if (!options_.standbys.empty()) {
+    endpoints_.emplace_back(options_.host, options_.port);
+    for (const auto& s : options_.standbys) endpoints_.push_back(net::parse_endpoint(s));
+    client_id_ = hex_id(store_auth::make_nonce());
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   connect_locked(deadline_after(options_.timeout));
 }
@@ -63,7 +87,58 @@ std::string TcpStore::endpoint() const {
   return net::format_endpoint(options_.host, options_.port);
 }
 
+bool TcpStore::may_fail_over(net::Deadline deadline) const {
+  return endpoints_.size() > 1 && net::Clock::now() < deadline;
+}
+
 void TcpStore::connect_locked(net::Deadline deadline) {
+  if (endpoints_.size() <= 1) {
+    connect_one_locked(deadline);
+    return;
+  }
+  // One attempt per endpoint and round, starting with the one that served last: the primary
+  // while it lives, else the standby that was promoted (the others refuse clients).
+  const auto start = net::Clock::now();
+  Ms backoff = kFirstBackoff;
+  std::vector<std::string> errors(endpoints_.size());
+  for (;;) {
+    for (size_t k = 0; k < endpoints_.size(); ++k) {
+      const size_t i = (current_endpoint_ + k) % endpoints_.size();
+      options_.host = endpoints_[i].first;
+      options_.port = endpoints_[i].second;
+      try {
+        sock_ = net::connect_tcp(options_.host, options_.port,
+                                 std::min(deadline, deadline_after(kFailoverAttempt)));
+        handshake_locked(std::min(deadline, deadline_after(kFailoverAttempt)));
+        current_endpoint_ = i;
+        return;
+      } catch (const NetworkError& e) {
+        errors[i] = e.what();
+      } catch (const TimeoutError& e) {
+        errors[i] = e.what();
+      }
+      sock_.close();
+      if (net::Clock::now() >= deadline) break;
+    }
+    const auto now = net::Clock::now();
+    if (now >= deadline) break;
+    std::this_thread::sleep_for(std::min<net::Clock::duration>(backoff, deadline - now));
+    backoff = std::min(backoff * 2, kMaxBackoff);
+  }
+  std::string tried;
+  for (size_t i = 0; i < endpoints_.size(); ++i) {
+    tried +=
+        fmt::format("; {}: {}", net::format_endpoint(endpoints_[i].first, endpoints_[i].second),
+                    errors[i].empty() ? "not tried" : errors[i]);
+  }
+  throw TimeoutError(fmt::format(
+      "store: neither the store nor one of its standbys served clients within {} ms{}. The "
+      "store's host is gone and no standby was promoted (the agent that saw the loss promotes "
+      "one), or every one is gone",
+      elapsed_since(start).count(), tried));
+}
+
+void TcpStore::connect_one_locked(net::Deadline deadline) {
   auto start = net::Clock::now();
   // Attempts that never reach the server are retried until retry_until; one that connected
   // may spend until `deadline` waiting for the hello reply.
@@ -72,11 +147,15 @@ void TcpStore::connect_locked(net::Deadline deadline) {
                              : deadline;
   Ms backoff = kFirstBackoff;
   std::string last_error;
+  std::string refused_as_standby;
   for (;;) {
     try {
       sock_ = net::connect_tcp(options_.host, options_.port, retry_until);
       handshake_locked(deadline);
       return;
+    } catch (const StandbyRefusal& e) {
+      sock_.close();
+      refused_as_standby = last_error = e.what();
     } catch (const NetworkError& e) {
       // Refused, reset, unresolvable: the server may not be up yet; retry until the deadline.
       sock_.close();
@@ -104,13 +183,16 @@ void TcpStore::connect_locked(net::Deadline deadline) {
   throw TimeoutError(fmt::format(
       "store at {}: could not connect within {} ms ({}); last error: {}. Check that the store "
       "server is running and that host and port (MASTER_ADDR/MASTER_PORT) point at it",
-      endpoint(), elapsed_since(start).count(), limits, last_error));
+      endpoint(), elapsed_since(start).count(), limits,
+      refused_as_standby.empty() || refused_as_standby == last_error
+          ? last_error
+          : last_error + " (before that: " + refused_as_standby + ")"));
 }
 
 void TcpStore::handshake_locked(net::Deadline deadline) {
   Frame hello;
   hello.op = Op::kHello;
-  hello.fields = {"ddp-tcpstore-client"};
+  hello.fields = {client_id_.empty() ? options_.role : options_.role + " id=" + client_id_};
   // With a token we also authenticate the server: it must answer our nonce with its proof.
   std::string client_nonce;
   if (!token_.empty()) {
@@ -180,6 +262,10 @@ void TcpStore::throw_reply_error(const Frame& reply, Op op) {
         "variable). Server said: {}",
         what, store_auth::kTokenEnvVar, message));
   }
+  if (kind == store_protocol::kErrorStandby) {
+    sock_.close();  // a standby not promoted: another endpoint may serve (connect_locked)
+    throw StandbyRefusal(fmt::format("store at {} is a standby: {}", endpoint(), message));
+  }
   if (kind == store_protocol::kErrorUsage) {
     throw UsageError(
         fmt::format("store at {}: {}: {}", endpoint(), store_protocol::op_name(op), message));
@@ -192,8 +278,8 @@ void TcpStore::throw_reply_error(const Frame& reply, Op op) {
       fmt::format("store at {} rejected {}: {}", endpoint(), store_protocol::op_name(op), message));
 }
 
-uint32_t TcpStore::send_locked(Frame request, net::Deadline deadline) {
-  request.request_id = next_request_id_++;
+uint32_t TcpStore::send_locked(Frame request, net::Deadline deadline, uint32_t reuse_id) {
+  request.request_id = reuse_id != 0 ? reuse_id : next_request_id_++;
   std::string bytes = store_protocol::encode_frame(request);
   net::write_all(sock_.fd(), bytes.data(), bytes.size(), deadline, endpoint());
   return request.request_id;
@@ -244,18 +330,32 @@ std::vector<std::string> TcpStore::call(Op op, std::vector<std::string> fields, 
   Frame request;
   request.op = op;
   request.fields = std::move(fields);
+  const auto deadline = deadline_after(saturating_add(limit, kReplyGrace));
   Frame reply;
-  try {
-    reply = exchange_locked(request, deadline_after(saturating_add(limit, kReplyGrace)));
-  } catch (const TimeoutError&) {
-    throw TimeoutError(fmt::format(
-        "store at {}: no reply to {} after {} ms (limit {} ms){}; the server is unresponsive or "
-        "the network is down",
-        endpoint(), store_protocol::op_name(op), elapsed_since(start).count(), limit.count(),
-        keys_waited.empty() ? "" : " waiting for keys " + keys_text(keys_waited)));
-  } catch (const NetworkError& e) {
-    throw NetworkError(fmt::format("store at {}: {} failed: {}", endpoint(),
-                                   store_protocol::op_name(op), e.what()));
+  uint32_t id = 0;  // kept when the request is sent again: the store answers it once
+  for (;;) {
+    try {
+      id = send_locked(request, deadline, id);
+      reply = read_reply_locked(id, deadline);
+      break;
+    } catch (const TimeoutError&) {
+      sock_.close();
+      throw TimeoutError(fmt::format(
+          "store at {}: no reply to {} after {} ms (limit {} ms){}; the server is unresponsive "
+          "or the network is down",
+          endpoint(), store_protocol::op_name(op), elapsed_since(start).count(), limit.count(),
+          keys_waited.empty() ? "" : " waiting for keys " + keys_text(keys_waited)));
+    } catch (const NetworkError& e) {
+      sock_.close();
+      if (!may_fail_over(deadline)) {
+        throw NetworkError(fmt::format("store at {}: {} failed: {}", endpoint(),
+                                       store_protocol::op_name(op), e.what()));
+      }
+      connect_locked(deadline);  // the store's host is gone: its promoted standby, if any
+    } catch (...) {
+      sock_.close();  // the connection's state is unknown (a late reply may still arrive)
+      throw;
+    }
   }
   if (reply.op == Op::kOk) return std::move(reply.fields);
   if (reply.op == Op::kTimeout) {
@@ -346,46 +446,22 @@ WaitOutcome TcpStore::wait_interruptibly(const std::vector<std::string>& keys, M
   const auto deadline = deadline_after(saturating_add(timeout, kReplyGrace));
   Frame reply;
   bool cancelled = false;
-  try {
-    const uint32_t id = send_locked(std::move(request), deadline);
-    for (;;) {
-      pollfd fd = {sock_.fd(), POLLIN, 0};
-      const auto left = std::chrono::duration_cast<Ms>(deadline - net::Clock::now());
-      if (left.count() <= 0) {
-        throw TimeoutError(fmt::format(
-            "store at {}: no reply to wait after {} ms (limit {} ms) waiting for keys {}; the "
-            "server is unresponsive or the network is down",
-            endpoint(), elapsed_since(start).count(), timeout.count(), keys_text(keys)));
+  for (;;) {
+    try {
+      reply = wait_reply_locked(request, deadline, interrupter, cancelled, start, timeout, keys);
+      break;
+    } catch (const NetworkError& e) {
+      sock_.close();
+      if (!cancelled && may_fail_over(deadline)) {
+        connect_locked(deadline);  // a wait is safe to send again, to the promoted standby
+        continue;
       }
-      // The interrupter is polled rather than woken through a descriptor of its own: an
-      // eventfd per waiting store would double the descriptors of a process that holds many
-      // stores (the rendezvous load bench: 10,000 agents in one process).
-      int n =
-          ::poll(&fd, 1, static_cast<int>(std::min<int64_t>(left.count(), kInterruptPoll.count())));
-      if (n < 0 && errno != EINTR) {
-        throw NetworkError(
-            fmt::format("store at {}: poll failed: {}", endpoint(), std::strerror(errno)));
-      }
-      if (n > 0 && fd.revents != 0) {
-        reply = read_reply_locked(id, deadline);
-        break;
-      }
-      if (!cancelled && interrupter.interrupted()) {
-        Frame cancel;
-        cancel.op = Op::kCancelWait;
-        cancel.request_id = id;  // the wait's: the server answers it at once
-        std::string bytes = store_protocol::encode_frame(cancel);
-        net::write_all(sock_.fd(), bytes.data(), bytes.size(), deadline, endpoint());
-        cancelled = true;
-      }
+      throw NetworkError(fmt::format("store at {}: wait failed: {}", endpoint(), e.what()));
+    } catch (...) {
+      // The connection's state is unknown (a late reply may still arrive): start afresh.
+      sock_.close();
+      throw;
     }
-  } catch (const NetworkError& e) {
-    sock_.close();
-    throw NetworkError(fmt::format("store at {}: wait failed: {}", endpoint(), e.what()));
-  } catch (...) {
-    // The connection's state is unknown (a late reply may still arrive): start afresh.
-    sock_.close();
-    throw;
   }
   if (reply.op == Op::kOk) return WaitOutcome::kSet;
   if (reply.op == Op::kTimeout)
@@ -394,6 +470,41 @@ WaitOutcome TcpStore::wait_interruptibly(const std::vector<std::string>& keys, M
   sock_.close();
   throw ProtocolError(fmt::format("store at {}: unexpected {} reply to wait", endpoint(),
                                   store_protocol::op_name(reply.op)));
+}
+
+TcpStore::Frame TcpStore::wait_reply_locked(const Frame& request, net::Deadline deadline,
+                                            WaitInterrupter& interrupter, bool& cancelled,
+                                            net::Clock::time_point start, Ms timeout,
+                                            const std::vector<std::string>& keys) {
+  const uint32_t id = send_locked(request, deadline);
+  for (;;) {
+    pollfd fd = {sock_.fd(), POLLIN, 0};
+    const auto left = std::chrono::duration_cast<Ms>(deadline - net::Clock::now());
+    if (left.count() <= 0) {
+      throw TimeoutError(fmt::format(
+          "store at {}: no reply to wait after {} ms (limit {} ms) waiting for keys {}; the "
+          "server is unresponsive or the network is down",
+          endpoint(), elapsed_since(start).count(), timeout.count(), keys_text(keys)));
+    }
+    // The interrupter is polled rather than woken through a descriptor of its own: an
+    // eventfd per waiting store would double the descriptors of a process that holds many
+    // stores (the rendezvous load bench: 10,000 agents in one process).
+    int n =
+        ::poll(&fd, 1, static_cast<int>(std::min<int64_t>(left.count(), kInterruptPoll.count())));
+    if (n < 0 && errno != EINTR) {
+      throw NetworkError(
+          fmt::format("store at {}: poll failed: {}", endpoint(), std::strerror(errno)));
+    }
+    if (n > 0 && fd.revents != 0) return read_reply_locked(id, deadline);
+    if (!cancelled && interrupter.interrupted()) {
+      Frame cancel;
+      cancel.op = Op::kCancelWait;
+      cancel.request_id = id;  // the wait's: the server answers it at once
+      std::string bytes = store_protocol::encode_frame(cancel);
+      net::write_all(sock_.fd(), bytes.data(), bytes.size(), deadline, endpoint());
+      cancelled = true;
+    }
+  }
 }
 
 void TcpStore::wait(const std::vector<std::string>& keys, Ms timeout) {
@@ -431,6 +542,39 @@ void TcpStore::multi_set(const std::vector<std::string>& keys,
 
 void TcpStore::ping() {
   call(Op::kPing, {}, timeout_, {});
+}
+
+void TcpStore::promote(const std::vector<std::string>& next_standbys) {
+  call(Op::kPromote, next_standbys, timeout_, {});
+}
+
+std::vector<std::string> TcpStore::replicate(const std::string& client_id, uint32_t request_id,
+                                             Op op, std::vector<std::string> fields) {
+  fields.insert(fields.begin(),
+                {client_id, encode_i64(request_id), std::string(1, static_cast<char>(op))});
+  return call(Op::kReplicate, std::move(fields), timeout_, {});
+}
+
+std::string promote_first_standby(const std::vector<std::string>& standbys,
+                                  const std::optional<std::string>& token, Ms per_attempt) {
+  std::string tried;
+  for (size_t i = 0; i < standbys.size(); ++i) {
+    try {
+      TcpStoreOptions o;
+      std::tie(o.host, o.port) = net::parse_endpoint(standbys[i]);
+      o.token = token;
+      o.role = store_protocol::kAdminRole;
+      o.timeout = per_attempt;
+      o.connect_retry = per_attempt;
+      TcpStore admin(o);
+      admin.promote(std::vector<std::string>(standbys.begin() + i + 1, standbys.end()));
+      return standbys[i];
+    } catch (const Error& e) {
+      tried += fmt::format("; {}: {}", standbys[i], e.what());
+    }
+  }
+  throw NetworkError(fmt::format("no standby store could be promoted{}",
+                                 tried.empty() ? " (none was named)" : tried));
 }
 
 }  // namespace ddp

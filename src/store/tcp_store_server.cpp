@@ -52,6 +52,19 @@ void TcpStoreServer::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void TcpStoreServer::replicate_to(std::vector<std::string> standbys,
+                                  std::chrono::milliseconds request_timeout) {
+  loop_->replicate_to(std::move(standbys), request_timeout);
+}
+
+bool TcpStoreServer::is_standby() const {
+  return loop_->is_standby();
+}
+
+std::string TcpStoreServer::replica() const {
+  return loop_->replica();
+}
+
 size_t TcpStoreServer::num_connections() const {
   return loop_->num_connections();
 }

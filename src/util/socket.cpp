@@ -114,6 +114,26 @@ std::string format_endpoint(const std::string& host, uint16_t port) {
   return fmt::format("{}:{}", host, port);
 }
 
+std::pair<std::string, uint16_t> parse_endpoint(const std::string& text) {
+  const auto colon = text.rfind(':');
+  std::string host = colon == std::string::npos ? "" : text.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  long port = 0;
+  const std::string digits = colon == std::string::npos ? "" : text.substr(colon + 1);
+  bool ok = !host.empty() && !digits.empty() && digits.size() <= 5 &&
+            digits.find_first_not_of("0123456789") == std::string::npos;
+  if (ok) port = std::stol(digits);
+  if (!ok || port < 1 || port > 65535) {
+    throw UsageError(
+        fmt::format("'{}' is not an endpoint: expected HOST:PORT (port 1..65535, "
+                    "IPv6 addresses in brackets)",
+                    text));
+  }
+  return {host, static_cast<uint16_t>(port)};
+}
+
 std::string peer_address(int fd) {
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);

@@ -42,6 +42,16 @@ enum class Op : uint8_t {
   // No reply of its own (the only request a client may send before the previous reply).
   kCancelWait = 0x1A,  // []                          -> (none)
   kPing = 0x1F,        // []                          -> kOk []
+  // Replication (docs/store-protocol.md, "Standby stores"). kReplicate is accepted only from a
+  // primary's replication connection to a standby; inner_op is one write (set, add,
+  // compare_set, delete_key, multi_set) or kSnapshot, and the reply is the inner op's.
+  kReplicate = 0x1B,  // [client id, request id i64, inner_op u8, field...] -> inner op's reply
+  // On a standby: start serving clients with the data replicated so far, stop taking the
+  // replication stream, and replicate to the first of `next` that answers. On a store that
+  // serves clients already: nothing (idempotent).
+  kPromote = 0x1C,  // [next standby "host:port"...] -> kOk []
+  // Only inside kReplicate: replace the whole data with these pairs (a new primary's copy).
+  kSnapshot = 0x1D,  // [key, value, key, value...] -> kOk []
   // Replies.
   kOk = 0x80,
   kChallenge = 0x81,  // [nonce]
@@ -54,6 +64,16 @@ constexpr const char* kErrorAuth = "auth";          // StoreError; connection cl
 constexpr const char* kErrorProtocol = "protocol";  // ProtocolError; connection closed
 constexpr const char* kErrorStore = "store";        // StoreError; connection stays open
 constexpr const char* kErrorUsage = "usage";        // UsageError; connection stays open
+// A standby store not promoted yet refuses clients at hello (the client tries another
+// endpoint of its list); connection closed.
+constexpr const char* kErrorStandby = "standby";
+
+// Hello's first field names the peer's role. A client may add " id=<hex>": a standby then
+// answers a write it re-sends (same id and request id) after a fail-over with the reply the
+// write got, instead of applying it twice.
+constexpr const char* kClientRole = "ddp-tcpstore-client";
+constexpr const char* kReplicaRole = "ddp-tcpstore-replica";  // a primary's replication stream
+constexpr const char* kAdminRole = "ddp-tcpstore-admin";      // promote (and ping) only
 
 struct Frame {
   uint8_t version = kVersion;
@@ -96,6 +116,9 @@ std::string encode_frame(const Frame& frame);
 std::string encode_i64(int64_t value);
 // Throws ProtocolError if field is not 8 bytes; `what` names the field in the message.
 int64_t decode_i64(const std::string& field, const char* what);
+
+// Whether op changes the data (what a primary sends its standby).
+bool is_write(Op op);
 
 // A short name for an opcode ("set", "get", ...; "op 0x42" for unknown ones).
 std::string op_name(Op op);

@@ -13,7 +13,14 @@
 //   create several objects for parallel requests).
 // - After a network failure or a client-side timeout the connection is dropped; the next call
 //   reconnects. A failed call is never retried behind the caller's back (add is not
-//   idempotent).
+//   idempotent), except with options.standbys (below).
+// - Standby stores (options.standbys, docs/store-protocol.md "Standby stores"): a call whose
+//   connection breaks (the store's host died) reconnects to whichever of host:port and the
+//   standbys serves clients (a standby refuses them until it is promoted) and is sent again
+//   under its request id, within the call's limit; the store then answers a write it already
+//   applied with the reply it got, so an add or compare_set is applied once. A call that got no
+//   reply within its limit is not retried (a host that vanished without closing its sockets
+//   costs the call's limit).
 // - Auth: when the server has a token, the client must have the same one (options.token or
 //   $DDP_STORE_TOKEN); otherwise construction throws StoreError saying so. A client holding a
 //   token also makes the server prove it knows the token, and refuses (StoreError) a server
@@ -58,10 +65,25 @@ struct TcpStoreOptions {
   // Host a TcpStoreServer in this process, listening on port (bind address: every interface).
   bool is_server = false;
   size_t max_frame_bytes = store_protocol::kDefaultMaxFrameBytes;
+  // The store's standbys ("host:port", in the order they take over). Empty: no fail-over.
+  std::vector<std::string> standbys;
+  // The role hello announces (protocol.hpp): a client's, or within ddp_store a primary's
+  // replication stream or an admin's (promote_first_standby).
+  std::string role = store_protocol::kClientRole;
 };
+
+// Promotes the first of `standbys` ("host:port") that answers within `per_attempt` (a store
+// already promoted counts), telling it to replicate to the ones after it; returns its
+// endpoint. NetworkError naming each one's failure when none answers.
+std::string promote_first_standby(const std::vector<std::string>& standbys,
+                                  const std::optional<std::string>& token,
+                                  std::chrono::milliseconds per_attempt);
 
 class TcpStore : public Store, public InterruptibleWait {
  public:
+  using Op = store_protocol::Op;
+  using Frame = store_protocol::Frame;
+
   explicit TcpStore(TcpStoreOptions options);
   ~TcpStore() override;
 
@@ -88,6 +110,14 @@ class TcpStore : public Store, public InterruptibleWait {
                  const std::vector<std::string>& values) override;
   // One round trip; throws like any other call when the server is unreachable.
   void ping();
+  // Promotes the standby this admin connection (options.role kAdminRole) reached: it serves
+  // clients from now on and replicates to the first of `next_standbys` that answers.
+  void promote(const std::vector<std::string>& next_standbys);
+  // On a replication connection (options.role kReplicaRole): applies one write on the standby,
+  // recorded under (client_id, request_id) of the client that sent it; returns the reply's
+  // fields. StoreError when the standby refuses it (it was promoted: the stream is over).
+  std::vector<std::string> replicate(const std::string& client_id, uint32_t request_id, Op op,
+                                     std::vector<std::string> fields);
 
   const std::string& host() const { return options_.host; }
   // The server's port (the bound one when is_server with port 0).
@@ -98,21 +128,28 @@ class TcpStore : public Store, public InterruptibleWait {
   TcpStoreServer* server() { return server_.get(); }
 
  private:
-  using Op = store_protocol::Op;
-  using Frame = store_protocol::Frame;
-
   // Sends a request and returns the kOk reply's fields. `limit` is the server-side wait (for
   // blocking ops); the client gives up at limit + a grace period. Throws TimeoutError when
   // the server answers kTimeout, naming `keys_waited`.
   std::vector<std::string> call(Op op, std::vector<std::string> fields,
                                 std::chrono::milliseconds limit,
                                 const std::vector<std::string>& keys_waited);
-  // Connects and runs the handshake. Called with mutex_ held.
+  // Connects and runs the handshake. Called with mutex_ held. With standbys, tries each
+  // endpoint in turn (from the last one that served) until one serves clients.
   void connect_locked(net::Deadline deadline);
+  void connect_one_locked(net::Deadline deadline);
+  // Whether a failed exchange may be sent again on a new connection (standbys, time left).
+  bool may_fail_over(net::Deadline deadline) const;
   void handshake_locked(net::Deadline deadline);
   Frame exchange_locked(const Frame& request, net::Deadline deadline);
+  // Sends a wait and reads its reply, cancelling it once `interrupter` fires.
+  Frame wait_reply_locked(const Frame& request, net::Deadline deadline,
+                          WaitInterrupter& interrupter, bool& cancelled,
+                          net::Clock::time_point start, std::chrono::milliseconds timeout,
+                          const std::vector<std::string>& keys);
   // Sends `request` under the next request id (returned) / reads the reply to `request_id`.
-  uint32_t send_locked(Frame request, net::Deadline deadline);
+  // `reuse_id`: the id of the request this one sends again after a fail-over.
+  uint32_t send_locked(Frame request, net::Deadline deadline, uint32_t reuse_id = 0);
   Frame read_reply_locked(uint32_t request_id, net::Deadline deadline);
   [[noreturn]] void throw_reply_error(const Frame& reply, Op op);
 
@@ -121,7 +158,12 @@ class TcpStore : public Store, public InterruptibleWait {
   std::unique_ptr<TcpStoreServer> server_;
   std::mutex mutex_;
   net::Socket sock_;
+  // Never reset on reconnecting: a standby tells a re-sent write from a new one by its id.
   uint32_t next_request_id_ = 1;
+  // With standbys: host:port first, then the standbys; the one in use is options_.host:port.
+  std::vector<std::pair<std::string, uint16_t>> endpoints_;
+  size_t current_endpoint_ = 0;
+  std::string client_id_;  // sent in hello with standbys: " id=<hex>"
 };
 
 }  // namespace ddp

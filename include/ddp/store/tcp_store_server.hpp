@@ -26,6 +26,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "ddp/store/protocol.hpp"
 
@@ -71,6 +72,10 @@ struct TcpStoreServerOptions {
   // (at most once a second) with the peer address and the cap. docs/store-protocol.md.
   size_t max_handshakes = kDefaultMaxHandshakes;
   size_t max_handshakes_per_address = kDefaultMaxHandshakesPerAddress;
+  // A standby store (docs/store-protocol.md, "Standby stores"): it refuses clients until it is
+  // promoted (a kPromote request: promote_first_standby), taking meanwhile the writes its
+  // primary replicates to it (replicate_to on the primary).
+  bool standby = false;
 };
 
 class TcpStoreServer {
@@ -90,6 +95,21 @@ class TcpStoreServer {
   void stop();
 
   uint16_t port() const { return port_; }
+
+  // How long the standby may take to acknowledge one write before the primary goes on without
+  // it: a write waits for it, so this bounds what losing the standby's host costs a client.
+  static constexpr std::chrono::milliseconds kDefaultReplicaTimeout{1000};
+  // Replicates to the first of `standbys` ("host:port") that takes the stream: it gets a copy
+  // of the data, then every write, and a write is applied (and answered) here only once it has
+  // it, so a promoted standby holds everything any client saw. When it fails, the next one
+  // gets a fresh copy; with none left the server goes on alone (logging why). Thread-safe,
+  // returns at once; replaces the standbys not tried yet.
+  void replicate_to(std::vector<std::string> standbys,
+                    std::chrono::milliseconds request_timeout = kDefaultReplicaTimeout);
+  // Whether this is a standby not promoted yet.
+  bool is_standby() const;
+  // The standby replicated to now ("host:port"), "" when none.
+  std::string replica() const;
   // Connections currently open (including ones still in the handshake).
   size_t num_connections() const;
   // Connections refused for failing authentication since start (including clients that hung

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace ddp::net {
 
@@ -40,6 +41,10 @@ class Socket {
 
 // "host:port", with brackets around IPv6 literals ("[::1]:29500").
 std::string format_endpoint(const std::string& host, uint16_t port);
+
+// The inverse of format_endpoint: "host:port" or "[v6]:port". Throws UsageError naming `text`
+// when it has no port or the port is not in 1..65535.
+std::pair<std::string, uint16_t> parse_endpoint(const std::string& text);
 
 // The remote address of a connected socket as "ip:port" ("?" if unknown).
 std::string peer_address(int fd);
