@@ -71,6 +71,8 @@ c10::intrusive_ptr<c10d::Store> connect_job_store(std::chrono::milliseconds time
   o.host = *addr;
   o.port = static_cast<uint16_t>(*port);
   o.timeout = timeout;
+  // The store outlives its host's loss on a promoted standby (docs/recovery.md).
+  o.standbys = standbys_from_env();
   return c10::make_intrusive<JobStore>(o);
 }
 

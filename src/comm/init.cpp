@@ -187,6 +187,8 @@ std::shared_ptr<Store> store_from_env(int rank, int world_size, const WorldInfo&
   o.timeout = timeout;
   // Under ddprun --recovery step the launcher hosts this store, so it outlives any rank.
   o.is_server = rank == 0 && env::get("DDP_RECOVERY").value_or("") != "step";
+  // ddprun --recovery step keeps standbys of its store: a call goes on with the promoted one.
+  if (!o.is_server) o.standbys = standbys_from_env();
   return std::make_shared<TcpStore>(o);
 }
 

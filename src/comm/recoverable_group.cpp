@@ -46,6 +46,8 @@ std::shared_ptr<Store> store_client_from_env(int rank, bool may_host,
   o.port = static_cast<uint16_t>(*port);
   o.timeout = timeout;
   o.is_server = may_host && rank == 0 && !agent_hosts_store();
+  // ddprun's store outlives its host's loss on a promoted standby (docs/recovery.md).
+  if (agent_hosts_store()) o.standbys = standbys_from_env();
   if (!may_host) o.connect_retry = std::min(timeout, kWatchStoreTimeout);
   return std::make_shared<TcpStore>(o);
 }

@@ -23,7 +23,9 @@
 #include "ddp/launcher/stacks.hpp"
 #include "ddp/launcher/step_recovery.hpp"
 #include "ddp/launcher/torch_progress.hpp"
+#include "ddp/launcher/worker_env.hpp"
 #include "ddp/launcher/worker_group.hpp"
+#include "ddp/store/tcp_store.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/exit_status.hpp"
 
@@ -364,8 +366,13 @@ AgentResult run_multi_node(const AgentOptions& options) {
       s.port = static_cast<uint16_t>(round.world.master_port);
       s.restarts_used = step_restarts;
       s.world_size = round.world.world_size;
+      s.node_rank = round.world.group_rank;
+      s.num_nodes = round.world.group_world_size;
+      s.took_lost_slot = round.took_lost_slot;
       try {
         step.emplace(s);
+        // The workers' store clients go on with a promoted standby if node 0 is lost.
+        set_env_entry(spec.base_env, kStandbysEnvVar, step->standbys());
         if (round.took_lost_slot) {
           step->on_node_joined(round.world.group_rank, round.world.workers.front().global_rank,
                                round.world.local_world_size);

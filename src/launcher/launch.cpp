@@ -105,6 +105,11 @@ int launch(const LaunchOptions& options, const EnvLookup& env) {
     // The job's token guards the step-recovery store too, as every store of the job.
     if (a.step_recovery && settings.token) a.step_recovery->token = settings.token;
     if (a.step_recovery) {
+      // Nodes 1..standby_stores keep standbys of the step store, so it outlives node 0.
+      a.step_recovery->standby_count = settings.rdzv.conf.standby_stores;
+      a.step_recovery->local_addr = settings.rdzv.local_addr;
+    }
+    if (a.step_recovery) {
       // A lost node is announced once its heartbeats were missed: the workers whose collective
       // failed on its closed sockets wait that long, and a margin, for the notice.
       const auto wait =

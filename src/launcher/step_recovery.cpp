@@ -40,11 +40,36 @@ StepRecovery::StepRecovery(const StepRecoveryOptions& options)
   o.is_server = options.serve;
   o.token = options.token;
   o.timeout = options.timeout;
+  if (options.took_lost_slot && options.node_rank == 0) {
+    // Node 0 served the store; after its loss the store lives on a promoted standby, which
+    // the round's record (node 0's address) does not name.
+    throw UsageError(
+        "--recovery step: this node cannot take the place of node 0: node 0 served the job's "
+        "step store, which moved to a standby on another node when node 0 was lost");
+  }
   if (options.serve) {
     store_ = std::make_unique<TcpStore>(o);
     store_->set(kServedByAgentKey, "1");
   } else {
     connect_to_serving_agent(o, options.timeout);
+  }
+  if (options.num_nodes > 1 && options.standby_count > 0) {
+    StepStandbyOptions so;
+    so.node_rank = options.node_rank;
+    so.num_nodes = options.num_nodes;
+    so.count = options.standby_count;
+    so.local_addr = options.local_addr;
+    so.token = options.token;
+    so.wait = kServingAgentWait;
+    standbys_ = std::make_unique<StepStoreStandbys>(so, *store_,
+                                                    options.serve ? store_->server() : nullptr);
+    if (!options.serve && !standbys_->endpoints().empty()) {
+      // From now on this agent's calls go on with the promoted standby if node 0 is lost.
+      o.standbys = standbys_->endpoints();
+      o.timeout = kServingAgentWait;
+      store_ = std::make_unique<TcpStore>(o);
+      store_->set_timeout(options.timeout);
+    }
   }
   // Readable before any worker runs: 0 at the job's start, later for a node that joined.
   start_generation_ = recovery_notice::read_generation(*store_);
@@ -78,6 +103,10 @@ StepRecovery::~StepRecovery() = default;
 
 uint16_t StepRecovery::port() const {
   return store_->port();
+}
+
+std::string StepRecovery::standbys() const {
+  return standbys_ ? standbys_->joined() : "";
 }
 
 void StepRecovery::say(const std::string& line) {
@@ -139,12 +168,28 @@ void StepRecovery::on_node_joined(int node_rank, int first_rank, int num_ranks) 
 
 bool StepRecovery::on_node_lost(const LostNode& node) {
   if (node.node_rank == 0) {
-    // That node's agent served this store: nobody can record the loss, nor re-form.
-    say(
-        fmt::format("ddprun: {}; it served the job's --recovery step store (the round's node "
-                    "0), so the others cannot go on without it: ending the round\n",
-                    node.why));
-    return false;
+    // That node's agent served this store: its standby takes over, if it has one.
+    if (!standbys_ || standbys_->endpoints().empty()) {
+      say(fmt::format(
+          "ddprun: {}; it served the job's --recovery step store (the round's node 0) and the "
+          "store has no standby (--rdzv-conf standby_stores=0, or a job of one node then), so "
+          "the others cannot go on without it: ending the round\n",
+          node.why));
+      return false;
+    }
+    try {
+      const std::string promoted = standbys_->promote(kNodeLossRecordLimit);
+      say(fmt::format(
+          "ddprun: node 0 served the job's --recovery step store: its standby at {} serves it "
+          "now, with every write node 0 had answered\n",
+          promoted));
+    } catch (const Error& e) {
+      say(
+          fmt::format("ddprun: {}; it served the job's --recovery step store and no standby "
+                      "could take over ({}): ending the round\n",
+                      node.why, e.what()));
+      return false;
+    }
   }
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<int> slots;

@@ -305,12 +305,12 @@ void validate(const RendezvousOptions& o) {
         "not {}",
         o.conf.etcd_keys.front(), to_string(o.backend)));
   }
-  if (o.conf.standby_stores_given && o.backend != Backend::kC10d) {
-    throw UsageError(fmt::format(
-        "--rdzv-conf standby_stores: only the c10d backend keeps standby stores ({} {})",
-        to_string(o.backend),
-        uses_etcd(o.backend) ? "is served by the etcd cluster, whose members replicate it"
-                             : "ends with node 0, which every static round needs anyway"));
+  // c10d: standbys of the rendezvous store and of the --recovery step store; etcd (whose
+  // cluster replicates the rendezvous): of the --recovery step store.
+  if (o.conf.standby_stores_given && o.backend == Backend::kStatic) {
+    throw UsageError(
+        "--rdzv-conf standby_stores: only the c10d and etcd backends keep standby stores (a "
+        "static round ends with node 0, which every static round needs anyway)");
   }
   if (o.endpoints.size() > 1 && !uses_etcd(o.backend)) {
     throw UsageError(fmt::format(

@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <sstream>
 #include <thread>
 #include <tuple>
 
@@ -553,6 +555,24 @@ std::vector<std::string> TcpStore::replicate(const std::string& client_id, uint3
   fields.insert(fields.begin(),
                 {client_id, encode_i64(request_id), std::string(1, static_cast<char>(op))});
   return call(Op::kReplicate, std::move(fields), timeout_, {});
+}
+
+std::vector<std::string> standbys_from_env() {
+  std::vector<std::string> out;
+  const char* value = std::getenv(kStandbysEnvVar);
+  if (value == nullptr) return out;
+  std::stringstream in{std::string(value)};
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    try {
+      net::parse_endpoint(item);
+    } catch (const UsageError& e) {
+      throw UsageError(fmt::format("{}={}: {}", kStandbysEnvVar, value, e.what()));
+    }
+    out.push_back(item);
+  }
+  return out;
 }
 
 std::string promote_first_standby(const std::vector<std::string>& standbys,

@@ -22,6 +22,7 @@
 
 #include "ddp/launcher/membership.hpp"
 #include "ddp/launcher/root_cause.hpp"
+#include "ddp/launcher/step_store_standbys.hpp"
 
 namespace ddp {
 class TcpStore;
@@ -55,6 +56,14 @@ struct StepRecoveryOptions {
   // Restarts this agent already used in earlier rounds (multi-node: one StepRecovery a round).
   int restarts_used = 0;
   int notice_fd = 2;
+  // Several nodes: this node's place in the round and the store's standbys
+  // (step_store_standbys.hpp): nodes 1..standby_count keep one, so the store outlives node 0.
+  int node_rank = 0;
+  int num_nodes = 1;
+  int standby_count = 0;
+  std::string local_addr;  // this node's address as the others reach it
+  // This node takes the place of a node the running round lost.
+  bool took_lost_slot = false;
 };
 
 class StepRecovery {
@@ -77,6 +86,8 @@ class StepRecovery {
 
   uint16_t port() const;
   int restarts() const { return restarts_; }
+  // The store's standbys for the workers' DDP_STORE_STANDBYS ("host:port,..."; "" for none).
+  std::string standbys() const;
 
   // AttemptSpec::replace_failed: with restarts left, publishes the loss of the failed rank and
   // returns the replacement's TORCHELASTIC_RESTART_COUNT; otherwise nullopt (the attempt then
@@ -86,9 +97,11 @@ class StepRecovery {
   std::optional<int> on_worker_failed(const WorkerFailure& failure);
 
   // A node of the job was lost (LostNodeHandler, on the membership watcher's thread): records
-  // that its ranks leave the job, so the survivors re-form without them, and says so. Returns
-  // false, saying why, when the survivors cannot go on in place: the lost node is the round's
-  // node 0 (it served this store) or the store fails. The round then ends as in group mode.
+  // that its ranks leave the job, so the survivors re-form without them, and says so. The
+  // round's node 0 served this store: its first standby that answers is promoted first, and
+  // the store's clients go on with it. Returns false, saying why, when the survivors cannot
+  // go on in place: node 0 is lost with no standby to promote, or the store fails. The round
+  // then ends as in group mode.
   bool on_node_lost(const LostNode& node);
 
   // This node joined the running round in the place of a node it lost (before its workers
@@ -108,6 +121,7 @@ class StepRecovery {
 
   std::mutex mutex_;  // the agent's thread and the membership watcher's both publish
   std::unique_ptr<TcpStore> store_;
+  std::unique_ptr<StepStoreStandbys> standbys_;  // several nodes with standby_count > 0
   int world_size_;
   int64_t start_generation_ = 0;  // when this agent's round started (its workers' first)
   int max_restarts_;

@@ -72,6 +72,14 @@ struct TcpStoreOptions {
   std::string role = store_protocol::kClientRole;
 };
 
+// The variable in which ddprun gives its workers the job store's standbys ("host:port,..."):
+// ddprun --recovery step keeps the store on more than one node (docs/recovery.md).
+inline constexpr const char* kStandbysEnvVar = "DDP_STORE_STANDBYS";
+
+// The standbys $DDP_STORE_STANDBYS names (empty when unset). UsageError naming the variable
+// when an entry is not HOST:PORT.
+std::vector<std::string> standbys_from_env();
+
 // Promotes the first of `standbys` ("host:port") that answers within `per_attempt` (a store
 // already promoted counts), telling it to replicate to the ones after it; returns its
 // endpoint. NetworkError naming each one's failure when none answers.
