@@ -66,6 +66,9 @@ class RendezvousMembership : public Membership {
     }
     joined_once_ = true;
     standbys_ = r.standbys;
+    // The round and everything after it are copied to its standbys before any write is
+    // answered, so the store outlives this node (docs/rendezvous.md).
+    if (hosting()) store_->replicate_to(r.standbys);
     MembershipRound out;
     out.generation = static_cast<int>(r.generation);
     out.took_lost_slot = r.took_lost_slot;
@@ -119,13 +122,22 @@ class RendezvousMembership : public Membership {
         return handler(LostNode{p.node_rank, p.first_rank, p.num_ranks, p.why});
       };
     }
+    // --recovery step: the round goes on when the store's host is lost; its promoted standby
+    // holds the round, and the host's node is then lost like any other (on_peer_lost).
+    rdzv::MembershipWatcher::OnStoreLost on_store_lost;
+    if (lost_node_handler_ && !etcd_) {
+      on_store_lost = [this](const Error& e) -> std::shared_ptr<Store> {
+        if (!store_lost(e) || !fail_over(e.what(), /*same_round=*/true)) return nullptr;
+        return client_;
+      };
+    }
     watcher_ = std::make_unique<rdzv::MembershipWatcher>(
         options_.rdzv, rdzv_->round(), client_,
         [w](const std::string&) {
           char byte = 1;
           (void)!::write(w, &byte, 1);
         },
-        std::move(on_peer_lost));
+        std::move(on_peer_lost), std::move(on_store_lost));
     return wake_read_.get();
   }
 
@@ -383,10 +395,13 @@ class RendezvousMembership : public Membership {
   }
 
   // The store was lost: this agent and its Rendezvous move to the first standby store of the
-  // last round that answers (this agent's own when it comes first: then it serves the store).
-  // False when the last round named none to try (not in a round yet, standby_stores=0, or
-  // every one tried already); a NetworkError naming each when none answers.
-  bool fail_over(const std::string& why) {
+  // last round that answers, promoting it (this agent's own when it comes first: then it
+  // serves the store). `same_round`: the round goes on there (the watcher's, --recovery step);
+  // else the next round forms there. False when the last round named none to try (not in a
+  // round yet, standby_stores=0, or every one tried already); a NetworkError naming each when
+  // none answers. Runs on the watcher's thread while watching (the agent's thread makes no
+  // store call then), else on the agent's.
+  bool fail_over(const std::string& why, bool same_round = false) {
     if (!store_ || hosting() || standbys_.empty()) return false;
     const std::string lost = net::format_endpoint(store_->endpoint().host, store_->port());
     std::vector<std::string> candidates = std::exchange(standbys_, {});
@@ -399,7 +414,11 @@ class RendezvousMembership : public Membership {
     auto next = std::find(candidates.begin(), candidates.end(), used);
     standbys_.assign(next + 1, candidates.end());
     client_ = store_->store();
-    rdzv_->move_to_store(client_);
+    if (same_round) {
+      rdzv_->follow_store(client_);
+    } else {
+      rdzv_->move_to_store(client_);
+    }
     if (hosting()) {
       options_.rdzv.standby.clear();
       rdzv_->set_standby("");

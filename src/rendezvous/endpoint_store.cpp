@@ -6,6 +6,8 @@
 
 #include "ddp/cluster/environment.hpp"
 #include "ddp/cluster/netinfo.hpp"
+#include "ddp/store/tcp_store.hpp"
+#include "ddp/store/tcp_store_server.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/socket.hpp"
 
@@ -98,6 +100,7 @@ uint16_t EndpointStore::start_standby() {
   so.host = options_.endpoint.host.find(':') != std::string::npos ? "::" : "";
   so.port = 0;
   so.token = options_.token;
+  so.standby = true;
   standby_ = std::make_unique<TcpStoreServer>(so);
   standby_->start();
   return standby_->port();
@@ -107,37 +110,31 @@ uint16_t EndpointStore::standby_port() const {
   return standby_ ? standby_->port() : 0;
 }
 
+void EndpointStore::replicate_to(const std::vector<std::string>& standbys) {
+  if (server_ && !standbys.empty()) server_->replicate_to(standbys);
+}
+
 std::string EndpointStore::fail_over(const std::vector<std::string>& candidates,
                                      const std::string& mine, Millis per_candidate) {
-  std::string tried;
-  for (const std::string& candidate : candidates) {
-    Endpoint e;
-    try {
-      e = parse_endpoint(candidate, 0);
-    } catch (const Error& err) {
-      tried += fmt::format("; {}: {}", candidate, err.what());
-      continue;
-    }
-    store_.reset();
-    options_.endpoint = e;
-    port_ = e.port;
-    if (candidate == mine && standby_) {
-      server_ = std::move(standby_);
-      options_.host = true;
-      store_ = connect(std::max(per_candidate, Millis(10000)));
-      return candidate;
-    }
-    try {
-      store_ = connect(per_candidate);
-      return candidate;
-    } catch (const Error& err) {
-      tried += fmt::format("; {}: {}", candidate, err.what());
-    }
+  std::string promoted;
+  try {
+    promoted = promote_first_standby(candidates, options_.token, per_candidate);
+  } catch (const Error& err) {
+    throw NetworkError(fmt::format(
+        "no standby store of the job answered ({}). Every node that kept one is gone: start "
+        "the job again",
+        candidates.empty() ? "the round named none" : err.what()));
   }
-  throw NetworkError(fmt::format(
-      "no standby store of the job answered{}. Every node that kept one is gone: start the job "
-      "again",
-      tried.empty() ? " (the round named none)" : tried));
+  Endpoint e = parse_endpoint(promoted, 0);
+  store_.reset();
+  options_.endpoint = e;
+  port_ = e.port;
+  if (promoted == mine && standby_) {
+    server_ = std::move(standby_);
+    options_.host = true;
+  }
+  store_ = connect(std::max(per_candidate, Millis(10000)));
+  return promoted;
 }
 
 std::shared_ptr<TcpStore> EndpointStore::connect_another() const {

@@ -20,12 +20,13 @@ constexpr Millis kMaxWaitSlice{500};
 
 MembershipWatcher::MembershipWatcher(const RendezvousOptions& options, const RoundInfo& round,
                                      std::shared_ptr<Store> store, OnChange on_change,
-                                     OnPeerLost on_peer_lost)
+                                     OnPeerLost on_peer_lost, OnStoreLost on_store_lost)
     : options_(options),
       round_(round),
       store_(std::move(store)),
       on_change_(std::move(on_change)),
-      on_peer_lost_(std::move(on_peer_lost)) {
+      on_peer_lost_(std::move(on_peer_lost)),
+      on_store_lost_(std::move(on_store_lost)) {
   if (!store_) throw UsageError("MembershipWatcher: no store given");
   kept_alive_ = dynamic_cast<KeptAliveKeys*>(store_.get());
   if (round_.node_rank < 0 || round_.node_rank >= round_.num_nodes) {
@@ -215,8 +216,45 @@ void MembershipWatcher::peer_gone(int slot, const std::string& why) {
 }
 
 void MembershipWatcher::run() {
-  keys::Round k(options_.run_id, round_.generation);
   int64_t beat = 0;
+  auto next_beat = Clock::now();
+  for (;;) {
+    try {
+      watch(beat, next_beat);
+      return;
+    } catch (const Error& e) {
+      if (stop_) return;
+      // --recovery step: the store moved to a promoted standby with the round on it.
+      std::shared_ptr<Store> moved;
+      if (on_store_lost_) {
+        try {
+          moved = on_store_lost_(e);
+        } catch (const Error&) {
+        }
+      }
+      if (moved) {
+        store_ = std::move(moved);
+        kept_alive_ = dynamic_cast<KeptAliveKeys*>(store_.get());
+        // Every peer's heartbeat is judged afresh on the new store.
+        target_changed_at_ = Clock::now();
+        next_beat = Clock::now();
+        continue;
+      }
+      // The store is gone (its host died) or broke the protocol: the round cannot go on.
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        store_error_ = std::current_exception();
+      }
+      report(fmt::format("lost the rendezvous store at {}: {}",
+                         net::format_endpoint(options_.endpoint.host, options_.endpoint.port),
+                         e.what()));
+      return;
+    }
+  }
+}
+
+void MembershipWatcher::watch(int64_t& beat, Clock::time_point& next_beat) {
+  keys::Round k(options_.run_id, round_.generation);
   // A store whose waits can be interrupted (the TCP store, etcd) is waited on until the next
   // heartbeat in one request: stop() and request_end() interrupt it. Otherwise in slices that
   // start short and double up to kMaxWaitSlice: stop() waits for the current slice, so a watcher
@@ -225,70 +263,56 @@ void MembershipWatcher::run() {
   auto* interruptible = dynamic_cast<InterruptibleWait*>(store_.get());
   Millis slice = std::min(options_.conf.heartbeat, kFirstWaitSlice);
   const Millis max_slice = std::min(options_.conf.heartbeat, kMaxWaitSlice);
-  auto next_beat = Clock::now();
-  try {
-    for (;;) {
-      // Cleared before stop_ and end_requested_ are read: an interrupt after the reads ends
-      // the wait below, one before them is seen by them.
-      interrupter_.clear();
-      if (stop_) return;
-      auto now = Clock::now();
-      if (now >= next_beat) {
-        if (kept_alive_) {
-          kept_alive_->keep_alive(k.hb(round_.node_rank), keys::kAlive, liveness_ttl());
-        } else {
-          store_->set(k.hb(round_.node_rank), std::to_string(++beat));
-        }
-        next_beat = deadline_after(options_.conf.heartbeat, now);
-        if (round_.num_nodes > 1) check_peers();
-        if (stop_) return;
-        // A node this watcher took as lost in place (--recovery step) frees a place too (a
-        // node that can take it does so without counting itself as waiting).
-        if (is_elastic(options_.backend) && round_.num_nodes - lost_peers_ < options_.nodes.max) {
-          int64_t waiting = store_->add(k.pending(), 0);
-          if (waiting > 0) {
-            report(store_->compare_set(
-                k.changed(), "",
-                fmt::format("{} node{} waiting to join (round {} has {} of at most {} nodes)",
-                            waiting, waiting == 1 ? " is" : "s are", round_.generation,
-                            round_.num_nodes, options_.nodes.max)));
-            return;
-          }
-        }
-      }
-      std::optional<std::string> end;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        end = end_requested_;
-      }
-      if (end) {
-        report(store_->compare_set(k.changed(), "", *end));
-        return;
-      }
-      bool changed = false;
-      if (interruptible != nullptr) {
-        changed = interruptible->wait_interruptibly({k.changed()}, remaining(next_beat),
-                                                    interrupter_) == WaitOutcome::kSet;
+  for (;;) {
+    // Cleared before stop_ and end_requested_ are read: an interrupt after the reads ends
+    // the wait below, one before them is seen by them.
+    interrupter_.clear();
+    if (stop_) return;
+    auto now = Clock::now();
+    if (now >= next_beat) {
+      if (kept_alive_) {
+        kept_alive_->keep_alive(k.hb(round_.node_rank), keys::kAlive, liveness_ttl());
       } else {
-        Millis wait = std::min(slice, remaining(next_beat));
-        slice = std::min(slice * 2, max_slice);
-        changed = wait_for_keys(*store_, {k.changed()}, wait);
+        store_->set(k.hb(round_.node_rank), std::to_string(++beat));
       }
-      if (changed) {
-        report(store_->get(k.changed()));
-        return;
+      next_beat = deadline_after(options_.conf.heartbeat, now);
+      if (round_.num_nodes > 1) check_peers();
+      if (stop_) return;
+      // A node this watcher took as lost in place (--recovery step) frees a place too (a
+      // node that can take it does so without counting itself as waiting).
+      if (is_elastic(options_.backend) && round_.num_nodes - lost_peers_ < options_.nodes.max) {
+        int64_t waiting = store_->add(k.pending(), 0);
+        if (waiting > 0) {
+          report(store_->compare_set(
+              k.changed(), "",
+              fmt::format("{} node{} waiting to join (round {} has {} of at most {} nodes)",
+                          waiting, waiting == 1 ? " is" : "s are", round_.generation,
+                          round_.num_nodes, options_.nodes.max)));
+          return;
+        }
       }
     }
-  } catch (const Error& e) {
-    // The store is gone (its host died) or broke the protocol: the round cannot go on.
-    if (!stop_) {
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        store_error_ = std::current_exception();
-      }
-      report(fmt::format("lost the rendezvous store at {}: {}",
-                         net::format_endpoint(options_.endpoint.host, options_.endpoint.port),
-                         e.what()));
+    std::optional<std::string> end;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      end = end_requested_;
+    }
+    if (end) {
+      report(store_->compare_set(k.changed(), "", *end));
+      return;
+    }
+    bool changed = false;
+    if (interruptible != nullptr) {
+      changed = interruptible->wait_interruptibly({k.changed()}, remaining(next_beat),
+                                                  interrupter_) == WaitOutcome::kSet;
+    } else {
+      Millis wait = std::min(slice, remaining(next_beat));
+      slice = std::min(slice * 2, max_slice);
+      changed = wait_for_keys(*store_, {k.changed()}, wait);
+    }
+    if (changed) {
+      report(store_->get(k.changed()));
+      return;
     }
   }
 }

@@ -60,10 +60,15 @@ void Rendezvous::move_to_store(std::shared_ptr<Store> store) {
   registered_ = false;
   in_round_ = false;
   if (!last_generation_) return;
-  // The new store starts empty: the first member to arrive records the lost round as the
+  // A new store may start empty: the first member to arrive records the lost round as the
   // current one (the others find it there), and advance_generation() moves every member past
-  // it as it would on the old store.
+  // it as it would on the old store. A promoted standby has it already.
   store_->compare_set(keys::generation(options_.run_id), "", std::to_string(*last_generation_));
+}
+
+void Rendezvous::follow_store(std::shared_ptr<Store> store) {
+  if (!store) throw UsageError("Rendezvous::follow_store: no store given");
+  store_ = std::move(store);
 }
 
 void Rendezvous::register_run() {

@@ -67,17 +67,24 @@ class EndpointStore {
   // it moved to (fail_over).
   const Endpoint& endpoint() const { return options_.endpoint; }
 
-  // Starts this agent's standby store: a second, empty store server on an ephemeral port of
-  // every interface, with the same token, which the agents move to when the store's host is
-  // lost (fail_over). Only for an agent that does not serve the store. Returns its port.
+  // Starts this agent's standby store: a second store server on an ephemeral port of every
+  // interface, with the same token, in standby mode (it refuses clients until promoted and
+  // takes the copy the store's host replicates to it: replicate_to), which the agents move to
+  // when the store's host is lost (fail_over). Only for an agent that does not serve the
+  // store. Returns its port.
   uint16_t start_standby();
   uint16_t standby_port() const;  // 0 when no standby runs
 
-  // The store was lost (its host died): connects to the first of `candidates` ("HOST:PORT",
-  // in the round's order of preference) that answers, retrying one that refuses for
-  // `per_candidate`. When that is `mine` (this agent's standby), this agent serves the store
-  // from then on (is_host()). Returns the candidate now used; a NetworkError naming every
-  // candidate and its error when none answers.
+  // The store that this agent serves replicates to `standbys` ("HOST:PORT", in order) from
+  // now on (TcpStoreServer::replicate_to). Nothing when it serves none.
+  void replicate_to(const std::vector<std::string>& standbys);
+
+  // The store was lost (its host died): promotes the first of `candidates` ("HOST:PORT", in
+  // the round's order of preference) that answers, retrying one that refuses for
+  // `per_candidate` (promoting one that was promoted already does nothing: every agent moves
+  // to the same), and connects to it. When that is `mine` (this agent's standby), this agent
+  // serves the store from then on (is_host()). Returns the candidate now used; a NetworkError
+  // naming every candidate and its error when none answers.
   std::string fail_over(const std::vector<std::string>& candidates, const std::string& mine,
                         Millis per_candidate);
 

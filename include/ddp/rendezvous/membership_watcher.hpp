@@ -67,11 +67,15 @@ class MembershipWatcher {
   // the round ends, as always. It must return promptly: heartbeats wait meanwhile. A peer that
   // left (interrupted) ends the round itself.
   using OnPeerLost = std::function<bool(const LostPeer&)>;
+  // The store failed (its host died, say): returns the store to go on with in the same round
+  // (a promoted standby holding a copy of it: --recovery step), or nullptr to end the watch as
+  // always (store_error(), and the round ends). Runs on the watcher thread.
+  using OnStoreLost = std::function<std::shared_ptr<Store>(const Error&)>;
 
   // Starts watching `round` (this node is round.node_rank). Throws UsageError on a bad round.
   MembershipWatcher(const RendezvousOptions& options, const RoundInfo& round,
                     std::shared_ptr<Store> store, OnChange on_change,
-                    OnPeerLost on_peer_lost = nullptr);
+                    OnPeerLost on_peer_lost = nullptr, OnStoreLost on_store_lost = nullptr);
   ~MembershipWatcher();
   MembershipWatcher(const MembershipWatcher&) = delete;
   MembershipWatcher& operator=(const MembershipWatcher&) = delete;
@@ -92,6 +96,8 @@ class MembershipWatcher {
 
  private:
   void run();
+  // One watch over store_ until a change, stop() or a store error (thrown).
+  void watch(int64_t& beat, std::chrono::steady_clock::time_point& next_beat);
   void report(const std::string& reason);
   void check_peers();
   // Lost slots another node took back (Rendezvous::take_lost_slot) are watched again.
@@ -112,6 +118,7 @@ class MembershipWatcher {
   KeptAliveKeys* kept_alive_ = nullptr;  // store_ as one, when it keeps keys alive
   OnChange on_change_;
   OnPeerLost on_peer_lost_;
+  OnStoreLost on_store_lost_;
   int lost_peers_ = 0;         // slots this watcher marked "lost" (and not taken back)
   std::set<int> taken_;        // which
   std::set<int> passed_lost_;  // slots seen "lost" (by any watcher): a node may take one back

@@ -90,6 +90,10 @@ class Rendezvous {
   // next next_round() joins the round after the last one on it, so generations keep
   // increasing across the move. Every member of the lost round moves to the same store.
   void move_to_store(std::shared_ptr<Store> store);
+  // Goes on with `store` in the same round: the store moved with its data (a standby that
+  // holds a copy of the lost one was promoted), so the round and this node's place in it are
+  // there as they were.
+  void follow_store(std::shared_ptr<Store> store);
 
   // The current round; only valid after next_round() returned.
   const RoundInfo& round() const { return round_; }
