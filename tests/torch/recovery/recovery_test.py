@@ -555,10 +555,12 @@ def wait_for_round_summaries(procs, logs, limit):
         time.sleep(0.05)
 
 
-def run_store_host_job(ddprun, worker, out, run_id, etcd_port, env_extra, kill_after=None,
-                       lose=0):
-    """STORE_HOST_NODES agents (simulated hosts node0..) of one elastic etcd job (--nnodes
-    2:STORE_HOST_NODES), started together so that they form one round. kill_after=K: once the
+def run_store_host_job(ddprun, worker, out, run_id, port, env_extra, kill_after=None,
+                       lose=0, backend="etcd"):
+    """STORE_HOST_NODES agents (simulated hosts node0..) of one elastic job (--nnodes
+    2:STORE_HOST_NODES) on the etcd at 127.0.0.1:`port`, or with backend="c10d" on a c10d store
+    at that port which agent0 serves (it starts first; the others once it serves), started so
+    that they form one round. kill_after=K: once the
     round's node `lose` (its agent's summary line says "this is node 0", for lose=0, whichever
     agent that is) has its first rank's step K in the commit log, its agent's whole session (the
     agent and its workers) is SIGKILLed. Returns (procs, [(stdout, stderr) per agent], the round
@@ -573,9 +575,15 @@ def run_store_host_job(ddprun, worker, out, run_id, etcd_port, env_extra, kill_a
             fo, fe = open(out_path, "w"), open(err_path, "w")
             files += [fo, fe]
             procs.append(start_elastic_agent(
-                ddprun, worker, out, run_id, etcd_port, f"node{i}", env_extra, stdout=fo,
-                stderr=fe, backend="etcd", nnodes=f"2:{STORE_HOST_NODES}",
+                ddprun, worker, out, run_id, port, f"node{i}", env_extra, stdout=fo,
+                stderr=fe, backend=backend, nnodes=f"2:{STORE_HOST_NODES}",
                 nproc=STORE_HOST_NPROC))
+            if backend == "c10d" and i == 0:
+                # agent0 serves the rendezvous store (and joins first: the round's node 0).
+                deadline = time.monotonic() + 30
+                while "served by this node" not in read_log(err_path) and \
+                        procs[0].poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
         summaries = wait_for_round_summaries(procs, logs, 90)
         if kill_after is not None:
             first = lose * STORE_HOST_NPROC
@@ -611,7 +619,7 @@ def ranks_text(first, last):
     return f"its rank {first} leaves" if first == last else f"its ranks {first}-{last} leave"
 
 
-def store_host_loss_run(ddprun, worker, tmp, etcd_port, lose, what):
+def store_host_loss_run(ddprun, worker, tmp, port, lose, what, backend="etcd"):
     """One run of the lost-store-host topology in which node `lose` of the round is lost after
     STORE_HOST_KILL_STEP (run_store_host_job), checked as any lost node: its agent SIGKILLed
     after exactly that step; no survivor ends the round (node 0: "it served the job's
@@ -629,9 +637,9 @@ def store_host_loss_run(ddprun, worker, tmp, etcd_port, lose, what):
     out = os.path.join(tmp, f"lost_store_host_node{lose}")
     os.makedirs(out)
     procs, logs, summaries, killed, killed_pids, note = run_store_host_job(
-        ddprun, worker, out, f"store_host{lose}_{os.getpid()}", etcd_port,
+        ddprun, worker, out, f"store_host{lose}_{os.getpid()}", port,
         {"DDP_TEST_STEP_SLEEP_MS": str(STORE_HOST_STEP_SLEEP_MS)}, kill_after=kill_step,
-        lose=lose)
+        lose=lose, backend=backend)
     took = time.monotonic() - started
     err = "\n".join(f"--- agent{i} ({'killed' if i == killed else 'survivor'}) ---\n{o}{e}"
                     for i, (o, e) in enumerate(logs))
@@ -666,8 +674,17 @@ def store_host_loss_run(ddprun, worker, tmp, etcd_port, lose, what):
     if lose == 0 and promoted not in err_rest:
         fail(f"{what}: no survivor said that node 0's standby step store took over "
              f"('{promoted} ...')\n{err}")
+    if backend == "c10d" and lose == 0:
+        # agent0 served the rendezvous store too: its standby was promoted inside the round.
+        if killed != 0:
+            fail(f"{what}: node 0 is agent{killed}, not agent0 which served the rendezvous "
+                 f"store: {summaries}\n{err}")
+        if "this node serves the rendezvous store now" not in err_rest or \
+                "moved to the rendezvous store at" not in err_rest:
+            fail(f"{what}: the survivors did not move to the rendezvous store's standby\n{err}")
     said = [f"agent{i}: {line}" for i in rest for line in logs[i][1].splitlines()
-            if leave in line or promoted in line]
+            if leave in line or promoted in line or
+            ("rendezvous store" in line and "waiting for" not in line)]
     if any(codes[i] != 0 for i in rest):
         fail(f"{what}: the surviving agents exited {[codes[i] for i in rest]}\n{err}")
     timeouts = [line for line in err_rest.splitlines()
@@ -698,7 +715,7 @@ def store_host_loss_run(ddprun, worker, tmp, etcd_port, lose, what):
     return params[0], took
 
 
-def lost_store_host(ddprun, worker, tmp):
+def lost_store_host(ddprun, worker, tmp, backend="etcd"):
     """The round's node 0 lost in an elastic etcd job (--nnodes 2:3, 3 agents on simulated hosts
     x 2 ranks, heartbeat 1 s, --recovery step), against a real etcd on loopback that the test
     starts (skipped, exit 77, where etcd is not installed). With etcd the rendezvous lives
@@ -728,20 +745,38 @@ def lost_store_host(ddprun, worker, tmp):
     fails there, saying so.
 
     The same for Python (--python): the scenario is the same, the worker PyTorch's DDP on the
-    ddp backend with ddp.StepManager."""
+    ddp backend with ddp.StepManager.
+
+    backend="c10d" (no etcd): agent0 serves the c10d rendezvous store and is the round's node 0,
+    so its loss takes both stores: the survivors must also promote the rendezvous store's
+    standby and go on in the same round ("this node serves the rendezvous store now" on one,
+    "moved to the rendezvous store at" on the other; docs/rendezvous.md)."""
     nodes, nproc = STORE_HOST_NODES, STORE_HOST_NPROC
     world = nodes * nproc
     kill_step = STORE_HOST_KILL_STEP
-    what = f"lost store host (etcd, {nodes} agents x {nproc} ranks, a node lost after step " \
-           f"{kill_step})"
-    etcd, etcd_port = start_etcd(tmp)
+    what = f"lost store host ({backend}, {nodes} agents x {nproc} ranks, a node lost after " \
+           f"step {kill_step})"
+
+    class NoEtcd:
+        def kill(self):
+            pass
+
+        def wait(self):
+            pass
+
+    if backend == "etcd":
+        etcd, port = start_etcd(tmp)
+    else:
+        etcd, port = NoEtcd(), None
+    # c10d: a fresh endpoint port per run (the last run's survivors served a standby there).
+    fresh = (lambda: port) if backend == "etcd" else free_port
     try:
         started = time.monotonic()
         ref_dir = os.path.join(tmp, "lost_store_host_reference")
         os.makedirs(ref_dir)
         procs, logs, summaries, _, _, _ = run_store_host_job(ddprun, worker, ref_dir,
                                                           f"store_host_ref{os.getpid()}",
-                                                          etcd_port, {})
+                                                          fresh(), {}, backend=backend)
         err = "\n".join(f"--- agent{i} ---\n{o}{e}" for i, (o, e) in enumerate(logs))
         codes = [p.returncode for p in procs]
         if codes != [0] * nodes:
@@ -754,13 +789,14 @@ def lost_store_host(ddprun, worker, tmp):
         reference = read_params(ref_dir, world)
         if len(set(reference)) != 1:
             fail(f"{what}: the reference's ranks differ\n{err}")
-        print(f"reference: {nodes} agents x {nproc} ranks on etcd 127.0.0.1:{etcd_port}, one "
-              f"round, {STEPS} steps, no loss: {time.monotonic() - started:.1f} s")
+        print(f"reference: {nodes} agents x {nproc} ranks on {backend}, one round, {STEPS} "
+              f"steps, no loss: {time.monotonic() - started:.1f} s")
 
-        other, _ = store_host_loss_run(ddprun, worker, tmp, etcd_port, nodes - 1,
-                                       f"node {nodes - 1} lost")
-        node0, _ = store_host_loss_run(ddprun, worker, tmp, etcd_port, 0,
-                                       "node 0 (the step store's host) lost")
+        other, _ = store_host_loss_run(ddprun, worker, tmp, fresh(), nodes - 1,
+                                       f"node {nodes - 1} lost", backend)
+        node0, _ = store_host_loss_run(ddprun, worker, tmp, fresh(), 0,
+                                       f"node 0 (the step store's host{', and the rendezvous store' if backend == 'c10d' else ''}) lost",
+                                       backend)
     finally:
         etcd.kill()
         etcd.wait()
@@ -854,6 +890,9 @@ def main():
     ap.add_argument("--lost-store-host", action="store_true",
                     help="three agents (simulated hosts) x 2 ranks on a real etcd (started here; "
                          "exit 77 without one), etcd 2:3; the round's node 0 is lost")
+    ap.add_argument("--rdzv-backend", default="etcd", choices=["etcd", "c10d"],
+                    help="--lost-store-host: the rendezvous backend (c10d: node 0 also serves "
+                         "the rendezvous store)")
     args = ap.parse_args()
     if args.zero:
         EXTRA_ENV["DDP_TEST_OPTIMIZER"] = "zero_adam"
@@ -872,7 +911,7 @@ def main():
         replaced_node(args.ddprun, args.worker, tmp, python)
         return
     if args.lost_store_host:
-        lost_store_host(args.ddprun, args.worker, tmp)
+        lost_store_host(args.ddprun, args.worker, tmp, args.rdzv_backend)
         return
 
     # Reference: no failure.
