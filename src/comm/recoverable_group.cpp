@@ -307,9 +307,10 @@ void RecoverableGroup::await_members(int64_t generation, const std::vector<int>&
 PeersFinishedError RecoverableGroup::finished_error(int64_t generation,
                                                     const std::vector<int>& finished) const {
   const bool one = finished.size() == 1;
-  const std::string who =
-      fmt::format("{} already finished (closed {} group without an error, after {} last step)",
-                  ranks_text(finished), one ? "its" : "their", one ? "its" : "their");
+  const std::string who = fmt::format(
+      "{} already finished (closed {} group without an error, or exited 0, after {} "
+      "last step)",
+      ranks_text(finished), one ? "its" : "their", one ? "its" : "their");
   // A replacement forms the generation its own loss opened first (nothing formed yet).
   const bool replacement = !first_generation_ && generation > 0 &&
                            recovery_notice::read_lost_rank(*store_, generation) == slot_;

@@ -205,6 +205,7 @@ AgentResult run_single_node(const AgentOptions& options) {
     AttemptSpec spec = make_spec(options, world, run_dir, restart, restart, diagnostics);
     if (step) {
       spec.replace_failed = [&step](const WorkerFailure& f) { return step->on_worker_failed(f); };
+      spec.on_worker_succeeded = [&step](int rank) { step->on_worker_succeeded(rank); };
     }
     AttemptResult attempt = run_attempt(spec, signals);
     if (step) restart = step->restarts();  // restarts in place count against --max-restarts
@@ -393,6 +394,7 @@ AgentResult run_multi_node(const AgentOptions& options) {
         throw Error(why);
       }
       spec.replace_failed = [&step](const WorkerFailure& f) { return step->on_worker_failed(f); };
+      spec.on_worker_succeeded = [&step](int rank) { step->on_worker_succeeded(rank); };
     }
     // --recovery group: the round ends as soon as this node has a root cause, before its other
     // workers are stopped (and the other nodes' workers lose their peers and fail too).

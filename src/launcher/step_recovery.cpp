@@ -151,6 +151,19 @@ std::optional<int> StepRecovery::on_worker_failed(const WorkerFailure& failure) 
   return restarts_;
 }
 
+void StepRecovery::on_worker_succeeded(int rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto request_timeout = store_->timeout();
+  store_->set_timeout(std::min(request_timeout, kNodeLossRecordLimit));
+  try {
+    recovery_notice::publish_finished(*store_, rank, recovery_notice::read_generation(*store_));
+  } catch (const Error&) {
+    // The worker's own record (its group's destructor) may be there; at worst a replacement
+    // of a peer waits for it until its group timeout, as before.
+  }
+  store_->set_timeout(request_timeout);
+}
+
 void StepRecovery::on_node_joined(int node_rank, int first_rank, int num_ranks) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<int> slots;

@@ -782,6 +782,9 @@ class AttemptRunner {
                       "started again later; waiting for the other workers, no restart",
                       w.id.global_rank, w.pid, kRequeueExitStatus));
     }
+    if (w.status.success() && spec_.on_worker_succeeded) {
+      spec_.on_worker_succeeded(w.id.global_rank);
+    }
     if (w.status.success() || asks_requeue(w.status) || phase_ != Phase::kRunning) return;
     if (replace_in_place(w)) return;  // w is gone: --recovery step restarted its rank
     root_cause_ = &w;

@@ -217,6 +217,11 @@ void TcpStoreServer::Loop::take_replica_progress() {
   if (!replicator_) return;
   const uint64_t acknowledged = replicator_->acknowledged();
   const std::optional<std::string> failed = replicator_->failed();
+  if (failed) {
+    // Before the held writes are answered: a client that got its answer sees the standby gone.
+    std::lock_guard<std::mutex> lock(replica_mutex_);
+    replica_endpoint_.clear();
+  }
   while (!pending_writes_.empty() && (failed || pending_writes_.front().seq <= acknowledged)) {
     PendingWrite w = std::move(pending_writes_.front());
     pending_writes_.pop_front();

@@ -15,7 +15,8 @@ DDP_TEST_KILL_AT_STEP=S, DDP_TEST_KILL_RANK=R, DDP_TEST_KILL_PHASE=forward|backw
 rank R of the first incarnation SIGKILLs itself at step S (lists: several failures);
 DDP_TEST_KILL_IN_HEAL=1: the first replacement dies after joining, before it is healed.
 DDP_TEST_KILL_NODE_AT_STEP=S: after step S the worker SIGKILLs its agent (its node's other
-workers die with it) and itself.
+workers die with it) and itself. DDP_TEST_QUICK_EXIT=1: after its outputs the worker ends with
+os._exit(0), without destroying its process group (ddprun's agent records its finish).
 Writes DIR/rank<R>.params (every parameter's bytes, in order), DIR/rank<R>.json and appends
 "<pid> <step> <world size>" to DIR/rank<R>.commits per committed step; R is the launch rank."""
 import argparse
@@ -132,6 +133,8 @@ def main():
                    "step": steps.step, "dropped": steps.dropped,
                    "recoveries": steps.recoveries, "generation": steps.generation,
                    "restart_count": int(restart_count)}, f)
+    if os.environ.get("DDP_TEST_QUICK_EXIT") == "1":
+        os._exit(0)
     dist.destroy_process_group()
 
 

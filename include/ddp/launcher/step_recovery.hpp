@@ -96,6 +96,13 @@ class StepRecovery {
   // still ran) is not restarted either: removed_from_job() then says so.
   std::optional<int> on_worker_failed(const WorkerFailure& failure);
 
+  // AttemptSpec::on_worker_succeeded: records in the store that global rank `rank` finished
+  // (recovery_notice::publish_finished at the current generation), as its group's destructor
+  // does, for a worker that skipped it (exit(), _Exit): a replacement of a peer that died
+  // after the last step then fails at once instead of waiting for it. Best effort, each
+  // request bounded by kNodeLossRecordLimit.
+  void on_worker_succeeded(int rank);
+
   // A node of the job was lost (LostNodeHandler, on the membership watcher's thread): records
   // that its ranks leave the job, so the survivors re-form without them, and says so. The
   // round's node 0 served this store: its first standby that answers is promoted first, and

@@ -88,6 +88,9 @@ struct AttemptSpec {
   // runs. Returns the restarted worker's TORCHELASTIC_RESTART_COUNT to restart only it, or
   // nullopt to fail the attempt as usual. Unset: never called (--recovery group).
   std::function<std::optional<int>(const WorkerFailure&)> replace_failed;
+  // --recovery step: called when a worker exited 0 while the attempt runs (its global rank),
+  // so the others learn it finished even if it skipped its destructors. Must not throw.
+  std::function<void(int global_rank)> on_worker_succeeded;
   // Called once, as soon as the attempt has its root cause (a worker failed: describe_failure's
   // text; or the hang watchdog fired: "rank 3 (local rank 1, pid 812) stopped by ddprun's hang
   // watchdog: <verdict>"), before the other workers are stopped: a multi-node agent ends the

@@ -91,9 +91,10 @@ int64_t publish_lost_node(Store& store, const std::vector<int>& slots);
 // that joined the running job; returns the generation it opened, as publish_lost_rank.
 int64_t publish_joined_node(Store& store, const std::vector<int>& slots);
 
-// Worker side (RecoverableGroup's destructor): records that the process in `slot`, a member
-// of `generation` (the last one it formed), closed its group without an error and will not
-// join any later generation. Two round trips.
+// Worker side (RecoverableGroup's destructor), and ddprun's agent when a worker exits 0 (it may
+// skip its destructors: exit(), _Exit): records that the process in `slot`, a member of
+// `generation` (the last one it formed; the agent gives the current one), finished without an
+// error and will not join any later generation. Two round trips.
 void publish_finished(Store& store, int slot, int64_t generation);
 
 // Worker side (a RecoverableGroup constructed in `slot` again, in the same process): the slot's

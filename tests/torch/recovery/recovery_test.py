@@ -811,18 +811,21 @@ def lost_store_host(ddprun, worker, tmp, backend="etcd"):
     print("PASS")
 
 
-def killed_after_last_step(ddprun, worker, tmp):
+def killed_after_last_step(ddprun, worker, tmp, quick_exit=False):
     """Rank 1 killed right after the job's last step committed, while ranks 0 and 2 finish and
     exit 0. ddprun restarts it (its peers had not exited yet), but no live peer is left to heal
     the replacement: the job must fail at once, saying so, not after the worker's 60 s group
-    timeout with "ranks [0, 2] never did (1 of 3 joined)"."""
-    what = "rank 1 killed after the job's last step"
-    out = os.path.join(tmp, "killed_after_last_step")
+    timeout with "ranks [0, 2] never did (1 of 3 joined)". quick_exit: ranks 0 and 2 end with
+    _Exit(0) (DDP_TEST_QUICK_EXIT), so their groups record no finish: the agent, which sees
+    them exit 0, records it instead."""
+    what = "rank 1 killed after the job's last step" + \
+        (" (the others end with _Exit(0): no destructor)" if quick_exit else "")
+    out = os.path.join(tmp, "killed_after_last_step" + ("_quick_exit" if quick_exit else ""))
     os.makedirs(out)
     start = time.monotonic()
     p = run(ddprun, worker, out, "step", {
         "DDP_TEST_KILL_AT_STEP": str(STEPS), "DDP_TEST_KILL_RANK": "1",
-        "DDP_TEST_KILL_PHASE": "between"})
+        "DDP_TEST_KILL_PHASE": "between", "DDP_TEST_QUICK_EXIT": "1" if quick_exit else "0"})
     took = time.monotonic() - start
     if p.returncode == 0:
         fail(f"{what}: ddprun exited 0, though rank 1's end of run was lost", p)
@@ -833,7 +836,7 @@ def killed_after_last_step(ddprun, worker, tmp):
         fail(f"{what}: the job took {took:.0f} s to fail", p)
     if "restarting only rank 1" in p.stderr:
         expected = ("rank 1 of 3 cannot rejoin the job: ranks 0 and 2 already finished (closed "
-                    "their group without an error, after their last step)")
+                    "their group without an error, or exited 0, after their last step)")
         if expected not in p.stderr or "no live peer is left to heal it from" not in p.stderr:
             fail(f"{what}: the replacement's failure does not name the finished peers", p)
         how = "the replacement refused to rejoin its finished peers"
@@ -1000,6 +1003,7 @@ def main():
         return
 
     killed_after_last_step(args.ddprun, args.worker, tmp)
+    killed_after_last_step(args.ddprun, args.worker, tmp, quick_exit=True)
 
     # The gloo backend: the collective in flight ends on the dead peer's socket, the notice
     # confirms the loss. Its own reference (gloo sums in another order than cpu).

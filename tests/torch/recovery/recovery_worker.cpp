@@ -16,6 +16,8 @@
 // the same sharded by ddp::ZeroRedundancyOptimizer. DDP_TEST_KILL_PHASE=optimizer (with ZeRO):
 // the rank dies inside the optimizer step, after stepping its shard and before the parameter
 // all-gather.
+// DDP_TEST_QUICK_EXIT=1: after its outputs the worker ends with _Exit(0), skipping every
+// destructor (its group records no finish: ddprun's agent must, seeing it exit 0).
 // DDP_TEST_STEP_SLEEP_MS=T: sleep T ms after each committed step (a job that runs long enough
 // for a node to join it).
 //
@@ -202,6 +204,11 @@ int run(int64_t steps, const std::string& out) {
       "\"recoveries\":{},\"generation\":{},\"restart_count\":{}}}\n",
       manager.rank(), slot, manager.world_size(), manager.step(), manager.steps_dropped(),
       manager.recoveries(), manager.generation(), env_or("TORCHELASTIC_RESTART_COUNT", "0"));
+  if (env_or("DDP_TEST_QUICK_EXIT", "0") == "1") {
+    params.close();
+    commits.close();
+    std::_Exit(0);  // the json's temporary stream was flushed and closed above
+  }
   return 0;
 }
 
