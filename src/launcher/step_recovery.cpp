@@ -192,6 +192,8 @@ bool StepRecovery::on_node_lost(const LostNode& node) {
     }
     try {
       const std::string promoted = standbys_->promote(kNodeLossRecordLimit);
+      // Its connection to node 0's store may wait in vain for a reply (a cut link): go there.
+      store_->prefer_endpoint(promoted);
       say(fmt::format(
           "ddprun: node 0 served the job's --recovery step store: its standby at {} serves it "
           "now, with every write node 0 had answered\n",

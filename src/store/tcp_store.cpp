@@ -36,6 +36,10 @@ constexpr Ms kInterruptPoll{100};
 // With standbys: how long one connection attempt to one endpoint may take before the next
 // endpoint is tried (a store host that vanished answers nothing).
 constexpr Ms kFailoverAttempt{1000};
+// With standbys: a connection whose host stops acknowledging at the TCP level (cut off, not
+// merely slow) fails within this (net::detect_dead_peer), so the call goes on with a standby
+// instead of waiting out its limit.
+constexpr Ms kDeadPeerLimit{3000};
 
 // A standby not promoted refused this client at hello: another endpoint (or this one, later)
 // may serve. Kept apart so that a timeout's message names it rather than a later attempt's.
@@ -111,6 +115,7 @@ void TcpStore::connect_locked(net::Deadline deadline) {
       try {
         sock_ = net::connect_tcp(options_.host, options_.port,
                                  std::min(deadline, deadline_after(kFailoverAttempt)));
+        net::detect_dead_peer(sock_.fd(), kDeadPeerLimit);
         handshake_locked(std::min(deadline, deadline_after(kFailoverAttempt)));
         current_endpoint_ = i;
         return;
@@ -342,6 +347,7 @@ std::vector<std::string> TcpStore::call(Op op, std::vector<std::string> fields, 
       break;
     } catch (const TimeoutError&) {
       sock_.close();
+      skip_silent_endpoint_locked();
       throw TimeoutError(fmt::format(
           "store at {}: no reply to {} after {} ms (limit {} ms){}; the server is unresponsive "
           "or the network is down",
@@ -459,6 +465,10 @@ WaitOutcome TcpStore::wait_interruptibly(const std::vector<std::string>& keys, M
         continue;
       }
       throw NetworkError(fmt::format("store at {}: wait failed: {}", endpoint(), e.what()));
+    } catch (const TimeoutError&) {
+      sock_.close();
+      skip_silent_endpoint_locked();
+      throw;
     } catch (...) {
       // The connection's state is unknown (a late reply may still arrive): start afresh.
       sock_.close();
@@ -544,6 +554,29 @@ void TcpStore::multi_set(const std::vector<std::string>& keys,
 
 void TcpStore::ping() {
   call(Op::kPing, {}, timeout_, {});
+}
+
+void TcpStore::skip_silent_endpoint_locked() {
+  // A host that answered nothing may be gone without a reset (a cut link): the next connection
+  // tries the next endpoint first. A live primary loses nothing: standbys refuse at once.
+  if (endpoints_.size() > 1) current_endpoint_ = (current_endpoint_ + 1) % endpoints_.size();
+}
+
+void TcpStore::prefer_endpoint(const std::string& endpoint) {
+  const auto wanted = net::parse_endpoint(endpoint);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < endpoints_.size(); ++i) {
+    if (endpoints_[i] != wanted) continue;
+    sock_.close();
+    current_endpoint_ = i;
+    options_.host = wanted.first;
+    options_.port = wanted.second;
+    return;
+  }
+  throw UsageError(
+      fmt::format("TcpStore::prefer_endpoint: {} is neither the store nor one of "
+                  "its standbys",
+                  endpoint));
 }
 
 void TcpStore::promote(const std::vector<std::string>& next_standbys) {

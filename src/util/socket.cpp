@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -166,6 +167,19 @@ void set_nonblocking(int fd) {
 void set_nodelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+void detect_dead_peer(int fd, std::chrono::milliseconds within) {
+  const unsigned user_timeout = static_cast<unsigned>(std::max<int64_t>(within.count(), 1000));
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof(user_timeout));
+  // Keepalive: first probe after a third of the time idle, then two more a third apart.
+  const int one = 1;
+  const int third = static_cast<int>(std::max<int64_t>(user_timeout / 3000, 1));
+  const int probes = 2;
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &third, sizeof(third));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &third, sizeof(third));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
 }
 
 Socket listen_tcp(const std::string& host, uint16_t port, int backlog) {

@@ -28,6 +28,12 @@
 #            --recovery step: node 1's link is taken down after its rank 2 committed step 8;
 #            node 0's agent takes ranks 2-3 out of the job and its two workers finish at world
 #            size 2 (exit 0, each step committed once, bitwise equal parameters)
+#   recovery_lost_store_host  3 nodes x 2 recovery_worker ranks (4th argument), --nnodes 2:3,
+#            c10d, --recovery step with the default standby stores: node 0, which serves the
+#            rendezvous store and the step store, has its link taken down after its rank 0
+#            committed step 8 (no RST: calls to its stores hang); nodes 1 and 2 promote the
+#            standbys and their 4 workers finish in the same round (exit 0, each step committed
+#            once, generation 1, bitwise equal parameters); prints the cut-to-recovery time
 #   recovery_replaced_node  as recovery_lost_node, then a third node (its own namespace) takes
 #            node 1's place while the job runs, and node 1's link comes back up (a split that
 #            heals): ranks 2-3 return in node 2's workers, node 1's old workers find no place;
@@ -458,6 +464,87 @@ recovery_lost_node)
   cmp -s "$T/out/rank0.params" "$T/out/rank1.params" || fail "the survivors' parameters differ"
   cat "$T/node0.log"
   echo "PASS: node 1 cut off after step 8; node 0's two workers went on at world size 2 to step $STEPS (exit 0, generation 1, bitwise equal parameters)"
+  ;;
+
+recovery_lost_store_host)
+  # The round's node 0 lost to the network (not a crash) while its agent serves both the c10d
+  # rendezvous store and the workers' step store: no RST, so the survivors' calls to both stores
+  # hang until they time out; they then promote the standbys (nodes 1..2, default
+  # standby_stores) and go on in the same round with 4 ranks (docs/recovery.md, "When node 0 is
+  # lost"; docs/rendezvous.md, "When the store's host is lost (c10d)").
+  RECOVERY_WORKER="${4:?the recovery_lost_store_host scenario needs the recovery_worker binary}"
+  STEPS=400  # many short steps: the link goes down while they run, whatever the machine's speed
+  setup_nodes 3
+  mkdir -p "$T/out"
+  for node in 0 1 2; do
+    # 20 ms after each step: the cut lands a few steps after step 8 (the test polls at 0.1 s).
+    DDP_HOST_ID="netns$node" DDP_TEST_STEP_SLEEP_MS=20 start_agent "$node" "node$node" \
+      --nnodes 2:3 --nproc-per-node 2 \
+      "${C10D[@]}" --rdzv-id "storehost$TAG" \
+      --rdzv-conf "join_timeout=60,heartbeat=1,last_call_timeout=10" \
+      --recovery step --max-restarts 1 --no-python "$RECOVERY_WORKER" --steps "$STEPS" --out "$T/out"
+    pids[node]=$LAST_PID
+    ((node == 0)) && sleep 1  # node 0 joins first: it serves both stores as the round's node 0
+  done
+  wait_for_commit "$T/out/rank0.commits" 8 120 || fail "rank 0 (node 0) never committed step 8"
+  ip -n "$(ns_of 0)" link set rdzv0 down
+  cut=$(date +%s.%N)
+  cut_s=$SECONDS
+  cut_step=$(awk 'END {print $2}' "$T/out/rank0.commits")
+  # Ranks 0-1 must be node 0's (the round's node 0), not another's.
+  grep -q "this is node 0 (ranks 0-1)" "$T/node0.log" ||
+    fail "node 0's agent was not the round's node 0: $(grep 'rendezvous round' "$T/node0.log")"
+  echo "node 0's link is down (rank 0 had committed step $cut_step)"
+  # The first commit at world size 4 (the commit logs hold no time: polled every 0.1 s).
+  recovered=""
+  for ((k = 0; k < 1800; k++)); do
+    if awk '$3 == 4 {found = 1} END {exit !found}' "$T/out/rank2.commits" 2>/dev/null; then
+      recovered=$(date +%s.%N)
+      break
+    fi
+    kill -0 "${pids[1]}" 2>/dev/null || kill -0 "${pids[2]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  [[ -n "$recovered" ]] ||
+    fail "rank 2 committed no step at world size 4 within $((SECONDS - cut_s)) s of the cut"
+  for node in 1 2; do
+    wait_exit "${pids[node]}" $((180 - (SECONDS - cut_s))) || fail "node $node: ddprun exited $?"
+  done
+  finished_s=$((SECONDS - cut_s))
+  kill_node 0  # cut off, it cannot end by itself (MIN 2): only that it is stopped is checked
+  for ((k = 0; k < 100; k++)); do kill -0 "${pids[0]}" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "${pids[0]}" 2>/dev/null && fail "node 0's agent survived kill_node"
+  wait "${pids[0]}" 2>/dev/null
+  cat "$T/node1.log" "$T/node2.log" >"$T/survivors.txt"
+  [[ $(grep -c "this node serves the rendezvous store now" "$T/survivors.txt") -eq 1 ]] ||
+    fail "not exactly one survivor serves the rendezvous store"
+  expect_in "$T/survivors.txt" "moved to the rendezvous store at 10.78.0."
+  expect_in "$T/survivors.txt" "node 0 served the job's --recovery step store: its standby at"
+  expect_in "$T/survivors.txt" "its ranks 0-1 leave the job and the other 4 workers go on"
+  grep "restarting the worker group\|joining the next round" "$T/survivors.txt" &&
+    fail "a survivor restarted its worker group or joined a new round"
+  for rank in 2 3 4 5; do
+    grep -q '"world_size":4,"step":'"$STEPS"',.*"generation":1' "$T/out/rank$rank.json" ||
+      fail "rank $rank: $(cat "$T/out/rank$rank.json" 2>/dev/null || echo 'no report')"
+    [[ $(awk '{print $2}' "$T/out/rank$rank.commits" | tr '\n' ' ') == "$(seq -s ' ' 1 "$STEPS") " ]] ||
+      fail "rank $rank committed: $(awk '{print $2}' "$T/out/rank$rank.commits" | tr '\n' ' ')"
+    [[ $(awk '{print $1}' "$T/out/rank$rank.commits" | sort -u | wc -l) -eq 1 ]] ||
+      fail "rank $rank's steps were committed by more than one process"
+    # World size 6 up to the cut, 4 from then on.
+    awk '$3 != 6 && $3 != 4 {bad = 1} $3 == 6 && seen4 {bad = 1} $3 == 4 {seen4 = 1}
+      END {exit bad || !seen4}' "$T/out/rank$rank.commits" ||
+      fail "rank $rank's world sizes: $(awk '{print $3}' "$T/out/rank$rank.commits" | uniq -c | tr '\n' ' ')"
+  done
+  for rank in 3 4 5; do
+    cmp -s "$T/out/rank2.params" "$T/out/rank$rank.params" || fail "rank $rank's parameters differ"
+  done
+  for node in 1 2; do
+    echo "---- node $node"
+    grep -E "^ddprun" "$T/node$node.log" | cut -c1-400
+  done
+  last6=$(awk '$3 == 6 {s = $2} END {print s}' "$T/out/rank2.commits")
+  echo "RECORD: node 0 cut off after its step $cut_step; the survivors' last step at world size 6: $last6; their first commit at world size 4 came $(awk -v a="$recovered" -v b="$cut" 'BEGIN {printf "%.1f", a - b}') s after the cut; both survivors ended $finished_s s after it"
+  echo "PASS: node 0 (both stores' host) cut off once its rank 0 had committed step 8 (RECORD: the exact step); nodes 1 and 2 promoted the standbys and their 4 workers went on at world size 4 to step $STEPS (exit 0, generation 1, each step committed once, bitwise equal parameters)"
   ;;
 
 recovery_replaced_node)

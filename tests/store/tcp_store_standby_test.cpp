@@ -3,6 +3,10 @@
 // client whose store's host died goes on with the promoted standby, each write applied once.
 #include <gtest/gtest.h>
 
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <atomic>
 #include <future>
 #include <thread>
 
@@ -28,6 +32,38 @@ std::unique_ptr<TcpStoreServer> start_standby(std::optional<std::string> token =
 std::string endpoint_of(const TcpStoreServer& server) {
   return net::format_endpoint("127.0.0.1", server.port());
 }
+
+// A store host that is cut off rather than dead: it answers the handshake of every connection
+// and then nothing (its requests wait in vain, as over a link taken down), until destroyed.
+class SilentHost {
+ public:
+  SilentHost() : listener_(net::listen_tcp("127.0.0.1", 0, 16)) {
+    port_ = net::local_port(listener_.fd());
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~SilentHost() {
+    stop_ = true;
+    thread_.join();
+  }
+  uint16_t port() const { return port_; }
+
+ private:
+  void serve() {
+    std::vector<net::Socket> held;
+    while (!stop_) {
+      pollfd fd = {listener_.fd(), POLLIN, 0};
+      if (::poll(&fd, 1, 20) <= 0) continue;
+      net::Socket conn(::accept(listener_.fd(), nullptr, nullptr));
+      auto hello = raw_read_frame(conn);
+      raw_send(conn, encode(Op::kOk, {"auth:none"}, hello.request_id));
+      held.push_back(std::move(conn));  // open, never answered again
+    }
+  }
+  net::Socket listener_;
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 // The primary's replicator connects on its own thread: wait until it sent its copy.
 void wait_until_replicating(TcpStoreServer& primary, TcpStore& client) {
@@ -104,6 +140,33 @@ TEST(TcpStoreStandby, AClientGoesOnWithThePromotedStandbyWhenTheStoreHostDies) {
   waiting.get();
   EXPECT_EQ(client.endpoint(), endpoint_of(*standby));
   EXPECT_EQ(client.add("generation", 1), 2);
+}
+
+TEST(TcpStoreStandby, ACallThatGotNoReplyTriesTheNextEndpointFirst) {
+  SilentHost cut_off;
+  auto standby = start_standby();
+  promote_first_standby({endpoint_of(*standby)}, std::string(), 2s);
+  TcpStoreOptions o = client_options(cut_off.port(), 300ms);
+  o.standbys = {endpoint_of(*standby)};
+  TcpStore client(o);  // the cut-off host still completes handshakes
+  EXPECT_THROW(client.set("k", "v"), TimeoutError);
+  // Without the skip it would connect to the silent host again and time out again.
+  client.set("k", "v");
+  EXPECT_EQ(client.endpoint(), endpoint_of(*standby));
+  EXPECT_EQ(client.get("k"), "v");
+}
+
+TEST(TcpStoreStandby, APromoterSendsItsNextCallStraightToThePromotedStandby) {
+  SilentHost cut_off;
+  auto standby = start_standby();
+  TcpStoreOptions o = client_options(cut_off.port(), 2s);
+  o.standbys = {endpoint_of(*standby)};
+  TcpStore client(o);
+  const std::string promoted = promote_first_standby({endpoint_of(*standby)}, std::string(), 2s);
+  client.prefer_endpoint(promoted);
+  client.set("k", "v");  // without the preference: no reply from the silent host, TimeoutError
+  EXPECT_EQ(client.endpoint(), promoted);
+  EXPECT_THROW(client.prefer_endpoint("127.0.0.1:1"), UsageError);
 }
 
 TEST(TcpStoreStandby, AWriteSentAgainUnderItsRequestIdIsAppliedOnce) {

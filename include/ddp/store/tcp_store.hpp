@@ -19,8 +19,9 @@
 //   standbys serves clients (a standby refuses them until it is promoted) and is sent again
 //   under its request id, within the call's limit; the store then answers a write it already
 //   applied with the reply it got, so an add or compare_set is applied once. A call that got no
-//   reply within its limit is not retried (a host that vanished without closing its sockets
-//   costs the call's limit).
+//   reply within its limit is not retried, but the next call tries the next endpoint first. A
+//   host that vanished without closing its sockets (a cut link) is noticed at the TCP level
+//   within about 3 s (TCP_USER_TIMEOUT and keepalive), which counts as a broken connection.
 // - Auth: when the server has a token, the client must have the same one (options.token or
 //   $DDP_STORE_TOKEN); otherwise construction throws StoreError saying so. A client holding a
 //   token also makes the server prove it knows the token, and refuses (StoreError) a server
@@ -118,6 +119,10 @@ class TcpStore : public Store, public InterruptibleWait {
                  const std::vector<std::string>& values) override;
   // One round trip; throws like any other call when the server is unreachable.
   void ping();
+  // With standbys: the store now serves at `endpoint` (one of host:port and the standbys: a
+  // standby this process promoted). Drops the connection, so the next call connects there
+  // first instead of waiting for a host that may answer nothing. UsageError for another one.
+  void prefer_endpoint(const std::string& endpoint);
   // Promotes the standby this admin connection (options.role kAdminRole) reached: it serves
   // clients from now on and replicates to the first of `next_standbys` that answers.
   void promote(const std::vector<std::string>& next_standbys);
@@ -148,6 +153,7 @@ class TcpStore : public Store, public InterruptibleWait {
   void connect_one_locked(net::Deadline deadline);
   // Whether a failed exchange may be sent again on a new connection (standbys, time left).
   bool may_fail_over(net::Deadline deadline) const;
+  void skip_silent_endpoint_locked();
   void handshake_locked(net::Deadline deadline);
   Frame exchange_locked(const Frame& request, net::Deadline deadline);
   // Sends a wait and reads its reply, cancelling it once `interrupter` fires.

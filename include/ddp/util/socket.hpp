@@ -78,6 +78,12 @@ void read_exact(int fd, void* data, size_t size, Deadline deadline, const std::s
 void set_nonblocking(int fd);
 void set_nodelay(int fd);
 
+// Makes the kernel end a connection whose peer stopped answering at the TCP level (a host cut
+// off or powered off, not one that is only slow: its kernel still acknowledges) within about
+// `within`: sent data unacknowledged that long (TCP_USER_TIMEOUT), or an idle connection
+// whose keepalive probes go unanswered. The next read or write then fails with ETIMEDOUT.
+void detect_dead_peer(int fd, std::chrono::milliseconds within);
+
 // Raises the soft RLIMIT_NOFILE to the hard limit (servers holding thousands of clients).
 // Returns the resulting soft limit. Never lowers it; failures leave it unchanged.
 uint64_t raise_fd_limit();
