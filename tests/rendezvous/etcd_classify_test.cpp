@@ -68,6 +68,24 @@ TEST(EtcdClassify, AnOverloadedEtcdIsRetriedEvenForAWrite) {
   EXPECT_EQ(f.reason.rfind("overloaded", 0), 0u) << f.reason;
 }
 
+// etcd 3.4 during an election on a starved cluster: its request timeout ran out while raft took
+// no proposal. As "etcdserver: request timed out": retried (on another member), a write too.
+TEST(EtcdClassify, EtcdsOwnRequestTimeoutIsRetriedLikeNoLeader) {
+  HttpOptions o;
+  for (const char* body :
+       {R"({"error":"context deadline exceeded","code":2,"message":"context deadline exceeded"})",
+        R"({"code":4,"message":"context deadline exceeded"})"}) {
+    Failure f = classify(http_reply(500, body), kMember, "POST /v3/kv/txn", o,
+                         /*idempotent=*/false);
+    EXPECT_TRUE(f.retry) << body;
+    EXPECT_EQ(f.reason.rfind("unavailable", 0), 0u) << f.reason;
+    EXPECT_NE(f.reason.find("etcdserver:"), std::string::npos) << f.reason;
+  }
+  // Any other unknown refusal stays final.
+  final_message<StoreError>(
+      classify(http_reply(500, R"({"code":2,"message":"something else"})"), kMember, kRequest, o));
+}
+
 TEST(EtcdClassify, AMemberThatAcceptedButNeverAnsweredIsATimeout) {
   HttpOptions o;
   std::string m = final_message<TimeoutError>(classify(

@@ -5,7 +5,8 @@
 //
 // Contract of call() and watch():
 //   - A member that cannot be reached (refused, unresolvable, connect timed out, connection
-//     dropped mid-request) or that answers "unavailable" (no leader, leader changed, stopping)
+//     dropped mid-request) or that answers "unavailable" (no leader, leader changed, stopping,
+//     and etcd's own request timeout: "request timed out", "context deadline exceeded")
 //     is left for the next member of the list; passes over the list repeat with a short
 //     backoff for `retry_for` (connect_timeout) from the first such failure, then a
 //     NetworkError names every member and its last error, and the fix.
