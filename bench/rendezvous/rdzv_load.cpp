@@ -3,21 +3,30 @@
 //
 //   rdzv_load --store tcp --agents N [--hb-seconds D] [--shards K] [--idle-seconds S]
 //             [--heartbeat H]
-//   rdzv_load --store etcd --etcd HOST:PORT[,...] --store-pid PID --agents N [--hb-seconds D]
-//             [--shards K] [--idle-seconds S] [--heartbeat H]
+//   rdzv_load --store etcd --etcd HOST:PORT[,...] --store-pid PID[,...] --agents N
+//             [--hb-seconds D] [--shards K] [--idle-seconds S] [--heartbeat H]
 //
 // --shards K: the agents live in K child processes (N/K threads each), because one process may
-// not hold the descriptors of thousands of etcd agents (about 10 each; this machine's hard
+// not hold the descriptors of thousands of etcd agents (18 each once watching; this machine's hard
 // open-files limit is 20000 and cannot be raised). The children connect, then the coordinator
 // releases every agent at once through a pipe per child and gathers each child's timestamps
 // (steady clock: one clock for all processes), node ranks and heartbeat counts.
 //
 // tcp: a child process serves the TCP store (so its memory and descriptors are its own); etcd:
-// the cluster at --etcd, whose server process --store-pid names (for its memory and sockets).
+// the cluster at --etcd, whose server processes --store-pid names (for their memory, sockets
+// and CPU; a cluster's members as a comma list, the store_* and idle_store_cpu_pct figures are
+// then sums over them).
+//
+// Several etcd endpoints (a cluster): agent i's list is rotated to start at member i % M. An
+// EtcdStore talks to the first member of its list (each of its connections, requests, watches
+// and lease renewals, starts there and moves to the next member only when that one fails), so
+// the agents, and their connections, are spread evenly over the members, as a production
+// cluster's clients are (by DNS, a load balancer, or differently ordered lists).
 // Phases, one JSON line at the end:
 //   connect_s        every agent opened its store connection (etcd: and its lease)
 //   round_s          all agents released at once -> the last one returned from next_round()
-//                    with the same round of N nodes (round formation; the headline figure)
+//                    with the same round of N nodes (round formation; the headline figure;
+//                    also when a later phase fails, ok false; -1: no consistent round)
 //   first_return_s   released -> the first agent returned (node 0 assembled the round)
 //   store_rss_mb     the store process's resident memory after the round (store_rss_base_mb:
 //                    before any agent connected)
@@ -39,6 +48,10 @@
 //   idle_store_cpu_pct   the store process's CPU time over the window, % of one core
 //   idle_round_ended     agents whose watcher ended the round (a peer missed its heartbeats:
 //                        the store was too slow for the heartbeats); 0 when the store keeps up
+// With several --store-pid processes (an etcd cluster), also, per member in --store-pid order:
+//   member_rss_mb, member_connections, idle_member_cpu_pct   the figures above, per member;
+//   idle_requests_per_s is then the sum over the members' /metrics (each counts the requests
+//   its own clients sent), idle_store_writes_per_s the cluster's (one revision)
 // Exit 1 (with the reason on stderr) when a round is inconsistent or an agent fails.
 
 #include <curl/curl.h>
@@ -92,7 +105,7 @@ double seconds(Clock::duration d) {
 struct Args {
   std::string store = "tcp";
   std::string etcd;
-  int store_pid = 0;
+  std::vector<int> store_pids;  // the store's server processes (an etcd cluster: one per member)
   int agents = 1000;
   double hb_seconds = 3;
   int shards = 1;
@@ -197,6 +210,19 @@ int socket_count(int pid) {
   return n;
 }
 
+// `per_pid` of every store process, and their sum (-1 if one is unreadable).
+template <class F>
+auto over_pids(const std::vector<int>& pids, F per_pid) {
+  using T = decltype(per_pid(0));
+  std::vector<T> each;
+  T sum = 0;
+  for (int pid : pids) {
+    each.push_back(per_pid(pid));
+    sum = (sum < 0 || each.back() < 0) ? T(-1) : sum + each.back();
+  }
+  return std::make_pair(sum, each);
+}
+
 // A one-shot gate every agent thread waits at.
 class Gate {
  public:
@@ -259,6 +285,12 @@ void* agent_main(void* p) {
   o.nodes = {s.args.agents, s.args.agents};
   o.endpoint = s.endpoint;
   o.endpoints = s.etcd_endpoints;
+  // A cluster: this agent starts at member index % M (its EtcdStore talks to the first member
+  // of its list and fails over along it).
+  if (!o.endpoints.empty()) {
+    std::rotate(o.endpoints.begin(), o.endpoints.begin() + a->index % o.endpoints.size(),
+                o.endpoints.end());
+  }
   o.hostname = "agent" + std::to_string(a->index);
   o.local_addr = "10.0.0.1";
   o.conf.join_timeout = 600s;
@@ -365,11 +397,12 @@ void* agent_main(void* p) {
 }
 
 int usage(const char* why) {
-  std::fprintf(stderr,
-               "rdzv_load: %s\nusage: rdzv_load --store tcp|etcd --agents N [--etcd "
-               "HOST:PORT[,...] --store-pid PID] [--hb-seconds D] [--shards K] [--idle-seconds S] "
-               "[--heartbeat H]\n",
-               why);
+  std::fprintf(
+      stderr,
+      "rdzv_load: %s\nusage: rdzv_load --store tcp|etcd --agents N [--etcd "
+      "HOST:PORT[,...] --store-pid PID[,...]] [--hb-seconds D] [--shards K] [--idle-seconds S] "
+      "[--heartbeat H]\n",
+      why);
   return 2;
 }
 
@@ -502,7 +535,12 @@ int main(int argc, char** argv) {
     } else if (a == "--etcd") {
       args.etcd = value();
     } else if (a == "--store-pid") {
-      args.store_pid = std::atoi(value().c_str());
+      const std::string list = value();
+      for (size_t pos = 0; pos <= list.size();) {
+        size_t comma = std::min(list.find(',', pos), list.size());
+        args.store_pids.push_back(std::atoi(list.substr(pos, comma - pos).c_str()));
+        pos = comma + 1;
+      }
     } else if (a == "--hb-seconds") {
       args.hb_seconds = std::atof(value().c_str());
     } else if (a == "--shards") {
@@ -519,11 +557,15 @@ int main(int argc, char** argv) {
   if (args.shards < 1 || args.shards > args.agents) return usage("--shards: 1 to N");
   if (args.heartbeat_s < 0.1) return usage("--heartbeat: at least 0.1 s");
   if (args.store != "tcp" && args.store != "etcd") return usage("--store is tcp or etcd");
-  if (args.store == "etcd" && (args.etcd.empty() || args.store_pid <= 0)) {
+  const bool pids_ok =
+      !args.store_pids.empty() &&
+      std::all_of(args.store_pids.begin(), args.store_pids.end(), [](int pid) { return pid > 0; });
+  if (args.store == "etcd" && (args.etcd.empty() || !pids_ok)) {
     return usage("--store etcd needs --etcd and --store-pid");
   }
-  // An etcd agent holds about 10 descriptors (4 curl handles, each with a connection and an
-  // internal socket pair): raise the hard limit where allowed (root), then the soft one.
+  // An etcd agent holds 18 descriptors once its watcher runs (4 connections; 7 curl multi
+  // handles' socket pairs, its own 3 and the easy handles' internal ones): raise the hard limit
+  // where allowed (root), then the soft one.
   rlimit many{262144, 262144};
   (void)::setrlimit(RLIMIT_NOFILE, &many);
   ddp::net::raise_fd_limit();
@@ -557,13 +599,13 @@ int main(int argc, char** argv) {
     uint16_t port = 0;
     if (::read(p[0], &port, sizeof port) != sizeof port) return usage("store child failed");
     proto.endpoint = {"127.0.0.1", port};
-    args.store_pid = store_child;
+    args.store_pids = {store_child};
   } else {
     proto.etcd_endpoints = ddp::rdzv::parse_endpoints(args.etcd, ddp::rdzv::kDefaultEtcdPort);
     proto.endpoint = proto.etcd_endpoints.front();
   }
-  const double base_rss = rss_mb(args.store_pid);
-  const int base_sockets = socket_count(args.store_pid);
+  const auto base_rss = over_pids(args.store_pids, rss_mb);
+  const auto base_sockets = over_pids(args.store_pids, socket_count);
 
   struct Child {
     pid_t pid = -1;
@@ -641,8 +683,13 @@ int main(int argc, char** argv) {
   if (!ok)
     std::fprintf(stderr, "rdzv_load: the agents do not agree on one round of %d nodes\n",
                  args.agents);
-  const double round_rss = rss_mb(args.store_pid);
-  const int round_sockets = socket_count(args.store_pid) - base_sockets;
+  const auto round_rss = over_pids(args.store_pids, rss_mb);
+  auto round_sockets = over_pids(args.store_pids, socket_count);
+  round_sockets.first -= base_sockets.first;
+  for (size_t m = 0; m < args.store_pids.size(); ++m) {
+    round_sockets.second[m] -= base_sockets.second[m];
+  }
+  const bool round_ok = ok;  // the round's figures stand even if a later phase fails
   const auto hb0 = Clock::now();
   for (auto& c : shards) {
     if (!send_bytes(c.fd, "H", 1)) stop("a shard is gone");
@@ -657,16 +704,30 @@ int main(int argc, char** argv) {
   // The idle phase: the window starts one heartbeat period after the shards started their
   // watchers (they start it at the same moment, having sent their beats).
   std::string idle_json;
+  std::vector<double> member_cpu_pct;
+  // etcd: the gRPC requests every member served (each counts its own clients').
+  auto all_requests = [&] {
+    int64_t sum = 0;
+    for (const auto& e : proto.etcd_endpoints) {
+      const int64_t n = etcd_requests(e);
+      sum = (sum < 0 || n < 0) ? -1 : sum + n;
+    }
+    return sum;
+  };
   if (args.idle_seconds > 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(args.heartbeat_s));
-    const double cpu0 = cpu_seconds(args.store_pid);
-    const int64_t requests0 = args.store == "etcd" ? etcd_requests(proto.endpoint) : 0;
+    const auto cpu0 = over_pids(args.store_pids, cpu_seconds);
+    const int64_t requests0 = args.store == "etcd" ? all_requests() : 0;
     const int64_t revision0 = args.store == "etcd" ? etcd_revision(proto.endpoint) : -1;
     const auto w0 = Clock::now();
     std::this_thread::sleep_for(std::chrono::duration<double>(args.idle_seconds));
     const double window = seconds(Clock::now() - w0);
-    const double cpu = cpu_seconds(args.store_pid) - cpu0;
-    const int64_t requests = args.store == "etcd" ? etcd_requests(proto.endpoint) - requests0 : 0;
+    const auto cpu1 = over_pids(args.store_pids, cpu_seconds);
+    const double cpu = cpu1.first - cpu0.first;
+    for (size_t m = 0; m < args.store_pids.size(); ++m) {
+      member_cpu_pct.push_back(100.0 * (cpu1.second[m] - cpu0.second[m]) / window);
+    }
+    const int64_t requests = args.store == "etcd" ? all_requests() - requests0 : 0;
     const int64_t revision1 = args.store == "etcd" ? etcd_revision(proto.endpoint) : -1;
     const double writes_per_s = revision0 >= 0 && revision1 >= 0
                                     ? static_cast<double>(revision1 - revision0) / window
@@ -697,14 +758,27 @@ int main(int argc, char** argv) {
     ::waitpid(c.pid, &status, 0);
     ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
+  // A cluster: the figures of each member too.
+  std::string members_json;
+  if (args.store_pids.size() > 1) {
+    members_json =
+        fmt::format(",\"store_members\":{},\"member_rss_mb\":[{:.1f}],\"member_connections\":[{}]",
+                    args.store_pids.size(), fmt::join(round_rss.second, ","),
+                    fmt::join(round_sockets.second, ","));
+    if (!member_cpu_pct.empty()) {
+      members_json +=
+          fmt::format(",\"idle_member_cpu_pct\":[{:.1f}]", fmt::join(member_cpu_pct, ","));
+    }
+  }
   const auto release_ns = ns(t_release);
   std::printf(
       "{\"bench\":\"rdzv_load\",\"store\":\"%s\",\"agents\":%d,\"shards\":%d,\"connect_s\":%.3f,"
       "\"round_s\":%.3f,\"first_return_s\":%.3f,\"store_rss_base_mb\":%.1f,\"store_rss_mb\":%.1f,"
-      "\"store_connections\":%d,\"hb_rps\":%.0f,\"hb_rps_needed\":%.0f%s,\"ok\":%s}\n",
+      "\"store_connections\":%d,\"hb_rps\":%.0f,\"hb_rps_needed\":%.0f%s%s,\"ok\":%s}\n",
       args.store.c_str(), args.agents, args.shards, seconds(t_connected - t0),
-      ok ? (last_ns - release_ns) / 1e9 : -1.0, ok ? (first_ns - release_ns) / 1e9 : -1.0, base_rss,
-      round_rss, round_sockets, hb_rps, 2.0 * args.agents / 5.0, idle_json.c_str(),
+      round_ok ? (last_ns - release_ns) / 1e9 : -1.0,
+      round_ok ? (first_ns - release_ns) / 1e9 : -1.0, base_rss.first, round_rss.first,
+      round_sockets.first, hb_rps, 2.0 * args.agents / 5.0, members_json.c_str(), idle_json.c_str(),
       ok ? "true" : "false");
   std::fflush(stdout);
   if (store_child > 0) ::kill(store_child, SIGKILL);
