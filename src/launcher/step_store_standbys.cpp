@@ -4,7 +4,6 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <sstream>
 
 #include "ddp/store/store.hpp"
 #include "ddp/store/tcp_store.hpp"
@@ -66,11 +65,7 @@ StepStoreStandbys::StepStoreStandbys(const StepStandbyOptions& options, Store& s
   } catch (const TimeoutError&) {
     return;  // node 0 published none in time: this node's agent and workers do without
   }
-  std::stringstream in(store.get(kListKey));
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (!item.empty()) endpoints_.push_back(item);
-  }
+  endpoints_ = split_endpoints(store.get(kListKey), kListKey);
 }
 
 StepStoreStandbys::~StepStoreStandbys() = default;

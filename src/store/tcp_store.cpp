@@ -590,22 +590,25 @@ std::vector<std::string> TcpStore::replicate(const std::string& client_id, uint3
   return call(Op::kReplicate, std::move(fields), timeout_, {});
 }
 
-std::vector<std::string> standbys_from_env() {
+std::vector<std::string> split_endpoints(const std::string& text, const std::string& source) {
   std::vector<std::string> out;
-  const char* value = std::getenv(kStandbysEnvVar);
-  if (value == nullptr) return out;
-  std::stringstream in{std::string(value)};
+  std::stringstream in{text};
   std::string item;
   while (std::getline(in, item, ',')) {
     if (item.empty()) continue;
     try {
       net::parse_endpoint(item);
     } catch (const UsageError& e) {
-      throw UsageError(fmt::format("{}={}: {}", kStandbysEnvVar, value, e.what()));
+      throw UsageError(fmt::format("{}={}: {}", source, text, e.what()));
     }
     out.push_back(item);
   }
   return out;
+}
+
+std::vector<std::string> standbys_from_env() {
+  const char* value = std::getenv(kStandbysEnvVar);
+  return value == nullptr ? std::vector<std::string>() : split_endpoints(value, kStandbysEnvVar);
 }
 
 std::string promote_first_standby(const std::vector<std::string>& standbys,

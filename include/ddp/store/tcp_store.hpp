@@ -77,6 +77,10 @@ struct TcpStoreOptions {
 // ddprun --recovery step keeps the store on more than one node (docs/recovery.md).
 inline constexpr const char* kStandbysEnvVar = "DDP_STORE_STANDBYS";
 
+// "host:port,host:port,..." as a list (empty entries skipped); UsageError naming `source` and
+// the text when an entry is not HOST:PORT.
+std::vector<std::string> split_endpoints(const std::string& text, const std::string& source);
+
 // The standbys $DDP_STORE_STANDBYS names (empty when unset). UsageError naming the variable
 // when an entry is not HOST:PORT.
 std::vector<std::string> standbys_from_env();
