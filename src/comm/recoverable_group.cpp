@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <exception>
 
 #include "ddp/comm/init.hpp"
@@ -59,6 +60,29 @@ std::string ranks_text(const std::vector<int>& slots) {
   return fmt::format("ranks {} and {}", fmt::join(head, ", "), slots.back());
 }
 
+// The launch's world size: `given`, else $DDP_RECOVERY_LAUNCH_WORLD_SIZE, else this process's.
+int launch_world_size_from(std::optional<int> given, int process_world_size) {
+  if (given) {
+    if (*given < 1 || *given > process_world_size) {
+      throw UsageError(
+          fmt::format("RecoverableGroupOptions: launch_world_size {} must be in 1..world_size ({})",
+                      *given, process_world_size));
+    }
+    return *given;
+  }
+  const char* text = std::getenv(recovery_notice::kLaunchWorldSizeEnvVar);
+  if (text == nullptr || *text == '\0') return process_world_size;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (*end != '\0' || value < 1 || value > process_world_size) {
+    throw UsageError(
+        fmt::format("{}='{}' is not a world size in 1..WORLD_SIZE ({}); it is set "
+                    "by ddprun --recovery step",
+                    recovery_notice::kLaunchWorldSizeEnvVar, text, process_world_size));
+  }
+  return static_cast<int>(value);
+}
+
 }  // namespace
 
 RecoverableGroup::RecoverableGroup(RecoverableGroupOptions options) : options_(std::move(options)) {
@@ -70,13 +94,14 @@ RecoverableGroup::RecoverableGroup(RecoverableGroupOptions options) : options_(s
   WorldInfo world;
   if (!options_.rank || !options_.world_size) world = detect_world_info();
   slot_ = options_.rank.value_or(world.rank);
-  initial_world_size_ = options_.world_size.value_or(world.world_size);
-  if (initial_world_size_ < 1 || slot_ < 0 || slot_ >= initial_world_size_) {
+  const int process_world_size = options_.world_size.value_or(world.world_size);
+  initial_world_size_ = launch_world_size_from(options_.launch_world_size, process_world_size);
+  if (process_world_size < 1 || slot_ < 0 || slot_ >= process_world_size) {
     throw UsageError(fmt::format("RecoverableGroup: rank {} is out of range for world size {}",
-                                 slot_, initial_world_size_));
+                                 slot_, process_world_size));
   }
   rank_ = slot_;
-  world_size_ = initial_world_size_;
+  world_size_ = process_world_size;
   store_ = options_.store;
   watch_store_ = options_.watch_store;
   if (!store_) {
@@ -167,9 +192,14 @@ RecoverableGroup::Loss RecoverableGroup::read_loss(Store& store, int64_t generat
   const std::vector<int> joined = recovery_notice::read_joined_slots(store, generation);
   if (!joined.empty()) {
     // Not a loss: the membership grows. The step in flight is redone with the new ranks.
+    const bool grew = joined.front() >= initial_world_size_;
+    const std::string who =
+        fmt::format("rank{} {}", joined.size() == 1 ? "" : "s", fmt::join(joined, ","));
     loss.description =
-        fmt::format("rank{} {} of {} came back with a node that joined the job",
-                    joined.size() == 1 ? "" : "s", fmt::join(joined, ","), initial_world_size_);
+        grew ? fmt::format("{} joined the job with a node that grew it past its launch size of {}",
+                           who, initial_world_size_)
+             : fmt::format("{} of {} came back with a node that joined the job", who,
+                           initial_world_size_);
     return loss;
   }
   loss.first = recovery_notice::read_lost_rank(store, generation);
@@ -245,6 +275,13 @@ ProcessGroupPtr RecoverableGroup::form(int64_t generation) {
   if (generation > 0) {
     await_members(generation, slots);
   } else {
+    if (slot_ >= initial_world_size_) {
+      throw UsageError(fmt::format(
+          "RecoverableGroup: rank {} is past the launch's world size ({}) but no node added it "
+          "to the job (no 'join:' record in the job's store); it is started by ddprun "
+          "--recovery step only after its node joined",
+          slot_, initial_world_size_));
+    }
     std::vector<int> all(static_cast<size_t>(initial_world_size_));
     for (int i = 0; i < initial_world_size_; ++i) all[static_cast<size_t>(i)] = i;
     await_members(generation, all);

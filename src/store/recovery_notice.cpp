@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <set>
 #include <string>
 
 #include "ddp/util/error.hpp"
@@ -116,12 +117,18 @@ std::vector<int> read_joined_slots(Store& store, int64_t generation) {
 
 std::vector<int> members(Store& store, int64_t generation, int initial_world_size) {
   std::vector<bool> removed(static_cast<size_t>(std::max(initial_world_size, 0)), false);
+  std::set<int> grown;  // slots past the launch's that a joining node added
   for (int64_t g = 1; g <= generation; ++g) {
     const std::optional<Record> record = read_record(store, g);
     if (!record || record->kind == Record::Kind::kRestart) continue;
+    const bool lost = record->kind == Record::Kind::kNodeLost;
     for (int slot : record->slots) {
       if (slot < initial_world_size) {
-        removed[static_cast<size_t>(slot)] = record->kind == Record::Kind::kNodeLost;
+        removed[static_cast<size_t>(slot)] = lost;
+      } else if (lost) {
+        grown.erase(slot);
+      } else {
+        grown.insert(slot);
       }
     }
   }
@@ -129,6 +136,7 @@ std::vector<int> members(Store& store, int64_t generation, int initial_world_siz
   for (int slot = 0; slot < initial_world_size; ++slot) {
     if (!removed[static_cast<size_t>(slot)]) out.push_back(slot);
   }
+  out.insert(out.end(), grown.begin(), grown.end());
   return out;
 }
 

@@ -222,6 +222,87 @@ TEST(RecoveryNotice, AJoinRecordGivesALostNodesSlotsBack) {
   EXPECT_THROW(recovery_notice::publish_joined_node(store, {}), UsageError);
 }
 
+// A node that grows the job past its launch size adds slots from the launch's world size on:
+// members from its record on, in slot order after the launch's; lost like any node's.
+TEST(RecoveryNotice, AJoinRecordPastTheLaunchSizeGrowsTheJob) {
+  HashStore store;
+  using V = std::vector<int>;
+  EXPECT_EQ(recovery_notice::publish_joined_node(store, {4, 5}), 1);
+  EXPECT_EQ(recovery_notice::members(store, 0, 4), (V{0, 1, 2, 3}));
+  EXPECT_EQ(recovery_notice::members(store, 1, 4), (V{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(recovery_notice::publish_lost_node(store, {0, 1}), 2);
+  EXPECT_EQ(recovery_notice::members(store, 2, 4), (V{2, 3, 4, 5}));
+  EXPECT_EQ(recovery_notice::publish_lost_node(store, {4, 5}), 3);
+  EXPECT_EQ(recovery_notice::members(store, 3, 4), (V{2, 3}));
+  // A later node takes the grown node's place again.
+  EXPECT_EQ(recovery_notice::publish_joined_node(store, {4, 5}), 4);
+  EXPECT_EQ(recovery_notice::members(store, 4, 4), (V{2, 3, 4, 5}));
+  // Every process counts from the launch's world size: slots a grower reserved but never
+  // recorded (it died first) are no members.
+  EXPECT_EQ(recovery_notice::publish_joined_node(store, {8}), 5);
+  EXPECT_EQ(recovery_notice::members(store, 5, 4), (V{2, 3, 4, 5, 8}));
+}
+
+// A node that joins with new slots grows the job: the running ranks give up their collective at
+// the notice and re-form with the new ones after theirs; the new processes, launched with the
+// grown world size and the launch's, join that generation in their slots.
+TEST(RecoverableGroup, ANodeJoiningPastTheLaunchSizeGrowsTheGroup) {
+  auto store = std::make_shared<HashStore>();
+  store->set_timeout(std::chrono::minutes(5));
+  std::array<std::optional<PeerLostError>, 6> errors;
+  std::array<int, 6> ranks{-1, -1, -1, -1, -1, -1}, sizes{}, launch{};
+  std::array<float, 6> sums{};
+  std::atomic<int> waiting{0};
+  std::vector<std::thread> threads;
+  for (int slot = 0; slot < 4; ++slot) {  // the launch's 4 ranks
+    threads.emplace_back([&, slot] {
+      RecoverableGroup group(options_for(slot, store, 4));
+      EXPECT_EQ(all_reduce_one(*group.group(), 1.0f), 4.0f);
+      ++waiting;
+      if (slot == 0) {
+        try {
+          all_reduce_one(*group.group(), 1.0f);  // the others never join it: ends at the notice
+        } catch (const PeerLostError& e) {
+          errors[slot] = e;
+        }
+      } else {
+        while (!group.stale()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      group.reform();
+      ranks[slot] = group.rank();
+      sizes[slot] = group.world_size();
+      launch[slot] = group.launch_world_size();
+      sums[slot] = all_reduce_one(*group.group(), 1.0f);
+    });
+  }
+  while (waiting.load() < 4) std::this_thread::yield();
+  EXPECT_EQ(recovery_notice::publish_joined_node(*store, {4, 5}), 1);
+  for (int slot : {4, 5}) {  // the new node's processes: WORLD_SIZE 6, launched at 4
+    threads.emplace_back([&, slot] {
+      RecoverableGroupOptions o = options_for(slot, store, 6);
+      o.launch_world_size = 4;
+      RecoverableGroup group(o);
+      ranks[slot] = group.rank();
+      sizes[slot] = group.world_size();
+      launch[slot] = group.launch_world_size();
+      sums[slot] = all_reduce_one(*group.group(), 1.0f);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(errors[0].has_value()) << "slot 0's collective in flight was not given up";
+  EXPECT_NE(std::string(errors[0]->what())
+                .find("ranks 4,5 joined the job with a node that grew it past its launch size "
+                      "of 4"),
+            std::string::npos)
+      << errors[0]->what();
+  for (int slot = 0; slot < 6; ++slot) {
+    EXPECT_EQ(ranks[slot], slot);
+    EXPECT_EQ(sizes[slot], 6);
+    EXPECT_EQ(launch[slot], 4);
+    EXPECT_EQ(sums[slot], 6.0f) << "slot " << slot;
+  }
+}
+
 // A node lost in a multi-node job (ranks 1 and 2 of 4 here): the survivors' collective in
 // flight ends with PeerLostError naming the node's ranks, and they re-form as ranks 0 and 1 of
 // 2, in slot order. A process of the lost node that comes back finds no place in the job.
@@ -564,6 +645,13 @@ TEST(RecoverableGroup, BadOptionsAreUsageErrors) {
   o.watch_interval = std::chrono::milliseconds(0);
   EXPECT_THROW(RecoverableGroup{o}, UsageError);
   o = options_for(3, std::make_shared<HashStore>());
+  EXPECT_THROW(RecoverableGroup{o}, UsageError);
+  o = options_for(0, std::make_shared<HashStore>());
+  o.launch_world_size = kWorld + 1;  // above the process's world size
+  EXPECT_THROW(RecoverableGroup{o}, UsageError);
+  // A slot past the launch's that no node added never forms generation 0.
+  o = options_for(kWorld, std::make_shared<HashStore>(), kWorld + 1);
+  o.launch_world_size = kWorld;
   EXPECT_THROW(RecoverableGroup{o}, UsageError);
 }
 

@@ -78,6 +78,11 @@ struct RecoverableGroupOptions {
   // Unset: from the environment (RANK, WORLD_SIZE as ddprun sets them).
   std::optional<int> rank;
   std::optional<int> world_size;
+  // The world size the job was launched with, the same in every process (the slots every
+  // process counts from: recovery_notice::members). A process of a node that grew the job
+  // past its launch size runs in a slot at or above it, with a larger world_size. Unset:
+  // $DDP_RECOVERY_LAUNCH_WORLD_SIZE (ddprun --recovery step sets it), else world_size.
+  std::optional<int> launch_world_size;
   // Null: TcpStore clients of MASTER_ADDR:MASTER_PORT. Under ddprun --recovery step
   // (DDP_RECOVERY=step) ddprun hosts that store, so it survives any rank; otherwise rank 0
   // hosts it, as init_process_group does, and no generation ever changes.
@@ -112,7 +117,8 @@ class RecoverableGroup {
   int world_size() const { return world_size_.load(std::memory_order_relaxed); }
   // The rank this process was launched with (RANK): its identity across generations.
   int slot() const { return slot_; }
-  // The world size the job was launched with (WORLD_SIZE): the slots are 0 .. this - 1.
+  // The world size the job was launched with (WORLD_SIZE of its first workers): the launch's
+  // slots are 0 .. this - 1; a node that grew the job later added slots from this on.
   int launch_world_size() const { return initial_world_size_; }
 
   // Whether a newer generation than group()'s was announced. No store round trip.

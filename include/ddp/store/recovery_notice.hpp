@@ -12,8 +12,10 @@
 //                       "node:<r>,<s>.." the ranks slots r, s, ... were lost with their node
 //                                        and leave the job: the survivors go on without them;
 //                       "join:<r>,<s>.." a node that joined the running job took the slots
-//                                        r, s, ... a lost node left: its new workers come back
-//                                        in them (healed from a peer), the others make room.
+//                                        r, s, ... a lost node left, or new slots past every
+//                                        earlier one (it grew the job beyond its launch
+//                                        size): its new workers come in them (healed from a
+//                                        peer), the others make room.
 //   finished/<r>      the process in rank slot r closed its group without an error (its
 //                     training is over) while a member of generation "<g>", the value; it
 //                     never joins a later generation. Written by that process
@@ -24,7 +26,9 @@
 //
 // A rank's slot is the RANK it was launched with; it never changes. Its rank in generation g is
 // its index among the slots of g (members()): the launch's 0..W-1 minus every slot a "node:"
-// record up to g removed and no later "join:" record gave back, in slot order. So the membership of
+// record up to g removed and no later "join:" record gave back, plus the slots W and above that
+// a "join:" record added (a node that grew the job) and no later "node:" record removed, in
+// slot order. So the membership of
 // any generation follows from the records alone, whatever order concurrent writers claimed them in.
 // A finished/<r> record speaks for the process that wrote it only: once a record of a later
 // generation than its "<g>" names slot r (restarted in place, lost with its node, taken back by
@@ -55,6 +59,11 @@ inline constexpr const char* kRecoveryPrefix = "ddp/recovery/";
 // after its heartbeats were missed, which may take longer than a lost worker's notice.
 inline constexpr const char* kNoticeWaitEnvVar = "DDP_RECOVERY_NOTICE_WAIT_MS";
 
+// Set by ddprun --recovery step for every worker: the job's world size at launch, the same on
+// every node (members()' initial_world_size). A worker of a node that grew the job past it has
+// a RANK at or above it and a WORLD_SIZE that counts every slot up to its node's.
+inline constexpr const char* kLaunchWorldSizeEnvVar = "DDP_RECOVERY_LAUNCH_WORLD_SIZE";
+
 // The current generation (0 when no rank was lost yet).
 int64_t read_generation(Store& store);
 
@@ -70,6 +79,9 @@ std::vector<int> read_joined_slots(Store& store, int64_t generation);
 
 // The rank slots of `generation`, in rank order: slot members(...)[i] has rank i. Reads the
 // records of generations 1..generation (one round trip each: for re-forming, not per step).
+// `initial_world_size` is the launch's world size, the same in every process (a node that grew
+// the job knows it from DDP_RECOVERY_LAUNCH_WORLD_SIZE): slots from it on are members only once
+// a "join:" record added them.
 std::vector<int> members(Store& store, int64_t generation, int initial_world_size);
 
 // Whether a "node:" record of a generation in (after, upto] removed `slot`. A process (or an
@@ -87,8 +99,9 @@ int64_t publish_lost_rank(Store& store, int rank);
 int64_t publish_lost_node(Store& store, const std::vector<int>& slots);
 
 // Launcher side (the joining node's agent, before it starts its workers): records that the
-// slots `slots` (non-empty; each removed by an earlier "node:" record) come back with a node
-// that joined the running job; returns the generation it opened, as publish_lost_rank.
+// slots `slots` (non-empty; each removed by an earlier "node:" record, or past every slot the
+// job had: the node grew it) come with a node that joined the running job; returns the
+// generation it opened, as publish_lost_rank.
 int64_t publish_joined_node(Store& store, const std::vector<int>& slots);
 
 // Worker side (RecoverableGroup's destructor), and ddprun's agent when a worker exits 0 (it may
