@@ -178,8 +178,11 @@ class StepManager:
 
     @property
     def launch_world_size(self):
-        """The world size the job was launched with (WORLD_SIZE): the slots are 0 .. this - 1."""
-        return dist.get_world_size()
+        """The world size the job was launched with: the launch's slots are 0 .. this - 1. A
+        node that grew the job later adds slots from it on; its processes' WORLD_SIZE (and
+        ``torch.distributed.get_world_size()``) count those too, ddprun tells them the launch's
+        (DDP_RECOVERY_LAUNCH_WORLD_SIZE)."""
+        return int(os.environ.get("DDP_RECOVERY_LAUNCH_WORLD_SIZE") or dist.get_world_size())
 
     # The comm hook: DDP's averaging all-reduce, recording a failure instead of raising it in
     # autograd (the step is dropped after backward returns).

@@ -25,6 +25,7 @@
 #include "ddp/launcher/torch_progress.hpp"
 #include "ddp/launcher/worker_env.hpp"
 #include "ddp/launcher/worker_group.hpp"
+#include "ddp/store/recovery_notice.hpp"
 #include "ddp/store/tcp_store.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/exit_status.hpp"
@@ -366,29 +367,34 @@ AgentResult run_multi_node(const AgentOptions& options) {
       s.host = round.world.master_addr;
       s.port = static_cast<uint16_t>(round.world.master_port);
       s.restarts_used = step_restarts;
-      s.world_size = round.world.world_size;
+      // The slots every worker counts from: the launch's, also on a node that grew the job.
+      s.world_size = round.launch_world_size > 0 ? round.launch_world_size : round.world.world_size;
       s.node_rank = round.world.group_rank;
-      s.num_nodes = round.world.group_world_size;
+      // A node that grew the round keeps no standby store (those are nodes 1..standby_stores
+      // of the round as it formed); it reads their list like the others.
+      s.num_nodes = round.formed_nodes > 0 ? round.formed_nodes : round.world.group_world_size;
       s.took_lost_slot = round.took_lost_slot;
       try {
         step.emplace(s);
         // The workers' store clients go on with a promoted standby if node 0 is lost.
         set_env_entry(spec.base_env, kStandbysEnvVar, step->standbys());
-        if (round.took_lost_slot) {
+        set_env_entry(spec.base_env, recovery_notice::kLaunchWorldSizeEnvVar,
+                      std::to_string(s.world_size));
+        if (round.took_lost_slot || round.grew_round) {
           step->on_node_joined(round.world.group_rank, round.world.workers.front().global_rank,
-                               round.world.local_world_size);
+                               round.world.local_world_size, round.grew_round);
         }
         live_step = &*step;
       } catch (const Error& e) {
         std::string why = fmt::format("{} (on {})", e.what(), options.host);
         m.stop_watching();
-        if (round.took_lost_slot) {
+        if (round.took_lost_slot || round.grew_round) {
           // The job runs without this node: leaving costs it nothing (its heartbeats stop, the
-          // round takes the place as lost again); shutting the run down would end it.
+          // round takes the place as lost); shutting the run down would end it.
           throw Error(
-              fmt::format("{}; this node could not take the place of node {}, the job "
-                          "goes on without it",
-                          why, round.world.group_rank));
+              fmt::format("{}; this node could not {} node {}, the job goes on without it", why,
+                          round.took_lost_slot ? "take the place of" : "join the running job as",
+                          round.world.group_rank));
         }
         m.shut_down(why);
         throw Error(why);

@@ -72,6 +72,9 @@ class RendezvousMembership : public Membership {
     MembershipRound out;
     out.generation = static_cast<int>(r.generation);
     out.took_lost_slot = r.took_lost_slot;
+    out.grew_round = r.grew_round;
+    out.formed_nodes = r.formed_nodes;
+    out.launch_world_size = r.launch_world_size;
     WorldAssignment& w = out.world;
     w.group_rank = r.node_rank;
     w.group_world_size = r.num_nodes;
@@ -98,6 +101,10 @@ class RendezvousMembership : public Membership {
         net::format_endpoint(w.master_addr, static_cast<uint16_t>(r.master_port)));
     if (r.took_lost_slot) {
       out.summary += "; joined while the round ran, in the place of a node it lost";
+    }
+    if (r.grew_round) {
+      out.summary += fmt::format("; joined while the round ran and grew it past its {} workers",
+                                 r.launch_world_size);
     }
     return out;
   }

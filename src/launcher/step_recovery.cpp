@@ -164,7 +164,7 @@ void StepRecovery::on_worker_succeeded(int rank) {
   store_->set_timeout(request_timeout);
 }
 
-void StepRecovery::on_node_joined(int node_rank, int first_rank, int num_ranks) {
+void StepRecovery::on_node_joined(int node_rank, int first_rank, int num_ranks, bool grew) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<int> slots;
   for (int r = first_rank; r < first_rank + num_ranks; ++r) slots.push_back(r);
@@ -172,6 +172,14 @@ void StepRecovery::on_node_joined(int node_rank, int first_rank, int num_ranks) 
   const std::string ranks =
       num_ranks == 1 ? fmt::format("rank {} comes", first_rank)
                      : fmt::format("ranks {}-{} come", first_rank, first_rank + num_ranks - 1);
+  if (grew) {
+    say(fmt::format(
+        "ddprun: this node joins the running job as node {} and grows it past its launch size "
+        "of {} workers: {} with it, healed from a live peer; the other workers make room "
+        "(--recovery step, membership generation {})\n",
+        node_rank, world_size_, ranks, generation));
+    return;
+  }
   say(fmt::format(
       "ddprun: this node takes the place of node {}, lost while the job ran: {} back with it, "
       "healed from a live peer; the other workers make room (--recovery step, membership "

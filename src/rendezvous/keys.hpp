@@ -21,6 +21,13 @@
 //   rdzv/<run_id>/<g>/took/<i>         set once: info of the node that took lost slot i's place
 //   rdzv/<run_id>/<g>/standbys         "HOST:PORT,..." the standby stores of round g, in
 //                                      order of preference ("-": none)
+//   rdzv/<run_id>/<g>/extent           1 + the highest slot a member of round g holds: the
+//                                      round's size when it formed, raised by nodes that grew
+//                                      it while it ran (--recovery step, round_growth.hpp)
+//   rdzv/<run_id>/<g>/grown            nodes that grew round g (slots past its size), a counter
+//   rdzv/<run_id>/<g>/withdrawn        of those, the ones that found the round full, a counter
+//   rdzv/<run_id>/<g>/grown_ranks      workers the nodes that grew round g brought, a counter:
+//                                      their global ranks follow the round's world size
 
 #include <cstdint>
 #include <string>
@@ -68,6 +75,10 @@ struct Round {
   std::string lost() const { return base + "lost"; }
   std::string back() const { return base + "back"; }
   std::string took(int i) const { return base + fmt::format("took/{}", i); }
+  std::string extent() const { return base + "extent"; }
+  std::string grown() const { return base + "grown"; }
+  std::string withdrawn() const { return base + "withdrawn"; }
+  std::string grown_ranks() const { return base + "grown_ranks"; }
 };
 
 }  // namespace ddp::rdzv::keys

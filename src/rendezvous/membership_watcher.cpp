@@ -2,12 +2,15 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/logging.hpp"
 #include "ddp/util/socket.hpp"
 #include "keys.hpp"
 #include "node_info.hpp"
+#include "round_growth.hpp"
 #include "store_wait.hpp"
 
 namespace ddp::rdzv {
@@ -33,6 +36,12 @@ MembershipWatcher::MembershipWatcher(const RendezvousOptions& options, const Rou
     throw UsageError(fmt::format("MembershipWatcher: node rank {} outside a round of {} nodes",
                                  round_.node_rank, round_.num_nodes));
   }
+  formed_ = std::clamp(round_.formed_nodes, 1, round_.num_nodes);
+  extent_ = formed_;
+  for (int i = 0; i < formed_; ++i) ring_.push_back(i);
+  // Only --recovery step rounds grow while they run (Rendezvous::grow_round).
+  may_grow_ = on_peer_lost_ != nullptr && is_elastic(options_.backend);
+  if (round_.node_rank >= formed_) ring_.push_back(round_.node_rank);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -73,10 +82,48 @@ void MembershipWatcher::report(const std::string& reason) {
   if (on_change_) on_change_(reason);
 }
 
+int MembershipWatcher::next_in_ring(int slot) const {
+  const auto after = std::upper_bound(ring_.begin(), ring_.end(), slot);
+  return after == ring_.end() ? ring_.front() : *after;
+}
+
+int MembershipWatcher::ring_distance(int slot) const {
+  const auto position = [&](int s) {
+    return static_cast<int>(std::lower_bound(ring_.begin(), ring_.end(), s) - ring_.begin());
+  };
+  const int n = static_cast<int>(ring_.size());
+  return (position(slot) - position(round_.node_rank) + n) % n;
+}
+
+void MembershipWatcher::watch_closer(int slot) {
+  if (target_ < 0 || ring_distance(slot) < ring_distance(target_)) {
+    target_ = slot;
+    target_value_.clear();
+    target_changed_at_ = Clock::now();
+  }
+}
+
+void MembershipWatcher::follow_growth() {
+  keys::Round k(options_.run_id, round_.generation);
+  const int extent = read_extent(*store_, k, formed_);
+  for (int i = extent_; i < extent; ++i) {
+    if (i != round_.node_rank) growing_.insert(i);
+  }
+  extent_ = std::max(extent_, extent);
+  for (auto it = growing_.begin(); it != growing_.end();) {
+    const int slot = *it;
+    if (!is_grown_member(*store_, k, slot)) {
+      ++it;  // a join slot that did not grow the round, or one still growing it
+      continue;
+    }
+    it = growing_.erase(it);
+    ring_.insert(std::upper_bound(ring_.begin(), ring_.end(), slot), slot);
+    watch_closer(slot);
+  }
+}
+
 void MembershipWatcher::follow_taken_back_slots() {
   keys::Round k(options_.run_id, round_.generation);
-  const int n = round_.num_nodes, me = round_.node_rank;
-  auto ring_distance = [&](int slot) { return (slot - me + n) % n; };
   for (auto it = passed_lost_.begin(); it != passed_lost_.end();) {
     const int slot = *it;
     if (!store_->check({k.took(slot)})) {
@@ -85,23 +132,19 @@ void MembershipWatcher::follow_taken_back_slots() {
     }
     it = passed_lost_.erase(it);
     if (taken_.erase(slot) > 0) --lost_peers_;
-    if (target_ < 0 || ring_distance(slot) < ring_distance(target_)) {
-      target_ = slot;
-      target_value_.clear();
-      target_changed_at_ = Clock::now();
-    }
+    watch_closer(slot);
   }
 }
 
 void MembershipWatcher::check_peers() {
   keys::Round k(options_.run_id, round_.generation);
-  const int n = round_.num_nodes, me = round_.node_rank;
+  const int me = round_.node_rank;
   if (!passed_lost_.empty()) follow_taken_back_slots();
   auto now = Clock::now();
   // Advance past finished peers: they no longer heartbeat, and are not dead.
-  for (int step = 0; step < n - 1; ++step) {
+  for (size_t step = 0; step + 1 < ring_.size(); ++step) {
     if (target_ < 0) {
-      target_ = (me + 1) % n;
+      target_ = next_in_ring(me);
       target_value_.clear();
       target_changed_at_ = now;
     }
@@ -122,7 +165,7 @@ void MembershipWatcher::check_peers() {
     // split that healed): its ranks are out of the job.
     if (value == keys::kDone || value == keys::kLost || taken_.count(target_) > 0) {
       if (value != keys::kDone) passed_lost_.insert(target_);
-      target_ = (target_ + 1) % n;
+      target_ = next_in_ring(target_);
       target_value_.clear();
       target_changed_at_ = now;
       if (target_ == me) {
@@ -174,10 +217,7 @@ LostPeer MembershipWatcher::describe_lost(int slot, const std::string& why) {
   peer.node_rank = slot;
   peer.why = why;
   peer.first_rank = static_cast<int>(std::stoll(store_->get(k.rank(slot))));
-  const int end = slot + 1 < round_.num_nodes
-                      ? static_cast<int>(std::stoll(store_->get(k.rank(slot + 1))))
-                      : round_.world_size;
-  peer.num_ranks = end - peer.first_rank;
+  peer.num_ranks = decode_node_info(store_->get(k.node(slot)), slot, k.node(slot)).local_world_size;
   return peer;
 }
 
@@ -186,9 +226,11 @@ void MembershipWatcher::peer_gone(int slot, const std::string& why) {
   // The round must keep its minimum: with fewer nodes it ends, and the next round waits for
   // nodes as at the start. The count of losses taken is the round's (several watchers may
   // each take one at the same time).
-  const bool above_min =
-      on_peer_lost_ &&
-      round_.num_nodes - store_->add(k.lost(), 1) + store_->add(k.back(), 0) >= options_.nodes.min;
+  bool above_min = false;
+  if (on_peer_lost_) {
+    store_->add(k.lost(), 1);
+    above_min = live_nodes(*store_, k, formed_) >= options_.nodes.min;
+  }
   if (above_min) {
     LostPeer peer;
     bool described = false;
@@ -205,7 +247,7 @@ void MembershipWatcher::peer_gone(int slot, const std::string& why) {
       taken_.insert(slot);
       passed_lost_.insert(slot);
       ++lost_peers_;
-      target_ = (slot + 1) % round_.num_nodes;
+      target_ = next_in_ring(slot);
       target_value_.clear();
       target_changed_at_ = Clock::now();
       if (target_ == round_.node_rank) target_ = -1;
@@ -276,18 +318,21 @@ void MembershipWatcher::watch(int64_t& beat, Clock::time_point& next_beat) {
         store_->set(k.hb(round_.node_rank), std::to_string(++beat));
       }
       next_beat = deadline_after(options_.conf.heartbeat, now);
-      if (round_.num_nodes > 1) check_peers();
+      if (may_grow_) follow_growth();
+      if (ring_.size() > 1) check_peers();
       if (stop_) return;
       // A node this watcher took as lost in place (--recovery step) frees a place too (a
-      // node that can take it does so without counting itself as waiting).
-      if (is_elastic(options_.backend) && round_.num_nodes - lost_peers_ < options_.nodes.max) {
+      // node that can take it, or grow the round, does so without counting itself as waiting).
+      const int live_here = static_cast<int>(ring_.size()) - lost_peers_;
+      if (is_elastic(options_.backend) && live_here < options_.nodes.max) {
         int64_t waiting = store_->add(k.pending(), 0);
-        if (waiting > 0) {
+        const int64_t live = waiting > 0 && may_grow_ ? live_nodes(*store_, k, formed_) : live_here;
+        if (waiting > 0 && live < options_.nodes.max) {
           report(store_->compare_set(
               k.changed(), "",
               fmt::format("{} node{} waiting to join (round {} has {} of at most {} nodes)",
-                          waiting, waiting == 1 ? " is" : "s are", round_.generation,
-                          round_.num_nodes, options_.nodes.max)));
+                          waiting, waiting == 1 ? " is" : "s are", round_.generation, live,
+                          options_.nodes.max)));
           return;
         }
       }

@@ -15,6 +15,7 @@
 #include "heartbeats.hpp"
 #include "keys.hpp"
 #include "node_info.hpp"
+#include "round_growth.hpp"
 #include "store_wait.hpp"
 
 namespace ddp::rdzv {
@@ -185,6 +186,7 @@ std::optional<RoundInfo> Rendezvous::try_round(int64_t g, Clock::time_point dead
 
   if (slot >= n && options_.take_lost_slots) {
     if (auto r = take_lost_slot(g, n, deadline)) return r;
+    if (auto r = grow_round(g, n, slot, deadline)) return r;
   }
   if (slot >= n) {
     // Too late for round g: count ourselves in, so its members start a new round (if it is
@@ -214,11 +216,17 @@ std::optional<RoundInfo> Rendezvous::try_round(int64_t g, Clock::time_point dead
 
 std::optional<RoundInfo> Rendezvous::take_lost_slot(int64_t g, int n, Clock::time_point deadline) {
   keys::Round k(options_.run_id, g);
+  // Wait for the assignment first: the round's grown members are known from it on.
+  if (!wait_for_keys(*store_, {k.world()}, remaining(deadline))) {
+    throw_timeout(g, "the round's assignment (joining it while it runs)", Clock::now());
+  }
+  const std::vector<int> members = round_members(*store_, k, n);
   std::vector<std::string> hb_keys;
-  for (int i = 0; i < n; ++i) hb_keys.push_back(k.hb(i));
+  for (int i : members) hb_keys.push_back(k.hb(i));
   const std::vector<std::optional<std::string>> beats = read_heartbeats(*store_, hb_keys);
-  for (int i = 0; i < n; ++i) {
-    if (beats[i] != keys::kLost) continue;
+  for (size_t m = 0; m < members.size(); ++m) {
+    const int i = members[m];
+    if (beats[m] != keys::kLost) continue;
     const JoinedNode lost = decode_node_info(store_->get(k.node(i)), i, k.node(i));
     if (lost.local_world_size != options_.local_world_size) continue;
     if (store_->compare_set(k.took(i), "", info_) != info_) continue;  // another node's
@@ -230,6 +238,7 @@ std::optional<RoundInfo> Rendezvous::take_lost_slot(int64_t g, int n, Clock::tim
     std::optional<RoundInfo> r = read_assignment(g, i, n, deadline);
     if (!r) throw_timeout(g, "the round's assignment (taking a lost node's place)", Clock::now());
     r->took_lost_slot = true;
+    r->num_nodes = std::max(r->num_nodes, read_extent(*store_, k, n));
     log::get("ddp.rdzv")
         ->info(
             "round {} of run '{}' runs with {} nodes; this node takes the place of node {} "
@@ -240,11 +249,44 @@ std::optional<RoundInfo> Rendezvous::take_lost_slot(int64_t g, int n, Clock::tim
   return std::nullopt;
 }
 
+std::optional<RoundInfo> Rendezvous::grow_round(int64_t g, int n, int slot,
+                                                Clock::time_point deadline) {
+  keys::Round k(options_.run_id, g);
+  const int max = options_.nodes.max;
+  if (live_nodes(*store_, k, n) >= max) return std::nullopt;
+  store_->add(k.grown(), 1);
+  if (live_nodes(*store_, k, n) > max) {
+    // Another node grew it at the same moment and took the last place.
+    store_->add(k.withdrawn(), 1);
+    return std::nullopt;
+  }
+  // This join slot's node/<slot> and hb/<slot> hold this node's info and first heartbeat
+  // (try_round wrote them); rank/<slot> makes it a member, then the extent shows it.
+  const int64_t ranks_end = store_->add(k.grown_ranks(), options_.local_world_size);
+  std::optional<RoundInfo> r = read_assignment(g, 0, n, deadline);
+  if (!r) throw_timeout(g, "the round's assignment (growing it)", Clock::now());
+  const int launch_world = r->world_size;
+  r->node_rank = slot;
+  r->rank_offset = launch_world + static_cast<int>(ranks_end) - options_.local_world_size;
+  r->world_size = launch_world + static_cast<int>(ranks_end);
+  store_->set(k.rank(slot), std::to_string(r->rank_offset));
+  raise_extent(*store_, k, slot + 1);
+  r->num_nodes = std::max(slot + 1, read_extent(*store_, k, n));
+  r->grew_round = true;
+  slot_ = slot;
+  log::get("ddp.rdzv")
+      ->info(
+          "round {} of run '{}' runs with {} of at most {} nodes; this node grows it in slot {} "
+          "(ranks {}-{}, --recovery step)",
+          g, options_.run_id, n, max, slot, r->rank_offset, r->world_size - 1);
+  return r;
+}
+
 void Rendezvous::wait_for_admission(int64_t g, int n, Clock::time_point deadline,
                                     Clock::time_point start) {
   keys::Round k(options_.run_id, g);
   std::vector<std::string> hb_keys;
-  for (int i = 0; i < n; ++i) hb_keys.push_back(k.hb(i));
+  for (int i : round_members(*store_, k, n)) hb_keys.push_back(k.hb(i));
   // A member is gone when it finished or left, or when its heartbeat stood still for longer
   // than a live member's ever does: kMissedHeartbeats periods, or close_timeout (a member
   // heartbeats only once its workers run). A round whose members are all gone never ends by
@@ -298,6 +340,8 @@ std::optional<RoundInfo> Rendezvous::assemble(int64_t g, int n, Clock::time_poin
     offset += r.nodes.back().local_world_size;
   }
   r.world_size = offset;
+  r.formed_nodes = n;
+  r.launch_world_size = offset;
   r.rank_offset = 0;
   r.master_addr = options_.local_addr;
   r.master_port = options_.pick_master_port ? options_.pick_master_port() : default_master_port();
@@ -314,6 +358,8 @@ std::optional<RoundInfo> Rendezvous::assemble(int64_t g, int n, Clock::time_poin
   }
   out_keys.push_back(k.standbys());
   out_values.push_back(standbys.empty() ? "-" : standbys);
+  out_keys.push_back(k.extent());
+  out_values.push_back(std::to_string(n));
   store_->multi_set(out_keys, out_values);
   return r;
 }
@@ -338,6 +384,8 @@ std::optional<RoundInfo> Rendezvous::read_assignment(int64_t g, int slot, int n,
   }
   r.num_nodes = static_cast<int>(nodes);
   r.world_size = static_cast<int>(world);
+  r.formed_nodes = r.num_nodes;
+  r.launch_world_size = r.world_size;
   r.master_port = static_cast<int>(port);
   r.master_addr = addr;
   r.rank_offset = static_cast<int>(to_int(v[1], k.rank(slot)));
@@ -371,12 +419,14 @@ void Rendezvous::shutdown(const std::string& reason) {
 }
 
 bool Rendezvous::wait_for_peers_to_finish(Millis limit) {
-  if (!in_round_ || round_.num_nodes <= 1) return true;
+  if (!in_round_) return true;
   keys::Round k(options_.run_id, round_.generation);
   std::vector<std::string> hb_keys;
-  for (int i = 0; i < round_.num_nodes; ++i) {
+  // Nodes that grew the round while it ran are its members too.
+  for (int i : round_members(*store_, k, round_.formed_nodes)) {
     if (i != slot_) hb_keys.push_back(k.hb(i));
   }
+  if (hb_keys.empty()) return true;
   HeartbeatTracker peers(*store_, hb_keys, options_.conf.heartbeat * kMissedHeartbeats);
   const auto deadline = deadline_after(limit);
   const Millis poll = std::min<Millis>(options_.conf.heartbeat / 2 + Millis(1), Millis(200));

@@ -101,7 +101,8 @@ def main():
     def forward():
         maybe_die("forward")
         # The step being run (a redo may run a later one), split over the current ranks.
-        x, y = batch_for(steps.step, steps.rank, steps.world_size, steps.launch_world_size)
+        x, y = batch_for(steps.step, steps.rank, steps.world_size,
+                         max(steps.launch_world_size, steps.world_size))
         # Augmentation from Python's and NumPy's global generators (seeded alike on every
         # rank): a redo must draw what the dropped attempt drew, and a replacement must go on
         # from its peers' states, or the parameters differ from a run without the failure.

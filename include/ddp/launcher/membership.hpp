@@ -35,6 +35,14 @@ struct MembershipRound {
   // --recovery step: this node joined the running round in the place of a node it lost; its
   // workers come back in that node's ranks (StepRecovery::on_node_joined).
   bool took_lost_slot = false;
+  // --recovery step: this node joined the running round and grew it past its size; its
+  // workers come in new ranks after every earlier one (StepRecovery::on_node_joined).
+  bool grew_round = false;
+  // The nodes and world size the round formed with (the launch's; world.group_world_size and
+  // world.world_size are larger on a node that grew it). --recovery step's workers count their
+  // slots from launch_world_size.
+  int formed_nodes = 0;
+  int launch_world_size = 0;
 };
 
 // A node the watcher found dead or gone while its round ran (--recovery step).

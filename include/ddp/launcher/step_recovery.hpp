@@ -111,10 +111,11 @@ class StepRecovery {
   // then ends as in group mode.
   bool on_node_lost(const LostNode& node);
 
-  // This node joined the running round in the place of a node it lost (before its workers
-  // start): records that the ranks first_rank .. first_rank + num_ranks - 1 come back, so the
-  // others re-form with them and heal them from a peer, and says so. Throws the store's Error.
-  void on_node_joined(int node_rank, int first_rank, int num_ranks);
+  // This node joined the running round (before its workers start), in the place of a node it
+  // lost or, `grew`, past its size: records that the ranks first_rank .. first_rank +
+  // num_ranks - 1 come (back), so the others re-form with them and heal them from a peer, and
+  // says so. Throws the store's Error.
+  void on_node_joined(int node_rank, int first_rank, int num_ranks, bool grew = false);
 
   // This node's ranks were taken out of the job by another node's agent (a network split
   // healed, a frozen agent resumed): this agent must leave without ending the others' job.

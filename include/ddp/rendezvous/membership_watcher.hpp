@@ -38,6 +38,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "ddp/rendezvous/options.hpp"
 #include "ddp/rendezvous/rendezvous.hpp"
@@ -102,6 +103,13 @@ class MembershipWatcher {
   void check_peers();
   // Lost slots another node took back (Rendezvous::take_lost_slot) are watched again.
   void follow_taken_back_slots();
+  // Nodes that grew the round (Rendezvous::grow_round) join the ring (round_growth.hpp).
+  void follow_growth();
+  // The ring: the round's member slots in order, wrapping around.
+  int next_in_ring(int slot) const;
+  int ring_distance(int slot) const;  // from this node, along the ring
+  // Watches `slot` from now on if it comes before the current target on the ring.
+  void watch_closer(int slot);
   // The peer in `slot` is gone: hands it to on_peer_lost_ (true: the round goes on without
   // it) or ends the round with `why`.
   void peer_gone(int slot, const std::string& why);
@@ -119,6 +127,11 @@ class MembershipWatcher {
   OnChange on_change_;
   OnPeerLost on_peer_lost_;
   OnStoreLost on_store_lost_;
+  int formed_ = 1;             // the slots the round formed with: 0 .. formed_ - 1
+  std::vector<int> ring_;      // the round's member slots, ascending (grown ones included)
+  int extent_ = 1;             // the round's extent last read (round_growth.hpp)
+  std::set<int> growing_;      // join slots below it not (yet) members
+  bool may_grow_ = false;      // --recovery step in an elastic round: nodes may grow it
   int lost_peers_ = 0;         // slots this watcher marked "lost" (and not taken back)
   std::set<int> taken_;        // which
   std::set<int> passed_lost_;  // slots seen "lost" (by any watcher): a node may take one back

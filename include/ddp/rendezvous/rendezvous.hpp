@@ -52,6 +52,15 @@ struct RoundInfo {
   // This node joined the round while it ran, in the slot of a node the round lost in place
   // (RendezvousOptions::take_lost_slots): its workers come back in that node's ranks.
   bool took_lost_slot = false;
+  // This node joined the round while it ran and grew it (RendezvousOptions::take_lost_slots,
+  // no lost place to take, the round below its maximum): it holds a slot past the round's
+  // formed size and ranks past its world size (round_growth.hpp). world_size then counts every
+  // rank up to this node's, and num_nodes every slot up to its own.
+  bool grew_round = false;
+  // The nodes the round formed with (slots 0 .. formed_nodes - 1) and their world size: the
+  // launch's, the same on every member, whatever nodes grew it later.
+  int formed_nodes = 1;
+  int launch_world_size = 1;
 };
 
 class Rendezvous {
@@ -110,6 +119,10 @@ class Rendezvous {
   // whose node had as many workers as this one; nullopt when there is none.
   std::optional<RoundInfo> take_lost_slot(int64_t g, int n,
                                           std::chrono::steady_clock::time_point deadline);
+  // A node too late for round g (of n members), in join slot `slot`, grows the round there
+  // while it has fewer than MAX live nodes (round_growth.hpp); nullopt when it is full.
+  std::optional<RoundInfo> grow_round(int64_t g, int n, int slot,
+                                      std::chrono::steady_clock::time_point deadline);
   // Error when the round this node was in went on without it (its slot marked lost, or taken
   // by another node): starting the next round would end the others'.
   void throw_if_lost_in_place();

@@ -421,6 +421,82 @@ def replaced_node(ddprun, worker, tmp, python=False):
     print("PASS")
 
 
+GROWN_NODE_STEPS = 50
+
+
+def grown_node(ddprun, worker, tmp, python=False):
+    """A node that joins a running job with no lost place to take grows it past its launch
+    size: node0 and node1 (2 workers each) form an elastic round (--nnodes 2:3) of 4 ranks;
+    once rank 0 committed 5 steps, node2 (2 workers) starts. It grows the running round in a
+    new slot, its workers come as ranks 4-5 (WORLD_SIZE 6, DDP_RECOVERY_LAUNCH_WORLD_SIZE 4)
+    healed from a live peer, and the others re-form at world size 6 without a group restart.
+    The workers add a share of the global batch per rank (recovery_worker.cpp). Checked: every
+    agent exits 0, nobody restarts the worker group; ranks 0-3 commit every step once in one
+    process, at world size 4, then 6; ranks 4-5 commit every step from their arrival to the
+    end, in one process each, at world size 6; all six end at generation 1, world size 6, with
+    bitwise equal parameters (there is no reference run: when node2 arrives decides which steps
+    have the larger batch)."""
+    steps = GROWN_NODE_STEPS
+    what = "grown node (node2 joins a running round of 2 nodes, --nnodes 2:3)"
+    out = os.path.join(tmp, "grown_node")
+    os.makedirs(out)
+    port = free_port()
+    slow = {"DDP_TEST_OPTIMIZER": "sgd",
+            "DDP_TEST_STEP_SLEEP_MS": "400" if python else "150"}
+    logs = [os.path.join(tmp, f"grown_node{i}.err") for i in range(3)]
+    files = [open(path, "w") for path in logs]
+    procs = []
+    for node in range(2):
+        procs.append(start_elastic_agent(ddprun, worker, out, "grown", port, f"node{node}", slow,
+                                         steps, files[node], nnodes="2:3"))
+        if node == 0:
+            time.sleep(1.0)
+    started = wait_for_commits_at_world(os.path.join(out, "rank0.commits"), 4, 5, 120)
+    if started:
+        procs.append(start_elastic_agent(ddprun, worker, out, "grown", port, "node2", slow,
+                                         steps, files[2], nnodes="2:3"))
+    wait_all(procs, 240)
+    for f in files:
+        f.close()
+    err0, err1, err2 = (open(path).read() for path in logs)
+    err = f"--- node 0 ---\n{err0}\n--- node 1 ---\n{err1}\n--- node 2 ---\n{err2}"
+    if not started:
+        fail(f"{what}: rank 0 did not commit 5 steps at world size 4\n{err}")
+    codes = [p.returncode for p in procs]
+    if codes != [0, 0, 0]:
+        fail(f"{what}: the agents exited {codes} (expected 0, 0, 0)\n{err}")
+    if "this node joins the running job as node 2 and grows it past its launch size of 4 " \
+            "workers: ranks 4-5 come with it" not in err2:
+        fail(f"{what}: node2 did not grow the job\n{err}")
+    if any("restarting the worker group" in e or "membership changed" in e
+           for e in (err0, err1, err2)):
+        fail(f"{what}: a group restart\n{err}")
+    expect_reports(out, 6, steps, 1, what, err)
+    for slot in range(4):
+        commits = read_commits(out, slot)
+        worlds = [world for _, _, world in commits]
+        grown = worlds.count(6)
+        if [step for _, step, _ in commits] != list(range(1, steps + 1)) or \
+                len({pid for pid, _, _ in commits}) != 1 or grown == 0 or \
+                worlds != [4] * (steps - grown) + [6] * grown:
+            fail(f"{what}: rank {slot} committed {commits}\n{err}")
+    arrived = None
+    for slot in (4, 5):
+        commits = read_commits(out, slot)
+        if not commits or len({pid for pid, _, _ in commits}) != 1 or \
+                [step for _, step, _ in commits] != list(range(commits[0][1], steps + 1)) or \
+                any(world != 6 for _, _, world in commits):
+            fail(f"{what}: rank {slot} committed {commits}\n{err}")
+        arrived = commits[0][1]
+    params = read_params(out, 6)
+    if len(set(params)) != 1:
+        fail(f"{what}: the ranks' parameters differ\n{err}")
+    print(f"ok: {what}: ranks 0-3 went on at world size 6 from step {arrived}, ranks 4-5 "
+          f"joined in node2's processes healed from a live peer, each step committed once per "
+          f"process, no group restart, parameters bitwise equal on all 6")
+    print("PASS")
+
+
 # --lost-store-host: 3 agents x STORE_HOST_NPROC ranks. 2 ranks each: the 2-core test machine
 # copes with 6 workers, 3 agents and etcd (C++: the reference 2 s, each run that loses a node
 # 15 s, most of it the workers' sleeps and the 3 s of missed heartbeats; Python: 17 s and 25 s).
@@ -890,6 +966,9 @@ def main():
                     help="train with ddp::ZeroRedundancyOptimizer (kills in its step too)")
     ap.add_argument("--replaced-node", action="store_true",
                     help="as --lost-node, then a third agent takes the lost node's place")
+    ap.add_argument("--grown-node", action="store_true",
+                    help="two agents x 2 ranks, c10d 2:3; a third joins the running job and "
+                         "grows it to 6 ranks")
     ap.add_argument("--lost-store-host", action="store_true",
                     help="three agents (simulated hosts) x 2 ranks on a real etcd (started here; "
                          "exit 77 without one), etcd 2:3; the round's node 0 is lost")
@@ -912,6 +991,9 @@ def main():
         return
     if args.replaced_node:
         replaced_node(args.ddprun, args.worker, tmp, python)
+        return
+    if args.grown_node:
+        grown_node(args.ddprun, args.worker, tmp, python)
         return
     if args.lost_store_host:
         lost_store_host(args.ddprun, args.worker, tmp, args.rdzv_backend)

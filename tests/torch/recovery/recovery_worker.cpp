@@ -4,7 +4,8 @@
 //   recovery_worker --steps N --out DIR
 //
 // The global batch is the launch world's (one share of 32 a launch rank); after a lost node the
-// live ranks split it. DDP_TEST_DROPOUT=P sets the dropout (default 0.2).
+// live ranks split it; a node that grew the job adds a share per rank (one share a rank while
+// there are more ranks than the launch's). DDP_TEST_DROPOUT=P sets the dropout (default 0.2).
 //
 // Fault injection (this program only, not the library): DDP_TEST_KILL_AT_STEP=S,
 // DDP_TEST_KILL_RANK=R and DDP_TEST_KILL_PHASE=forward|backward|between make rank R of the
@@ -31,6 +32,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -178,7 +180,8 @@ int run(int64_t steps, const std::string& out) {
       maybe_die("forward");
       // The step being run: a redo after healing may run a later one.
       const auto [x, y] =
-          batch_for(manager.step(), manager.rank(), manager.world_size(), launch_world);
+          batch_for(manager.step(), manager.rank(), manager.world_size(),
+                    std::max(launch_world, manager.world_size()));
       auto loss = torch::cross_entropy_loss(model(x), y);
       maybe_die("backward");
       loss.backward();

@@ -1,0 +1,60 @@
+#include "round_growth.hpp"
+
+#include <fmt/format.h>
+
+#include <string>
+
+#include "ddp/util/error.hpp"
+
+namespace ddp::rdzv {
+
+namespace {
+
+int parse_extent(const std::string& value, const std::string& key) {
+  size_t used = 0;
+  int extent = -1;
+  try {
+    extent = std::stoi(value, &used);
+  } catch (const std::exception&) {
+  }
+  if (extent < 0 || used != value.size()) {
+    throw ProtocolError(
+        fmt::format("rendezvous key {} holds '{}', expected a slot count", key, value));
+  }
+  return extent;
+}
+
+}  // namespace
+
+int read_extent(Store& store, const keys::Round& k, int formed) {
+  if (!store.check({k.extent()})) return formed;
+  return std::max(formed, parse_extent(store.get(k.extent()), k.extent()));
+}
+
+void raise_extent(Store& store, const keys::Round& k, int to) {
+  std::string current = store.compare_set(k.extent(), "", std::to_string(to));
+  while (parse_extent(current, k.extent()) < to) {
+    current = store.compare_set(k.extent(), current, std::to_string(to));
+  }
+}
+
+bool is_grown_member(Store& store, const keys::Round& k, int slot) {
+  return store.check({k.rank(slot)});
+}
+
+std::vector<int> round_members(Store& store, const keys::Round& k, int formed) {
+  std::vector<int> out;
+  for (int i = 0; i < formed; ++i) out.push_back(i);
+  const int extent = read_extent(store, k, formed);
+  for (int i = formed; i < extent; ++i) {
+    if (is_grown_member(store, k, i)) out.push_back(i);
+  }
+  return out;
+}
+
+int64_t live_nodes(Store& store, const keys::Round& k, int formed) {
+  return formed + store.add(k.grown(), 0) - store.add(k.withdrawn(), 0) - store.add(k.lost(), 0) +
+         store.add(k.back(), 0);
+}
+
+}  // namespace ddp::rdzv
