@@ -251,6 +251,74 @@ TEST(RdzvMembership, ANodeArrivingAfterALossTakenInPlaceTakesItsPlace) {
   EXPECT_NE(taken[1].why.find("host9"), std::string::npos) << taken[1].why;
 }
 
+// --recovery step: a node arriving at a running round below its maximum, with no lost place to
+// take, grows it in its join slot with ranks after the round's world size; the round goes on,
+// the ring watches the new node (its loss is taken like any node's), and the store's host waits
+// for it at the end.
+TEST(RdzvMembership, ANodeArrivingWithNoLostPlaceGrowsTheRunningRound) {
+  LoopbackStore store;
+  TakenLosses losses;
+  auto nodes = form_round(store, {2, 3}, 2, losses.handler());
+  RendezvousOptions o = agent_options(store, "job", {2, 3}, 9, 2);
+  o.take_lost_slots = true;
+  Rendezvous joiner(o, store.connect());
+  const RoundInfo round = joiner.next_round();
+  EXPECT_TRUE(round.grew_round);
+  EXPECT_FALSE(round.took_lost_slot);
+  EXPECT_EQ(round.generation, nodes[0]->round.generation);
+  EXPECT_EQ(round.node_rank, 2);
+  EXPECT_EQ(round.num_nodes, 3);
+  EXPECT_EQ(round.formed_nodes, 2);
+  EXPECT_EQ(round.launch_world_size, 4);
+  EXPECT_EQ(round.rank_offset, 4);
+  EXPECT_EQ(round.world_size, 6);
+  std::promise<std::string> joiner_changed;
+  auto watcher = std::make_unique<MembershipWatcher>(
+      o, round, store.connect(),
+      [&](const std::string& reason) { joiner_changed.set_value(reason); }, losses.handler());
+  std::this_thread::sleep_for(o.conf.heartbeat * (kMissedHeartbeats + 3));
+  for (auto& n : nodes) {
+    EXPECT_FALSE(n->watcher->reason().has_value()) << *n->watcher->reason();
+  }
+  EXPECT_FALSE(watcher->reason().has_value()) << *watcher->reason();
+  EXPECT_TRUE(losses.all().empty()) << "a node was taken for lost: " << losses.all()[0].why;
+
+  // The store's host waits for the grown node too.
+  Node* host = nodes[0]->round.node_rank == 0 ? nodes[0].get() : nodes[1].get();
+  Node* other = host == nodes[0].get() ? nodes[1].get() : nodes[0].get();
+  other->watcher->stop();
+  other->rdzv->mark_finished();
+  EXPECT_FALSE(host->rdzv->wait_for_peers_to_finish(Millis(300)))
+      << "the store's host did not wait for the node that grew the round";
+
+  // The ring watches it: its silence is a loss taken in place, with its own ranks.
+  watcher->stop();
+  ASSERT_TRUE(losses.wait_for(1)) << "the node that grew the round is not watched";
+  const LostPeer lost = losses.all()[0];
+  EXPECT_EQ(lost.node_rank, 2);
+  EXPECT_EQ(lost.first_rank, 4);
+  EXPECT_EQ(lost.num_ranks, 2);
+  EXPECT_NE(lost.why.find("host9"), std::string::npos) << lost.why;
+  EXPECT_TRUE(host->rdzv->wait_for_peers_to_finish(Millis(300)));
+}
+
+// A round at its maximum does not grow: a node arriving waits for the next round (here until
+// its join_timeout) and the running round goes on.
+TEST(RdzvMembership, ANodeArrivingAtAFullRoundDoesNotGrowIt) {
+  LoopbackStore store;
+  TakenLosses losses;
+  auto nodes = form_round(store, {1, 2}, 2, losses.handler());
+  RendezvousOptions o = agent_options(store, "job", {1, 2}, 9, 2);
+  o.take_lost_slots = true;
+  o.conf.join_timeout = 2s;
+  Rendezvous joiner(o, store.connect());
+  EXPECT_THROW(joiner.next_round(), RendezvousTimeoutError);
+  for (auto& n : nodes) {
+    EXPECT_FALSE(n->watcher->reason().has_value()) << *n->watcher->reason();
+  }
+  EXPECT_EQ(store.connect()->add("rdzv/job/0/grown", 0), 0);
+}
+
 // Without a handler's consent, or below the round's minimum, a lost node ends the round.
 TEST(RdzvMembership, ALostNodeBelowTheMinimumEndsTheRound) {
   LoopbackStore store;
