@@ -46,10 +46,10 @@ inline int64_t env_int(const char* name, int64_t fallback) {
 
 inline int run_with_step_recovery(const StepRecoveryArgs& args) {
   ddp::StepManager manager;
-  // The launch world fixes the data: one DistributedSampler share per launch rank, and a step's
-  // global batch is one batch of every share. After a lost node the live ranks split the shares
-  // (rank r of W takes the shares s with s % W == r), so the survivors also train on the lost
-  // ranks' data and each step averages the same samples as without the loss.
+  // One DistributedSampler share per launch rank, and a step's global batch is one batch of
+  // every share (ddp::StepBatches): after a lost node the live ranks split the shares, so the
+  // survivors also train on the lost ranks' data and each step averages the same samples as
+  // without the loss; ranks of a node that grew the job bring shares of their own.
   const int launch_rank = manager.slot(), launch_world = manager.launch_world_size();
   auto train = ddp::load_mnist(ddp::MnistOptions().directory(args.data_dir));
   auto test =
@@ -64,12 +64,14 @@ inline int run_with_step_recovery(const StepRecoveryArgs& args) {
       ddp::DistributedDataParallelOptions().init_sync(false).comm_hook(args.comm_hook));
   manager.attach(ddp_model, optimizer);
 
-  std::vector<ddp::DistributedSampler> shares;
-  for (int share = 0; share < launch_world; ++share) {
-    shares.emplace_back(train.size(),
-                        ddp::DistributedSamplerOptions(launch_world, share).seed(args.seed));
-  }
-  const int64_t steps_per_epoch = shares.front().num_samples() / args.batch_size;
+  ddp::StepBatchesOptions split;
+  split.dataset_size = train.size();
+  split.batch_size = args.batch_size;
+  split.launch_world_size = launch_world;
+  split.seed = static_cast<uint64_t>(args.seed);
+  split.first_epoch = 1;  // the tutorial counts epochs from 1
+  ddp::StepBatches batches(split);
+  const int64_t steps_per_epoch = batches.launch_steps_per_epoch();
   const int64_t total = args.total_steps >= 0 ? args.total_steps : args.epochs * steps_per_epoch;
   std::ofstream loss_log;
   if (launch_rank == 0 && !args.loss_log.empty()) loss_log.open(args.loss_log, std::ios::app);
@@ -83,25 +85,10 @@ inline int run_with_step_recovery(const StepRecoveryArgs& args) {
               << std::flush;
   }
   const auto start = std::chrono::steady_clock::now();
-  int64_t epoch = -1;
-  std::vector<std::vector<int64_t>> indices(launch_world);  // of each share, this epoch
   // The batch of the step being run, read inside run_step's function: a redo after healing
   // runs the healed step, a later one when some rank had committed this one.
   auto batch_of_step = [&](int64_t step) {
-    if (step / steps_per_epoch + 1 != epoch) {
-      epoch = step / steps_per_epoch + 1;
-      for (int share = 0; share < launch_world; ++share) {
-        shares[share].set_epoch(epoch);
-        indices[share] = shares[share].indices();
-      }
-    }
-    const int64_t first = (step % steps_per_epoch) * args.batch_size;
-    std::vector<int64_t> idx;
-    for (int share = manager.rank(); share < launch_world; share += manager.world_size()) {
-      idx.insert(idx.end(), indices[share].begin() + first,
-                 indices[share].begin() + first + args.batch_size);
-    }
-    return train.get_batch(idx);
+    return train.get_batch(batches.indices(step, manager.rank(), manager.world_size()));
   };
   while (manager.step() < total) {
     torch::Tensor loss = manager.run_step([&] {
@@ -116,8 +103,8 @@ inline int run_with_step_recovery(const StepRecoveryArgs& args) {
       loss_log << fmt::format("{} {:a}\n", manager.step(), loss.item<float>()) << std::flush;
     }
     if (launch_rank == 0 && manager.step() % 100 == 0) {
-      std::cout << fmt::format("step {}/{} (epoch {}) loss {:.6f}\n", manager.step(), total, epoch,
-                               loss.item<float>())
+      std::cout << fmt::format("step {}/{} (epoch {}) loss {:.6f}\n", manager.step(), total,
+                               batches.epoch(), loss.item<float>())
                 << std::flush;
     }
   }

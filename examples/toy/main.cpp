@@ -118,8 +118,8 @@ int run(const Args& args) {
 
 // --recovery step: ddp::StepManager. The batch of every step is a function of the step (the
 // sampler's epoch and the batch within it), so a healed rank picks up exactly where the
-// group is; no snapshot is written or read. One sampler share per launch rank: after a lost
-// node the live ranks split the shares (as examples/mnist/step_recovery.hpp).
+// group is; no snapshot is written or read. One sampler share per launch rank (ddp::StepBatches):
+// after a lost node the live ranks split the shares; a node that grew the job brings its own.
 int run_step_recovery(const Args& args) {
   ddp::StepManagerOptions options;
   options.group.backend = args.backend == "auto" ? "cpu" : args.backend;
@@ -132,31 +132,16 @@ int run_step_recovery(const Args& args) {
   ddp::DistributedDataParallel ddp_model(model, steps.process_group(),
                                          ddp::DistributedDataParallelOptions().init_sync(false));
   steps.attach(ddp_model, optimizer);  // every rank: a healthy peer's state
-  const int launch_world = steps.launch_world_size();
-  std::vector<ddp::DistributedSampler> shares;
-  for (int share = 0; share < launch_world; ++share) {
-    shares.emplace_back(dataset.size(),
-                        ddp::DistributedSamplerOptions(launch_world, share).seed(args.seed));
-  }
-  const int64_t steps_per_epoch =
-      static_cast<int64_t>(shares.front().indices().size()) / args.batch_size;
+  ddp::StepBatchesOptions split;
+  split.dataset_size = dataset.size();
+  split.batch_size = args.batch_size;
+  split.launch_world_size = steps.launch_world_size();
+  split.seed = static_cast<uint64_t>(args.seed);
+  ddp::StepBatches batches(split);
+  const int64_t steps_per_epoch = batches.launch_steps_per_epoch();
   const int64_t total = args.total_epochs * steps_per_epoch;
-  int64_t epoch = -1;
-  std::vector<std::vector<int64_t>> indices(launch_world);
   auto batch_of_step = [&](int64_t step) {
-    if (step / steps_per_epoch != epoch) {
-      epoch = step / steps_per_epoch;
-      for (int share = 0; share < launch_world; ++share) {
-        shares[share].set_epoch(epoch);
-        indices[share] = shares[share].indices();
-      }
-    }
-    std::vector<int64_t> idx;
-    for (int share = steps.rank(); share < launch_world; share += steps.world_size()) {
-      const auto first = indices[share].begin() + (step % steps_per_epoch) * args.batch_size;
-      idx.insert(idx.end(), first, first + args.batch_size);
-    }
-    return dataset.get_batch(idx);
+    return dataset.get_batch(batches.indices(step, steps.rank(), steps.world_size()));
   };
   if (rank == 0) {
     std::cout << "Training from step " << steps.step() << " of " << total << " (--recovery step, "
