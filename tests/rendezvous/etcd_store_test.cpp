@@ -23,6 +23,7 @@
 #include "ddp/rendezvous/membership_watcher.hpp"
 #include "ddp/rendezvous/rendezvous.hpp"
 #include "ddp/util/socket.hpp"
+#include "etcd_http.hpp"
 #include "etcd_process.hpp"
 
 namespace ddp::rdzv::test {
@@ -412,6 +413,95 @@ TEST(EtcdStore, AnOverloadedEtcdDelaysAWriteInsteadOfFailingIt) {
   EtcdStore s(o);
   EXPECT_NO_THROW(s.set("k", "v"));
   EXPECT_EQ(puts.load(), 3);
+}
+
+// etcd's JSON gateway refusing a request: HTTP `status` and etcd's error (gRPC `code`).
+std::string etcd_refusal(const char* status, int code, const std::string& message) {
+  const std::string body =
+      fmt::format(R"({{"error":"{0}","code":{1},"message":"{0}"}})", message, code);
+  return fmt::format(
+      "HTTP/1.1 {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
+      "Connection: close\r\n\r\n{}",
+      status, body.size(), body);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A put through the etcd client itself (no store around it), for its retry budget.
+void put_through(const etcd::HttpOptions& o) {
+  etcd::EtcdHttp http(o);
+  http.call("/v3/kv/put",
+            etcd::Json{{"key", etcd::base64_encode("k")}, {"value", etcd::base64_encode("v")}});
+}
+
+// The 10,000 agents' etcd: two members refuse as "too many requests", the third answers
+// "etcdserver: request timed out" (and here a listed member also refuses connections). The
+// call keeps retrying for read_timeout whatever its latest failure says, and then names the
+// overload and the fix. Before, a call's budget was that of its latest failure: it gave up
+// after connect_timeout as soon as that was not "too many requests", saying "cannot reach
+// etcd ... Check that etcd runs there".
+TEST(EtcdStore, AnOverloadedClusterGetsReadTimeoutWhateverItsLatestAnswer) {
+  FakeHttpServer busy([](const std::string&) {
+    return etcd_refusal("429 Too Many Requests", 8, "etcdserver: too many requests");
+  });
+  FakeHttpServer slow([](const std::string&) {
+    return etcd_refusal("503 Service Unavailable", 14, "etcdserver: request timed out");
+  });
+  RefusingPort dead;
+  etcd::HttpOptions o;
+  o.endpoints = {{"127.0.0.1", busy.port()}, {"127.0.0.1", slow.port()}, {"127.0.0.1", dead.port}};
+  o.retry_for = 200ms;
+  o.read_timeout = 3s;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(throws_with<StoreError>(
+      [&] { put_through(o); },
+      {fmt::format("etcd at 127.0.0.1:{}, 127.0.0.1:{} was overloaded for", busy.port(),
+                   slow.port())
+           .c_str(),
+       "too many requests / request timed out", "Connection refused", "more CPU",
+       "--rdzv-conf read_timeout (how long a call waits for an overloaded etcd, now 3.0 s)"}));
+  // The budget counts from the first failure, after the start.
+  EXPECT_GE(seconds_since(start), 3.0);
+}
+
+// Members that answer only with etcd's own request timeout ("request timed out", etcd 3.4's
+// "context deadline exceeded") are alive and too slow (or without quorum): read_timeout too,
+// and a message naming both. Before: given up after connect_timeout, as a cluster without a
+// leader.
+TEST(EtcdStore, EtcdsOwnRequestTimeoutsGetReadTimeoutAndNameOverload) {
+  FakeHttpServer slow([](const std::string&) {
+    return etcd_refusal("503 Service Unavailable", 14, "etcdserver: request timed out");
+  });
+  FakeHttpServer slow34([](const std::string&) {
+    return etcd_refusal("500 Internal Server Error", 2, "context deadline exceeded");
+  });
+  etcd::HttpOptions o;
+  o.endpoints = {{"127.0.0.1", slow.port()}, {"127.0.0.1", slow34.port()}};
+  o.retry_for = 200ms;
+  o.read_timeout = 3s;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(throws_with<NetworkError>(
+      [&] { put_through(o); },
+      {"did not commit POST /v3/kv/put in time", "overloaded, or has lost its quorum",
+       "context deadline exceeded", "--rdzv-conf read_timeout", "restart the lost members"}));
+  EXPECT_GE(seconds_since(start), 3.0);
+}
+
+// Members that never answer keep the short budget: a wrong endpoint list fails after
+// connect_timeout, naming reachability, not after read_timeout.
+TEST(EtcdStore, UnreachableMembersStillFailAfterConnectTimeout) {
+  RefusingPort dead1, dead2;
+  etcd::HttpOptions o;
+  o.endpoints = {{"127.0.0.1", dead1.port}, {"127.0.0.1", dead2.port}};
+  o.retry_for = 300ms;
+  o.read_timeout = 60s;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(throws_with<NetworkError>(
+      [&] { put_through(o); }, {"cannot reach etcd for POST /v3/kv/put", "Connection refused",
+                                "(--rdzv-conf connect_timeout)", "--listen-client-urls"}));
+  EXPECT_LT(seconds_since(start), 30.0);  // far below read_timeout
 }
 
 // A loopback HTTP server that keeps its connections open (HTTP/1.1 keep-alive) and answers

@@ -29,6 +29,8 @@ const std::string kNoAnswer = "accepted the request, no answer";
 // it refuses new proposals before proposing them, so the request was not applied (any request,
 // a write included, may be sent again).
 const std::string kOverloaded = "overloaded";
+// Part of the reason of a "context deadline exceeded" answer (etcd's own request timeout).
+const std::string kEtcdTimeoutRanOut = "etcdserver: its request timeout ran out";
 
 bool contains(const std::string& text, const char* part) {
   return text.find(part) != std::string::npos;
@@ -112,6 +114,17 @@ std::optional<Failure> tls_failure(const Attempt& a, const std::string& member,
       member, e, tls_files(o)));
 }
 
+// etcd answered, but did not commit the request within its own request timeout (7 s by
+// default): "etcdserver: request timed out" (and its variants: "possibly due to previous leader
+// failure", "waiting for the applied index took too long"), or etcd 3.4's bare "context deadline
+// exceeded". The member is alive and serves its client port; raft is too slow (overload: slow
+// disks, starved CPU) or has no quorum.
+bool etcd_timed_out(const std::string& reason) {
+  return reason.rfind("unavailable", 0) == 0 &&
+         (contains(reason, "etcdserver: request timed out") ||
+          contains(reason, kEtcdTimeoutRanOut.c_str()));
+}
+
 }  // namespace
 
 std::string base_url(const Endpoint& endpoint, bool https) {
@@ -184,11 +197,11 @@ Failure classify(const Attempt& a, const std::string& member, const std::string&
   // which took nothing in that time (no leader during an election, a starved member): etcd 3.4
   // passes on the bare context error, gRPC code 2 (4 in later versions). The same event as
   // "etcdserver: request timed out" (unavailable, above), with the same unknown outcome:
-  // retried the same way. The reason names etcdserver, so that give_up reports a cluster
-  // without a leader and not a gateway cut off from etcd.
+  // retried the same way, for the budget of a slow cluster (etcd_timed_out, run()). The reason
+  // names etcdserver, so that give_up reports a slow or leaderless cluster and not a gateway cut
+  // off from etcd.
   if ((err->code == 2 || err->code == 4) && err->message == "context deadline exceeded") {
-    return retry_failure(
-        fmt::format("unavailable: {} (etcdserver: its request timeout ran out)", err->message));
+    return retry_failure(fmt::format("unavailable: {} ({})", err->message, kEtcdTimeoutRanOut));
   }
   if (err->code == kGrpcNotFound && contains(err->message, "lease")) {
     return final_failure<LeaseNotFoundError>(
@@ -354,26 +367,36 @@ struct EtcdHttp::Impl {
   [[noreturn]] void give_up(const std::string& request, const std::vector<std::string>& last,
                             Clock::time_point first_failure, Millis per_attempt) {
     std::vector<std::string> parts;
+    std::vector<std::string> answered;  // the members that answered with etcd's own refusal
     bool no_leader = true;
+    bool overloaded = false;  // a member refused as "too many requests"
+    bool timed_out = false;   // a member's own request timeout ran out (etcd_timed_out)
+    bool none_answered = true;
     for (size_t m = 0; m < last.size(); ++m) {
-      parts.push_back(fmt::format("{}: {}", member(m), last[m].empty() ? "not tried" : last[m]));
-      no_leader = no_leader && last[m].rfind("unavailable", 0) == 0;
+      const std::string& reason = last[m];
+      parts.push_back(fmt::format("{}: {}", member(m), reason.empty() ? "not tried" : reason));
+      no_leader = no_leader && reason.rfind("unavailable", 0) == 0;
+      none_answered = none_answered && reason.rfind(kNoAnswer, 0) == 0;
+      const bool refused = reason.rfind(kOverloaded, 0) == 0;
+      overloaded = overloaded || refused;
+      timed_out = timed_out || etcd_timed_out(reason);
+      if (refused || etcd_timed_out(reason)) answered.push_back(member(m));
     }
     double tried = std::chrono::duration<double>(Clock::now() - first_failure).count();
-    bool none_answered = true;
-    for (const auto& reason : last) {
-      none_answered = none_answered && reason.rfind(kNoAnswer, 0) == 0;
-    }
-    bool overloaded = true;
-    for (const auto& reason : last) {
-      overloaded = overloaded && (reason.empty() || reason.rfind(kOverloaded, 0) == 0);
-    }
+    // Before the reachability branches: a member that answered "too many requests" or
+    // "request timed out" was reached (over the right protocol) and is too slow, whatever the
+    // others said meanwhile.
     if (overloaded) {
       throw StoreError(fmt::format(
-          "etcd refused {} as overloaded for {:.1f} s ({}): its apply loop stayed too far behind "
-          "its commits. The cluster is too slow for this job's agents: give etcd machines (CPU, "
-          "fast disks) of its own, a longer --rdzv-conf heartbeat, or use --rdzv-backend c10d",
-          request, tried, fmt::join(parts, "; ")));
+          "etcd at {} was overloaded for {:.1f} s and did not serve {} (too many requests{}: "
+          "{}): it cannot commit the requests of this many agents in time (its apply loop stayed "
+          "too far behind its commits). Give etcd machines of its own (more CPU, fast disks), "
+          "fewer agents per etcd cluster or a longer --rdzv-conf heartbeat, or raise "
+          "--rdzv-conf read_timeout (how long a call waits for an overloaded etcd, now {:.1f} "
+          "s); or use --rdzv-backend c10d",
+          fmt::join(answered, ", "), tried, request, timed_out ? " / request timed out" : "",
+          fmt::join(parts, "; "),
+          std::max(options.retry_for, options.read_timeout).count() / 1000.0));
     }
     if (none_answered) {
       throw TimeoutError(fmt::format(
@@ -381,6 +404,19 @@ struct EtcdHttp::Impl {
           "read_timeout) ({}): the etcd cluster may be overloaded, stopped or have lost its "
           "quorum; check `etcdctl endpoint status --cluster`",
           request, per_attempt.count() / 1000.0, fmt::join(parts, "; ")));
+    }
+    if (timed_out) {
+      // A NetworkError, as the leaderless cluster it may also be (not a TimeoutError, which
+      // callers take for a wait that ran out).
+      throw NetworkError(fmt::format(
+          "etcd at {} did not commit {} in time for {:.1f} s (request timed out: {}): it is "
+          "overloaded, or has lost its quorum. Check `etcdctl endpoint status --cluster`: with "
+          "a leader, etcd cannot commit the requests of this many agents in time; give etcd more "
+          "CPU and fast disks, fewer agents per etcd cluster, or raise --rdzv-conf read_timeout "
+          "(how long a call waits for an overloaded etcd, now {:.1f} s). Without one, restart "
+          "the lost members",
+          fmt::join(answered, ", "), request, tried, fmt::join(parts, "; "),
+          std::max(options.retry_for, options.read_timeout).count() / 1000.0));
     }
     bool gateway_cut_off = no_leader;
     for (const auto& reason : last) {
@@ -442,6 +478,8 @@ struct EtcdHttp::Impl {
     std::optional<Clock::time_point> first_failure;
     Millis backoff{20};
     size_t tried_in_pass = 0;
+    // Whether a member of the cluster answered that it is too slow, in this call (sticky).
+    bool slow_cluster = false;
     for (;;) {
       Sink sink;
       sink.context = fmt::format("etcd at {} ({})", member(current), request);
@@ -491,9 +529,20 @@ struct EtcdHttp::Impl {
       }
       // An overloaded etcd catches up within seconds to a minute: it gets read_timeout, and
       // pauses that grow to 2 s, spread so that thousands of agents do not come back at once.
-      const bool overloaded = f.reason.rfind(kOverloaded, 0) == 0;
+      // Overloaded: a member refused as "too many requests", or etcd's own request timeout ran
+      // out (etcd_timed_out: the member answered, and raft did not commit within etcd's 7 s).
+      // The latter is also what a cluster without quorum answers, which now fails after
+      // read_timeout instead of connect_timeout; but taken as unavailable, each such answer used
+      // up 7 s of a 5 s connect_timeout, and a busy cluster was given up after two attempts.
+      // Sticky for the rest of the call: one busy cluster's members answer both ways (10,000
+      // agents: two "too many requests", the third "request timed out"), and the budget of the
+      // latest failure alone gave up after connect_timeout. Members that never answered
+      // (refused, unresolvable, silent) do not set it: a wrong endpoint fails after
+      // connect_timeout.
+      slow_cluster =
+          slow_cluster || f.reason.rfind(kOverloaded, 0) == 0 || etcd_timed_out(f.reason);
       const Millis budget =
-          overloaded ? std::max(options.retry_for, options.read_timeout) : options.retry_for;
+          slow_cluster ? std::max(options.retry_for, options.read_timeout) : options.retry_for;
       if (now - *first_failure >= budget || now >= deadline) {
         if (is_watch && now >= deadline) return;
         give_up(request, last, *first_failure, per_attempt);
@@ -502,7 +551,7 @@ struct EtcdHttp::Impl {
       if (++tried_in_pass >= options.endpoints.size()) {
         tried_in_pass = 0;
         Millis pause_for = backoff;
-        if (overloaded) {
+        if (slow_cluster) {
           thread_local std::minstd_rand spread(std::random_device{}());
           pause_for =
               Millis(backoff.count() / 2 +
@@ -510,7 +559,7 @@ struct EtcdHttp::Impl {
         }
         auto pause = std::min<Clock::duration>(pause_for, deadline - now);
         if (pause.count() > 0) std::this_thread::sleep_for(pause);
-        backoff = std::min(backoff * 2, overloaded ? Millis(2000) : Millis(500));
+        backoff = std::min(backoff * 2, slow_cluster ? Millis(2000) : Millis(500));
       }
     }
   }
