@@ -5,15 +5,17 @@
 //
 // Contract of call() and watch():
 //   - A member that cannot be reached (refused, unresolvable, connect timed out, connection
-//     dropped mid-request) or that answers "unavailable" (no leader, leader changed, stopping,
-//     and etcd's own request timeout: "request timed out", "context deadline exceeded")
+//     dropped mid-request) or that answers "unavailable" (no leader, leader changed, stopping)
 //     is left for the next member of the list; passes over the list repeat with a short
 //     backoff for `retry_for` (connect_timeout) from the first such failure, then a
 //     NetworkError names every member and its last error, and the fix.
 //   - A member that answers "etcdserver: too many requests" (etcd's back-pressure: its apply
-//     loop is far behind its commits; it refuses before proposing, so nothing was applied) is
-//     retried the same way, any request, but for read_timeout and with pauses growing to 2 s,
-//     spread at random; then a StoreError says etcd is too slow for the job.
+//     loop is far behind its commits; it refuses before proposing, so nothing was applied) or
+//     with etcd's own request timeout ("request timed out", "context deadline exceeded": alive,
+//     but raft committed nothing in time) makes the whole call a slow cluster's: from then on it
+//     is retried the same way, any request, but for read_timeout and with pauses growing to 2 s,
+//     spread at random, whatever the later answers; then a StoreError (too many requests) or a
+//     NetworkError (only etcd's timeouts: overloaded, or without quorum) says so.
 //   - A member that accepted an idempotent request (a read, a lease renewal, a watch) but did
 //     not answer within its timeout is left for the next member too: it may be stopped
 //     (SIGSTOP), swapping or cut off without a reset, and only another member can answer.
