@@ -228,8 +228,8 @@ void MembershipWatcher::peer_gone(int slot, const std::string& why) {
   // each take one at the same time).
   bool above_min = false;
   if (on_peer_lost_) {
-    store_->add(k.lost(), 1);
-    above_min = live_nodes(*store_, k, formed_) >= options_.nodes.min;
+    const int64_t lost = store_->add(k.lost(), 1);
+    above_min = live_nodes(*store_, k, formed_, lost) >= options_.nodes.min;
   }
   if (above_min) {
     LostPeer peer;

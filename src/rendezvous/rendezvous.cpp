@@ -184,7 +184,11 @@ std::optional<RoundInfo> Rendezvous::try_round(int64_t g, Clock::time_point dead
   }
   int n = static_cast<int>(to_int(store_->get(k.closed()), k.closed()));
 
-  if (slot >= n && options_.take_lost_slots) {
+  // --recovery step: a node too late for a running round joins it in place, once node 0 has
+  // published its assignment (a round abandoned before that is joined at the next one).
+  if (slot >= n && options_.take_lost_slots &&
+      wait_for_keys(*store_, {k.world()},
+                    std::min<Millis>(options_.conf.close_timeout, remaining(deadline)))) {
     if (auto r = take_lost_slot(g, n, deadline)) return r;
     if (auto r = grow_round(g, n, slot, deadline)) return r;
   }
@@ -216,10 +220,6 @@ std::optional<RoundInfo> Rendezvous::try_round(int64_t g, Clock::time_point dead
 
 std::optional<RoundInfo> Rendezvous::take_lost_slot(int64_t g, int n, Clock::time_point deadline) {
   keys::Round k(options_.run_id, g);
-  // Wait for the assignment first: the round's grown members are known from it on.
-  if (!wait_for_keys(*store_, {k.world()}, remaining(deadline))) {
-    throw_timeout(g, "the round's assignment (joining it while it runs)", Clock::now());
-  }
   const std::vector<int> members = round_members(*store_, k, n);
   std::vector<std::string> hb_keys;
   for (int i : members) hb_keys.push_back(k.hb(i));

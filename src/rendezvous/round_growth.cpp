@@ -52,8 +52,9 @@ std::vector<int> round_members(Store& store, const keys::Round& k, int formed) {
   return out;
 }
 
-int64_t live_nodes(Store& store, const keys::Round& k, int formed) {
-  return formed + store.add(k.grown(), 0) - store.add(k.withdrawn(), 0) - store.add(k.lost(), 0) +
+int64_t live_nodes(Store& store, const keys::Round& k, int formed, std::optional<int64_t> lost) {
+  if (!lost) lost = store.add(k.lost(), 0);
+  return formed + store.add(k.grown(), 0) - store.add(k.withdrawn(), 0) - *lost +
          store.add(k.back(), 0);
 }
 

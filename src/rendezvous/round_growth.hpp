@@ -14,6 +14,7 @@
 // The round's live nodes: formed + grown - withdrawn - lost + back (its counters).
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "ddp/store/store.hpp"
@@ -35,7 +36,10 @@ bool is_grown_member(Store& store, const keys::Round& k, int slot);
 // extent. One round trip, plus one per slot past `formed`.
 std::vector<int> round_members(Store& store, const keys::Round& k, int formed);
 
-// The round's live nodes now, from its counters (four round trips).
-int64_t live_nodes(Store& store, const keys::Round& k, int formed);
+// The round's live nodes now, from its counters (four round trips). `lost`: the loss count
+// to use (the value an add() of this caller returned, so that losses taken at once by several
+// callers each see their own); nullopt: read it.
+int64_t live_nodes(Store& store, const keys::Round& k, int formed,
+                   std::optional<int64_t> lost = std::nullopt);
 
 }  // namespace ddp::rdzv

@@ -115,8 +115,8 @@ class Rendezvous {
   TimeoutDiagnosis diagnose(int64_t generation, const std::string& phase, Millis waited);
 
  private:
-  // A node too late for round g (of n members) takes the first slot the round lost in place
-  // whose node had as many workers as this one; nullopt when there is none.
+  // A node too late for round g (of n members, assigned) takes the first slot the round lost
+  // in place whose node had as many workers as this one; nullopt when there is none.
   std::optional<RoundInfo> take_lost_slot(int64_t g, int n,
                                           std::chrono::steady_clock::time_point deadline);
   // A node too late for round g (of n members), in join slot `slot`, grows the round there
