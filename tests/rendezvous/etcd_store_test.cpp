@@ -8,6 +8,7 @@
 #include <csignal>
 #include <functional>
 #include <future>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -772,6 +773,76 @@ TEST(EtcdRendezvous, ANodeArrivingAfterALossTakenInPlaceTakesItsPlace) {
   std::this_thread::sleep_for(200ms * (kMissedHeartbeats + 3));
   EXPECT_FALSE(w.reason().has_value()) << *w.reason();
   EXPECT_FALSE(joined.reason().has_value()) << *joined.reason();
+}
+
+// --recovery step on etcd: a node arriving at a running round below its maximum grows it (its
+// join slot, ranks after the world size: etcd's add() takes its workers as one increment), the
+// members' rings watch it, and its silence is a loss taken in place.
+TEST(EtcdRendezvous, ANodeArrivingWithNoLostPlaceGrowsTheRunningRound) {
+  DDP_SKIP_WITHOUT_ETCD();
+  EtcdProcess etcd;
+  auto options = [&](int i) {
+    RendezvousOptions o = etcd_agent_options(etcd, "etcdgrow", {2, 3}, i, 2s);
+    o.take_lost_slots = true;
+    o.local_world_size = 2;
+    return o;
+  };
+  std::vector<std::unique_ptr<Rendezvous>> agents;
+  std::vector<std::shared_ptr<EtcdStore>> stores;
+  for (int i = 0; i < 2; ++i) {
+    stores.push_back(std::make_shared<EtcdStore>(etcd_store_options(options(i))));
+    agents.push_back(std::make_unique<Rendezvous>(options(i), stores.back()));
+  }
+  std::vector<std::future<RoundInfo>> f;
+  for (auto& a : agents)
+    f.push_back(std::async(std::launch::async, [&a] { return a->next_round(); }));
+  ASSERT_EQ(f[0].get().num_nodes, 2);
+  ASSERT_EQ(f[1].get().num_nodes, 2);
+  std::mutex mutex;
+  std::vector<LostPeer> lost;
+  std::vector<std::unique_ptr<MembershipWatcher>> watchers;
+  for (int i = 0; i < 2; ++i) {
+    watchers.push_back(std::make_unique<MembershipWatcher>(
+        agents[i]->options(), agents[i]->round(), stores[i], [](const std::string&) {},
+        [&](const LostPeer& peer) {
+          std::lock_guard<std::mutex> lock(mutex);
+          lost.push_back(peer);
+          return true;
+        }));
+  }
+  auto joiner_store = std::make_shared<EtcdStore>(etcd_store_options(options(2)));
+  Rendezvous joiner(options(2), joiner_store);
+  const RoundInfo round = joiner.next_round();
+  EXPECT_TRUE(round.grew_round);
+  EXPECT_EQ(round.node_rank, 2);
+  EXPECT_EQ(round.rank_offset, 4);
+  EXPECT_EQ(round.world_size, 6);
+  EXPECT_EQ(round.launch_world_size, 4);
+  EXPECT_EQ(round.generation, agents[0]->round().generation);
+  auto joined = std::make_unique<MembershipWatcher>(joiner.options(), round, joiner_store,
+                                                    [](const std::string&) {});
+  std::this_thread::sleep_for(200ms * (kMissedHeartbeats + 3));
+  for (auto& w : watchers) EXPECT_FALSE(w->reason().has_value()) << *w->reason();
+  EXPECT_FALSE(joined->reason().has_value()) << *joined->reason();
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    EXPECT_TRUE(lost.empty()) << "a node was taken for lost: " << lost.front().why;
+  }
+  // Its lease expires once it stops: the ring takes the loss, with its ranks.
+  joined.reset();
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!lost.empty()) break;
+    }
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the grown node is not watched";
+    std::this_thread::sleep_for(20ms);
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  EXPECT_EQ(lost.front().node_rank, 2);
+  EXPECT_EQ(lost.front().first_rank, 4);
+  EXPECT_EQ(lost.front().num_ranks, 2);
 }
 
 }  // namespace
