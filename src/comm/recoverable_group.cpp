@@ -320,6 +320,16 @@ void RecoverableGroup::await_members(int64_t generation, const std::vector<int>&
     } catch (const TimeoutError&) {
     }
     const bool late = Clock::now() >= deadline;
+    // Another rank was lost while this generation formed (two failures at once, on two nodes):
+    // its members move on to the newer one, so waiting here would last the whole timeout.
+    // The caller (the constructor, reform()) catches this and forms the newest.
+    const int64_t newest = recovery_notice::read_generation(*store_);
+    if (newest > generation) {
+      throw TimeoutError(fmt::format(
+          "RecoverableGroup: membership generation {} of '{}' was superseded by generation {} "
+          "while rank {} (launched as rank {}) formed it",
+          generation, options_.group_name, newest, rank_.load(), slot_));
+    }
     // One round trip a poll while nobody finished (every normal re-forming).
     if (!late && recovery_notice::read_finish_count(*store_) == 0) continue;
     std::vector<int> missing;

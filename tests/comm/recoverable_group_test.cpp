@@ -142,6 +142,33 @@ TEST(RecoverableGroup, ARankFormingAnOutdatedGenerationMovesToTheNewest) {
   EXPECT_EQ(sums[1], 3.0f);
 }
 
+// The same with the group's timeout far away: the rank forming the superseded generation sees
+// the newer one while it waits (two failures at once on two nodes) and moves on at once, not at
+// the timeout.
+TEST(RecoverableGroup, ARankFormingASupersededGenerationMovesOnBeforeTheTimeout) {
+  auto store = std::make_shared<HashStore>();
+  store->set_timeout(std::chrono::minutes(5));
+  auto form = [&](int rank) {
+    RecoverableGroupOptions o = options_for(rank, store, 2);  // timeout: 5 minutes
+    RecoverableGroup group(o);
+    return std::make_pair(group.generation(),
+                          all_reduce_one(*group.group(), static_cast<float>(rank + 1)));
+  };
+  auto early = std::async(std::launch::async, form, 0);  // generation 0: rank 1 never forms it
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(recovery_notice::publish_lost_rank(*store, 1), 1);
+  auto late = std::async(std::launch::async, form, 1);  // generation 1
+  // Far below the 5 minute timeout, far above the 20 ms watch interval.
+  ASSERT_EQ(early.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+      << "rank 0 waited in the superseded generation";
+  const auto [g0, sum0] = early.get();
+  const auto [g1, sum1] = late.get();
+  EXPECT_EQ(g0, 1);
+  EXPECT_EQ(g1, 1);
+  EXPECT_EQ(sum0, 3.0f);
+  EXPECT_EQ(sum1, 3.0f);
+}
+
 TEST(RecoverableGroup, LaterOperationsOfAnAbortedGroupFailWithTheSameError) {
   auto store = std::make_shared<HashStore>();
   RecoverableGroupOptions o = options_for(0, store);

@@ -117,12 +117,16 @@ def two_nodes(ddprun, worker, tmp):
     if len(set(reference)) != 1:
         fail("two nodes: ranks differ after a run without a failure")
     # Rank 3 and rank 2 (node 1's leader, in the ring between the nodes), rank 0 (on the node
-    # whose agent hosts the store), then two failures in a row, one on each node.
+    # whose agent hosts the store), then two failures in a row, one on each node, and two in the
+    # same step.
     for name, steps, ranks, phase, generations in [
             ("rank 3, backward", "7", "3", "backward", 1),
             ("rank 2 (node 1's leader), forward", "12", "2", "forward", 1),
             ("rank 0 (node 0, which hosts the store), between", "5", "0", "between", 1),
-            ("two failures in a row on both nodes", "4,10", "1,3", "backward", 2)]:
+            ("two failures in a row on both nodes", "4,10", "1,3", "backward", 2),
+            # Two agents record their losses at the same moment: distinct generations; each
+            # replacement may join the first one before the second loss is known.
+            ("two failures at once, one on each node", "6,6", "1,3", "backward", 2)]:
         out = os.path.join(tmp, "two_nodes_" + name.split(",")[0].replace(" ", "_") +
                            str(generations))
         os.makedirs(out)
