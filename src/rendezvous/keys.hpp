@@ -3,7 +3,8 @@
 //
 //   rdzv/_runs/#count                  agents registered at this endpoint (any run id)
 //   rdzv/_runs/#<i>                    "<run_id>\t<host>" of the i-th registration
-//   rdzv/_runs/<run_id>                number of agents that registered with run_id
+//   rdzv/_runs/<run_id>                set once: the host of run_id's first agent, which
+//                                      added the run's registry entry
 //   rdzv/<run_id>/gen                  the current generation (decimal)
 //   rdzv/<run_id>/shutdown             set once: why the run was shut down
 //   rdzv/<run_id>/<g>/slot             join counter of round g
@@ -40,7 +41,7 @@ inline const std::string kRunsCount = "rdzv/_runs/#count";
 inline std::string run_entry(int64_t i) {
   return fmt::format("rdzv/_runs/#{}", i);
 }
-inline std::string run_counter(const std::string& run_id) {
+inline std::string run_registered(const std::string& run_id) {
   return "rdzv/_runs/" + run_id;
 }
 

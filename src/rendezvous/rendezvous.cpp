@@ -75,10 +75,15 @@ void Rendezvous::follow_store(std::shared_ptr<Store> store) {
 void Rendezvous::register_run() {
   if (registered_) return;
   // Run-id independent registry, so an agent that times out can name the run ids other
-  // agents at this endpoint used.
-  int64_t i = store_->add(keys::kRunsCount, 1) - 1;
-  store_->multi_set({keys::run_entry(i)}, {options_.run_id + "\t" + options_.hostname});
-  store_->add(keys::run_counter(options_.run_id), 1);
+  // agents at this endpoint used: one entry per run id, by the first of its agents (the entry
+  // names that agent's host). Not one per agent: each agent raising the registry's counter cost
+  // 10,000 agents on etcd O(N^2) work (an etcd add() counts its counter's tickets: etcd spent
+  // minutes on those counts and never formed the round).
+  if (store_->compare_set(keys::run_registered(options_.run_id), "", options_.hostname) ==
+      options_.hostname) {
+    int64_t i = store_->add(keys::kRunsCount, 1) - 1;
+    store_->multi_set({keys::run_entry(i)}, {options_.run_id + "\t" + options_.hostname});
+  }
   registered_ = true;
 }
 
