@@ -2,7 +2,7 @@
 // a store connection each, as N nodes would have), against the TCP store or etcd.
 //
 //   rdzv_load --store tcp --agents N [--hb-seconds D] [--shards K] [--idle-seconds S]
-//             [--heartbeat H]
+//             [--heartbeat H] [--standby]
 //   rdzv_load --store etcd --etcd HOST:PORT[,...] --store-pid PID[,...] --agents N
 //             [--hb-seconds D] [--shards K] [--idle-seconds S] [--heartbeat H]
 //
@@ -12,7 +12,10 @@
 // releases every agent at once through a pipe per child and gathers each child's timestamps
 // (steady clock: one clock for all processes), node ranks and heartbeat counts.
 //
-// tcp: a child process serves the TCP store (so its memory and descriptors are its own); etcd:
+// tcp: a child process serves the TCP store (so its memory and descriptors are its own); with
+// --standby it replicates every write to a standby store in another child, as ddprun's c10d
+// store host does by default (docs/rendezvous.md: a write is answered once the standby
+// acknowledged it), and the JSON line adds standby_rss_mb (and idle_standby_cpu_pct); etcd:
 // the cluster at --etcd, whose server processes --store-pid names (for their memory, sockets
 // and CPU; a cluster's members as a comma list, the store_* and idle_store_cpu_pct figures are
 // then sums over them).
@@ -111,6 +114,7 @@ struct Args {
   int shards = 1;
   double idle_seconds = 0;
   double heartbeat_s = 5;
+  bool standby = false;  // tcp: the store replicates to a standby store
 };
 
 // VmRSS of `pid` in MiB; -1 when unreadable.
@@ -401,7 +405,7 @@ int usage(const char* why) {
       stderr,
       "rdzv_load: %s\nusage: rdzv_load --store tcp|etcd --agents N [--etcd "
       "HOST:PORT[,...] --store-pid PID[,...]] [--hb-seconds D] [--shards K] [--idle-seconds S] "
-      "[--heartbeat H]\n",
+      "[--heartbeat H] [--standby]\n",
       why);
   return 2;
 }
@@ -549,6 +553,8 @@ int main(int argc, char** argv) {
       args.idle_seconds = std::atof(value().c_str());
     } else if (a == "--heartbeat") {
       args.heartbeat_s = std::atof(value().c_str());
+    } else if (a == "--standby") {
+      args.standby = true;
     } else {
       return usage(("unknown argument " + a).c_str());
     }
@@ -557,6 +563,7 @@ int main(int argc, char** argv) {
   if (args.shards < 1 || args.shards > args.agents) return usage("--shards: 1 to N");
   if (args.heartbeat_s < 0.1) return usage("--heartbeat: at least 0.1 s");
   if (args.store != "tcp" && args.store != "etcd") return usage("--store is tcp or etcd");
+  if (args.standby && args.store != "tcp") return usage("--standby is for --store tcp");
   const bool pids_ok =
       !args.store_pids.empty() &&
       std::all_of(args.store_pids.begin(), args.store_pids.end(), [](int pid) { return pid > 0; });
@@ -575,29 +582,45 @@ int main(int argc, char** argv) {
   proto.args = args;
   proto.run_id = "load" + std::to_string(::getpid());
   pid_t store_child = -1;
-  if (args.store == "tcp") {
+  pid_t standby_child = -1;
+  std::string standby_endpoint;
+  // A store server in a child process of its own, serving until this process exits; returns
+  // its port (0 when the child failed).
+  auto serve_in_child = [](pid_t& child, bool standby, const std::string& replicate_to) {
     int p[2];
-    if (::pipe(p) != 0) return usage("pipe failed");
-    store_child = ::fork();
-    if (store_child == 0) {
-      // The store host: serves until its parent exits.
+    if (::pipe(p) != 0) return uint16_t{0};
+    child = ::fork();
+    if (child == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       ::close(p[0]);
       ddp::TcpStoreServerOptions so;
       so.host = "127.0.0.1";
       so.port = 0;
       so.backlog = 4096;
+      so.standby = standby;
       // Every simulated node connects from 127.0.0.1; real nodes have an address each.
       so.max_handshakes_per_address = so.max_handshakes;
       ddp::TcpStoreServer server(so);
       server.start();
+      if (!replicate_to.empty()) server.replicate_to({replicate_to});
       uint16_t port = server.port();
       (void)!::write(p[1], &port, sizeof port);
       for (;;) ::pause();
     }
     ::close(p[1]);
     uint16_t port = 0;
-    if (::read(p[0], &port, sizeof port) != sizeof port) return usage("store child failed");
+    if (::read(p[0], &port, sizeof port) != sizeof port) port = 0;
+    ::close(p[0]);
+    return port;
+  };
+  if (args.standby) {
+    const uint16_t port = serve_in_child(standby_child, /*standby=*/true, "");
+    if (port == 0) return usage("standby store child failed");
+    standby_endpoint = "127.0.0.1:" + std::to_string(port);
+  }
+  if (args.store == "tcp") {
+    const uint16_t port = serve_in_child(store_child, /*standby=*/false, standby_endpoint);
+    if (port == 0) return usage("store child failed");
     proto.endpoint = {"127.0.0.1", port};
     args.store_pids = {store_child};
   } else {
@@ -714,8 +737,10 @@ int main(int argc, char** argv) {
     }
     return sum;
   };
+  double standby_cpu_pct = -1;
   if (args.idle_seconds > 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(args.heartbeat_s));
+    const double standby_cpu0 = standby_child > 0 ? cpu_seconds(standby_child) : 0;
     const auto cpu0 = over_pids(args.store_pids, cpu_seconds);
     const int64_t requests0 = args.store == "etcd" ? all_requests() : 0;
     const int64_t revision0 = args.store == "etcd" ? etcd_revision(proto.endpoint) : -1;
@@ -724,6 +749,9 @@ int main(int argc, char** argv) {
     const double window = seconds(Clock::now() - w0);
     const auto cpu1 = over_pids(args.store_pids, cpu_seconds);
     const double cpu = cpu1.first - cpu0.first;
+    if (standby_child > 0) {
+      standby_cpu_pct = 100.0 * (cpu_seconds(standby_child) - standby_cpu0) / window;
+    }
     for (size_t m = 0; m < args.store_pids.size(); ++m) {
       member_cpu_pct.push_back(100.0 * (cpu1.second[m] - cpu0.second[m]) / window);
     }
@@ -770,6 +798,15 @@ int main(int argc, char** argv) {
           fmt::format(",\"idle_member_cpu_pct\":[{:.1f}]", fmt::join(member_cpu_pct, ","));
     }
   }
+  std::string standby_json = ",\"standby\":false";
+  if (standby_child > 0) {
+    standby_json =
+        fmt::format(",\"standby\":true,\"standby_rss_mb\":{:.1f}", rss_mb(standby_child));
+    if (standby_cpu_pct >= 0) {
+      standby_json += fmt::format(",\"idle_standby_cpu_pct\":{:.1f}", standby_cpu_pct);
+    }
+  }
+  members_json += standby_json;
   const auto release_ns = ns(t_release);
   std::printf(
       "{\"bench\":\"rdzv_load\",\"store\":\"%s\",\"agents\":%d,\"shards\":%d,\"connect_s\":%.3f,"
@@ -782,5 +819,6 @@ int main(int argc, char** argv) {
       ok ? "true" : "false");
   std::fflush(stdout);
   if (store_child > 0) ::kill(store_child, SIGKILL);
+  if (standby_child > 0) ::kill(standby_child, SIGKILL);
   return ok ? 0 : 1;
 }
