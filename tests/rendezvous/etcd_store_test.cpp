@@ -490,6 +490,27 @@ TEST(EtcdStore, EtcdsOwnRequestTimeoutsGetReadTimeoutAndNameOverload) {
   EXPECT_GE(seconds_since(start), 3.0);
 }
 
+// Members that answer that their leader changed (elections on a starved cluster, measured with
+// 10,000 agents on 3 members) have a quorum and come back: read_timeout, and a message naming
+// the elections. Before: given up after connect_timeout as a cluster without a leader.
+TEST(EtcdStore, ALeaderChangingOverAndOverGetsReadTimeoutAndNamesTheElections) {
+  FakeHttpServer churn1([](const std::string&) {
+    return etcd_refusal("503 Service Unavailable", 14, "etcdserver: leader changed");
+  });
+  FakeHttpServer churn2([](const std::string&) {
+    return etcd_refusal("503 Service Unavailable", 14, "etcdserver: leader changed");
+  });
+  etcd::HttpOptions o;
+  o.endpoints = {{"127.0.0.1", churn1.port()}, {"127.0.0.1", churn2.port()}};
+  o.retry_for = 200ms;
+  o.read_timeout = 3s;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(throws_with<NetworkError>(
+      [&] { put_through(o); }, {"the etcd cluster kept changing its leader", "leader changed",
+                                "--election-timeout", "--rdzv-conf read_timeout"}));
+  EXPECT_GE(seconds_since(start), 3.0);
+}
+
 // Members that never answer keep the short budget: a wrong endpoint list fails after
 // connect_timeout, naming reachability, not after read_timeout.
 TEST(EtcdStore, UnreachableMembersStillFailAfterConnectTimeout) {
