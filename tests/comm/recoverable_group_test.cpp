@@ -52,6 +52,23 @@ float all_reduce_one(ProcessGroup& pg, float value) {
   return value;
 }
 
+// While the job changes membership: slot 0 runs a collective the others never join, which ends
+// at the notice (its PeerLostError kept in `error`); the others wait until their group is stale.
+// Then the group re-forms.
+void give_up_at_the_notice_and_reform(RecoverableGroup& group, int slot,
+                                      std::optional<PeerLostError>& error) {
+  if (slot == 0) {
+    try {
+      all_reduce_one(*group.group(), 1.0f);
+    } catch (const PeerLostError& e) {
+      error = e;
+    }
+  } else {
+    while (!group.stale()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  group.reform();
+}
+
 TEST(RecoverableGroup, LostMemberAbortsTheCollectiveAndTheGroupReforms) {
   auto store = std::make_shared<HashStore>();
   store->set_timeout(std::chrono::minutes(5));
@@ -286,16 +303,7 @@ TEST(RecoverableGroup, ANodeJoiningPastTheLaunchSizeGrowsTheGroup) {
       RecoverableGroup group(options_for(slot, store, 4));
       EXPECT_EQ(all_reduce_one(*group.group(), 1.0f), 4.0f);
       ++waiting;
-      if (slot == 0) {
-        try {
-          all_reduce_one(*group.group(), 1.0f);  // the others never join it: ends at the notice
-        } catch (const PeerLostError& e) {
-          errors[slot] = e;
-        }
-      } else {
-        while (!group.stale()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-      group.reform();
+      give_up_at_the_notice_and_reform(group, slot, errors[slot]);
       ranks[slot] = group.rank();
       sizes[slot] = group.world_size();
       launch[slot] = group.launch_world_size();
@@ -414,16 +422,7 @@ TEST(RecoverableGroup, ANodeJoiningTakesTheLostSlotsBackAndTheOthersMakeRoom) {
       EXPECT_EQ(group.world_size(), 2);
       EXPECT_EQ(all_reduce_one(*group.group(), 1.0f), 2.0f);
       ++waiting;
-      if (slot == 0) {
-        try {
-          all_reduce_one(*group.group(), 1.0f);  // slot 3 never joins it: ends at the notice
-        } catch (const PeerLostError& e) {
-          errors[slot] = e;
-        }
-      } else {
-        while (!group.stale()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-      group.reform();
+      give_up_at_the_notice_and_reform(group, slot, errors[slot]);
       ranks[slot] = group.rank();
       sizes[slot] = group.world_size();
       sums[slot] = all_reduce_one(*group.group(), 1.0f);

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -467,48 +468,54 @@ TEST(EtcdStore, AnOverloadedClusterGetsReadTimeoutWhateverItsLatestAnswer) {
   EXPECT_GE(seconds_since(start), 3.0);
 }
 
+// Puts through members that each answer with one of `refusals` ({HTTP status, gRPC code,
+// message}) and checks the call keeps retrying for read_timeout (3 s), not retry_for (200 ms),
+// then fails with `check` (a throws_with on the call).
+template <typename Check>
+void expect_slow_cluster_budget(
+    const std::vector<std::tuple<std::string, int, std::string>>& refusals, Check check) {
+  std::vector<std::unique_ptr<FakeHttpServer>> members;
+  etcd::HttpOptions o;
+  for (const auto& [status, code, message] : refusals) {
+    members.push_back(std::make_unique<FakeHttpServer>(
+        [=](const std::string&) { return etcd_refusal(status.c_str(), code, message); }));
+    o.endpoints.push_back({"127.0.0.1", members.back()->port()});
+  }
+  o.retry_for = 200ms;
+  o.read_timeout = 3s;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(check([&] { put_through(o); }));
+  EXPECT_GE(seconds_since(start), 3.0);
+}
+
 // Members that answer only with etcd's own request timeout ("request timed out", etcd 3.4's
 // "context deadline exceeded") are alive and too slow (or without quorum): read_timeout too,
 // and a message naming both. Before: given up after connect_timeout, as a cluster without a
 // leader.
 TEST(EtcdStore, EtcdsOwnRequestTimeoutsGetReadTimeoutAndNameOverload) {
-  FakeHttpServer slow([](const std::string&) {
-    return etcd_refusal("503 Service Unavailable", 14, "etcdserver: request timed out");
-  });
-  FakeHttpServer slow34([](const std::string&) {
-    return etcd_refusal("500 Internal Server Error", 2, "context deadline exceeded");
-  });
-  etcd::HttpOptions o;
-  o.endpoints = {{"127.0.0.1", slow.port()}, {"127.0.0.1", slow34.port()}};
-  o.retry_for = 200ms;
-  o.read_timeout = 3s;
-  const auto start = std::chrono::steady_clock::now();
-  EXPECT_TRUE(throws_with<NetworkError>(
-      [&] { put_through(o); },
-      {"did not commit POST /v3/kv/put in time", "overloaded, or has lost its quorum",
-       "context deadline exceeded", "--rdzv-conf read_timeout", "restart the lost members"}));
-  EXPECT_GE(seconds_since(start), 3.0);
+  expect_slow_cluster_budget(
+      {{"503 Service Unavailable", 14, "etcdserver: request timed out"},
+       {"500 Internal Server Error", 2, "context deadline exceeded"}},
+      [](auto call) {
+        return throws_with<NetworkError>(
+            call,
+            {"did not commit POST /v3/kv/put in time", "overloaded, or has lost its quorum",
+             "context deadline exceeded", "--rdzv-conf read_timeout", "restart the lost members"});
+      });
 }
 
 // Members that answer that their leader changed (elections on a starved cluster, measured with
 // 10,000 agents on 3 members) have a quorum and come back: read_timeout, and a message naming
 // the elections. Before: given up after connect_timeout as a cluster without a leader.
 TEST(EtcdStore, ALeaderChangingOverAndOverGetsReadTimeoutAndNamesTheElections) {
-  FakeHttpServer churn1([](const std::string&) {
-    return etcd_refusal("503 Service Unavailable", 14, "etcdserver: leader changed");
-  });
-  FakeHttpServer churn2([](const std::string&) {
-    return etcd_refusal("503 Service Unavailable", 14, "etcdserver: leader changed");
-  });
-  etcd::HttpOptions o;
-  o.endpoints = {{"127.0.0.1", churn1.port()}, {"127.0.0.1", churn2.port()}};
-  o.retry_for = 200ms;
-  o.read_timeout = 3s;
-  const auto start = std::chrono::steady_clock::now();
-  EXPECT_TRUE(throws_with<NetworkError>(
-      [&] { put_through(o); }, {"the etcd cluster kept changing its leader", "leader changed",
-                                "--election-timeout", "--rdzv-conf read_timeout"}));
-  EXPECT_GE(seconds_since(start), 3.0);
+  expect_slow_cluster_budget({{"503 Service Unavailable", 14, "etcdserver: leader changed"},
+                              {"503 Service Unavailable", 14, "etcdserver: leader changed"}},
+                             [](auto call) {
+                               return throws_with<NetworkError>(
+                                   call,
+                                   {"the etcd cluster kept changing its leader", "leader changed",
+                                    "--election-timeout", "--rdzv-conf read_timeout"});
+                             });
 }
 
 // Members that never answer keep the short budget: a wrong endpoint list fails after

@@ -81,6 +81,13 @@ class TakenLosses {
   std::vector<LostPeer> taken_;
 };
 
+// A --recovery step agent ("host9", 2 workers) arriving while a round of "job" runs.
+RendezvousOptions step_joiner_options(const LoopbackStore& store, NodeRange range) {
+  RendezvousOptions o = agent_options(store, "job", range, 9, 2);
+  o.take_lost_slots = true;
+  return o;
+}
+
 TEST(RdzvMembership, SilentNodeIsDeclaredDeadAndSurvivorsReform) {
   LoopbackStore store;
   auto nodes = form_round(store, {2, 3}, 3);
@@ -204,8 +211,7 @@ TEST(RdzvMembership, ANodeArrivingAfterALossTakenInPlaceTakesItsPlace) {
   ASSERT_NE(victim, nullptr);
   ASSERT_TRUE(losses.wait_for(1)) << "the lost node was never taken";
 
-  RendezvousOptions o = agent_options(store, "job", {1, 3}, 9, 2);
-  o.take_lost_slots = true;
+  const RendezvousOptions o = step_joiner_options(store, {1, 3});
   Rendezvous joiner(o, store.connect());
   const RoundInfo round = joiner.next_round();
   EXPECT_TRUE(round.took_lost_slot);
@@ -259,8 +265,7 @@ TEST(RdzvMembership, ANodeArrivingWithNoLostPlaceGrowsTheRunningRound) {
   LoopbackStore store;
   TakenLosses losses;
   auto nodes = form_round(store, {2, 3}, 2, losses.handler());
-  RendezvousOptions o = agent_options(store, "job", {2, 3}, 9, 2);
-  o.take_lost_slots = true;
+  const RendezvousOptions o = step_joiner_options(store, {2, 3});
   Rendezvous joiner(o, store.connect());
   const RoundInfo round = joiner.next_round();
   EXPECT_TRUE(round.grew_round);
@@ -308,8 +313,7 @@ TEST(RdzvMembership, ANodeArrivingAtAFullRoundDoesNotGrowIt) {
   LoopbackStore store;
   TakenLosses losses;
   auto nodes = form_round(store, {1, 2}, 2, losses.handler());
-  RendezvousOptions o = agent_options(store, "job", {1, 2}, 9, 2);
-  o.take_lost_slots = true;
+  RendezvousOptions o = step_joiner_options(store, {1, 2});
   o.conf.join_timeout = 2s;
   Rendezvous joiner(o, store.connect());
   EXPECT_THROW(joiner.next_round(), RendezvousTimeoutError);

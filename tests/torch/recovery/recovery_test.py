@@ -335,6 +335,17 @@ def wait_for_commits_at_world(path, world, count, limit):
     return False
 
 
+def finish_three_agents(procs, files, logs):
+    """Waits for the agents (240 s at most), closes their log files and returns the three logs'
+    texts and one string of all three for failure messages."""
+    wait_all(procs, 240)
+    for f in files:
+        f.close()
+    err0, err1, err2 = (open(path).read() for path in logs)
+    return err0, err1, err2, (f"--- node 0 ---\n{err0}\n--- node 1 ---\n{err1}\n"
+                              f"--- node 2 ---\n{err2}")
+
+
 def replaced_node(ddprun, worker, tmp, python=False):
     """A lost node replaced while the job runs: as lost_node (node 1 killed after step
     LOST_NODE_KILL_STEP, the survivors go on at world size 2), then a third agent (node2, 2
@@ -379,11 +390,7 @@ def replaced_node(ddprun, worker, tmp, python=False):
         wait_for_commits_at_world(os.path.join(out, "rank0.commits"), 2, 3, 120)
         procs.append(start_elastic_agent(ddprun, worker, out, "replaced", port, "node2", slow,
                                          steps, files[2]))
-    wait_all(procs, 240)
-    for f in files:
-        f.close()
-    err0, err1, err2 = (open(path).read() for path in logs)
-    err = f"--- node 0 ---\n{err0}\n--- node 1 ---\n{err1}\n--- node 2 ---\n{err2}"
+    err0, err1, err2, err = finish_three_agents(procs, files, logs)
     if not taken:
         fail(f"{what}: node 0 did not take node 1's loss in place\n{err}")
     codes = [p.returncode for p in procs]
@@ -459,11 +466,7 @@ def grown_node(ddprun, worker, tmp, python=False):
     if started:
         procs.append(start_elastic_agent(ddprun, worker, out, "grown", port, "node2", slow,
                                          steps, files[2], nnodes="2:3"))
-    wait_all(procs, 240)
-    for f in files:
-        f.close()
-    err0, err1, err2 = (open(path).read() for path in logs)
-    err = f"--- node 0 ---\n{err0}\n--- node 1 ---\n{err1}\n--- node 2 ---\n{err2}"
+    err0, err1, err2, err = finish_three_agents(procs, files, logs)
     if not started:
         fail(f"{what}: rank 0 did not commit 5 steps at world size 4\n{err}")
     codes = [p.returncode for p in procs]
