@@ -752,6 +752,26 @@ TEST(EtcdRendezvous, IdleWatchersWriteNothingAndAMemberWhoseLeaseExpiredIsNamed)
   EXPECT_NE(why.find("(host1, 10.0.0.2)"), std::string::npos) << why;
 }
 
+// Two agents of one etcd run (options(0), options(1)) form a round: their rendezvous, stores
+// and rounds.
+struct EtcdPair {
+  std::vector<std::unique_ptr<Rendezvous>> agents;
+  std::vector<std::shared_ptr<EtcdStore>> stores;
+  std::vector<RoundInfo> rounds;
+};
+EtcdPair form_etcd_pair(const std::function<RendezvousOptions(int)>& options) {
+  EtcdPair p;
+  for (int i = 0; i < 2; ++i) {
+    p.stores.push_back(std::make_shared<EtcdStore>(etcd_store_options(options(i))));
+    p.agents.push_back(std::make_unique<Rendezvous>(options(i), p.stores.back()));
+  }
+  std::vector<std::future<RoundInfo>> f;
+  for (auto& a : p.agents)
+    f.push_back(std::async(std::launch::async, [&a] { return a->next_round(); }));
+  for (auto& r : f) p.rounds.push_back(r.get());
+  return p;
+}
+
 // --recovery step on etcd: a node lost while the round runs is taken in place, and a node that
 // arrives later takes its place (etcd's counters only count up: the round counts the slots
 // taken back apart from the losses).
@@ -763,16 +783,10 @@ TEST(EtcdRendezvous, ANodeArrivingAfterALossTakenInPlaceTakesItsPlace) {
     o.take_lost_slots = true;
     return o;
   };
-  std::vector<std::unique_ptr<Rendezvous>> agents;
-  std::vector<std::shared_ptr<EtcdStore>> stores;
-  for (int i = 0; i < 2; ++i) {
-    stores.push_back(std::make_shared<EtcdStore>(etcd_store_options(options(i))));
-    agents.push_back(std::make_unique<Rendezvous>(options(i), stores.back()));
-  }
-  std::vector<std::future<RoundInfo>> f;
-  for (auto& a : agents)
-    f.push_back(std::async(std::launch::async, [&a] { return a->next_round(); }));
-  const RoundInfo r0 = f[0].get(), r1 = f[1].get();
+  EtcdPair pair = form_etcd_pair(options);
+  auto& agents = pair.agents;
+  auto& stores = pair.stores;
+  const RoundInfo r0 = pair.rounds[0];
   ASSERT_EQ(r0.num_nodes, 2);
   Rendezvous& survivor = r0.node_rank == 0 ? *agents[0] : *agents[1];
   auto survivor_store = r0.node_rank == 0 ? stores[0] : stores[1];
@@ -815,17 +829,11 @@ TEST(EtcdRendezvous, ANodeArrivingWithNoLostPlaceGrowsTheRunningRound) {
     o.local_world_size = 2;
     return o;
   };
-  std::vector<std::unique_ptr<Rendezvous>> agents;
-  std::vector<std::shared_ptr<EtcdStore>> stores;
-  for (int i = 0; i < 2; ++i) {
-    stores.push_back(std::make_shared<EtcdStore>(etcd_store_options(options(i))));
-    agents.push_back(std::make_unique<Rendezvous>(options(i), stores.back()));
-  }
-  std::vector<std::future<RoundInfo>> f;
-  for (auto& a : agents)
-    f.push_back(std::async(std::launch::async, [&a] { return a->next_round(); }));
-  ASSERT_EQ(f[0].get().num_nodes, 2);
-  ASSERT_EQ(f[1].get().num_nodes, 2);
+  EtcdPair pair = form_etcd_pair(options);
+  auto& agents = pair.agents;
+  auto& stores = pair.stores;
+  ASSERT_EQ(pair.rounds[0].num_nodes, 2);
+  ASSERT_EQ(pair.rounds[1].num_nodes, 2);
   std::mutex mutex;
   std::vector<LostPeer> lost;
   std::vector<std::unique_ptr<MembershipWatcher>> watchers;
