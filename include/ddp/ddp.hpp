@@ -45,9 +45,9 @@
 
 // Data: the sampler, datasets and the prefetching loader.
 #include "ddp/torch/data/distributed_sampler.hpp"
-#include "ddp/torch/data/step_batches.hpp"
 #include "ddp/torch/data/idx_dataset.hpp"
 #include "ddp/torch/data/prefetch_loader.hpp"
+#include "ddp/torch/data/step_batches.hpp"
 #include "ddp/torch/data/synthetic_dataset.hpp"
 #include "ddp/torch/data/tensor_dataset.hpp"
 

@@ -179,9 +179,8 @@ int run(int64_t steps, const std::string& out) {
     manager.run_step([&] {
       maybe_die("forward");
       // The step being run: a redo after healing may run a later one.
-      const auto [x, y] =
-          batch_for(manager.step(), manager.rank(), manager.world_size(),
-                    std::max(launch_world, manager.world_size()));
+      const auto [x, y] = batch_for(manager.step(), manager.rank(), manager.world_size(),
+                                    std::max(launch_world, manager.world_size()));
       auto loss = torch::cross_entropy_loss(model(x), y);
       maybe_die("backward");
       loss.backward();
