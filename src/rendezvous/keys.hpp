@@ -31,11 +31,26 @@
 //                                      their global ranks follow the round's world size
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include <fmt/format.h>
 
+#include "ddp/util/error.hpp"
+
 namespace ddp::rdzv::keys {
+
+// The integer a rendezvous key holds (a generation, a count, a rank); ProtocolError naming the
+// key otherwise.
+inline int64_t int_value(const std::string& value, const std::string& key) {
+  char* end = nullptr;
+  const long long v = std::strtoll(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0') {
+    throw ProtocolError(
+        fmt::format("rendezvous key {} holds '{}', expected an integer", key, value));
+  }
+  return v;
+}
 
 inline const std::string kRunsCount = "rdzv/_runs/#count";
 inline std::string run_entry(int64_t i) {

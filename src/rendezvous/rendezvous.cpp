@@ -24,16 +24,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int64_t to_int(const std::string& value, const std::string& key) {
-  char* end = nullptr;
-  long long v = std::strtoll(value.c_str(), &end, 10);
-  if (value.empty() || *end != '\0') {
-    throw ProtocolError(
-        fmt::format("rendezvous key {} holds '{}', expected an integer", key, value));
-  }
-  return v;
-}
-
 int default_master_port() {
   // Binding every interface (as the workers' TCPStore will) makes "free" mean free for it.
   net::Socket s = net::listen_tcp("", 0, 1);
@@ -102,14 +92,15 @@ void Rendezvous::throw_if_shut_down() {
 
 int64_t Rendezvous::advance_generation() {
   std::string gen_key = keys::generation(options_.run_id);
-  if (!last_generation_) return to_int(store_->compare_set(gen_key, "", "0"), gen_key);
+  if (!last_generation_) return keys::int_value(store_->compare_set(gen_key, "", "0"), gen_key);
   int64_t g = *last_generation_;
   // Invariant: the generation moves past g only once round g is marked as ended, so every
   // member of g is woken before anyone can join g + 1.
   keys::Round k(options_.run_id, g);
   store_->compare_set(k.changed(), "",
                       fmt::format("node {} started a new round", options_.hostname));
-  return to_int(store_->compare_set(gen_key, std::to_string(g), std::to_string(g + 1)), gen_key);
+  return keys::int_value(store_->compare_set(gen_key, std::to_string(g), std::to_string(g + 1)),
+                         gen_key);
 }
 
 void Rendezvous::throw_if_lost_in_place() {
@@ -187,7 +178,7 @@ std::optional<RoundInfo> Rendezvous::try_round(int64_t g, Clock::time_point dead
   } else if (!wait_for_keys(*store_, {k.closed()}, remaining(deadline))) {
     throw_timeout(g, "nodes to join", start);
   }
-  int n = static_cast<int>(to_int(store_->get(k.closed()), k.closed()));
+  int n = static_cast<int>(keys::int_value(store_->get(k.closed()), k.closed()));
 
   // --recovery step: a node too late for a running round joins it in place, once node 0 has
   // published its assignment (a round abandoned before that is joined at the next one).
@@ -393,7 +384,7 @@ std::optional<RoundInfo> Rendezvous::read_assignment(int64_t g, int slot, int n,
   r.launch_world_size = r.world_size;
   r.master_port = static_cast<int>(port);
   r.master_addr = addr;
-  r.rank_offset = static_cast<int>(to_int(v[1], k.rank(slot)));
+  r.rank_offset = static_cast<int>(keys::int_value(v[1], k.rank(slot)));
   if (v[2] != "-") {
     std::stringstream list(v[2]);
     for (std::string standby; std::getline(list, standby, ',');) r.standbys.push_back(standby);

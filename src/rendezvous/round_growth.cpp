@@ -1,39 +1,18 @@
 #include "round_growth.hpp"
 
-#include <fmt/format.h>
-
+#include <algorithm>
 #include <string>
-
-#include "ddp/util/error.hpp"
 
 namespace ddp::rdzv {
 
-namespace {
-
-int parse_extent(const std::string& value, const std::string& key) {
-  size_t used = 0;
-  int extent = -1;
-  try {
-    extent = std::stoi(value, &used);
-  } catch (const std::exception&) {
-  }
-  if (extent < 0 || used != value.size()) {
-    throw ProtocolError(
-        fmt::format("rendezvous key {} holds '{}', expected a slot count", key, value));
-  }
-  return extent;
-}
-
-}  // namespace
-
 int read_extent(Store& store, const keys::Round& k, int formed) {
   if (!store.check({k.extent()})) return formed;
-  return std::max(formed, parse_extent(store.get(k.extent()), k.extent()));
+  return std::max(formed, static_cast<int>(keys::int_value(store.get(k.extent()), k.extent())));
 }
 
 void raise_extent(Store& store, const keys::Round& k, int to) {
   std::string current = store.compare_set(k.extent(), "", std::to_string(to));
-  while (parse_extent(current, k.extent()) < to) {
+  while (keys::int_value(current, k.extent()) < to) {
     current = store.compare_set(k.extent(), current, std::to_string(to));
   }
 }

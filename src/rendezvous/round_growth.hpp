@@ -23,7 +23,7 @@
 namespace ddp::rdzv {
 
 // The round's extent (1 + its highest member slot); `formed` until the round's node 0 published
-// it. One round trip.
+// it. Two round trips (a check first: a get would wait for a key that is not there).
 int read_extent(Store& store, const keys::Round& k, int formed);
 
 // Raises the round's extent to at least `to` (compare_set: concurrent growers never lower it).
@@ -33,7 +33,7 @@ void raise_extent(Store& store, const keys::Round& k, int to);
 bool is_grown_member(Store& store, const keys::Round& k, int slot);
 
 // The round's members' slots in order: 0 .. formed - 1, then every grown member below the
-// extent. One round trip, plus one per slot past `formed`.
+// extent. Two round trips, plus one per slot past `formed`.
 std::vector<int> round_members(Store& store, const keys::Round& k, int formed);
 
 // The round's live nodes now, from its counters (four round trips). `lost`: the loss count
