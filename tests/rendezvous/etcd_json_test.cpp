@@ -6,6 +6,7 @@
 
 #include "../support/throws_with.hpp"
 #include "ddp/util/error.hpp"
+#include "etcd_counter.hpp"
 #include "etcd_json.hpp"
 
 namespace ddp::rdzv::etcd {
@@ -94,6 +95,32 @@ TEST(EtcdJson, TxnReplySucceededIsAbsentWhenFalse) {
   EXPECT_TRUE(failed.ranges[1].kvs.empty());
 }
 
+// A nested txn's reply (no header of its own) and prev_kv's version, as a counter's increment
+// reads them.
+TEST(EtcdJson, NestedTxnRepliesAndVersions) {
+  TxnReply r = parse_txn(
+      Json::parse(R"({"header":{"revision":"12"},"succeeded":true,"responses":[)"
+                  R"({"response_txn":{"responses":[{"response_txn":{"succeeded":true,)"
+                  R"("responses":[{"response_put":{"header":{}}}]}}]}},)"
+                  R"({"response_txn":{"succeeded":true,"responses":[{"response_put":{"header":{},)"
+                  R"("prev_kv":{"key":"aw==","value":"MQ==","version":"4"}}}]}}]})"),
+      "t");
+  EXPECT_TRUE(r.succeeded);
+  ASSERT_EQ(r.txns.size(), 2u);
+  EXPECT_FALSE(r.txns[0].succeeded);
+  ASSERT_EQ(r.txns[0].txns.size(), 1u);
+  EXPECT_TRUE(r.txns[0].txns[0].succeeded);
+  EXPECT_EQ(r.txns[0].txns[0].revision, 12);
+  ASSERT_EQ(r.txns[1].put_prev.size(), 1u);
+  EXPECT_EQ(r.txns[1].put_prev[0]->version, 4);
+  EXPECT_TRUE(throws_with<ProtocolError>(
+      [] {
+        parse_txn(Json::parse(R"({"header":{"revision":"1"},"responses":[{"response_txn":3}]})"),
+                  "ctx");
+      },
+      {"ctx", "'response_txn' is not an object"}));
+}
+
 TEST(EtcdJson, WatchMessages) {
   WatchMessage created =
       parse_watch_message(R"({"result":{"header":{"revision":"2"},"created":true}})", "t");
@@ -151,6 +178,35 @@ TEST(EtcdJson, RequestsEncodeKeysAndIntegersAsTheGatewayExpects) {
   EXPECT_EQ(compare_absent("k")["create_revision"], "0");
   EXPECT_EQ(compare_mod_revision("k", 42)["mod_revision"], "42");
   EXPECT_EQ(watch_create("k", 8)["create_request"]["start_revision"], "8");
+  EXPECT_EQ(range_at_op("k", 9)["revision"], "9");
+  EXPECT_EQ(touch_op("k").dump(),
+            R"({"ignore_lease":true,"ignore_value":true,"key":"aw==","prev_kv":true})");
+}
+
+// A counter's value: its base plus the puts since the base was written (the key's version).
+TEST(EtcdCounter, ValueIsTheBasePlusThePutsSince) {
+  KeyValue kv;
+  kv.value = counter_form(1, 1);
+  kv.version = 1;
+  EXPECT_EQ(counter_of(kv), 1);
+  kv.version = 40;  // 39 increments since
+  EXPECT_EQ(counter_of(kv), 40);
+  EXPECT_EQ(visible_value(kv), "40");
+  kv.value = counter_form(-3, 7);  // a compare-and-set wrote -3 at version 7
+  kv.version = 9;
+  EXPECT_EQ(counter_of(kv), -1);
+  kv.value = "12";  // set() wrote an integer
+  EXPECT_EQ(counter_of(kv), 12);
+  EXPECT_EQ(visible_value(kv), "12");
+  for (const char* junk : {"", "x", "12x"}) {
+    kv.value = junk;
+    EXPECT_EQ(counter_of(kv), std::nullopt) << junk;
+    EXPECT_EQ(visible_value(kv), junk);
+  }
+  kv.value = counter_form(1, 1).substr(0, 14);  // the marker, then no ':'
+  EXPECT_EQ(counter_of(kv), std::nullopt);
+  EXPECT_NE(counter_ticket("/p/k", "c1", 1), counter_ticket("/p/k", "c1", 2));
+  EXPECT_EQ(counter_ticket("/p/k", "c1", 1).rfind("/p/k", 0), 0u);
 }
 
 }  // namespace

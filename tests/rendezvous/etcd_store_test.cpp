@@ -8,6 +8,7 @@
 #include <csignal>
 #include <functional>
 #include <future>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -26,6 +27,7 @@
 #include "ddp/rendezvous/rendezvous.hpp"
 #include "ddp/util/socket.hpp"
 #include "etcd_http.hpp"
+#include "etcd_http_options.hpp"
 #include "etcd_process.hpp"
 
 namespace ddp::rdzv::test {
@@ -127,10 +129,19 @@ TEST(EtcdStore, StoreContract) {
   EXPECT_EQ(s.add("n", 2), 7);
   EXPECT_EQ(s.add("n", 0), 7);
   EXPECT_EQ(std::stoll(s.get("n")), 7);
+  EXPECT_EQ(s.multi_get({"n", "a"}).front(), "7");
   EXPECT_EQ(s.add("absent", 0), 0);
   s.set("plain", "12");
   EXPECT_EQ(s.add("plain", 0), 12);
-  EXPECT_TRUE(throws_with<NotSupportedError>([&] { s.add("n", -1); }, {"delta -1", "1 to 64"}));
+  EXPECT_EQ(s.add("plain", 1), 13);  // an integer set() wrote counts on
+  EXPECT_EQ(s.add("plain", 1), 14);
+  EXPECT_EQ(s.get("plain"), "14");
+  EXPECT_EQ(s.add("n", -1), 6);
+  EXPECT_EQ(s.add("n", 1), 7);
+  EXPECT_EQ(s.add("n", 1000), 1007);
+  s.set("words", "not a number");
+  EXPECT_TRUE(throws_with<ProtocolError>([&] { s.add("words", 1); },
+                                         {"/t1/words", "not an integer counter"}));
   EXPECT_EQ(s.compare_set("c", "", "one"), "one");
   EXPECT_EQ(s.compare_set("c", "", "two"), "one");
   EXPECT_EQ(s.compare_set("c", "one", "two"), "two");
@@ -213,7 +224,110 @@ TEST(EtcdStore, ConcurrentAddsCountEveryIncrementOnce) {
   EXPECT_EQ(*all.rbegin(), kThreads * kAdds);
   EtcdStore s(store_options(etcd, "/t3/"));
   EXPECT_EQ(s.add("counter", 0), kThreads * kAdds);
-  EXPECT_EQ(std::stoll(s.get("counter")), kThreads * kAdds);  // the largest value returned
+  EXPECT_EQ(std::stoll(s.get("counter")), kThreads * kAdds);
+}
+
+// A loopback HTTP server in front of a real etcd: it forwards every request, counts them by
+// path, and can drop the reply of the next txn, answering etcd's "request timed out" instead
+// (etcd may apply a request whose proposal timed out: the client sends it again).
+class ForwardingEtcd {
+ public:
+  explicit ForwardingEtcd(const EtcdProcess& etcd)
+      : etcd_(etcd::http_options(store_options(etcd, "/"))),
+        server_([this](const std::string& request) { return forward(request); }) {}
+  Endpoint endpoint() const { return {"127.0.0.1", server_.port()}; }
+  int requests(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return counts_[path];
+  }
+  void drop_next_txn_reply() { drop_next_txn_ = true; }
+  bool dropped() const { return !drop_next_txn_; }
+
+ private:
+  std::string forward(const std::string& request) {
+    const size_t space = request.find(' '), path_end = request.find(' ', space + 1);
+    const std::string path = request.substr(space + 1, path_end - space - 1);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++counts_[path];
+    }
+    std::string status = "200 OK", body;
+    try {
+      body =
+          etcd_.call(path, etcd::Json::parse(request.substr(request.find("\r\n\r\n") + 4))).dump();
+    } catch (const Error& e) {
+      status = "500 Internal Server Error";
+      body = etcd::Json{{"error", e.what()}, {"code", 2}, {"message", e.what()}}.dump();
+    }
+    if (path == "/v3/kv/txn" && drop_next_txn_.exchange(false)) {
+      status = "503 Service Unavailable";
+      body = R"({"error":"etcdserver: request timed out","code":14,)"
+             R"("message":"etcdserver: request timed out"})";
+    }
+    return fmt::format(
+        "HTTP/1.1 {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
+        "Connection: close\r\n\r\n{}",
+        status, body.size(), body);
+  }
+
+  etcd::EtcdHttp etcd_;
+  std::mutex mutex_;
+  std::map<std::string, int> counts_;
+  std::atomic<bool> drop_next_txn_{false};
+  FakeHttpServer server_;  // last: it calls forward() until destroyed
+};
+
+EtcdStoreOptions through(const ForwardingEtcd& proxy, const std::string& prefix) {
+  EtcdStoreOptions o;
+  o.endpoints = {proxy.endpoint()};
+  o.prefix = prefix;
+  o.connect_timeout = 3s;
+  o.read_timeout = 20s;
+  return o;
+}
+
+// What 10,000 agents joining one round on etcd cost it (bench/rendezvous/README.md): an
+// increment of 1 is one txn, whatever the counter's size (one etcd revision: before, two, and
+// a count of every earlier increment's ticket), and a compare_set whose compare fails sends no
+// txn at all (a txn with a put is a raft proposal even when its compare fails).
+TEST(EtcdStore, AnIncrementIsOneTxnAndAFailingCompareSetSendsNone) {
+  DDP_SKIP_WITHOUT_ETCD();
+  EtcdProcess etcd;
+  ForwardingEtcd proxy(etcd);
+  EtcdStore s(through(proxy, "/t3p/"));
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(s.compare_set("generation", "", "0"), "0");
+  EXPECT_EQ(proxy.requests("/v3/kv/txn"), 1) << "compare_sets that could not set sent a txn";
+  EXPECT_EQ(s.compare_set("generation", "0", "1"), "1");
+  EXPECT_EQ(s.compare_set("generation", "0", "2"), "1");
+  EXPECT_EQ(proxy.requests("/v3/kv/txn"), 2);
+
+  const int64_t revision = s.revision();
+  const int txns = proxy.requests("/v3/kv/txn");
+  for (int i = 1; i <= 50; ++i) ASSERT_EQ(s.add("slot", 1), i);
+  EXPECT_EQ(proxy.requests("/v3/kv/txn") - txns, 50);
+  EXPECT_EQ(s.revision() - revision, 50) << "an increment wrote more than once";
+  EXPECT_EQ(s.add("slot", 0), 50);
+}
+
+// A txn whose reply was lost (etcd answered "request timed out" after applying it) is sent
+// again and counts once: the increment of 1, and an add of another delta.
+TEST(EtcdStore, AnAddSentAgainAfterALostReplyCountsOnce) {
+  DDP_SKIP_WITHOUT_ETCD();
+  EtcdProcess etcd;
+  ForwardingEtcd proxy(etcd);
+  EtcdStore s(through(proxy, "/t3r/"));
+  EXPECT_EQ(s.add("c", 1), 1);
+  proxy.drop_next_txn_reply();
+  EXPECT_EQ(s.add("c", 1), 2);
+  EXPECT_TRUE(proxy.dropped());
+  EXPECT_EQ(s.add("c", 0), 2) << "the increment sent again counted twice";
+  EXPECT_EQ(s.add("c", 1), 3);
+
+  proxy.drop_next_txn_reply();
+  EXPECT_EQ(s.add("ranks", 4), 4);
+  EXPECT_TRUE(proxy.dropped());
+  EXPECT_EQ(s.add("ranks", 0), 4);
+  EXPECT_EQ(s.add("ranks", 2), 6);
 }
 
 TEST(EtcdStore, LeasedKeysOutliveTheirWriterAndVanishAfterTheLastClient) {

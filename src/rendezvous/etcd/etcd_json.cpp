@@ -143,6 +143,7 @@ KeyValue parse_kv(const Json& kv, const std::string& context) {
   out.value = base64_decode(string_field(kv, "value", context), context);
   out.create_revision = int_field(kv, "create_revision", context);
   out.mod_revision = int_field(kv, "mod_revision", context);
+  out.version = int_field(kv, "version", context);
   return out;
 }
 
@@ -173,36 +174,52 @@ RangeReply parse_range(const Json& reply, const std::string& context) {
   return out;
 }
 
-TxnReply parse_txn(const Json& reply, const std::string& context) {
-  TxnReply out;
-  out.revision = int_field(object_field(reply, "header", context), "revision", context);
+namespace {
+
+// The responses of a txn (or of a nested one, whose reply has no header of its own).
+void parse_txn_responses(const Json& reply, TxnReply& out, const std::string& context) {
   auto s = reply.find("succeeded");
   out.succeeded = s != reply.end() && s->is_boolean() && s->get<bool>();
   auto it = reply.find("responses");
-  if (it != reply.end() && !it->is_null()) {
-    if (!it->is_array()) {
-      throw ProtocolError(fmt::format("{}: 'responses' is not an array", context));
+  if (it == reply.end() || it->is_null()) return;
+  if (!it->is_array()) throw ProtocolError(fmt::format("{}: 'responses' is not an array", context));
+  for (const auto& r : *it) {
+    if (auto put = r.find("response_put"); put != r.end()) {
+      auto prev = put->find("prev_kv");
+      out.put_prev.push_back(prev != put->end() && prev->is_object()
+                                 ? std::optional<KeyValue>(parse_kv(*prev, context))
+                                 : std::nullopt);
+      continue;
     }
-    for (const auto& r : *it) {
-      if (auto put = r.find("response_put"); put != r.end()) {
-        auto prev = put->find("prev_kv");
-        out.put_prev.push_back(prev != put->end() && prev->is_object()
-                                   ? std::optional<KeyValue>(parse_kv(*prev, context))
-                                   : std::nullopt);
-        continue;
+    if (auto nested = r.find("response_txn"); nested != r.end()) {
+      if (!nested->is_object()) {
+        throw ProtocolError(fmt::format("{}: 'response_txn' is not an object", context));
       }
-      auto range = r.find("response_range");
-      if (range == r.end()) continue;
-      RangeReply rr;
-      rr.revision = out.revision;
-      auto kvs = range->find("kvs");
-      if (kvs != range->end() && kvs->is_array()) {
-        for (const auto& kv : *kvs) rr.kvs.push_back(parse_kv(kv, context));
-      }
-      rr.count = int_field(*range, "count", context, static_cast<int64_t>(rr.kvs.size()));
-      out.ranges.push_back(std::move(rr));
+      TxnReply inner;
+      inner.revision = out.revision;
+      parse_txn_responses(*nested, inner, context);
+      out.txns.push_back(std::move(inner));
+      continue;
     }
+    auto range = r.find("response_range");
+    if (range == r.end()) continue;
+    RangeReply rr;
+    rr.revision = out.revision;
+    auto kvs = range->find("kvs");
+    if (kvs != range->end() && kvs->is_array()) {
+      for (const auto& kv : *kvs) rr.kvs.push_back(parse_kv(kv, context));
+    }
+    rr.count = int_field(*range, "count", context, static_cast<int64_t>(rr.kvs.size()));
+    out.ranges.push_back(std::move(rr));
   }
+}
+
+}  // namespace
+
+TxnReply parse_txn(const Json& reply, const std::string& context) {
+  TxnReply out;
+  out.revision = int_field(object_field(reply, "header", context), "revision", context);
+  parse_txn_responses(reply, out, context);
   return out;
 }
 
@@ -246,6 +263,10 @@ Json range_op(const std::string& key) {
   return {{"key", base64_encode(key)}};
 }
 
+Json range_at_op(const std::string& key, int64_t revision) {
+  return {{"key", base64_encode(key)}, {"revision", std::to_string(revision)}};
+}
+
 Json prefix_count_op(const std::string& prefix, int64_t max_create_revision) {
   Json j = {{"key", base64_encode(prefix)},
             {"range_end", base64_encode(range_end_of_prefix(prefix))},
@@ -261,6 +282,13 @@ Json put_op(const std::string& key, const std::string& value, int64_t lease, boo
   if (lease != 0) j["lease"] = std::to_string(lease);
   if (prev_kv) j["prev_kv"] = true;
   return j;
+}
+
+Json touch_op(const std::string& key) {
+  return {{"key", base64_encode(key)},
+          {"ignore_value", true},
+          {"ignore_lease", true},
+          {"prev_kv", true}};
 }
 
 Json compare_value(const std::string& key, const std::string& value) {
@@ -288,6 +316,13 @@ Json compare_value_less(const std::string& key, const std::string& value) {
   return {{"key", base64_encode(key)},
           {"target", "VALUE"},
           {"result", "LESS"},
+          {"value", base64_encode(value)}};
+}
+
+Json compare_value_greater(const std::string& key, const std::string& value) {
+  return {{"key", base64_encode(key)},
+          {"target", "VALUE"},
+          {"result", "GREATER"},
           {"value", base64_encode(value)}};
 }
 

@@ -36,6 +36,7 @@ struct KeyValue {
   std::string value;
   int64_t create_revision = 0;
   int64_t mod_revision = 0;
+  int64_t version = 0;  // puts since the key was created (1 after the first)
 };
 
 struct RangeReply {
@@ -53,6 +54,8 @@ struct TxnReply {
   // For each put operation of that branch, in order: the key's previous version when the put
   // asked for it (prev_kv) and the key existed.
   std::vector<std::optional<KeyValue>> put_prev;
+  // The reply of each nested txn operation of that branch, in order (its revision: this one's).
+  std::vector<TxnReply> txns;
 };
 TxnReply parse_txn(const Json& reply, const std::string& context);
 
@@ -81,10 +84,15 @@ constexpr int kGrpcPermissionDenied = 7;
 
 // Request builders (keys and values raw; they are encoded here).
 Json range_op(const std::string& key);
+// The key as it was at `revision` (a read of the past; etcd refuses it once compacted).
+Json range_at_op(const std::string& key, int64_t revision);
 // Counts the keys under `prefix`; with max_create_revision > 0 those that existed at that
 // revision (a read of the past: for keys never deleted, those created by then).
 Json prefix_count_op(const std::string& prefix, int64_t max_create_revision = 0);
 Json put_op(const std::string& key, const std::string& value, int64_t lease, bool prev_kv = false);
+// A put that keeps the key's value and lease and only raises its version (etcd refuses it for
+// an absent key), returning the previous key-value.
+Json touch_op(const std::string& key);
 // Compare: the key's value equals `value`.
 Json compare_value(const std::string& key, const std::string& value);
 // Compare: the key is absent (its create revision is 0).
@@ -93,6 +101,8 @@ Json compare_absent(const std::string& key);
 Json compare_mod_revision(const std::string& key, int64_t revision);
 // Compare: the key's value is less than `value` (bytewise; the key must exist).
 Json compare_value_less(const std::string& key, const std::string& value);
+// Compare: the key's value is greater than `value` (bytewise; the key must exist).
+Json compare_value_greater(const std::string& key, const std::string& value);
 // A txn body from compare, success and failure operations ({"request_range": ...} etc.).
 Json txn(Json compare, Json success, Json failure);
 Json watch_create(const std::string& key, int64_t start_revision);

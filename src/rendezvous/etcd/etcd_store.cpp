@@ -11,6 +11,7 @@
 #include "../store_wait.hpp"
 #include "ddp/util/deadline.hpp"
 #include "ddp/util/logging.hpp"
+#include "etcd_counter.hpp"
 #include "etcd_http.hpp"
 #include "etcd_http_options.hpp"
 #include "etcd_json.hpp"
@@ -28,17 +29,6 @@ constexpr size_t kOpsPerTxn = 64;
 std::string random_client_id() {
   std::random_device rd;
   return fmt::format("{:08x}{:08x}", rd(), rd());
-}
-
-int64_t parse_counter(const std::string& v, const std::string& context) {
-  char* end = nullptr;
-  errno = 0;
-  long long n = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || errno == ERANGE) {
-    throw ProtocolError(
-        fmt::format("{} holds '{}', not an integer counter", context, quote_start(v, 40)));
-  }
-  return static_cast<int64_t>(n);
 }
 
 }  // namespace
@@ -112,10 +102,19 @@ struct EtcdStore::Impl {
       if (begin == 0) revision = r.revision;
       for (size_t i = begin; i < end; ++i) {
         const auto& kvs = r.ranges[i - begin].kvs;
-        if (!kvs.empty()) values[i] = kvs.front().value;
+        if (!kvs.empty()) values[i] = visible_value(kvs.front());
       }
     }
     return {std::move(values), revision};
+  }
+
+  // The key (full) as stored now; nullopt: absent.
+  std::optional<KeyValue> read_one(const std::string& key, const std::string& context) {
+    CallOptions how;
+    how.idempotent = true;
+    RangeReply r = parse_range(http.call("/v3/kv/range", range_op(key), how), context);
+    if (r.kvs.empty()) return std::nullopt;
+    return r.kvs.front();
   }
 
   // Thrown by await() when its interrupter was interrupted (nothing failed).
@@ -244,77 +243,110 @@ void EtcdStore::multi_set(const std::vector<std::string>& keys,
 }
 
 int64_t EtcdStore::add(const std::string& key, int64_t delta) {
-  const std::string k = impl_->full(key);
-  const std::string tickets = k + std::string("\0tickets/", 9);
+  Impl& i = *impl_;
+  const std::string k = i.full(key);
+  const std::string context = i.context("add", key);
+  auto counter = [&](const KeyValue& kv) {
+    auto n = counter_of(kv);
+    if (!n) {
+      throw ProtocolError(
+          fmt::format("{} holds '{}', not an integer counter", context, quote_start(kv.value, 40)));
+    }
+    return *n;
+  };
   if (delta == 0) {
-    // The tickets taken, or the value of a key that only set() wrote.
-    TxnReply r =
-        parse_txn(impl_->http.call("/v3/kv/txn",
-                                   txn(Json::array(),
-                                       Json::array({{{"request_range", range_op(k)}},
-                                                    {{"request_range", prefix_count_op(tickets)}}}),
-                                       Json::array())),
-                  impl_->context("add", key));
+    auto kv = i.read_one(k, context);
+    return kv ? counter(*kv) : 0;
+  }
+  // The counter as this add's ticket's transaction left it: a request sent again after a lost
+  // reply was applied the first time.
+  auto applied_before = [&](const KeyValue& ticket) {
+    CallOptions how;
+    how.idempotent = true;
+    RangeReply then = parse_range(
+        i.http.call("/v3/kv/range", range_at_op(k, ticket.create_revision), how), context);
+    if (then.kvs.empty()) {
+      throw ProtocolError(fmt::format("{}: the key is absent at the revision of this add ({})",
+                                      context, ticket.create_revision));
+    }
+    return counter(then.kvs.front());
+  };
+  std::optional<KeyValue> current;
+  if (delta == 1) {
+    // The common case: one request, never retried for contention.
+    const std::string ticket = counter_ticket(k, i.client_id, ++i.add_seq);
+    TxnReply r = parse_txn(
+        i.call_leased("/v3/kv/txn", [&] { return increment_txn(k, ticket, i.lease_for(key)); }),
+        context);
+    if (!r.succeeded) {
+      if (r.ranges.empty() || r.ranges.front().kvs.empty()) {
+        throw ProtocolError(fmt::format("{}: its ticket is neither absent nor present", context));
+      }
+      return applied_before(r.ranges.front().kvs.front());
+    }
+    const TxnReply& raise = r.txns.at(0);
+    if (raise.succeeded) {
+      KeyValue after = raise.put_prev.at(0).value();
+      after.version += 1;
+      return counter(after);
+    }
+    const TxnReply& create = raise.txns.at(0);
+    if (create.succeeded) return 1;
+    // set() wrote the key a plain value: add by compare-and-set below.
+    if (!create.ranges.empty() && !create.ranges.front().kvs.empty())
+      current = create.ranges.front().kvs.front();
+  } else {
+    current = i.read_one(k, context);
+  }
+  // Compare-and-set: each failure means another add or set() changed the key (someone made
+  // progress), so this ends; bounded by read_timeout all the same.
+  const auto deadline = deadline_after(i.options.read_timeout);
+  for (int attempt = 1;; ++attempt) {
+    const int64_t value = current ? counter(*current) : 0;
+    const std::string ticket = counter_ticket(k, i.client_id, ++i.add_seq);
+    TxnReply r = parse_txn(i.call_leased("/v3/kv/txn",
+                                         [&] {
+                                           return compare_and_add_txn(k, ticket, current, value,
+                                                                      delta, i.lease_for(key));
+                                         }),
+                           context);
+    if (r.succeeded) return value + delta;
     if (r.ranges.size() != 2) {
-      throw ProtocolError(fmt::format("{}: {} range results, expected 2",
-                                      impl_->context("add", key), r.ranges.size()));
+      throw ProtocolError(
+          fmt::format("{}: {} range results, expected 2", context, r.ranges.size()));
     }
-    if (r.ranges[1].count > 0) return r.ranges[1].count;
-    if (r.ranges[0].kvs.empty()) return 0;
-    return parse_counter(r.ranges[0].kvs.front().value, impl_->context("add", key));
-  }
-  if (delta < 0 || delta > static_cast<int64_t>(kOpsPerTxn)) {
-    throw NotSupportedError(
-        fmt::format("{}: the etcd store does not support add() with delta {}; its counters take "
-                    "increments of 1 to {} (the rendezvous counts with +1)",
-                    impl_->context("add", key), delta, kOpsPerTxn));
-  }
-  // One ticket key per increment, all in one txn (so one revision): the counter's value after
-  // this add is the number of tickets created up to that revision. No compare, so concurrent
-  // adds never retry each other; a txn sent again after a lost reply finds its tickets (prev_kv)
-  // and counts from their first creation.
-  const std::string mine = fmt::format("{}{}/{}/", tickets, impl_->client_id, ++impl_->add_seq);
-  Json reply = impl_->call_leased("/v3/kv/txn", [&] {
-    int64_t lease = impl_->lease_for(key);
-    Json ops = Json::array();
-    for (int64_t j = 0; j < delta; ++j) {
-      ops.push_back({{"request_put", put_op(mine + std::to_string(j), "", lease, true)}});
+    if (!r.ranges[0].kvs.empty()) return applied_before(r.ranges[0].kvs.front());
+    current.reset();
+    if (!r.ranges[1].kvs.empty()) current = r.ranges[1].kvs.front();
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw TimeoutError(fmt::format(
+          "{}: {} compare-and-set attempts in {} ms all lost to other writers of the key; "
+          "raise --rdzv-conf read_timeout",
+          context, attempt, i.options.read_timeout.count()));
     }
-    return txn(Json::array(), ops, Json::array());
-  });
-  TxnReply t = parse_txn(reply, impl_->context("add", key));
-  int64_t revision = t.revision;
-  if (!t.put_prev.empty() && t.put_prev.front()) revision = t.put_prev.front()->create_revision;
-  RangeReply count =
-      parse_range(impl_->http.call("/v3/kv/range", prefix_count_op(tickets, revision)),
-                  impl_->context("add", key));
-  const int64_t value = count.count;
-  // The key itself holds the largest value returned so far, zero-padded so that etcd's bytewise
-  // compare orders it numerically: get() reads a counter like any key.
-  const std::string padded = fmt::format("{:020d}", value);
-  impl_->call_leased("/v3/kv/txn", [&] {
-    int64_t lease = impl_->lease_for(key);
-    Json raise = {{"request_txn",
-                   txn(Json::array({compare_value_less(k, padded)}),
-                       Json::array({{{"request_put", put_op(k, padded, lease)}}}), Json::array())}};
-    return txn(Json::array({compare_absent(k)}),
-               Json::array({{{"request_put", put_op(k, padded, lease)}}}), Json::array({raise}));
-  });
-  return value;
+  }
 }
 
 std::string EtcdStore::compare_set(const std::string& key, const std::string& expected,
                                    const std::string& desired) {
   const std::string k = impl_->full(key);
+  const std::string context = impl_->context("compare_set", key);
+  // Read first: a compare that fails now is the answer (linearisable: the read is), and a
+  // read costs etcd no raft proposal, while a txn with a put in it is one even when its
+  // compare fails. Thousands of agents creating the same key (the round's generation, the
+  // run's registry entry) each cost a read instead of a proposal.
+  std::optional<KeyValue> current = impl_->read_one(k, context);
+  const bool would_set = expected.empty() ? !current : current && current->value == expected;
+  if (!would_set) return current ? visible_value(*current) : expected;
   Json reply = impl_->call_leased("/v3/kv/txn", [&] {
     return txn(Json::array({expected.empty() ? compare_absent(k) : compare_value(k, expected)}),
                Json::array({{{"request_put", put_op(k, desired, impl_->lease_for(key))}}}),
                Json::array({{{"request_range", range_op(k)}}}));
   });
-  TxnReply r = parse_txn(reply, impl_->context("compare_set", key));
+  TxnReply r = parse_txn(reply, context);
   if (r.succeeded) return desired;
   if (r.ranges.empty() || r.ranges.front().kvs.empty()) return expected;
-  return r.ranges.front().kvs.front().value;
+  return visible_value(r.ranges.front().kvs.front());
 }
 
 bool EtcdStore::delete_key(const std::string& key) {

@@ -11,14 +11,17 @@
 //   wait, check        the same, without reading values; wait_interruptibly (InterruptibleWait)
 //                      ends the watch at once when interrupted, and a wait whose watch ran
 //                      to its deadline ends without reading again
-//   compare_set        txn: compare value (absent: create_revision 0), put, else range
-//   add                one ticket key per increment (under "<key>\0tickets/"), put in one txn:
-//                      the value is the number of tickets created up to that txn's revision
-//                      (a count-only range), so concurrent adds never retry each other and a
-//                      txn sent again after a lost reply counts once (prev_kv gives its first
-//                      revision); the key itself then holds the largest value returned,
-//                      zero-padded ("00000000000000000007"), for get(). Increments of 1 to 64
-//                      only: another delta is a NotSupportedError
+//   compare_set        a read, then (only when the compare holds) a txn: compare value (absent:
+//                      create_revision 0), put, else range. A compare that fails costs etcd a
+//                      read, not a raft proposal (10,000 agents creating the same key)
+//   add                one key per counter, "<marker><base>:<base_version>": the counter is the
+//                      base plus the puts since (the key's version), so an increment of 1 is
+//                      one txn that only raises the version (no compare on the counter: no
+//                      retries, O(1) work for etcd however many clients add); other deltas,
+//                      and a key set() wrote an integer to, compare-and-set a new base. Each
+//                      increment writes a ticket key with it, so a txn sent again after a lost
+//                      reply counts once (src/rendezvous/etcd/etcd_counter.hpp). get() reads a
+//                      counter as its decimal value
 //   delete_key         deleterange;  num_keys: a count-only range over the prefix
 //   keep_alive         (KeptAliveKeys, the membership watcher's heartbeat) a put attached to a
 //                      lease of this client's, granted at the first call; later calls renew
