@@ -4,8 +4,10 @@
 //   rdzv_load --store tcp --agents N [--hb-seconds D] [--shards K] [--idle-seconds S]
 //             [--heartbeat H] [--standby]
 //   rdzv_load --store etcd --etcd HOST:PORT[,...] --store-pid PID[,...] --agents N
-//             [--hb-seconds D] [--shards K] [--idle-seconds S] [--heartbeat H]
+//             [--hb-seconds D] [--shards K] [--idle-seconds S] [--heartbeat H] [--key-ttl T]
 //
+// --key-ttl T: etcd's --rdzv-conf key_ttl (the run's shared lease: every agent renews it every
+// T/3 s; default ddprun's 30 s), reported as key_ttl_s.
 // --shards K: the agents live in K child processes (N/K threads each), because one process may
 // not hold the descriptors of thousands of etcd agents (18 each once watching; this machine's hard
 // open-files limit is 20000 and cannot be raised). The children connect, then the coordinator
@@ -55,10 +57,13 @@
 //   member_rss_mb, member_connections, idle_member_cpu_pct   the figures above, per member;
 //   idle_requests_per_s is then the sum over the members' /metrics (each counts the requests
 //   its own clients sent), idle_store_writes_per_s the cluster's (one revision)
+//   agents_priority      "idle" (SCHED_IDLE) or "nice K": the agents' scheduling priority (the
+//                        shards inherit the coordinator's)
 // Exit 1 (with the reason on stderr) when a round is inconsistent or an agent fails.
 
 #include <curl/curl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -68,6 +73,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -114,6 +120,7 @@ struct Args {
   int shards = 1;
   double idle_seconds = 0;
   double heartbeat_s = 5;
+  double key_ttl_s = 0;  // etcd: --rdzv-conf key_ttl (0: ddprun's default)
   bool standby = false;  // tcp: the store replicates to a standby store
 };
 
@@ -301,6 +308,10 @@ void* agent_main(void* p) {
   o.conf.close_timeout = 300s;
   o.conf.read_timeout = 300s;
   o.conf.connect_timeout = 60s;
+  if (s.args.key_ttl_s > 0) {
+    o.conf.key_ttl = std::chrono::duration_cast<ddp::rdzv::Millis>(
+        std::chrono::duration<double>(s.args.key_ttl_s));
+  }
   o.pick_master_port = [] { return 29500; };
   std::shared_ptr<ddp::Store> store;
   // At most kConnecting agents open their connections at once: N nodes do not start in the
@@ -553,6 +564,8 @@ int main(int argc, char** argv) {
       args.idle_seconds = std::atof(value().c_str());
     } else if (a == "--heartbeat") {
       args.heartbeat_s = std::atof(value().c_str());
+    } else if (a == "--key-ttl") {
+      args.key_ttl_s = std::atof(value().c_str());
     } else if (a == "--standby") {
       args.standby = true;
     } else {
@@ -564,6 +577,8 @@ int main(int argc, char** argv) {
   if (args.heartbeat_s < 0.1) return usage("--heartbeat: at least 0.1 s");
   if (args.store != "tcp" && args.store != "etcd") return usage("--store is tcp or etcd");
   if (args.standby && args.store != "tcp") return usage("--standby is for --store tcp");
+  if (args.key_ttl_s != 0 && (args.store != "etcd" || args.key_ttl_s < 3))
+    return usage("--key-ttl is for --store etcd, at least 3 s");
   const bool pids_ok =
       !args.store_pids.empty() &&
       std::all_of(args.store_pids.begin(), args.store_pids.end(), [](int pid) { return pid > 0; });
@@ -807,6 +822,21 @@ int main(int argc, char** argv) {
     }
   }
   members_json += standby_json;
+  // The agents' scheduling priority (run_rdzv_load.sh's AGENTS_PRIORITY): a store sharing the
+  // machine's cores gets them first when the agents run niced or as SCHED_IDLE, as one on
+  // machines of its own would.
+  errno = 0;
+  const int nice_value = ::getpriority(PRIO_PROCESS, 0);
+  const bool sched_idle = ::sched_getscheduler(0) == SCHED_IDLE;
+  if (args.store == "etcd") {
+    members_json += fmt::format(",\"key_ttl_s\":{:.0f}",
+                                args.key_ttl_s > 0
+                                    ? args.key_ttl_s
+                                    : ddp::rdzv::RendezvousConf::kDefaultKeyTtl.count() / 1000.0);
+  }
+  members_json += sched_idle   ? std::string(",\"agents_priority\":\"idle\"")
+                  : errno == 0 ? fmt::format(",\"agents_priority\":\"nice {}\"", nice_value)
+                               : std::string();
   const auto release_ns = ns(t_release);
   std::printf(
       "{\"bench\":\"rdzv_load\",\"store\":\"%s\",\"agents\":%d,\"shards\":%d,\"connect_s\":%.3f,"

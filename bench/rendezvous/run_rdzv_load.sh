@@ -17,9 +17,16 @@
 # etcd's 1000 ms, heartbeat 100 ms) sets the members' --election-timeout E and
 # --heartbeat-interval E/10: on cores shared with thousands of agent threads the leader's
 # heartbeats come late and the members hold elections (README, "3-member etcd").
+# AGENTS_PRIORITY (etcd runs only) runs the agents (rdzv_load and its shards) at a lower
+# scheduling priority than the etcd members, which then get the shared cores first, as a cluster
+# on machines of its own would (README, "10,000 agents on etcd"): "nice" (nice 19) or "idle"
+# (SCHED_IDLE: the agents run only on cores etcd leaves idle); unset: the same priority. The JSON
+# line reports it (agents_priority). KEY_TTL=T (etcd runs) sets the run lease's TTL (--rdzv-conf
+# key_ttl: every agent renews it every T/3 s; default 30); HEARTBEAT=H the idle phase's
+# heartbeat (default 5 s).
 # Usage: run_rdzv_load.sh BUILD_DIR [TCP_SIZES...]   (TCP_SIZES "none": etcd only;
-#        ETCD_SIZES, ETCD_MEMBERS, ETCD_ELECTION_MS, IDLE_SECONDS and ETCD_HB_SECONDS in the
-#        environment)
+#        ETCD_SIZES, ETCD_MEMBERS, ETCD_ELECTION_MS, AGENTS_PRIORITY, KEY_TTL, HEARTBEAT,
+#        IDLE_SECONDS and ETCD_HB_SECONDS in the environment)
 set -euo pipefail
 BUILD="${1:?usage: run_rdzv_load.sh BUILD_DIR [TCP_SIZES...]}"
 shift
@@ -27,7 +34,9 @@ TCP_SIZES=("${@:-1000 4000 10000}")
 read -r -a TCP_SIZES <<<"${TCP_SIZES[*]}"
 read -r -a ETCD_SIZES <<<"${ETCD_SIZES:-1000 4000 10000}"
 LOAD="$BUILD/bench/rendezvous/rdzv_load"
-IDLE=(--idle-seconds "${IDLE_SECONDS:-30}")
+IDLE=(--idle-seconds "${IDLE_SECONDS:-30}" --heartbeat "${HEARTBEAT:-5}")
+ETCD_CONF=()
+[[ -n ${KEY_TTL:-} ]] && ETCD_CONF=(--key-ttl "$KEY_TTL")
 
 if [[ ${TCP_SIZES[0]} != none ]]; then
   for n in "${TCP_SIZES[@]}"; do "$LOAD" --store tcp --agents "$n" "${IDLE[@]}" 2>/dev/null; done
@@ -74,11 +83,17 @@ for ((m = 0; m < members; m++)); do
     exit 1
   }
 done
+case "${AGENTS_PRIORITY:-}" in
+"") priority=() ;;
+nice) priority=(nice -n 19) ;;
+idle) priority=(chrt --idle 0) ;;
+*) echo "run_rdzv_load: AGENTS_PRIORITY is 'nice' or 'idle', not '$AGENTS_PRIORITY'" >&2; exit 2 ;;
+esac
 endpoints=$(IFS=,; echo "${ports[*]/#/127.0.0.1:}")
 store_pids=$(IFS=,; echo "${pids[*]}")
 for n in "${ETCD_SIZES[@]}"; do
-  "$LOAD" --store etcd --etcd "$endpoints" --store-pid "$store_pids" --agents "$n" \
-    --shards $(((n + 749) / 750)) --hb-seconds "${ETCD_HB_SECONDS:-3}" "${IDLE[@]}" \
+  "${priority[@]}" "$LOAD" --store etcd --etcd "$endpoints" --store-pid "$store_pids" --agents "$n" \
+    --shards $(((n + 749) / 750)) --hb-seconds "${ETCD_HB_SECONDS:-3}" "${IDLE[@]}" "${ETCD_CONF[@]}" \
     2>"$dir/load-$n.err" || {
     sed 's/^/  /' "$dir/load-$n.err" >&2
     for ((m = 0; m < members; m++)); do  # what etcd said last (its log goes with $dir)

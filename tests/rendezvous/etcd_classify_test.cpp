@@ -86,6 +86,28 @@ TEST(EtcdClassify, EtcdsOwnRequestTimeoutIsRetriedLikeNoLeader) {
       classify(http_reply(500, R"({"code":2,"message":"something else"})"), kMember, kRequest, o));
 }
 
+// The lease keepalive is a streaming call: its errors come as {"error": {"grpc_code": ...}}.
+// An overloaded member's request timeout in that shape is a slow cluster's (a read_timeout
+// budget), a lost lease a LeaseNotFoundError; before, both were an unknown "HTTP 503" or a
+// ProtocolError, and 10,000 agents' renewals gave up after connect_timeout saying "cannot reach
+// etcd".
+TEST(EtcdClassify, AStreamingCallsErrorsAreReadLikeOthers) {
+  HttpOptions o;
+  Failure timed_out = classify(
+      http_reply(
+          503,
+          R"({"error":{"grpc_code":14,"http_code":503,)"
+          R"("message":"etcdserver: request timed out","http_status":"Service Unavailable"}})"),
+      kMember, "POST /v3/lease/keepalive", o, /*idempotent=*/true);
+  EXPECT_TRUE(timed_out.retry);
+  EXPECT_NE(timed_out.reason.find("unavailable: etcdserver: request timed out"), std::string::npos)
+      << timed_out.reason;
+  final_message<LeaseNotFoundError>(
+      classify(http_reply(404, R"({"error":{"grpc_code":5,"http_code":404,)"
+                               R"("message":"etcdserver: requested lease not found"}})"),
+               kMember, "POST /v3/lease/keepalive", o));
+}
+
 TEST(EtcdClassify, AMemberThatAcceptedButNeverAnsweredIsATimeout) {
   HttpOptions o;
   std::string m = final_message<TimeoutError>(classify(

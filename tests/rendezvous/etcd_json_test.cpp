@@ -165,6 +165,16 @@ TEST(EtcdJson, ErrorReplies) {
   ASSERT_TRUE(e);
   EXPECT_EQ(e->code, kGrpcNotFound);
   EXPECT_EQ(e->message, "etcdserver: requested lease not found");
+  // A streaming call's error, as the lease keepalive answers from an overloaded member: read
+  // as "etcdserver: request timed out" (a slow cluster), not an unknown HTTP 503 (before: the
+  // keepalive gave up after connect_timeout saying "cannot reach etcd ... Check that etcd runs").
+  auto stream = parse_error(R"({"error":{"grpc_code":14,"http_code":503,)"
+                            R"("message":"etcdserver: request timed out",)"
+                            R"("http_status":"Service Unavailable"}})");
+  ASSERT_TRUE(stream);
+  EXPECT_EQ(stream->code, kGrpcUnavailable);
+  EXPECT_EQ(stream->message, "etcdserver: request timed out");
+  EXPECT_FALSE(parse_error(R"({"error":{"grpc_code":"x"}})"));
   EXPECT_FALSE(parse_error("404 page not found"));
   EXPECT_FALSE(parse_error(R"({"code":"x"})"));
 }

@@ -251,6 +251,16 @@ WatchMessage parse_watch_message(const std::string& line, const std::string& con
 std::optional<ErrorReply> parse_error(const std::string& body) {
   Json j = Json::parse(body, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  // A streaming call's error (the lease keepalive's, a watch's):
+  // {"error": {"grpc_code": 14, "http_code": 503, "message": "...", "http_status": "..."}}.
+  if (auto nested = j.find("error"); nested != j.end() && nested->is_object()) {
+    auto grpc_code = nested->find("grpc_code");
+    if (grpc_code == nested->end() || !grpc_code->is_number_integer()) return std::nullopt;
+    ErrorReply e;
+    e.code = grpc_code->get<int>();
+    e.message = text_or(*nested, "message", "(no message)");
+    return e;
+  }
   auto code = j.find("code");
   if (code == j.end() || !code->is_number_integer()) return std::nullopt;
   ErrorReply e;

@@ -69,7 +69,8 @@ struct WatchMessage {
 };
 WatchMessage parse_watch_message(const std::string& line, const std::string& context);
 
-// etcd's error body: {"error": "...", "code": <gRPC code>, "message": "..."}.
+// etcd's error body: {"error": "...", "code": <gRPC code>, "message": "..."}, or a streaming
+// call's (lease keepalive, watch): {"error": {"grpc_code": <code>, "message": "...", ...}}.
 struct ErrorReply {
   int code = 0;
   std::string message;

@@ -20,7 +20,15 @@ int64_t renew_lease(EtcdHttp& http, int64_t id, std::optional<Millis> timeout) {
   how.idempotent = true;
   how.timeout = timeout;
   Json reply = http.call("/v3/lease/keepalive", {{"ID", std::to_string(id)}}, how);
-  // The gateway streams keepalive replies: one {"result": {...}} for one request.
+  // The gateway streams keepalive replies: one {"result": {...}} for one request, or an error
+  // in the stream ({"error": {"grpc_code": ...}}) once it had answered 200.
+  if (!reply.contains("result")) {
+    if (auto e = parse_error(reply.dump())) {
+      if (e->code == kGrpcNotFound) throw LeaseNotFoundError("etcd lease keepalive: " + e->message);
+      throw StoreError(
+          fmt::format("etcd lease keepalive failed: {} (gRPC code {})", e->message, e->code));
+    }
+  }
   const Json& r = reply.contains("result") ? reply["result"] : reply;
   return int_field(r, "TTL", "etcd lease keepalive reply");
 }

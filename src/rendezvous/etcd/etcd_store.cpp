@@ -284,13 +284,20 @@ int64_t EtcdStore::add(const std::string& key, int64_t delta) {
       }
       return applied_before(r.ranges.front().kvs.front());
     }
-    const TxnReply& raise = r.txns.at(0);
+    auto malformed = [&] {
+      return ProtocolError(
+          fmt::format("{}: etcd's reply to the increment lacks its nested results", context));
+    };
+    if (r.txns.empty()) throw malformed();
+    const TxnReply& raise = r.txns.front();
     if (raise.succeeded) {
-      KeyValue after = raise.put_prev.at(0).value();
-      after.version += 1;
+      if (raise.put_prev.empty() || !raise.put_prev.front()) throw malformed();
+      KeyValue after = *raise.put_prev.front();
+      after.version += 1;  // the put raised it
       return counter(after);
     }
-    const TxnReply& create = raise.txns.at(0);
+    if (raise.txns.empty()) throw malformed();
+    const TxnReply& create = raise.txns.front();
     if (create.succeeded) return 1;
     // set() wrote the key a plain value: add by compare-and-set below.
     if (!create.ranges.empty() && !create.ranges.front().kvs.empty())
