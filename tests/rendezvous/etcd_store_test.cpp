@@ -63,6 +63,14 @@ struct RefusingPort {
   }
 };
 
+// A whole HTTP reply (the connection closed after it) carrying a JSON body.
+std::string json_http_reply(const std::string& status, const std::string& body) {
+  return fmt::format(
+      "HTTP/1.1 {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
+      "Connection: close\r\n\r\n{}",
+      status, body.size(), body);
+}
+
 // A loopback HTTP server standing in for etcd: each connection's request (headers and a JSON
 // body ending in '}', read with a 2 s bound) gets `respond(request)` as the whole reply, and
 // the connection is closed only after the client did, so no unread byte turns the close into
@@ -264,10 +272,7 @@ class ForwardingEtcd {
       body = R"({"error":"etcdserver: request timed out","code":14,)"
              R"("message":"etcdserver: request timed out"})";
     }
-    return fmt::format(
-        "HTTP/1.1 {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
-        "Connection: close\r\n\r\n{}",
-        status, body.size(), body);
+    return json_http_reply(status, body);
   }
 
   etcd::EtcdHttp etcd_;
@@ -517,10 +522,7 @@ TEST(EtcdStore, AnOverloadedEtcdDelaysAWriteInsteadOfFailingIt) {
       body = R"({"error":"etcdserver: too many requests","code":2,)"
              R"("message":"etcdserver: too many requests"})";
     }
-    return fmt::format(
-        "HTTP/1.1 {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
-        "Connection: close\r\n\r\n{}",
-        status, body.size(), body);
+    return json_http_reply(status, body);
   });
   EtcdStoreOptions o;
   o.endpoints = {{"127.0.0.1", server.port()}};
@@ -535,10 +537,7 @@ TEST(EtcdStore, AnOverloadedEtcdDelaysAWriteInsteadOfFailingIt) {
 std::string etcd_refusal(const char* status, int code, const std::string& message) {
   const std::string body =
       fmt::format(R"({{"error":"{0}","code":{1},"message":"{0}"}})", message, code);
-  return fmt::format(
-      "HTTP/1.1 {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
-      "Connection: close\r\n\r\n{}",
-      status, body.size(), body);
+  return json_http_reply(status, body);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
