@@ -235,6 +235,36 @@ TEST(EtcdStore, ConcurrentAddsCountEveryIncrementOnce) {
   EXPECT_EQ(std::stoll(s.get("counter")), kThreads * kAdds);
 }
 
+// More keys than one txn holds (node 0 of a large round): the chunks go out at once on several
+// connections, and every value comes back to its own key, in the order asked for; a wait for
+// such a set ends when a key of a late chunk is set by another client.
+TEST(EtcdStore, ManyKeysTakeParallelTxnsAndComeBackInOrder) {
+  DDP_SKIP_WITHOUT_ETCD();
+  EtcdProcess etcd;
+  EtcdStore s(store_options(etcd, "/t3m/"));
+  s.set_timeout(30s);
+  constexpr int kKeys = 1000;  // 16 txns of 64
+  std::vector<std::string> keys, values;
+  for (int i = 0; i < kKeys; ++i) {
+    keys.push_back(fmt::format("rank/{}", i));
+    values.push_back(fmt::format("value {}", i * 7));
+  }
+  s.multi_set(keys, values);
+  std::vector<std::string> reversed_keys(keys.rbegin(), keys.rend());
+  std::vector<std::string> reversed_values(values.rbegin(), values.rend());
+  EXPECT_EQ(s.multi_get(reversed_keys), reversed_values);
+  EXPECT_TRUE(s.check(keys));
+  keys.push_back("rank/late");
+  EXPECT_FALSE(s.check(keys));
+  auto setter = std::async(std::launch::async, [&] {
+    EtcdStore other(store_options(etcd, "/t3m/"));
+    std::this_thread::sleep_for(300ms);
+    other.set("rank/late", "at last");
+  });
+  EXPECT_EQ(s.multi_get(keys).back(), "at last");
+  setter.get();
+}
+
 // A loopback HTTP server in front of a real etcd: it forwards every request, counts them by
 // path, and can drop the reply of the next txn, answering etcd's "request timed out" instead
 // (etcd may apply a request whose proposal timed out: the client sends it again).

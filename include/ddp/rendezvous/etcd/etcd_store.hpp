@@ -5,9 +5,10 @@
 // backends"). etcd 3.4 or later.
 //
 // How each operation maps onto etcd:
-//   set, multi_set     put (a txn of puts)
-//   get, multi_get     range; an absent key is watched from the revision the range read, so a
-//                      put between the read and the watch is not missed
+//   set, multi_set     put (a txn of puts; more than 64 keys: a txn per 64, up to 8 at once)
+//   get, multi_get     range (more than 64 keys: as multi_set's); an absent key is watched from
+//                      the oldest revision read, so a put between the read and the watch is not
+//                      missed
 //   wait, check        the same, without reading values; wait_interruptibly (InterruptibleWait)
 //                      ends the watch at once when interrupted, and a wait whose watch ran
 //                      to its deadline ends without reading again
