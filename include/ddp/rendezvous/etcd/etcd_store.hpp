@@ -68,7 +68,10 @@ struct EtcdStoreOptions {
   std::optional<std::string> local_address;
   // Longest single watch of a wait: then the keys are read again and watched anew, so a member
   // that died silently (stopped, cut off without a reset) costs this long, not the whole wait.
-  Millis watch_attempt{10000};
+  // Each waiting agent costs etcd a read and a new watch per attempt: 10,000 agents waiting for
+  // their round cost 2,000 requests/s at 10 s, which starved node 0's assembly (bench/rendezvous/
+  // README.md); a member cut off with a reset, or killed, is left at once either way.
+  Millis watch_attempt{30000};
 };
 
 class EtcdStore : public Store, public InterruptibleWait, public KeptAliveKeys {
