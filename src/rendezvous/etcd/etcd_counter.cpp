@@ -2,9 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <cerrno>
-#include <cstdlib>
-
 namespace ddp::rdzv::etcd {
 
 namespace {
@@ -20,15 +17,6 @@ const std::string kPastMarker(
     "ddp-counter;",
     13);
 
-std::optional<int64_t> parse_int(const std::string& text) {
-  if (text.empty()) return std::nullopt;
-  errno = 0;
-  char* end = nullptr;
-  long long n = std::strtoll(text.c_str(), &end, 10);
-  if (*end != '\0' || errno == ERANGE) return std::nullopt;
-  return static_cast<int64_t>(n);
-}
-
 }  // namespace
 
 std::string counter_form(int64_t base, int64_t base_version) {
@@ -36,12 +24,12 @@ std::string counter_form(int64_t base, int64_t base_version) {
 }
 
 std::optional<int64_t> counter_of(const KeyValue& kv) {
-  if (kv.value.rfind(kMarker, 0) != 0) return parse_int(kv.value);
+  if (kv.value.rfind(kMarker, 0) != 0) return parse_int64(kv.value);
   const std::string rest = kv.value.substr(kMarker.size());
   const size_t colon = rest.find(':');
   if (colon == std::string::npos) return std::nullopt;
-  auto base = parse_int(rest.substr(0, colon));
-  auto base_version = parse_int(rest.substr(colon + 1));
+  auto base = parse_int64(rest.substr(0, colon));
+  auto base_version = parse_int64(rest.substr(colon + 1));
   if (!base || !base_version) return std::nullopt;
   return *base + (kv.version - *base_version);
 }

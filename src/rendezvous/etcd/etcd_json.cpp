@@ -250,7 +250,21 @@ WatchMessage parse_watch_message(const std::string& line, const std::string& con
 
 std::optional<ErrorReply> parse_error(const std::string& body) {
   Json j = Json::parse(body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  if (j.is_discarded()) return std::nullopt;
+  return parse_error_object(j);
+}
+
+std::optional<int64_t> parse_int64(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  long long n = std::strtoll(text.c_str(), &end, 10);
+  if (*end != '\0' || errno == ERANGE) return std::nullopt;
+  return static_cast<int64_t>(n);
+}
+
+std::optional<ErrorReply> parse_error_object(const Json& j) {
+  if (!j.is_object()) return std::nullopt;
   // A streaming call's error (the lease keepalive's, a watch's):
   // {"error": {"grpc_code": 14, "http_code": 503, "message": "...", "http_status": "..."}}.
   if (auto nested = j.find("error"); nested != j.end() && nested->is_object()) {

@@ -76,6 +76,11 @@ struct ErrorReply {
   std::string message;
 };
 std::optional<ErrorReply> parse_error(const std::string& body);
+// The same for a reply already parsed.
+std::optional<ErrorReply> parse_error_object(const Json& reply);
+
+// `text` as a whole decimal integer (a sign, digits, nothing else, no overflow); nullopt if not.
+std::optional<int64_t> parse_int64(const std::string& text);
 
 // gRPC codes the gateway reports that ddp treats specially.
 constexpr int kGrpcNotFound = 5;      // "requested lease not found"

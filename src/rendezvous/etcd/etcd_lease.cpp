@@ -3,8 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdlib>
 #include <optional>
 
 #include "ddp/util/logging.hpp"
@@ -23,7 +21,7 @@ int64_t renew_lease(EtcdHttp& http, int64_t id, std::optional<Millis> timeout) {
   // The gateway streams keepalive replies: one {"result": {...}} for one request, or an error
   // in the stream ({"error": {"grpc_code": ...}}) once it had answered 200.
   if (!reply.contains("result")) {
-    if (auto e = parse_error(reply.dump())) {
+    if (auto e = parse_error_object(reply)) {
       if (e->code == kGrpcNotFound) throw LeaseNotFoundError("etcd lease keepalive: " + e->message);
       throw StoreError(
           fmt::format("etcd lease keepalive failed: {} (gRPC code {})", e->message, e->code));
@@ -75,12 +73,8 @@ int64_t SharedLease::acquire_locked() {
   for (int attempt = 0; attempt < kAcquireAttempts; ++attempt) {
     RangeReply current = parse_range(http_.call("/v3/kv/range", range_op(key_)), context);
     if (!current.kvs.empty()) {
-      const std::string& v = current.kvs.front().value;
-      errno = 0;
-      char* end = nullptr;
-      long long parsed = std::strtoll(v.c_str(), &end, 10);
       // Not a lease id (written by something else): replaced below once it is gone.
-      int64_t theirs = (v.empty() || *end != '\0' || errno == ERANGE) ? 0 : parsed;
+      const int64_t theirs = parse_int64(current.kvs.front().value).value_or(0);
       if (theirs != 0 && renew_lease(http_, theirs) > 0) return theirs;
       continue;  // expired since it was read: etcd deletes the key with it
     }
