@@ -9,8 +9,6 @@
 
 #include "ddp/util/error.hpp"
 
-extern char** environ;
-
 namespace ddp::cluster {
 
 EnvMap current_environment() {

@@ -1,5 +1,7 @@
 #include "ddp/launcher/stack_capture.hpp"
 
+#include "ddp/util/env.hpp"
+
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
@@ -17,18 +19,11 @@
 #include <fstream>
 #include <memory>
 
-extern char** environ;
-
 namespace ddp::launcher {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string env_or_empty(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
 
 bool executable(const std::string& path) {
   return !path.empty() && ::access(path.c_str(), X_OK) == 0;
@@ -53,10 +48,10 @@ namespace {
 
 std::string find_tool(const char* env_name, const std::string& name,
                       const std::vector<std::string>& extra_dirs) {
-  const std::string forced = env_or_empty(env_name);
+  const std::string forced = env::get_or(env_name, "");
   if (!forced.empty()) return forced;  // checked when used, so a wrong path is named then
   std::vector<std::string> dirs;
-  const std::string path = env_or_empty("PATH");
+  const std::string path = env::get_or("PATH", "");
   for (size_t start = 0; start <= path.size();) {
     const size_t colon = path.find(':', start);
     dirs.push_back(
@@ -78,7 +73,7 @@ std::string find_tool(const char* env_name, const std::string& name,
   return "";
 }
 
-std::string read_small_file(const std::string& path) {
+std::string read_first_line(const std::string& path) {
   std::ifstream in(path);
   std::string text;
   std::getline(in, text);
@@ -227,7 +222,7 @@ void interpret(Job& job, const std::string& host, RankStacks& r) {
                   r.threads.end());
   if (job.tool_name == "eu-stack") {
     for (auto& t : r.threads) {
-      t.name = trim(read_small_file(fmt::format("/proc/{}/task/{}/comm", r.pid, t.tid)));
+      t.name = trim(read_first_line(fmt::format("/proc/{}/task/{}/comm", r.pid, t.tid)));
     }
   }
   if (!r.threads.empty()) return;
@@ -279,7 +274,7 @@ std::string ptrace_restriction() {
       cap = ((std::strtoull(line.c_str() + 7, nullptr, 16) >> 19) & 1) != 0;
     }
   }
-  const std::string scope = trim(read_small_file("/proc/sys/kernel/yama/ptrace_scope"));
+  const std::string scope = trim(read_first_line("/proc/sys/kernel/yama/ptrace_scope"));
   if (scope == "3") {
     return "/proc/sys/kernel/yama/ptrace_scope is 3 (no process may ptrace another until "
            "reboot); boot with a lower kernel.yama.ptrace_scope to read stacks";

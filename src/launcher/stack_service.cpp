@@ -22,6 +22,7 @@
 
 #include "ddp/launcher/output.hpp"
 #include "ddp/launcher/process.hpp"
+#include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/logging.hpp"
 
@@ -71,11 +72,6 @@ struct JoinOnExit {
   }
 };
 
-std::string env_or_empty(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
 // Creates `dir` 0700 if missing and checks it is this user's and not open to others: the socket
 // inside hands out stack traces (and can pause the workers), so it must not be reachable by
 // another user through a folder they made.
@@ -113,9 +109,9 @@ std::string keys_prefix(const std::string& run_id, int generation) {
 }  // namespace
 
 std::string stacks_registry_dir() {
-  std::string dir = env_or_empty("DDPRUN_RUNTIME_DIR");
+  std::string dir = env::get_or("DDPRUN_RUNTIME_DIR", "");
   if (!dir.empty()) return dir;
-  const std::string xdg = env_or_empty("XDG_RUNTIME_DIR");
+  const std::string xdg = env::get_or("XDG_RUNTIME_DIR", "");
   if (!xdg.empty()) return xdg + "/ddprun";
   return fmt::format("/tmp/ddprun-{}", ::geteuid());
 }

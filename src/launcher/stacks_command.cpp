@@ -36,7 +36,7 @@ struct AgentRecord {
   int64_t pid = 0;
 };
 
-std::string host_name() {
+std::string host_name_or_empty() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof(buf) - 1) != 0) return "";
   return buf;
@@ -47,7 +47,7 @@ std::vector<AgentRecord> records_in(const std::string& dir, const std::string& p
                                     const std::string& run_id) {
   std::vector<AgentRecord> out;
   std::error_code ec;
-  const std::string host = host_name();
+  const std::string host = host_name_or_empty();
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     if (name.rfind(prefix, 0) != 0 || e.path().extension() != ".json") continue;

@@ -1,12 +1,11 @@
 #include "ddp/launcher/worker_env.hpp"
 
+#include <unistd.h>  // environ
 #include <algorithm>
 #include <map>
 #include <utility>
 
 #include "ddp/util/error.hpp"
-
-extern char** environ;
 
 namespace ddp::launcher {
 

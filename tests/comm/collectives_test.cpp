@@ -25,10 +25,6 @@ class Collectives : public ::testing::TestWithParam<Param> {
   int world() const { return GetParam().world; }
 };
 
-void wait(const WorkPtr& w) {
-  w->wait(std::chrono::seconds(60));
-}
-
 TEST_P(Collectives, AllReduceEveryDtypeAndOp) {
   run([&](ProcessGroup& pg) {
     for (DataType t : kAllDtypes) {

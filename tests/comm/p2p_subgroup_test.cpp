@@ -18,10 +18,6 @@ namespace ddp::test {
 namespace {
 
 using std::chrono::milliseconds;
-void wait(const WorkPtr& w) {
-  w->wait(std::chrono::seconds(60));
-}
-
 class Backends : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Backends, SendRecvMatchesTagsInOrder) {

@@ -16,6 +16,11 @@
 
 namespace ddp::test {
 
+// Waits for `w` with the tests' 60 s limit (a hang fails the test instead of stalling ctest).
+inline void wait(const WorkPtr& w) {
+  w->wait(std::chrono::seconds(60));
+}
+
 inline InitOptions thread_options(const std::string& backend,
                                   std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
   InitOptions o;

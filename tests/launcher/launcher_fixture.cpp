@@ -19,8 +19,6 @@
 #include <sstream>
 #include <thread>
 
-extern char** environ;
-
 namespace ddp::launcher::testing {
 
 namespace {

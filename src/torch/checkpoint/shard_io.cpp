@@ -65,7 +65,7 @@ class ShardFile {
   int64_t offset_ = 0;
 };
 
-std::string read_file(const std::string& path) {
+std::string read_shard_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream s;
   s << in.rdbuf();
@@ -131,7 +131,7 @@ void commit(const std::string& step_path, int world, std::chrono::milliseconds t
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    dcp::Metadata part = dcp::decode(read_file(path), path);
+    dcp::Metadata part = dcp::decode(read_shard_file(path), path);
     for (auto& e : part.entries) merged.entries.push_back(std::move(e));
   }
   std::random_device rd;

@@ -29,8 +29,6 @@
 #include "models.hpp"
 #include "rank_threads.hpp"
 
-extern char** environ;
-
 #if defined(DDP_WITH_CUDA_TORCH)
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

@@ -32,8 +32,6 @@
 #include "ddp/util/socket.hpp"
 #include "models.hpp"
 
-extern char** environ;
-
 namespace {
 
 namespace fs = std::filesystem;
