@@ -6,6 +6,9 @@
 # selects the tests labelled "sanitize" and sets the sanitizer options (CMakePresets.json,
 # suppressions in tests/sanitizers/). Usage: sanitizer-tests.sh [asan] [tsan] (default both).
 # Any sanitizer report fails the test that printed it, and the script exits non-zero.
+# DDP_SANITIZER_PHASE=build only builds the trees, =test only runs their tests (scripts/test.sh
+# builds them in the background, at the lowest CPU priority, while the main ctest run waits on
+# processes and sockets); unset does both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +27,12 @@ targets_asan=(store_tests launcher_unit_test launcher_e2e_test launcher_test_wor
 targets_tsan=(comm_tests comm_worker comm_multiprocess_tests recoverable_group_tests store_tests
               flight_recorder_tests)
 
+phase="${DDP_SANITIZER_PHASE:-all}"
+case "$phase" in
+  all | build | test) ;;
+  *) echo "sanitizer-tests: DDP_SANITIZER_PHASE=$phase: expected build, test or unset" >&2; exit 2 ;;
+esac
+
 status=0
 for stage in "${stages[@]}"; do
   case "$stage" in
@@ -31,14 +40,20 @@ for stage in "${stages[@]}"; do
     tsan) targets=("${targets_tsan[@]}") ;;
     *) echo "sanitizer-tests: unknown stage '$stage' (expected asan or tsan)" >&2; exit 2 ;;
   esac
-  echo "=== sanitizer stage: $stage: building ${targets[*]} (build-$stage)"
-  cmake --preset "$stage" >/dev/null
-  build_args=()
-  for t in "${targets[@]}"; do build_args+=(--target "$t"); done
-  cmake --build --preset "$stage" -j "$jobs" "${build_args[@]}"
+  if [[ "$phase" != test ]]; then
+    start=$SECONDS
+    echo "=== sanitizer stage: $stage: building ${targets[*]} (build-$stage)"
+    cmake --preset "$stage" >/dev/null
+    build_args=()
+    for t in "${targets[@]}"; do build_args+=(--target "$t"); done
+    cmake --build --preset "$stage" -j "$jobs" "${build_args[@]}"
+    echo "=== sanitizer stage: $stage: built in $((SECONDS - start)) s"
+  fi
+  [[ "$phase" == build ]] && continue
+  start=$SECONDS
   echo "=== sanitizer stage: $stage: ctest --preset $stage (label sanitize)"
   if ctest --preset "$stage" -j "${DDP_SANITIZER_TEST_JOBS:-2}"; then
-    echo "=== sanitizer stage: $stage: passed"
+    echo "=== sanitizer stage: $stage: passed in $((SECONDS - start)) s"
   else
     echo "=== sanitizer stage: $stage: FAILED" >&2
     status=1

@@ -2,16 +2,60 @@
 # The whole test suite: installs what is missing, builds everything, runs ctest, then the
 # sanitizer stage (scripts/sanitizer-tests.sh: ASan+UBSan and TSan trees, label "sanitize").
 # DDP_SANITIZERS=0 skips that stage; a failure in either stage fails the script.
+#
+# The sanitizer trees are built in the background, at the lowest CPU priority (nice 19), while
+# the main ctest run goes on: most of its tests wait on processes, sockets and timeouts, and the
+# build takes only the CPU they leave idle. Their tests run after the main run.
+#
+# Each stage prints its duration ("=== test.sh: <stage> took N s"), so a change that makes one
+# slower shows in every run (README: "How long the tests take").
 set -euo pipefail
 cd "$(dirname "$0")/.."
+build_dir="${DDP_BUILD_DIR:-build}"
+started=$SECONDS
+took() { echo "=== test.sh: $1 took $((SECONDS - $2)) s (total $((SECONDS - started)) s)"; }
+
+t=$SECONDS
 scripts/install-deps.sh test
+took "install-deps" "$t"
+
+t=$SECONDS
 scripts/build.sh -DDDP_BUILD_TESTS=ON
-echo "=== main stage: ctest (${DDP_BUILD_DIR:-build})"
+took "build" "$t"
+
 status=0
-(cd "${DDP_BUILD_DIR:-build}" && ctest --output-on-failure --timeout 900 -j "${DDP_TEST_JOBS:-2}") ||
-  status=1
+sanitizer_build_pid=""
+sanitizer_log="$build_dir/sanitizer-build.log"
 if [[ "${DDP_SANITIZERS:-1}" != 0 ]]; then
-  scripts/sanitizer-tests.sh || status=1
+  echo "=== sanitizer stage: building the asan and tsan trees in the background ($sanitizer_log)"
+  DDP_SANITIZER_PHASE=build nice -n 19 scripts/sanitizer-tests.sh >"$sanitizer_log" 2>&1 &
+  sanitizer_build_pid=$!
 fi
-((status == 0)) && echo "=== test.sh: all stages passed" || echo "=== test.sh: FAILED" >&2
+
+# ctest runs up to DDP_TEST_JOBS tests at once (default: twice the cores); a test that keeps
+# cores busy says so with its PROCESSORS property (tests/CMakeLists.txt: ddp_test_cores), so
+# the tests running at once never ask for more than the machine has.
+t=$SECONDS
+jobs="${DDP_TEST_JOBS:-$((2 * $(nproc)))}"
+echo "=== main stage: ctest -j $jobs ($build_dir)"
+(cd "$build_dir" && ctest --output-on-failure --timeout 900 -j "$jobs") || status=1
+took "main stage (ctest)" "$t"
+
+if [[ -n "$sanitizer_build_pid" ]]; then
+  t=$SECONDS
+  if wait "$sanitizer_build_pid"; then
+    grep '^=== sanitizer stage' "$sanitizer_log" || true
+    took "waiting for the sanitizer trees' build" "$t"
+    t=$SECONDS
+    DDP_SANITIZER_PHASE=test scripts/sanitizer-tests.sh || status=1
+    took "sanitizer stage (tests)" "$t"
+  else
+    tail -n 60 "$sanitizer_log" >&2
+    echo "=== sanitizer stage: building the trees FAILED (whole log: $sanitizer_log)" >&2
+    status=1
+  fi
+fi
+
+((status == 0)) && echo "=== test.sh: all stages passed in $((SECONDS - started)) s" ||
+  echo "=== test.sh: FAILED after $((SECONDS - started)) s" >&2
 exit $status
