@@ -46,12 +46,33 @@ class RecordedP2PWork : public Work {
 
 }  // namespace
 
+uint64_t record_p2p(FlightRecorder* recorder, const char* op, DataType dtype, uint64_t count,
+                    int peer) {
+  if (!recorder) return 0;
+  return recorder->record(CollectiveRecordInfo::of(op, dtype, count, std::nullopt, peer));
+}
+
+void record_p2p_start(FlightRecorder* recorder, uint64_t record) {
+  if (recorder) recorder->started(record);
+}
+
+void record_p2p_finished(FlightRecorder* recorder, uint64_t record,
+                         const std::exception_ptr& error) {
+  if (!recorder) return;
+  if (!error) return recorder->finished(record, true);
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    recorder->finished(record, false, e.what());
+  } catch (...) {
+    recorder->finished(record, false, "unknown error");
+  }
+}
+
 uint64_t record_p2p_started(FlightRecorder* recorder, const char* op, DataType dtype,
                             uint64_t count, int peer) {
-  if (!recorder) return 0;
-  const uint64_t id =
-      recorder->record(CollectiveRecordInfo::of(op, dtype, count, std::nullopt, peer));
-  recorder->started(id);
+  const uint64_t id = record_p2p(recorder, op, dtype, count, peer);
+  record_p2p_start(recorder, id);
   return id;
 }
 

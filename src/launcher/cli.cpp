@@ -1,17 +1,18 @@
+// ddprun's command line (parse_command_line): the flags and subcommands, and what each value
+// becomes in LaunchOptions. Reading and checking one value: cli_values.cpp; the worker count of
+// --nproc-per-node: nproc_per_node.cpp.
 #include "ddp/launcher/cli.hpp"
 
-#include <dirent.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <map>
 #include <random>
 
+#include "cli_values.hpp"
 #include "ddp/launcher/signals.hpp"
 #include "ddp/launcher/step_recovery.hpp"
 #include "ddp/rendezvous/options.hpp"
@@ -20,106 +21,9 @@
 
 namespace ddp::launcher {
 
+using namespace detail;
+
 namespace {
-
-// One option that takes a value: its flag names (first long spelling is used in messages),
-// its PET_* variable, and the value given on the command line.
-struct ValueFlag {
-  std::string names;  // CLI11 spec, e.g. "--nproc-per-node,--nproc_per_node"
-  std::string env;    // PET_NPROC_PER_NODE
-  std::string help;
-  std::string cli_value;
-  CLI::Option* option = nullptr;
-};
-
-struct BoolFlag {
-  std::string names;
-  std::string env;
-  std::string help;
-  bool cli_value = false;
-  CLI::Option* option = nullptr;
-};
-
-// A value with where it came from, for messages: "--max-restarts" or "PET_MAX_RESTARTS".
-struct Sourced {
-  std::string value;
-  std::string source;
-};
-
-std::string first_long_name(const std::string& names) {
-  size_t start = 0;
-  while (start < names.size()) {
-    size_t comma = names.find(',', start);
-    std::string name =
-        names.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (name.rfind("--", 0) == 0) return name;
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return names;
-}
-
-std::optional<Sourced> value_of(const ValueFlag& f, const EnvLookup& env) {
-  if (f.option->count() > 0) return Sourced{f.cli_value, first_long_name(f.names)};
-  auto v = env(f.env);
-  if (v && !v->empty()) return Sourced{*v, f.env};  // torchrun ignores empty PET_ values
-  return std::nullopt;
-}
-
-bool bool_of(const BoolFlag& f, const EnvLookup& env) {
-  if (f.option->count() > 0) return f.cli_value;
-  auto v = env(f.env);
-  if (!v || v->empty()) return false;
-  // torchrun: bool(int(value)).
-  char* end = nullptr;
-  long parsed = std::strtol(v->c_str(), &end, 10);
-  if (end == v->c_str() || *end != '\0') {
-    throw UsageError(fmt::format("{}={}: expected an integer (1 turns {} on, 0 off)", f.env, *v,
-                                 first_long_name(f.names)));
-  }
-  return parsed != 0;
-}
-
-int parse_int(const Sourced& s, int min, int max, const std::string& what) {
-  const std::string& v = s.value;
-  char* end = nullptr;
-  errno = 0;
-  long parsed = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || end == v.c_str() || *end != '\0' || errno != 0 || parsed < min || parsed > max) {
-    throw UsageError(fmt::format("{}: '{}' is not {}", s.source, v, what));
-  }
-  return static_cast<int>(parsed);
-}
-
-double parse_positive_double(const Sourced& s) {
-  char* end = nullptr;
-  double parsed = std::strtod(s.value.c_str(), &end);
-  if (end == s.value.c_str() || *end != '\0' || !(parsed > 0)) {
-    throw UsageError(fmt::format("{}: '{}' is not a positive number of seconds (e.g. 5 or 0.5)",
-                                 s.source, s.value));
-  }
-  return parsed;
-}
-
-int count_gpus(const std::string& dev_dir) {
-  int count = 0;
-  DIR* dev = ::opendir(dev_dir.c_str());
-  if (dev == nullptr) return 0;
-  while (dirent* e = ::readdir(dev)) {
-    std::string name = e->d_name;
-    if (name.size() > 6 && name.rfind("nvidia", 0) == 0 &&
-        std::all_of(name.begin() + 6, name.end(), [](char c) { return std::isdigit(c); })) {
-      ++count;
-    }
-  }
-  ::closedir(dev);
-  return count;
-}
-
-int count_cpus() {
-  long n = ::sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? static_cast<int>(n) : 1;
-}
 
 std::string random_run_id() {
   std::random_device rd;
@@ -143,50 +47,6 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
-std::vector<int> parse_rank_list(const Sourced& s) {
-  std::vector<int> ranks;
-  size_t start = 0;
-  while (start <= s.value.size()) {
-    size_t comma = s.value.find(',', start);
-    std::string item =
-        s.value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    ranks.push_back(parse_int({item, s.source}, 0, 1 << 20,
-                              "a comma-separated list of local ranks like 0 or 0,1"));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return ranks;
-}
-
-enum class Seconds { kZeroOrMore, kPositive };
-
-// A ddprun knob in seconds from the environment (fractions allowed); nullopt when unset or
-// empty. UsageError naming the variable when the value is not a number in range.
-std::optional<std::chrono::milliseconds> env_seconds(const EnvLookup& env, const char* name,
-                                                     Seconds range) {
-  auto text = env(name);
-  if (!text || text->empty()) return std::nullopt;
-  char* end = nullptr;
-  const double seconds = std::strtod(text->c_str(), &end);
-  const bool positive = range == Seconds::kPositive;
-  if (end == text->c_str() || *end != '\0' || !(positive ? seconds > 0 : seconds >= 0)) {
-    throw UsageError(fmt::format("{}={}: expected seconds ({}, e.g. 30 or 0.5)", name, *text,
-                                 positive ? "more than 0" : "0 or more"));
-  }
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-}
-
-rdzv::NodeRange parse_nnodes(const Sourced& s) {
-  try {
-    return rdzv::parse_nnodes(s.value);
-  } catch (const UsageError& e) {
-    // Name the source actually used (PET_NNODES or --nnodes).
-    std::string m = e.what();
-    if (s.source != "--nnodes" && m.rfind("--nnodes", 0) == 0) m = s.source + m.substr(8);
-    throw UsageError(m);
-  }
-}
-
 }  // namespace
 
 EnvLookup process_env() {
@@ -195,83 +55,6 @@ EnvLookup process_env() {
     if (v == nullptr) return std::nullopt;
     return std::string(v);
   };
-}
-
-int visible_gpu_count(int device_nodes, const std::optional<std::string>& cuda_visible_devices) {
-  if (!cuda_visible_devices) return device_nodes;
-  // torch.cuda's _parse_visible_devices: comma-separated entries, each stripped.
-  std::vector<std::string> entries;
-  const std::string& var = *cuda_visible_devices;
-  for (size_t start = 0;;) {
-    const size_t comma = var.find(',', start);
-    std::string e =
-        var.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    const auto first = e.find_first_not_of(" \t"), last = e.find_last_not_of(" \t");
-    entries.push_back(first == std::string::npos ? "" : e.substr(first, last - first + 1));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  // UUIDs (GPU-...) or MIG names (MIG-...): entries up to the first without the prefix; a
-  // repeated entry hides every device.
-  for (const std::string prefix : {"GPU-", "MIG-"}) {
-    if (var.rfind(prefix, 0) != 0) continue;
-    std::vector<std::string> seen;
-    for (const auto& e : entries) {
-      if (std::find(seen.begin(), seen.end(), e) != seen.end()) return 0;
-      if (e.rfind(prefix, 0) != 0) break;
-      seen.push_back(e);
-    }
-    return std::min(static_cast<int>(seen.size()), device_nodes);
-  }
-  // Ordinals, each read like strtoul (leading digits, "1gpu" is 1): a negative or unreadable
-  // entry ends the list, a repeated one hides every device, and the count stops at the first
-  // ordinal the machine does not have.
-  std::vector<long> seen;
-  for (const auto& e : entries) {
-    size_t digits = 0;
-    const size_t sign = !e.empty() && (e[0] == '+' || e[0] == '-') ? 1 : 0;
-    while (sign + digits < e.size() && std::isdigit(static_cast<unsigned char>(e[sign + digits]))) {
-      ++digits;
-    }
-    if (digits == 0 || e[0] == '-') break;
-    const long ordinal =
-        std::strtol(e.substr(sign, std::min<size_t>(digits, 9)).c_str(), nullptr, 10);
-    if (std::find(seen.begin(), seen.end(), ordinal) != seen.end()) return 0;
-    seen.push_back(ordinal);
-  }
-  for (size_t i = 0; i < seen.size(); ++i) {
-    if (seen[i] >= device_nodes) return static_cast<int>(i);
-  }
-  return static_cast<int>(seen.size());
-}
-
-int resolve_nproc_per_node(const std::string& value, const std::string& flag, const EnvLookup& env,
-                           const std::string& dev_dir) {
-  if (value == "cpu") return count_cpus();
-  if (value == "gpu" || value == "auto") {
-    const int nodes = count_gpus(dev_dir);
-    const std::optional<std::string> cvd = env("CUDA_VISIBLE_DEVICES");
-    const int gpus = visible_gpu_count(nodes, cvd);
-    if (gpus > 0) return gpus;
-    if (value == "auto") return count_cpus();
-    if (nodes > 0 && cvd) {
-      throw UsageError(fmt::format(
-          "{} gpu: CUDA_VISIBLE_DEVICES='{}' hides every GPU of this node's {} (empty, -1, an "
-          "invalid first entry, a repeated entry or ordinals it lacks); list the GPUs to use "
-          "(e.g. CUDA_VISIBLE_DEVICES=0,1), or pass a number, cpu or auto",
-          flag, *cvd, nodes));
-    }
-    if (cvd && (cvd->empty() || *cvd == "-1")) {
-      throw UsageError(
-          fmt::format("{} gpu: CUDA_VISIBLE_DEVICES='{}' hides every GPU; list the GPUs to use "
-                      "(e.g. CUDA_VISIBLE_DEVICES=0,1), or pass a number, cpu or auto",
-                      flag, *cvd));
-    }
-    throw UsageError(fmt::format(
-        "{} gpu: no NVIDIA GPU found (no {}/nvidia<N>); use a number, cpu or auto", flag, dev_dir));
-  }
-  return parse_int({value, flag}, 1, 1 << 16,
-                   "a worker count: a positive integer, auto, cpu or gpu");
 }
 
 ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const EnvLookup& env) {

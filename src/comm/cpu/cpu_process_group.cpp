@@ -176,16 +176,16 @@ WorkPtr CpuProcessGroup::send(const void* data, size_t count, DataType dtype, in
                                  all_ranks(c).post_send(data, bytes, dst, tag, c));
   }
   auto work = std::make_shared<FutureWork>(c.describe() + " on " + where());
-  const uint64_t record = record_p2p("send", dtype, count, dst);
+  const uint64_t record = record_p2p(flight_recorder(), "send", dtype, count, dst);
   p2p_executor(dst).post([this, work, c, data, bytes, dst, tag, record] {
     std::exception_ptr error;
-    p2p_started(record);
+    record_p2p_start(flight_recorder(), record);
     try {
       shm_->send(data, bytes, topo_.local_rank_of(dst), tag, context(c));
     } catch (...) {
       error = std::current_exception();
     }
-    p2p_finished(record, error);
+    record_p2p_finished(flight_recorder(), record, error);
     work->finish(error);
   });
   return work;
@@ -201,16 +201,16 @@ WorkPtr CpuProcessGroup::recv(void* data, size_t count, DataType dtype, int src,
                                  all_ranks(c).post_recv(data, bytes, src, tag, c));
   }
   auto work = std::make_shared<FutureWork>(c.describe() + " on " + where());
-  const uint64_t record = record_p2p("recv", dtype, count, src);
+  const uint64_t record = record_p2p(flight_recorder(), "recv", dtype, count, src);
   p2p_executor(size_ + src).post([this, work, c, data, bytes, src, tag, record] {
     std::exception_ptr error;
-    p2p_started(record);
+    record_p2p_start(flight_recorder(), record);
     try {
       shm_->recv(data, bytes, topo_.local_rank_of(src), tag, context(c));
     } catch (...) {
       error = std::current_exception();
     }
-    p2p_finished(record, error);
+    record_p2p_finished(flight_recorder(), record, error);
     work->finish(error);
   });
   return work;
@@ -231,10 +231,10 @@ WorkPtr CpuProcessGroup::recv_any_source(void* data, size_t count, DataType dtyp
         all_ranks(c).post_recv_any(data, bytes, tag, c, std::move(source)));
   }
   auto work = std::make_shared<FutureWork>(c.describe() + " from any source on " + where());
-  const uint64_t record = record_p2p("recv", dtype, count, -1);
+  const uint64_t record = record_p2p(flight_recorder(), "recv", dtype, count, -1);
   p2p_executor(2 * size_).post([this, work, c, data, bytes, tag, record, source] {
     std::exception_ptr error;
-    p2p_started(record);
+    record_p2p_start(flight_recorder(), record);
     try {
       const ShmContext ctx = context(c);
       const auto& locals = topo_.ranks_of_host[topo_.my_host];
@@ -263,34 +263,10 @@ WorkPtr CpuProcessGroup::recv_any_source(void* data, size_t count, DataType dtyp
     } catch (...) {
       error = std::current_exception();
     }
-    p2p_finished(record, error);
+    record_p2p_finished(flight_recorder(), record, error);
     work->finish(error);
   });
   return work;
-}
-
-uint64_t CpuProcessGroup::record_p2p(const char* op, DataType dtype, size_t count, int peer) {
-  FlightRecorder* recorder = flight_recorder();
-  if (!recorder) return 0;
-  // No sequence number: point-to-point operations are not ordered with the collectives.
-  return recorder->record(CollectiveRecordInfo::of(op, dtype, count, std::nullopt, peer));
-}
-
-void CpuProcessGroup::p2p_started(uint64_t record) {
-  if (FlightRecorder* recorder = flight_recorder()) recorder->started(record);
-}
-
-void CpuProcessGroup::p2p_finished(uint64_t record, const std::exception_ptr& error) {
-  FlightRecorder* recorder = flight_recorder();
-  if (!recorder) return;
-  if (!error) return recorder->finished(record, true);
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    recorder->finished(record, false, e.what());
-  } catch (...) {
-    recorder->finished(record, false, "unknown error");
-  }
 }
 
 ShmContext CpuProcessGroup::context(const CallInfo& call) const {

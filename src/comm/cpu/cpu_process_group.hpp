@@ -84,11 +84,6 @@ class CpuProcessGroup : public AsyncProcessGroup {
   bool p2p_over_gloo() const { return topo_.num_hosts() > 1; }
   void leaders_all_reduce(void* data, size_t count, DataType dtype, ReduceOp op,
                           const CallInfo& call);
-  // The flight recorder's entries of same-host sends and receives (0 without a recorder):
-  // a send/recv that never completes then shows in dumps and ddprun's hang report.
-  uint64_t record_p2p(const char* op, DataType dtype, size_t count, int peer);
-  void p2p_started(uint64_t record);
-  void p2p_finished(uint64_t record, const std::exception_ptr& error);
   ShmContext context(const CallInfo& call) const;
   SerialExecutor& p2p_executor(int index);
   bool single_host() const { return topo_.num_hosts() == 1; }

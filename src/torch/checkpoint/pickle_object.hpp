@@ -5,7 +5,8 @@
 // a class is kept as its "module.name". Malformed or hostile input is a UsageError naming
 // `source` and the byte offset, never a crash, an over-read or unbounded memory.
 //
-// No LibTorch here: the DCP metadata layer sits below the tensors.
+// Parsed by the one pickle parser (../pickle/unpickler.hpp), which the torch.save reader of
+// snapshots shares. No LibTorch here: the DCP metadata layer sits below the tensors.
 
 #include <cstdint>
 #include <memory>
