@@ -35,6 +35,13 @@ fi
 # ctest runs up to DDP_TEST_JOBS tests at once (default: twice the cores); a test that keeps
 # cores busy says so with its PROCESSORS property (tests/CMakeLists.txt: ddp_test_cores), so
 # the tests running at once never ask for more than the machine has.
+# A fresh tree has no cost data yet: ctest would start the tests in the order they were added,
+# the longest among the last. tests/ctest_costs.txt seeds it; ctest keeps it up to date.
+costs="$build_dir/Testing/Temporary/CTestCostData.txt"
+if [[ ! -s "$costs" ]]; then
+  mkdir -p "$(dirname "$costs")"
+  grep -v '^#' tests/ctest_costs.txt >"$costs"
+fi
 t=$SECONDS
 jobs="${DDP_TEST_JOBS:-$((2 * $(nproc)))}"
 echo "=== main stage: ctest -j $jobs ($build_dir)"

@@ -18,9 +18,13 @@ WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 TORCH_PIN="$(grep -m1 '^torch==' "$SOURCE/scripts/requirements.txt")"
-# pip's build trees stay inside the build directory (inside the checkout: ccache reuses the
-# objects of the main build), not in SOURCE/build/pip where a user's `pip install .` builds.
-PIP_BUILD="$BUILD/pip-test"
+# pip's build trees are siblings of the build directory (BUILD-pip-test.wheel, .install), not
+# SOURCE/build/pip where a user's `pip install .` builds. At the build directory's own depth
+# below the checkout every compiler command line is the main build's (ccache's base_dir makes
+# paths relative to the directory the compiler runs in: "../include" from BUILD and from a
+# sibling, "../../../include" from BUILD/pip-test/wheel), so ccache gives back the main build's
+# objects instead of compiling ddp twice more (issue 47: this test took 298 s).
+PIP_BUILD="$BUILD-pip-test"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 echo "== a fresh virtual environment with only $TORCH_PIN"
@@ -50,7 +54,7 @@ run_job() {
 
 echo "== pip wheel (built by $PYTHON, without build isolation)"
 "$PYTHON" -m pip wheel --no-build-isolation --no-deps -w "$WORK/wheels" \
-  --config-settings=build-dir="$PIP_BUILD/wheel" "$SOURCE" >"$WORK/wheel.log" 2>&1 ||
+  --config-settings=build-dir="$PIP_BUILD.wheel" "$SOURCE" >"$WORK/wheel.log" 2>&1 ||
   { tail -n 60 "$WORK/wheel.log"; fail "pip wheel"; }
 wheel="$(ls "$WORK"/wheels/ddp-*.whl)"
 echo "wheel: $(basename "$wheel")"
@@ -64,7 +68,7 @@ run_job "pip wheel"
 
 echo "== pip install $SOURCE (with pip's build isolation)"
 "$WORK/venv/bin/python" -m pip uninstall -q -y ddp
-"$WORK/venv/bin/python" -m pip install -v --config-settings=build-dir="$PIP_BUILD/install" \
+"$WORK/venv/bin/python" -m pip install -v --config-settings=build-dir="$PIP_BUILD.install" \
   "$SOURCE" >"$WORK/install.log" 2>&1 || { tail -n 60 "$WORK/install.log"; fail "pip install"; }
 grep -q "ddp python: building the 'ddp' torch.distributed backend for $WORK/venv/bin/python" \
   "$WORK/install.log" || { grep "ddp python" "$WORK/install.log"; fail "pip install did not build for the environment's own Python"; }
