@@ -25,6 +25,11 @@ TORCH_PIN="$(grep -m1 '^torch==' "$SOURCE/scripts/requirements.txt")"
 # sibling, "../../../include" from BUILD/pip-test/wheel), so ccache gives back the main build's
 # objects instead of compiling ddp twice more (issue 47: this test took 298 s).
 PIP_BUILD="$BUILD-pip-test"
+# ... and with the main build's compilers: ccache hashes the compiler's name, and CMake under pip
+# picks gcc/g++ where the main build has cc/c++ (the same compiler under other names).
+CC="$(sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt")"
+CXX="$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt")"
+export CC CXX
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 echo "== a fresh virtual environment with only $TORCH_PIN"
