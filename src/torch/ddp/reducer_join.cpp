@@ -1,6 +1,6 @@
 // The Reducer's part in Join (join.hpp): what a rank that ran out of inputs does in each
-// backward of the ranks still training. Kept apart from reducer_backward.cpp: it shares no code path
-// with a real backward, only the order of collectives.
+// backward of the ranks still training. Kept apart from reducer_backward.cpp: it shares no code
+// path with a real backward, only the order of collectives.
 
 #include <fmt/format.h>
 
