@@ -32,9 +32,10 @@ if [[ "${DDP_SANITIZERS:-1}" != 0 ]]; then
   sanitizer_build_pid=$!
 fi
 
-# ctest runs up to DDP_TEST_JOBS tests at once (default: twice the cores); a test that keeps
-# cores busy says so with its PROCESSORS property (tests/CMakeLists.txt: ddp_test_cores), so
-# the tests running at once never ask for more than the machine has.
+# ctest runs up to DDP_TEST_JOBS tests at once (default: twice the cores); a test that keeps a
+# core busy for long says so with PROCESSORS 2 (tests/CMakeLists.txt, "Scheduling"), so the
+# tests running at once do not ask for much more CPU than the machine has.
+#
 # A fresh tree has no cost data yet: ctest would start the tests in the order they were added,
 # the longest among the last. tests/ctest_costs.txt seeds it; ctest keeps it up to date.
 costs="$build_dir/Testing/Temporary/CTestCostData.txt"
