@@ -47,6 +47,7 @@ struct Args {
   int64_t total_steps = -1;
   std::string loss_log;
   std::string recovery = "group";  // --recovery step: step_recovery.hpp
+  int64_t test_images = -1;        // -1: the whole test set; 0: no evaluation
 };
 
 // The --comm-hook choices: how DDP averages a gradient bucket (comm_hooks.hpp).
@@ -60,12 +61,14 @@ ddp::CommHookPtr comm_hook_named(const std::string& name) {
 
 // Correct predictions and count over this rank's share of the test set (rank::world, no
 // padding, so the sum over ranks covers each test image exactly once).
+// Over the first `limit` test images only (--test-images).
 std::pair<int64_t, int64_t> evaluate(ddp::models::MnistCnn& model, const ddp::TensorDataset& test,
-                                     int rank, int world, const torch::Device& device) {
+                                     int64_t limit, int rank, int world,
+                                     const torch::Device& device) {
   torch::NoGradGuard no_grad;
   model->eval();
   std::vector<int64_t> mine;
-  for (int64_t i = rank; i < test.size(); i += world) mine.push_back(i);
+  for (int64_t i = rank; i < limit; i += world) mine.push_back(i);
   ddp::PrefetchLoader loader(test, mine, ddp::PrefetchLoaderOptions().batch_size(1000));
   int64_t correct = 0;
   while (auto batch = loader.next()) {
@@ -241,21 +244,25 @@ int run(const Args& args) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (rank == 0) std::cout << "Exiting training loop...\n" << std::flush;
 
-  auto [correct, count] = evaluate(model, test, rank, world, device);
+  // "Training time = ... | test accuracy ...", the line scripts and tests read.
+  const double samples = static_cast<double>(steps_total * args.batch_size * world);
+  const std::string timing =
+      fmt::format("Training time = {:.2f} s | {:.1f} samples/s over {} ranks", seconds,
+                  seconds > 0 ? samples / seconds : 0.0, world);
+  const int64_t test_images = mnist_example::test_images(args.test_images, test.size());
+  if (test_images == 0) {
+    if (rank == 0) std::cout << timing << " | no test evaluation (--test-images 0)\n" << std::flush;
+    return 0;
+  }
+  auto [correct, count] = evaluate(model, test, test_images, rank, world, device);
   // On the group's device: the nccl backend takes device memory only.
   auto totals = torch::tensor({correct, count}, torch::kInt64).to(ddp::comm_device(*pg));
   ddp::wait_on_current_stream(*pg, *ddp::all_reduce(*pg, totals), pg->timeout());
   totals = totals.cpu();
   if (rank == 0) {
-    const double samples = static_cast<double>(steps_total * args.batch_size * world);
-    std::cout << fmt::format(
-                     "Training time = {:.2f} s | {:.1f} samples/s over {} ranks | test accuracy "
-                     "{:.2f}% ({}/{})",
-                     seconds, seconds > 0 ? samples / seconds : 0.0, world,
-                     100.0 * totals[0].item<int64_t>() /
-                         std::max<int64_t>(totals[1].item<int64_t>(), 1),
-                     totals[0].item<int64_t>(), totals[1].item<int64_t>())
-              << "\n"
+    const int64_t right = totals[0].item<int64_t>(), all = totals[1].item<int64_t>();
+    std::cout << fmt::format("{} | test accuracy {:.2f}% ({}/{})\n", timing,
+                             100.0 * right / std::max<int64_t>(all, 1), right, all)
               << std::flush;
   }
   return 0;
@@ -306,6 +313,10 @@ int main(int argc, char** argv) {
                  "before a resume (default: run every epoch)");
   app.add_option("--loss-log", args.loss_log,
                  "Rank 0 appends each step's number and loss (hex float) to this file");
+  app.add_option("--test-images", args.test_images,
+                 "Evaluate on the first N images of the test set after training (default: all "
+                 "10000; 0 skips the evaluation, for quick runs that only need the losses)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--recovery", args.recovery,
                  "step: train under ddp::StepManager for 'ddprun --recovery step' (a failed rank "
                  "is restarted alone and healed from a peer; docs/recovery.md); group: the "
@@ -335,6 +346,7 @@ int main(int argc, char** argv) {
       step.seed = args.seed;
       step.total_steps = args.total_steps;
       step.loss_log = args.loss_log;
+      step.test_images = args.test_images;
       step.comm_hook = comm_hook_named(args.comm_hook);
       return mnist_example::run_with_step_recovery(step);
     }

@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -37,7 +38,14 @@ struct StepRecoveryArgs {
   int64_t total_steps = -1;  // -1: epochs * steps per epoch
   std::string loss_log;
   ddp::CommHookPtr comm_hook;
+  int64_t test_images = -1;  // --test-images: -1 the whole test set, 0 none
 };
+
+// How many test images the final evaluation covers: the first `requested` (--test-images), all
+// of them when it is negative.
+inline int64_t test_images(int64_t requested, int64_t test_set_size) {
+  return requested < 0 ? test_set_size : std::min(requested, test_set_size);
+}
 
 inline int64_t env_int(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
@@ -115,9 +123,10 @@ inline int run_with_step_recovery(const StepRecoveryArgs& args) {
   model->eval();
   const int rank = manager.rank(), world = manager.world_size();  // the live ranks now
   int64_t correct[2] = {0, 0};
-  for (int64_t i = rank; i < test.size(); i += world * 1000) {
+  const int64_t limit = test_images(args.test_images, test.size());
+  for (int64_t i = rank; i < limit; i += world * 1000) {
     std::vector<int64_t> idx;
-    for (int64_t j = i; j < std::min<int64_t>(test.size(), i + world * 1000); j += world) {
+    for (int64_t j = i; j < std::min<int64_t>(limit, i + world * 1000); j += world) {
       idx.push_back(j);
     }
     const auto b = test.get_batch(idx);
