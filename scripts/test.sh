@@ -5,7 +5,8 @@
 #
 # The sanitizer trees are built in the background, at the lowest CPU priority (nice 19), while
 # the main ctest run goes on: most of its tests wait on processes, sockets and timeouts, and the
-# build takes only the CPU they leave idle. Their tests run after the main run.
+# build takes only the CPU they leave idle. Their tests run after the main run, the two trees'
+# side by side.
 #
 # Each stage prints its duration ("=== test.sh: <stage> took N s"), so a change that makes one
 # slower shows in every run (README: "How long the tests take").
@@ -54,8 +55,23 @@ if [[ -n "$sanitizer_build_pid" ]]; then
   if wait "$sanitizer_build_pid"; then
     grep '^=== sanitizer stage' "$sanitizer_log" || true
     took "waiting for the sanitizer trees' build" "$t"
+    # The two trees' tests run side by side (they mostly wait on processes and sockets: the
+    # asan run alone kept the 2 cores about a third busy), each into its own log, printed after.
     t=$SECONDS
-    DDP_SANITIZER_PHASE=test scripts/sanitizer-tests.sh || status=1
+    pids=()
+    for stage in asan tsan; do
+      DDP_SANITIZER_PHASE=test scripts/sanitizer-tests.sh "$stage" >"$build_dir/sanitizer-$stage.log" 2>&1 &
+      pids+=($!)
+    done
+    for i in 0 1; do
+      stage=$([[ $i == 0 ]] && echo asan || echo tsan)
+      if wait "${pids[$i]}"; then
+        grep '^=== sanitizer stage' "$build_dir/sanitizer-$stage.log" || true
+      else
+        cat "$build_dir/sanitizer-$stage.log" >&2
+        status=1
+      fi
+    done
     took "sanitizer stage (tests)" "$t"
   else
     tail -n 60 "$sanitizer_log" >&2
