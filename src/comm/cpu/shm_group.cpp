@@ -408,24 +408,68 @@ bool ShmGroup::read_message(void* data, size_t bytes, int src, int tag, const Sh
   const char* buf = channel_buffer(src, me_);
   std::string stash;
   bool match = false;
+  int msg_tag = 0;
   size_t total = 0, off = 0;
   do {
     wait_word(&ch.written, consumed_[src] + 1, ctx, "send (no matching send arrived)", src);
-    total = ch.total_bytes;
-    const size_t c = ch.chunk_bytes;
+    // The sender's process wrote these fields: each is read once, and checked before it sizes
+    // a copy, so a corrupt peer is a CollectiveError here, never a write past `data`.
+    const int chunk_tag = ch.tag;
+    const uint64_t chunk = ch.chunk_bytes, chunk_total = ch.total_bytes, at = ch.offset;
     if (off == 0) {
-      match = ch.tag == tag;
-      if (match && total != bytes) throw size_mismatch(ctx, src, tag, total, bytes);
-      if (!match) stash.resize(total);
+      msg_tag = chunk_tag;
+      total = chunk_total;
+      match = msg_tag == tag;
     }
-    if (c > 0) std::memcpy(match ? static_cast<char*>(data) + off : stash.data() + off, buf, c);
-    const int msg_tag = ch.tag;
-    off += c;
+    if (chunk_tag != msg_tag || chunk_total != total || at != off || chunk > layout_.p2p_bytes ||
+        chunk > total - off || (chunk == 0 && total > 0)) {
+      throw corrupt_chunk(ctx, src, chunk_tag, chunk, chunk_total, at, msg_tag, total, off);
+    }
+    if (off == 0 && match && total != bytes) throw size_mismatch(ctx, src, tag, total, bytes);
+    if (off == 0 && !match) stash = stash_buffer(ctx, src, msg_tag, total);
+    if (chunk > 0)
+      std::memcpy(match ? static_cast<char*>(data) + off : stash.data() + off, buf, chunk);
+    off += chunk;
     publish(&ch.consumed, ++consumed_[src], &header_->waiters);
     // Kept aside for a later recv with its tag.
     if (!match && off >= total) pending_[src].emplace_back(msg_tag, std::move(stash));
   } while (off < total);
   return match;
+}
+
+std::string ShmGroup::stash_buffer(const ShmContext& ctx, int src, int tag, size_t bytes) const {
+  try {
+    return std::string(bytes, '\0');
+  } catch (const std::exception& e) {  // bad_alloc, length_error: a size no process can hold
+    throw CollectiveError(fmt::format(
+        "{} on {}: rank {} sent a message with tag {} of {} bytes before the one this recv "
+        "waits for, and it cannot be held aside ({}); post the recvs in the order of the sends",
+        ctx.call->describe(), ctx.where, group_ranks_[src], tag, bytes, e.what()));
+  }
+}
+
+CollectiveError ShmGroup::corrupt_chunk(const ShmContext& ctx, int src, int chunk_tag,
+                                        uint64_t chunk, uint64_t chunk_total, uint64_t at,
+                                        int msg_tag, uint64_t total, uint64_t off) const {
+  return CollectiveError(fmt::format(
+      "{} on {}: rank {} published a corrupt point-to-point chunk: {} bytes at offset {} of a "
+      "{}-byte message with tag {}, where this rank expected offset {} of {} bytes with tag {} "
+      "and at most {} bytes a chunk (the channel's buffer). Its process wrote into the shared "
+      "segment outside ddp's protocol (memory corruption, or not a ddp peer); the messages "
+      "from it are out of step now: restart the job",
+      ctx.call->describe(), ctx.where, group_ranks_[src], chunk, at, chunk_total, chunk_tag, off,
+      total, msg_tag, layout_.p2p_bytes));
+}
+
+void ShmGroup::publish_raw_chunk(int dst, int tag, uint64_t chunk_bytes, uint64_t total_bytes,
+                                 uint64_t offset, const ShmContext& ctx) {
+  Channel& ch = channel(me_, dst);
+  wait_word(&ch.consumed, sent_[dst], ctx, "receive an earlier chunk", dst);
+  ch.tag = tag;
+  ch.chunk_bytes = static_cast<uint32_t>(chunk_bytes);
+  ch.total_bytes = total_bytes;
+  ch.offset = offset;
+  publish(&ch.written, ++sent_[dst], &header_->waiters);
 }
 
 void ShmGroup::recv(void* data, size_t bytes, int src, int tag, const ShmContext& ctx) {

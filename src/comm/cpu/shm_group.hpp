@@ -86,6 +86,12 @@ class ShmGroup {
   // messages are that recv's). Never waits for a message to begin.
   bool try_recv(void* data, size_t bytes, int src, int tag, const ShmContext& ctx);
 
+  // Tests only: publishes one chunk to `dst` with these header fields and no payload, as a
+  // corrupt or hostile peer process could (after the receiver released the previous chunk).
+  // The receiver must refuse what does not fit its protocol, never trust it.
+  void publish_raw_chunk(int dst, int tag, uint64_t chunk_bytes, uint64_t total_bytes,
+                         uint64_t offset, const ShmContext& ctx);
+
  private:
   friend struct ShmLayout;
   struct Header;
@@ -112,6 +118,13 @@ class ShmGroup {
   bool read_message(void* data, size_t bytes, int src, int tag, const ShmContext& ctx);
   CollectiveError size_mismatch(const ShmContext& ctx, int src, int tag, size_t got,
                                 size_t bytes) const;
+  // A chunk whose header does not continue the message read so far (read_message).
+  CollectiveError corrupt_chunk(const ShmContext& ctx, int src, int chunk_tag, uint64_t chunk,
+                                uint64_t chunk_total, uint64_t at, int msg_tag, uint64_t total,
+                                uint64_t off) const;
+  // A zeroed buffer for an early message of `bytes` from `src`; CollectiveError when no
+  // process could hold that many (the size is the peer's word).
+  std::string stash_buffer(const ShmContext& ctx, int src, int tag, size_t bytes) const;
   char* channel_buffer(int src, int dst) const;
 
   ShmSegment segment_;
