@@ -76,6 +76,12 @@ ParseResult parse_frame(const uint8_t* data, size_t size, size_t max_frame_bytes
         fmt::format("field count {} does not fit in a payload of {} bytes", count, payload_bytes),
         request_id);
   }
+  if (count > kMaxFieldsPerFrame) {
+    return error_result(fmt::format("field count {} exceeds the limit of {} fields a frame; send "
+                                    "fewer keys or values a request",
+                                    count, kMaxFieldsPerFrame),
+                        request_id);
+  }
   Frame& frame = result.frame;
   frame.fields.reserve(count);
   for (uint32_t i = 0; i < count; ++i) {
@@ -112,6 +118,12 @@ uint64_t declared_frame_bytes(const uint8_t* data, size_t size) {
 }
 
 std::string encode_frame(const Frame& frame) {
+  if (frame.fields.size() > kMaxFieldsPerFrame) {
+    throw UsageError(fmt::format(
+        "a store request of {} fields exceeds the limit of {} fields a request; split it into "
+        "calls of fewer keys",
+        frame.fields.size(), kMaxFieldsPerFrame));
+  }
   uint64_t payload = 4;
   for (const auto& field : frame.fields) {
     if (field.size() > UINT32_MAX) {

@@ -56,6 +56,7 @@ class TcpStoreServer::Loop {
   std::string replica() const;
   size_t num_connections() const { return num_connections_.load(); }
   uint64_t num_auth_refusals() const { return auth_refusals_.load(); }
+  size_t num_waiting() const { return num_waiting_.load(); }
   uint64_t num_protocol_errors() const { return protocol_errors_.load(); }
 
  private:
@@ -74,6 +75,10 @@ class TcpStoreServer::Loop {
     Op op = Op::kWait;
     uint32_t request_id = 0;
     std::vector<std::string> keys;
+    // How many of `keys` (with repeats) were absent when it was last registered: each set of
+    // one of them counts it down, so a set costs O(1) a waiter, not a rescan of its keys
+    // (a wait on K keys then a multi_set of them was O(K^2) on the loop thread).
+    size_t missing = 0;
     net::Clock::time_point start;
     uint64_t seq = 0;
   };
@@ -227,6 +232,7 @@ class TcpStoreServer::Loop {
   std::vector<std::function<void()>> posted_;  // tasks other threads hand the loop
 
   std::atomic<size_t> num_connections_{0};
+  std::atomic<size_t> num_waiting_{0};  // requests parked until their keys arrive
   std::atomic<uint64_t> auth_refusals_{0};
   std::atomic<uint64_t> protocol_errors_{0};
 };

@@ -244,15 +244,20 @@ void TcpStoreServer::Loop::park(Connection& conn, Op op, uint32_t request_id,
     time_out_waiter(conn);
     return;
   }
-  conn.waiter.active = true;
   add_timer(conn, deadline_after(std::chrono::milliseconds(timeout_ms), conn.waiter.start),
             conn.waiter.seq);
   register_waiter(conn);
 }
 
 void TcpStoreServer::Loop::register_waiter(Connection& conn) {
+  conn.waiter.active = true;
+  num_waiting_.fetch_add(1);
+  conn.waiter.missing = 0;
   for (const auto& key : conn.waiter.keys) {
-    if (data_.count(key) == 0) waiters_[key].push_back(conn.id);
+    if (data_.count(key) == 0) {
+      waiters_[key].push_back(conn.id);
+      ++conn.waiter.missing;
+    }
   }
 }
 
@@ -266,6 +271,7 @@ void TcpStoreServer::Loop::unregister_waiter(Connection& conn) {
     if (ids.empty()) waiters_.erase(it);
   }
   conn.waiter.active = false;
+  num_waiting_.fetch_sub(1);
 }
 
 void TcpStoreServer::Loop::complete_waiter(Connection& conn) {
@@ -301,12 +307,13 @@ void TcpStoreServer::Loop::notify(const std::string& key) {
   for (uint64_t id : ids) {
     Connection* conn = find(id);
     if (conn == nullptr || !conn->waiter.active) continue;
+    if (conn->waiter.missing > 0 && --conn->waiter.missing > 0) continue;  // others still absent
+    // The last absent key arrived: one scan confirms the rest are still there.
     if (all_present(conn->waiter.keys)) {
       complete_waiter(*conn);
     } else {
-      // Still missing others (or a key deleted meanwhile): re-index under what is missing now.
+      // A key deleted after it was counted: re-index under what is missing now.
       unregister_waiter(*conn);
-      conn->waiter.active = true;
       register_waiter(*conn);
     }
   }

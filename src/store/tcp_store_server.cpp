@@ -68,6 +68,9 @@ std::string TcpStoreServer::replica() const {
 size_t TcpStoreServer::num_connections() const {
   return loop_->num_connections();
 }
+size_t TcpStoreServer::num_waiting() const {
+  return loop_->num_waiting();
+}
 uint64_t TcpStoreServer::num_auth_refusals() const {
   return loop_->num_auth_refusals();
 }

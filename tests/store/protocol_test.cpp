@@ -79,6 +79,40 @@ TEST(ProtocolTest, FieldsMustFillThePayloadExactly) {
   EXPECT_NE(result.error.find("trailing"), std::string::npos) << result.error;
 }
 
+// Issue 49, finding 4: an empty field is 4 bytes on the wire and a std::string once parsed, so
+// the parser caps the field count (a 64 MiB frame of empty fields became half a GiB), and the
+// encoder refuses what the parser would.
+TEST(ProtocolTest, FieldCountOverTheCapIsRejectedBothWays) {
+  Frame frame;
+  frame.op = Op::kWait;
+  frame.fields.assign(kMaxFieldsPerFrame, "");
+  const std::string at_cap = encode_frame(frame);
+  EXPECT_EQ(parse(at_cap).status, ParseStatus::kComplete);
+
+  frame.fields.emplace_back();
+  try {
+    encode_frame(frame);
+    ADD_FAILURE() << "a frame of kMaxFieldsPerFrame + 1 fields was encoded";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("1048577 fields exceeds the limit of 1048576"),
+              std::string::npos)
+        << e.what();
+  }
+  // The same frame from a peer that does not check: one more empty field and count.
+  std::string over = at_cap + std::string(4, '\0');
+  const uint32_t payload = static_cast<uint32_t>(over.size() - kHeaderBytes);
+  const uint32_t count = static_cast<uint32_t>(kMaxFieldsPerFrame + 1);
+  for (int i = 0; i < 4; ++i) {
+    over[12 + i] = static_cast<char>(payload >> (8 * i));
+    over[16 + i] = static_cast<char>(count >> (8 * i));
+  }
+  const auto result = parse(over);
+  EXPECT_EQ(result.status, ParseStatus::kError);
+  EXPECT_NE(result.error.find("field count 1048577 exceeds the limit of 1048576 fields"),
+            std::string::npos)
+      << result.error;
+}
+
 TEST(ProtocolTest, PayloadTooShortForAFieldCount) {
   std::string bytes = sample().substr(0, kHeaderBytes);
   bytes[12] = 2;

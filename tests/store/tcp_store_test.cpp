@@ -148,6 +148,44 @@ TEST(TcpStoreTest, WaitOnSeveralKeysSurvivesDeleteAndReset) {
   EXPECT_EQ(waiter.multi_get({"a", "b"}), (std::vector<std::string>{"3", "2"}));
 }
 
+// Issue 49, finding 4: a wait on K keys, then one multi_set of them. Each set rescanned the
+// waiter's K keys on the server's only thread: O(K^2), 58 s for 20,000 keys, and the loop
+// answered nobody meanwhile. Now each set counts the waiter down. With 50,000 keys the old
+// server is still busy when the multi_set's limit (60 s) ends, and the call fails.
+TEST(TcpStoreTest, AWaitOnManyKeysIsReleasedByOneMultiSetWithoutFreezingTheServer) {
+  constexpr int kKeys = 50000;
+  auto server = start_server();
+  TcpStore waiter(client_options(server->port(), std::chrono::seconds(60)));
+  TcpStore setter(client_options(server->port(), std::chrono::seconds(60)));
+  std::vector<std::string> keys, values;
+  for (int i = 0; i < kKeys; ++i) {
+    keys.push_back("k" + std::to_string(i));
+    values.push_back(std::to_string(i));
+  }
+  std::exception_ptr wait_error;
+  std::thread t([&] {
+    try {
+      waiter.wait(keys, std::chrono::seconds(60));
+    } catch (...) {
+      wait_error = std::current_exception();
+    }
+  });
+  // The wait must be parked before the keys arrive, or nothing is counted down.
+  for (int i = 0; i < 6000 && server->num_waiting() == 0; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(server->num_waiting(), 1u) << "the wait was not parked within 60 s";
+  std::exception_ptr set_error;
+  try {
+    setter.multi_set(keys, values);
+  } catch (...) {
+    set_error = std::current_exception();
+  }
+  t.join();  // the wait ends too: released, or at its own 60 s limit
+  if (set_error) std::rethrow_exception(set_error);
+  if (wait_error) std::rethrow_exception(wait_error);
+  EXPECT_EQ(server->num_waiting(), 0u);
+  EXPECT_EQ(setter.get("k49999"), "49999");
+}
+
 TEST(TcpStoreTest, ClientThatDisconnectsWhileWaitingDoesNotDisturbOthers) {
   auto server = start_server();
   {

@@ -22,6 +22,9 @@ constexpr char kMagic[4] = {'D', 'D', 'P', 'S'};
 constexpr uint8_t kVersion = 1;
 constexpr size_t kHeaderBytes = 16;
 constexpr size_t kDefaultMaxFrameBytes = size_t{64} << 20;  // header + payload
+// Fields (keys, values) in one frame. An empty field is 4 bytes on the wire but a whole
+// std::string once parsed: without this cap a 64 MiB frame of empty fields became half a GiB.
+constexpr size_t kMaxFieldsPerFrame = size_t{1} << 20;
 
 enum class Op : uint8_t {
   // Handshake (the only requests accepted before authentication).
@@ -109,7 +112,8 @@ ParseResult parse_frame(const uint8_t* data, size_t size,
 // or 0 when fewer than kHeaderBytes are available.
 uint64_t declared_frame_bytes(const uint8_t* data, size_t size);
 
-// The encoded bytes of frame. Throws UsageError if a field exceeds 4 GiB.
+// The encoded bytes of frame. Throws UsageError if a field exceeds 4 GiB or the frame has more
+// than kMaxFieldsPerFrame fields.
 std::string encode_frame(const Frame& frame);
 
 // 8-byte little-endian integer fields.

@@ -112,6 +112,8 @@ class TcpStoreServer {
   std::string replica() const;
   // Connections currently open (including ones still in the handshake).
   size_t num_connections() const;
+  // Requests (wait, blocking get, multi_get) parked now until their keys arrive.
+  size_t num_waiting() const;
   // Connections refused for failing authentication since start (including clients that hung
   // up during the auth handshake because this server's proof did not match their token).
   uint64_t num_auth_refusals() const;
