@@ -189,13 +189,13 @@ std::vector<CheckResult> check_endpoint(const std::string& host, uint16_t port,
   store_options.host = connected;
   store_options.port = port;
   store_options.timeout = timeout;
-  // The token the workers would use: the explicit one, else DDP_STORE_TOKEN from the checked
-  // environment (which may not be this process's), else none.
-  // else the file DDP_STORE_TOKEN_FILE names (ddprun's workers get it from token_file=).
+  // The token the workers would use: the explicit one (read from --token-file), else
+  // DDP_STORE_TOKEN from the checked environment (which may not be this process's), else the
+  // file DDP_STORE_TOKEN_FILE names (ddprun's workers get it from token_file=), else none.
   std::string used = "no token";
   if (token) {
     store_options.token = *token;
-    used = token->empty() ? "no token (--token '')" : "--token";
+    used = token->empty() ? "no token (an empty one was given)" : "--token-file";
   } else if (auto value = lookup(env, store_auth::kTokenEnvVar); value && !value->empty()) {
     store_options.token = *value;
     used = store_auth::kTokenEnvVar;

@@ -6,9 +6,9 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 
+#include "ddp/store/auth.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp::rdzv {
@@ -217,21 +217,7 @@ RendezvousConf parse_rdzv_conf(const std::string& text) {
 }
 
 std::string read_token_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw UsageError(fmt::format(
-        "--rdzv-conf token_file={}: cannot read the file; create it on every node with the same "
-        "secret (mode 600)",
-        path));
-  }
-  std::stringstream buf;
-  buf << in.rdbuf();
-  std::string token = buf.str();
-  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
-  if (token.empty()) {
-    throw UsageError(fmt::format("--rdzv-conf token_file={}: the file is empty", path));
-  }
-  return token;
+  return store_auth::read_token_file(path, "--rdzv-conf token_file=" + path);
 }
 
 void validate_run_id(const std::string& run_id) {

@@ -119,7 +119,7 @@ TEST(Doctor, StoreWithTokenAndClock) {
   o.endpoint = server.endpoint();
   o.token = "s3cret";
   auto results = run_doctor(o);
-  EXPECT_CHECK(results, "store-auth", CheckStatus::kOk, "accepted this client (--token)");
+  EXPECT_CHECK(results, "store-auth", CheckStatus::kOk, "accepted this client (--token-file)");
   // Same machine, same clock: the estimate must be ok (well under a second).
   EXPECT_CHECK(results, "clock-skew", CheckStatus::kOk, "ms from ours");
   EXPECT_EQ(doctor_exit_code(results), 0) << dump(results);
@@ -142,7 +142,8 @@ TEST(Doctor, WrongOrMissingTokenIsRefused) {
   EXPECT_CHECK(results, "store-auth", CheckStatus::kOk, "DDP_STORE_TOKEN");
   // Or from the file ddprun names for its workers (--rdzv-conf token_file=).
   std::string path = ::testing::TempDir() + "doctor-token";
-  std::ofstream(path) << "s3cret\n";
+  { std::ofstream(path) << "s3cret\n"; }
+  ::chmod(path.c_str(), 0600);
   o.env = EnvMap{{"DDP_STORE_TOKEN_FILE", path}};
   results = run_doctor(o);
   EXPECT_CHECK(results, "store-auth", CheckStatus::kOk, "DDP_STORE_TOKEN_FILE");

@@ -76,6 +76,7 @@ TEST_F(DdprunEnv, ThreeWorkersGetTheTorchrunContract) {
 TEST_F(DdprunEnv, RendezvousTokenFileReachesTheWorkers) {
   std::string token_file = dir() + "/token";
   { std::ofstream(token_file) << "job-secret\n"; }
+  ::chmod(token_file.c_str(), 0600);  // a token file others can read is refused
   std::string port = std::to_string(ddp::test::free_ports_below_ephemeral_range());
   RunResult r =
       run({"--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",

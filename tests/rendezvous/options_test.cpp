@@ -1,8 +1,13 @@
 // Parsers of torchrun's rendezvous flags: accepted spellings and the messages for bad ones.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
+#include <utility>
+#include <vector>
 
 #include "ddp/rendezvous/options.hpp"
 #include "ddp/util/error.hpp"
@@ -163,10 +168,52 @@ TEST(RdzvOptions, StandbyStoresAreACountForC10dOnly) {
 TEST(RdzvOptions, TokenFile) {
   std::string path = ::testing::TempDir() + "/rdzv_token";
   { std::ofstream(path) << "s3cret\n"; }
+  ::chmod(path.c_str(), 0600);
   EXPECT_EQ(read_token_file(path), "s3cret");
   EXPECT_NE(usage_message([] { read_token_file("/nonexistent/token"); }).find("cannot read"),
             std::string::npos);
   std::remove(path.c_str());
+}
+
+// Issue 49, finding 9: the token is the job's secret. A file other users can read or change,
+// one another user owns, or something that is not a regular file is refused with the fix; a
+// link to a private file is followed (Kubernetes mounts secrets through links).
+TEST(RdzvOptions, TokenFileOthersCouldReadOrChangeIsRefused) {
+  const std::string dir = ::testing::TempDir() + "/rdzv_token_modes";
+  ::mkdir(dir.c_str(), 0700);
+  const std::string path = dir + "/token";
+  { std::ofstream(path) << "s3cret\n"; }
+  for (const auto& [mode, verb] : std::vector<std::pair<mode_t, std::string>>{
+           {0644, "read"}, {0604, "read"}, {0602, "change"}, {0620, "change"}}) {
+    ::chmod(path.c_str(), mode);
+    const std::string message = usage_message([&] { read_token_file(path); });
+    EXPECT_NE(message.find(fmt::format("has mode {:04o}, so other users can {} the job's secret; "
+                                       "run chmod 600 {}",
+                                       mode, verb, path)),
+              std::string::npos)
+        << message;
+  }
+  ::chmod(path.c_str(), 0640);  // the group may read it (a shared group's job)
+  EXPECT_EQ(read_token_file(path), "s3cret");
+
+  const std::string link = dir + "/link";
+  ::symlink(path.c_str(), link.c_str());
+  EXPECT_EQ(read_token_file(link), "s3cret");
+
+  if (::geteuid() == 0) {  // only root can give a file away
+    ASSERT_EQ(::chown(path.c_str(), 65534, 65534), 0);
+    const std::string message = usage_message([&] { read_token_file(path); });
+    EXPECT_NE(message.find("belongs to uid 65534, not to this user (uid 0) or root"),
+              std::string::npos)
+        << message;
+  }
+
+  const std::string fifo = dir + "/fifo";
+  ::mkfifo(fifo.c_str(), 0600);
+  EXPECT_NE(usage_message([&] { read_token_file(fifo); }).find("not a regular file"),
+            std::string::npos);
+  for (const auto& f : {fifo, link, path}) std::remove(f.c_str());
+  ::rmdir(dir.c_str());
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Shared-secret authentication: matching tokens are accepted; a missing or wrong token is
 // refused with a clear StoreError, logged with the peer address, and never touches the data.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -190,7 +191,8 @@ TEST(TcpStoreAuthTest, LargeFrameBeforeAuthIsRefusedAtOnce) {
 TEST(TcpStoreAuthTest, TokenComesFromTheTokenFileVariable) {
   TempDir dir;
   std::string path = dir.file("token");
-  std::ofstream(path) << "file-secret\n";
+  { std::ofstream(path) << "file-secret\n"; }
+  ::chmod(path.c_str(), 0600);
   unsetenv(store_auth::kTokenEnvVar);
   setenv(store_auth::kTokenFileEnvVar, path.c_str(), 1);
   auto server = start_server(std::nullopt);

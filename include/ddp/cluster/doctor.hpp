@@ -39,7 +39,8 @@ struct DoctorOptions {
   // "host:port" (IPv6 as "[addr]:port") of the master's store. Unset: MASTER_ADDR and
   // MASTER_PORT from the environment; neither: the network checks are skipped.
   std::optional<std::string> endpoint;
-  // Store token; unset: $DDP_STORE_TOKEN (as TcpStore does).
+  // Store token (ddp-doctor and `ddprun doctor` read it from --token-file); unset:
+  // $DDP_STORE_TOKEN, else the file $DDP_STORE_TOKEN_FILE names (as TcpStore does).
   std::optional<std::string> token;
   // Limit for each network step (resolve, connect, store handshake, clock read).
   std::chrono::milliseconds timeout = kDefaultTimeout;

@@ -107,7 +107,8 @@ struct RendezvousConf {
 // "key=value,key=value"; unknown keys and bad numbers are UsageErrors listing the known keys.
 RendezvousConf parse_rdzv_conf(const std::string& text);
 
-// The token in `path` with trailing whitespace removed. UsageError when unreadable or empty.
+// The token in `path` with trailing whitespace removed (store_auth::read_token_file: a
+// UsageError when unreadable, empty, or readable or changeable by other users).
 std::string read_token_file(const std::string& path);
 
 // A run id names store keys, so it must be non-empty and use only [A-Za-z0-9_.:-].

@@ -28,8 +28,18 @@ constexpr size_t kNonceBytes = 32;
 std::string resolve_token(const std::optional<std::string>& configured);
 
 // The token in the file `path` names (the value of $DDP_STORE_TOKEN_FILE), trailing whitespace
-// removed. UsageError naming the variable and the path when unreadable or empty.
+// removed. UsageError naming the variable and the path when unreadable, empty or unsafe
+// (read_token_file).
 std::string read_token_file_variable(const std::string& path);
+
+// The token in the file at `path`, trailing whitespace removed; `setting` names where the path
+// came from in messages ("--rdzv-conf token_file=/x"). The token is the job's secret, so the
+// file must be a regular file that only its owner can change and nobody else can read: a
+// UsageError with the fix when it cannot be read, is empty, is not a regular file (a FIFO
+// would block), has permission bits for other users (chmod 600), is writable by its group, or
+// belongs to another user than this process's or root. Links are followed (Kubernetes mounts
+// secrets through them); what is checked is the file they lead to, through the descriptor read.
+std::string read_token_file(const std::string& path, const std::string& setting);
 
 // kNonceBytes from OpenSSL's CSPRNG. Throws StoreError if it fails.
 std::string make_nonce();

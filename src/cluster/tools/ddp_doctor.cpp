@@ -11,6 +11,7 @@
 
 #include "ddp/cluster/clock_beacon.hpp"
 #include "ddp/cluster/doctor.hpp"
+#include "ddp/store/auth.hpp"
 #include "ddp/store/tcp_store.hpp"
 #include "ddp/store/tcp_store_server.hpp"
 #include "ddp/util/error.hpp"
@@ -63,7 +64,14 @@ int main(int argc, char** argv) {
   bool json = false;
   app.add_option("--endpoint", endpoint,
                  "HOST:PORT of the master's store (default: MASTER_ADDR:MASTER_PORT)");
-  auto* token_opt = app.add_option("--token", token, "store token (default: $DDP_STORE_TOKEN)");
+  std::string token_file;
+  // Refused: a secret on the command line is readable by every local user (/proc/PID/cmdline).
+  auto* token_opt =
+      app.add_option("--token", token, "refused: use --token-file or $DDP_STORE_TOKEN");
+  auto* token_file_opt = app.add_option(
+      "--token-file", token_file,
+      "file holding the store token, mode 600 (default: $DDP_STORE_TOKEN, else the file "
+      "$DDP_STORE_TOKEN_FILE names)");
   app.add_option("--timeout-ms", timeout_ms, "limit for each network step")
       ->check(CLI::Range(1, 600000))
       ->capture_default_str();
@@ -76,9 +84,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
+  if (token_opt->count() > 0) {
+    std::cerr << "ddp-doctor: --token puts the store's secret on the command line, where every "
+                 "local user can read it (/proc/PID/cmdline); pass --token-file FILE (mode 600) "
+                 "or set DDP_STORE_TOKEN instead\n";
+    return 2;
+  }
   std::optional<std::string> token_value;
-  if (token_opt->count() > 0) token_value = token;
   try {
+    if (token_file_opt->count() > 0) {
+      token_value = ddp::store_auth::read_token_file(token_file, "--token-file " + token_file);
+    }
     if (serve_opt->count() > 0) return serve(serve_endpoint, token_value, serve_seconds);
     if (!endpoint.empty()) options.endpoint = endpoint;
     options.token = token_value;
