@@ -14,7 +14,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -25,6 +24,7 @@
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/logging.hpp"
+#include "local_trust.hpp"
 
 namespace ddp::launcher {
 
@@ -80,25 +80,34 @@ void ensure_private_dir(const std::string& dir) {
     throw Error(fmt::format("cannot create {}: {} (set DDPRUN_RUNTIME_DIR to a writable folder)",
                             dir, std::strerror(errno)));
   }
-  struct stat st {};
-  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() ||
-      (st.st_mode & 0077) != 0) {
-    throw Error(fmt::format(
-        "{} is not a private folder of this user (owner uid {}, mode {:o}); remove it or set "
-        "DDPRUN_RUNTIME_DIR to a folder only you can use",
-        dir, st.st_uid, st.st_mode & 07777));
+  const std::string problem = detail::private_dir_problem(dir);
+  if (!problem.empty()) {
+    throw Error(
+        fmt::format("{} is {}; remove it or set DDPRUN_RUNTIME_DIR to a folder only you can use",
+                    dir, problem));
   }
 }
 
+// Through a temporary file of its own (mkstemp: created new, mode 600, never through a link
+// someone placed under a fixed name), renamed over `path`.
 void write_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    if (!out) throw Error(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
+  std::string tmp = path + ".XXXXXX";
+  UniqueFd fd(::mkstemp(tmp.data()));
+  if (!fd.valid()) throw Error(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::unlink(tmp.c_str());
+      throw Error(fmt::format("cannot write {}: {}", tmp, std::strerror(err)));
+    }
+    done += static_cast<size_t>(n);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    throw Error(fmt::format("cannot write {}: {}", path, std::strerror(errno)));
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw Error(fmt::format("cannot write {}: {}", path, std::strerror(err)));
   }
 }
 

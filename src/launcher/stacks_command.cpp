@@ -13,15 +13,14 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "ddp/launcher/output.hpp"
 #include "ddp/launcher/process.hpp"
 #include "ddp/launcher/stack_service.hpp"
 #include "ddp/launcher/stacks.hpp"
 #include "ddp/util/error.hpp"
+#include "local_trust.hpp"
 
 namespace ddp::launcher {
 
@@ -36,41 +35,57 @@ struct AgentRecord {
   int64_t pid = 0;
 };
 
+// An agent's record is a few hundred bytes; its answer holds every rank's stacks.
+constexpr size_t kMaxRecordBytes = 64 << 10;
+constexpr size_t kMaxAnswerBytes = size_t{128} << 20;
+
 std::string host_name_or_empty() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof(buf) - 1) != 0) return "";
   return buf;
 }
 
-// Live agents' records among the *.json files of `dir` whose name starts with `prefix`.
+// Live agents' records among the *.json files of `dir` whose name starts with `prefix`. Only
+// this user's regular files count, and only records of this user's running processes (a pid
+// another user runs, EPERM, is no agent of ours); a file passed over for what it is goes to
+// `ignored` with the reason.
 std::vector<AgentRecord> records_in(const std::string& dir, const std::string& prefix,
-                                    const std::string& run_id) {
+                                    const std::string& run_id, std::vector<std::string>& ignored) {
   std::vector<AgentRecord> out;
   std::error_code ec;
   const std::string host = host_name_or_empty();
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     if (name.rfind(prefix, 0) != 0 || e.path().extension() != ".json") continue;
-    std::ifstream in(e.path());
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const json j = json::parse(ss.str(), nullptr, false);
+    std::string why;
+    const auto text = detail::read_own_file(e.path().string(), kMaxRecordBytes, why);
+    if (!text) {
+      ignored.push_back(fmt::format("{}: {}", e.path().string(), why));
+      continue;
+    }
+    const json j = json::parse(*text, nullptr, false);
     if (!j.is_object() || j.value("format", "") != "ddprun-agent") continue;
     AgentRecord r;
-    r.run_id = j.value("run_id", "");
-    r.host = j.value("host", "");
-    r.socket = j.value("socket", "");
-    r.pid = j.value("pid", int64_t{0});
+    try {
+      r.run_id = j.value("run_id", "");
+      r.host = j.value("host", "");
+      r.socket = j.value("socket", "");
+      r.pid = j.value("pid", int64_t{0});
+    } catch (const json::exception&) {
+      ignored.push_back(fmt::format("{}: not an agent record", e.path().string()));
+      continue;
+    }
     r.file = e.path().string();
     if (!run_id.empty() && r.run_id != run_id) continue;
     if (!r.host.empty() && r.host != host) continue;  // a shared log folder: another node's
-    if (r.pid <= 0 || (::kill(static_cast<pid_t>(r.pid), 0) != 0 && errno == ESRCH)) continue;
+    if (r.pid <= 0 || r.pid > INT32_MAX || ::kill(static_cast<pid_t>(r.pid), 0) != 0) continue;
     out.push_back(std::move(r));
   }
   return out;
 }
 
-std::vector<AgentRecord> find_agents(const StacksCommand& c, std::string& looked) {
+std::vector<AgentRecord> find_agents(const StacksCommand& c, std::string& looked,
+                                     std::vector<std::string>& ignored) {
   std::vector<AgentRecord> found;
   if (c.log_dir) {
     // DIR/<run id>, or DIR itself when it is the run folder.
@@ -79,14 +94,25 @@ std::vector<AgentRecord> find_agents(const StacksCommand& c, std::string& looked
     dirs.push_back(*c.log_dir);
     for (const auto& d : dirs) {
       looked += (looked.empty() ? "" : ", ") + d;
-      for (auto& r : records_in(d, "ddprun_agent.", c.run_id)) found.push_back(std::move(r));
+      for (auto& r : records_in(d, "ddprun_agent.", c.run_id, ignored)) {
+        found.push_back(std::move(r));
+      }
       if (!found.empty()) return found;
     }
   }
   const std::string registry = stacks_registry_dir();
   looked += (looked.empty() ? "" : ", ") + registry;
   if (c.run_id.empty()) return found;
-  return records_in(registry, c.run_id + ".", c.run_id);
+  // The agents made it private; one that is not was made, or opened, by someone else.
+  const std::string problem = detail::private_dir_problem(registry);
+  if (!problem.empty() && ::access(registry.c_str(), F_OK) == 0) {
+    throw UsageError(fmt::format(
+        "ddprun stacks: {} is {}: another user may have made it, and its records cannot be "
+        "trusted; remove it, or set DDPRUN_RUNTIME_DIR to a folder only you can use (the job's "
+        "agents need the same)",
+        registry, problem));
+  }
+  return records_in(registry, c.run_id + ".", c.run_id, ignored);
 }
 
 int64_t ms_left(Clock::time_point deadline) {
@@ -139,6 +165,14 @@ std::string ask(const AgentRecord& agent, double timeout_s, Clock::time_point de
         "cannot reach the agent (pid {}) at {}: {}{}", agent.pid, agent.socket, std::strerror(err),
         err == EACCES ? " (the job runs as another user: run ddprun stacks as that user)" : ""));
   }
+  // The record named the socket; the kernel says who serves it.
+  const std::string peer = detail::socket_peer_problem(fd.get(), static_cast<pid_t>(agent.pid));
+  if (!peer.empty()) {
+    throw NetworkError(
+        fmt::format("the socket {} in {} is not that agent's: {}; remove the "
+                    "record if the agent is gone",
+                    agent.socket, agent.file, peer));
+  }
   const std::string request =
       json{{"timeout_ms", static_cast<int64_t>(timeout_s * 1000)}, {"all_nodes", true}}.dump() +
       "\n";
@@ -170,6 +204,12 @@ std::string ask(const AgentRecord& agent, double timeout_s, Clock::time_point de
     if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (got <= 0) break;
     answer.append(buf, static_cast<size_t>(got));
+    if (answer.size() > kMaxAnswerBytes) {
+      throw ProtocolError(
+          fmt::format("the agent (pid {}) sent more than {} MiB; no answer of an "
+                      "agent is that large",
+                      agent.pid, kMaxAnswerBytes >> 20));
+    }
   }
   return answer;
 }
@@ -178,7 +218,11 @@ std::string ask(const AgentRecord& agent, double timeout_s, Clock::time_point de
 
 int run_stacks_command(const StacksCommand& c) {
   std::string looked;
-  const std::vector<AgentRecord> agents = find_agents(c, looked);
+  std::vector<std::string> ignored;
+  const std::vector<AgentRecord> agents = find_agents(c, looked, ignored);
+  for (const auto& i : ignored) {
+    std::fprintf(stderr, "ddprun stacks: ignored %s\n", detail::printable(i).c_str());
+  }
   const std::string job = c.run_id.empty() ? *c.log_dir : "'" + c.run_id + "'";
   if (agents.empty()) {
     std::fprintf(stderr,
@@ -198,20 +242,35 @@ int run_stacks_command(const StacksCommand& c) {
                                     agents.front().pid, text.size()));
   }
   const std::vector<RankStacks> stacks = decode_stacks(answer["stacks"].dump());
-  const int nodes = answer.value("nodes", 1);
-  const size_t answered = answer.contains("answered") ? answer["answered"].size() : 1;
+  int nodes = 1;
+  size_t answered = 1;
+  std::string run_id = c.run_id;
+  try {
+    nodes = answer.value("nodes", 1);
+    answered = answer.contains("answered") ? answer["answered"].size() : 1;
+    run_id = answer.value("run_id", c.run_id);
+  } catch (const json::exception& e) {
+    throw ProtocolError(fmt::format("the agent (pid {}) sent a malformed answer: {}",
+                                    agents.front().pid, e.what()));
+  }
   bool complete = answered == static_cast<size_t>(nodes);
   for (const auto& s : stacks) complete = complete && s.error.empty();
   if (c.json) {
     std::printf("%s\n", answer.dump(1).c_str());
   } else {
+    // Frame names, files and notes come from the workers and other nodes: printed escaped.
     std::printf("ddprun stacks: run '%s', %zu ranks from %zu of %d nodes: %s\n",
-                answer.value("run_id", c.run_id).c_str(), stacks.size(), answered, nodes,
-                stacks.empty() ? "no worker is running" : stacks_summary(stacks).c_str());
-    for (const auto& line : format_folded(stacks)) std::printf("%s\n", line.c_str());
+                detail::printable(run_id).c_str(), stacks.size(), answered, nodes,
+                stacks.empty() ? "no worker is running"
+                               : detail::printable(stacks_summary(stacks)).c_str());
+    for (const auto& line : format_folded(stacks)) {
+      std::printf("%s\n", detail::printable(line).c_str());
+    }
     if (answer.contains("notes")) {
       for (const auto& n : answer["notes"]) {
-        std::printf("ddprun stacks: %s\n", n.get<std::string>().c_str());
+        if (n.is_string()) {
+          std::printf("ddprun stacks: %s\n", detail::printable(n.get<std::string>()).c_str());
+        }
       }
     }
   }
