@@ -615,6 +615,10 @@ stacks)
   setup_nodes 2
   echo "stacks-$TAG" >"$T/token"
   chmod 600 "$T/token"
+  # The failing node asks the other for its workers' stacks within DDPRUN_STACKS_TIMEOUT_S
+  # (default 5 s; the other node captures within 4/5 of it). Under a loaded test run eu-stack on
+  # three workers took longer, and node 1's report had only its own rank: 20 s leaves room.
+  export DDPRUN_STACKS_TIMEOUT_S=20
   for node in 0 1; do
     export DDPRUN_RUNTIME_DIR="$T/rt$node"
     start_agent "$node" "node$node" --nnodes 2 --nproc-per-node 2 "${C10D[@]}" \

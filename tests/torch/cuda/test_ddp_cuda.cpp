@@ -18,6 +18,7 @@
 #include <functional>
 #include <thread>
 
+#include "../../support/free_port_range.hpp"
 #include "../../support/wait_or_kill.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/store/hash_store.hpp"
@@ -291,9 +292,9 @@ TEST(CudaDdp, CpuBackendWithCudaTensorsWorld2) {
   const fs::path dir =
       fs::temp_directory_path() / ("ddp_cuda_cpu_backend_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  auto listener = ddp::net::listen_tcp("127.0.0.1", 0, 1);
-  const int port = ddp::net::local_port(listener.fd());
-  listener.close();
+  // Below the ephemeral range: a port found by binding port 0 and closed could be taken by an
+  // outgoing connection before rank 0's store binds it ("address already in use").
+  const int port = ddp::test::free_ports_below_ephemeral_range();
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) pids.push_back(spawn_cpu_backend_worker(r, world, port, dir));
   const auto deadline = std::chrono::steady_clock::now() + kTimeout + std::chrono::seconds(30);

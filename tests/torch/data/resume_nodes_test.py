@@ -25,9 +25,16 @@ BOUND_S = 120
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port below the ephemeral range (32768 and up), where no outgoing
+    connection can take it between this check and the agents' bind."""
+    for port in range(20000 + os.getpid() % 9000, 32000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port in 20000-32000")
 
 
 def run_nodes(args, dirs):

@@ -1,6 +1,7 @@
 // DDP across real processes: this binary re-executes itself as ranks ("--worker") with
 // torchrun's environment; the ranks meet through init_process_group's env:// TcpStore on a
-// port found by binding port 0. The test process trains the one-process reference and compares.
+// free port below the ephemeral range. The test process trains the one-process reference and
+// compares.
 // "--blas-probe" starts one DDP process with a chosen BLAS preloaded, for DDP's BLAS warning.
 // "--worker DIR join" trains uneven inputs under ddp::Join with DDP and ZeroRedundancyOptimizer.
 // "--resume" ranks resume from snapshots (SnapshotManager::load_agreed), each from a path of
@@ -20,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../support/free_port_range.hpp"
 #include "../../support/wait_or_kill.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/store/hash_store.hpp"
@@ -149,9 +151,9 @@ using ddp::test::wait_or_kill;
 // Runs `world` workers (this binary with `worker_args`) and waits (at most 120 s, then kills
 // them).
 std::vector<Exit> run_worker_args(int world, const std::vector<std::string>& worker_args) {
-  auto listener = ddp::net::listen_tcp("127.0.0.1", 0, 1);
-  const int port = ddp::net::local_port(listener.fd());
-  listener.close();
+  // Below the ephemeral range: a port found by binding port 0 and closed could be taken by an
+  // outgoing connection before rank 0's store binds it ("address already in use").
+  const int port = ddp::test::free_ports_below_ephemeral_range();
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     std::vector<std::string> env;

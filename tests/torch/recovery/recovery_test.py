@@ -88,20 +88,9 @@ def wait_all(procs, limit):
 
 
 def free_port():
-    """A port with the next one free too (the static rendezvous uses MASTER_PORT + 1)."""
-    for _ in range(100):
-        with socket.socket() as a:
-            a.bind(("", 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
-                continue
-            try:
-                with socket.socket() as b:
-                    b.bind(("", port + 1))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no two adjacent free ports")
+    """A port with the next one free too (the static rendezvous uses MASTER_PORT + 1), below
+    the ephemeral range (free_ports_below_ephemeral)."""
+    return free_ports_below_ephemeral(2)
 
 
 def two_nodes(ddprun, worker, tmp):
