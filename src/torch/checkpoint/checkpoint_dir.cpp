@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "ddp/torch/snapshot/snapshot_file.hpp"
 #include "ddp/util/error.hpp"
 #include "ddp/util/remove_tree.hpp"
 
@@ -28,13 +29,6 @@ std::string read_file(const std::string& path) {
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
-}
-
-void fsync_path(const std::string& path, int flags) {
-  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
 }
 
 }  // namespace
@@ -113,27 +107,9 @@ std::vector<StepDir> complete_step_dirs(const std::string& dir, std::vector<std:
 }
 
 void write_file_atomically(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      throw Error(fmt::format("cannot write {}: {}", tmp, std::strerror(err)));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    throw Error(fmt::format("cannot sync {}: {}", tmp, std::strerror(errno)));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    throw Error(fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(errno)));
-  }
-  fsync_path(fs::path(path).parent_path().string(), O_RDONLY | O_DIRECTORY);
+  // The snapshots' writer: a new temporary of a random name (never a file or link planted
+  // under a fixed one), fsynced, renamed, the folder fsynced; removed on any failure.
+  ddp::write_file_atomically(path, std::vector<char>(bytes.begin(), bytes.end()));
 }
 
 void remove_incomplete(const std::string& dir, std::optional<int64_t> below_step) {

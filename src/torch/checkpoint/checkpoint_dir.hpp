@@ -31,7 +31,8 @@ dcp::Metadata read_complete(const std::string& path);
 std::vector<StepDir> complete_step_dirs(const std::string& dir,
                                         std::vector<std::string>* skipped = nullptr);
 
-// Writes path.tmp, fsyncs it, renames it to path and fsyncs the directory.
+// Writes a new temporary beside path (random name, exclusive, never through a link), fsyncs it,
+// renames it to path and fsyncs the directory (ddp::write_file_atomically, the snapshots' own).
 void write_file_atomically(const std::string& path, const std::string& bytes);
 
 // Removes what a killed save left: step directories without .metadata. Called by rank 0 while

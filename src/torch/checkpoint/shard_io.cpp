@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "checkpoint_dir.hpp"
+#include "ddp/torch/snapshot/snapshot_file.hpp"
 #include "ddp/torch/snapshot/torch_save.hpp"
 #include "ddp/util/error.hpp"
 
@@ -26,15 +27,26 @@ std::string report_path(const std::string& step_path, int rank) {
   return fmt::format("{}/__{}.ddp-shard", step_path, rank);
 }
 
-// Appends to a file, counting the bytes written.
+// Appends to a new temporary beside `path` (exclusive, random name, never through a link),
+// counting the bytes written; sync_and_close renames it over `path`. A shard being rewritten
+// (the same step saved twice) is replaced whole or not at all: a kill meanwhile leaves the
+// complete old one. A ShardFile destroyed before that removes its temporary.
 class ShardFile {
  public:
   explicit ShardFile(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw Error(fmt::format("cannot create {}: {}", path_, std::strerror(errno)));
+    for (int attempt = 0; fd_ < 0; ++attempt) {
+      tmp_ = temporary_path(path_, "tmp");
+      fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+      if (fd_ < 0 && (errno != EEXIST || attempt == 15)) {
+        throw Error(fmt::format("cannot create {}: {}", tmp_, std::strerror(errno)));
+      }
+    }
   }
   ~ShardFile() {
-    if (fd_ >= 0) ::close(fd_);
+    if (fd_ >= 0) {
+      ::close(fd_);
+      ::unlink(tmp_.c_str());
+    }
   }
   size_t write(const void* data, size_t size) {
     const char* p = static_cast<const char*>(data);
@@ -43,7 +55,7 @@ class ShardFile {
       const ssize_t n = ::write(fd_, p + done, size - done);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        throw Error(fmt::format("cannot write {} (after {} bytes): {}", path_, offset_ + done,
+        throw Error(fmt::format("cannot write {} (after {} bytes): {}", tmp_, offset_ + done,
                                 std::strerror(errno)));
       }
       done += static_cast<size_t>(n);
@@ -52,15 +64,21 @@ class ShardFile {
     return size;
   }
   void sync_and_close() {
-    if (::fsync(fd_) != 0)
-      throw Error(fmt::format("cannot sync {}: {}", path_, std::strerror(errno)));
+    if (::fsync(fd_) != 0) {
+      throw Error(fmt::format("cannot sync {}: {}", tmp_, std::strerror(errno)));  // ~: unlinks
+    }
     ::close(fd_);
     fd_ = -1;
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      const int err = errno;
+      ::unlink(tmp_.c_str());
+      throw Error(fmt::format("cannot rename {} to {}: {}", tmp_, path_, std::strerror(err)));
+    }
   }
   int64_t offset() const { return offset_; }
 
  private:
-  std::string path_;
+  std::string path_, tmp_;
   int fd_ = -1;
   int64_t offset_ = 0;
 };

@@ -156,6 +156,45 @@ TEST(Checkpoint, IncompleteAndTruncatedCheckpointsAreSkippedWithTheirReason) {
   });
 }
 
+// Issue 49, findings 6 and 7: a checkpoint's files are written through new temporaries of
+// random names and renamed into place. A link planted under a shard's name or under the old
+// fixed temporary name (.metadata.tmp) is replaced or ignored, never written through; a step
+// saved twice replaces each file whole, and the checkpoint stays loadable.
+TEST(Checkpoint, FilesAreNeverWrittenThroughPlantedLinksAndASecondSaveReplacesThemWhole) {
+  TempDir dir;
+  const std::string victim = dir.path() + "/victim";
+  { std::ofstream(victim) << "precious"; }
+  const std::string step = dir.path() + "/step-00000001";
+  run_ranks(1, [&](int, ProcessGroupPtr pg) {
+    auto model = make_model(0.0);
+    Checkpointer ckpt(CheckpointOptions(dir.path()).async(false).keep(5), pg);
+    fill(*model, 1);
+    ckpt.save({1, 0, 1}, *model, nullptr);
+    // Another local user's links where the files of step 1 go (the first save clears what an
+    // earlier run left, so they are planted after it).
+    fs::remove(step + "/__0_0.distcp");
+    fs::create_symlink(victim, step + "/__0_0.distcp");
+    fs::create_symlink(victim, step + "/.metadata.tmp");
+    // The same step again (a resume at step 1, then a save at step 1).
+    ASSERT_TRUE(fs::is_symlink(step + "/__0_0.distcp"));
+    ckpt.save({1, 0, 1}, *model, nullptr);
+    fill(*model, -1);
+    auto r = ckpt.load_newest(*model, nullptr);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->progress.step, 1);
+    EXPECT_TRUE(r->skipped.empty());
+    for (const auto& p : model->parameters()) EXPECT_TRUE(torch::all(p == 1).item<bool>());
+  });
+  std::ifstream in(victim);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "precious");
+  EXPECT_FALSE(fs::is_symlink(step + "/__0_0.distcp"));
+  for (const auto& e : fs::directory_iterator(step)) {  // no temporary left behind
+    const std::string name = e.path().filename().string();
+    EXPECT_TRUE(name == "__0_0.distcp" || name == ".metadata" || name == ".metadata.tmp") << name;
+  }
+}
+
 TEST(Checkpoint, GarbageMetadataIsSkippedNamingTheFile) {
   TempDir dir;
   run_ranks(1, [&](int, ProcessGroupPtr pg) {
