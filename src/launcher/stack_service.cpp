@@ -33,6 +33,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 constexpr std::chrono::milliseconds kSlice{200};
+// How long a request id may stay without its request before the nodes pass over it: an asker
+// sets req/<id> right after taking the id, and one that died in between must not stop every
+// later request of the round (issue 49, finding 5).
+constexpr std::chrono::milliseconds kAbandonedRequest{2000};
+constexpr Clock::time_point kNotMissing = Clock::time_point::max();
 constexpr std::chrono::milliseconds kClientSendLimit{2000};
 // How long a client may take to read the answer once it is ready (the client reads as it
 // arrives; one that does not must not hold the service).
@@ -384,10 +389,46 @@ struct StackService::State {
     return true;
   }
 
+  // Whether request `next` was abandoned: a later id was taken, and `next` has had no request
+  // for kAbandonedRequest (`missing_since`: since when this node has seen it missing;
+  // kNotMissing when it has not).
+  bool abandoned(Store& s, const std::string& prefix, int64_t next,
+                 Clock::time_point& missing_since) {
+    if (s.add(prefix + "seq", 0) <= next) {
+      missing_since = kNotMissing;
+      return false;
+    }
+    const auto now = Clock::now();
+    if (missing_since == kNotMissing) missing_since = now;
+    if (now - missing_since < kAbandonedRequest) return false;
+    warn(
+        fmt::format("stack request {} was never posted (its asker stopped between taking the "
+                    "id and posting it); serving the later ones",
+                    next));
+    missing_since = kNotMissing;
+    return true;
+  }
+
+  // Serves the requests that are there now, in order, passing over abandoned ids.
+  void serve_posted(Store& s, const std::string& prefix, int64_t& next, int me,
+                    Clock::time_point& missing_since) {
+    for (;;) {
+      if (serve_request(s, prefix, next, me, std::chrono::milliseconds(0))) {
+        ++next;
+        missing_since = kNotMissing;
+      } else if (abandoned(s, prefix, next, missing_since)) {
+        ++next;
+      } else {
+        return;
+      }
+    }
+  }
+
   void round_loop(std::shared_ptr<Store> s, int gen, int me, int nodes) {
     const std::string prefix = keys_prefix(options.run_id, gen);
     try {
       int64_t next = s->add(prefix + "seq", 0) + 1;
+      Clock::time_point missing_since = kNotMissing;  // of request `next`
       while (!round_stop) {
         std::shared_ptr<Outgoing> mine;
         {
@@ -413,7 +454,7 @@ struct StackService::State {
           // round ends every node captures at the same moment (the failing node, and each node
           // its agent stops), and two nodes that only waited would each wait out the other.
           while (!keys.empty()) {
-            while (serve_request(*s, prefix, next, me, std::chrono::milliseconds(0))) ++next;
+            serve_posted(*s, prefix, next, me, missing_since);
             const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(mine->deadline -
                                                                                     Clock::now());
             if (left.count() <= 0) break;
@@ -436,7 +477,12 @@ struct StackService::State {
           cv.notify_all();
           continue;
         }
-        if (serve_request(*s, prefix, next, me, kSlice)) ++next;
+        if (serve_request(*s, prefix, next, me, kSlice)) {
+          ++next;
+          missing_since = kNotMissing;
+        } else if (abandoned(*s, prefix, next, missing_since)) {
+          ++next;
+        }
       }
     } catch (const Error&) {
       // The store is gone (the round ended, its host exited): requests get no other nodes.

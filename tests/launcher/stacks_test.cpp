@@ -24,6 +24,7 @@
 #include "ddp/launcher/stack_service.hpp"
 #include "ddp/launcher/stacks.hpp"
 #include "ddp/launcher/torch_progress.hpp"
+#include "ddp/store/hash_store.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp::launcher {
@@ -343,6 +344,44 @@ TEST_F(StacksWithTools, OtherNodesWithoutAStoreAreCountedAndExplained) {
   EXPECT_EQ(answer["nodes"], 4);
   EXPECT_EQ(answer["answered"], nlohmann::json::array({0}));
   EXPECT_EQ(answer["notes"], nlohmann::json::array({"the other nodes cannot be asked: etcd"}));
+}
+
+// Issue 49, finding 5: an asker that took a request id and died before posting it no longer
+// stops the round's later requests. Node 0's service answers request 1 (node 1's, posted here
+// by hand as the service would), then passes over id 2, never posted, once id 3 exists and id
+// 2 stayed missing for 2 s, and answers request 3. Before, it waited for request 2 forever.
+TEST_F(StacksWithTools, ARequestIdNeverPostedDoesNotStopTheLaterOnes) {
+  StackServiceOptions so;
+  so.run_id = "jam";
+  so.host = "node";
+  StackService node0(so);
+  auto store = std::make_shared<HashStore>();
+  const std::string prefix = "ddprun_stacks/jam/0/";
+  node0.join_round(store, 0, 0, 2);
+  // Posts request `id` as node 1 would; whether node 0 answered it within `limit`.
+  auto ask = [&](int64_t id, std::chrono::milliseconds limit) {
+    store->set(prefix + "req/" + std::to_string(id), "1 5000");  // "<asking node> <ms>"
+    try {
+      store->wait({prefix + "resp/" + std::to_string(id) + "/0"}, limit);
+      return true;
+    } catch (const TimeoutError&) {
+      return false;
+    }
+  };
+  // Node 0 serves the requests after the id it read when its round thread started: ask until
+  // one is answered (every one posted from then on is, in order).
+  int64_t id = 0;
+  bool serving = false;
+  for (int attempt = 0; attempt < 20 && !serving; ++attempt) {
+    id = store->add(prefix + "seq", 1);
+    serving = ask(id, std::chrono::milliseconds(1000));
+  }
+  ASSERT_TRUE(serving) << "node 0 answered none of 20 requests";
+  store->add(prefix + "seq", 1);  // id + 1: its asker died before posting it
+  const int64_t later = store->add(prefix + "seq", 1);
+  EXPECT_TRUE(ask(later, std::chrono::seconds(20)))
+      << "node 0 never answered request " << later << " behind the abandoned " << later - 1;
+  node0.leave_round();
 }
 
 RankProgress progress(int rank, int64_t completed, int64_t open_since_us) {
