@@ -94,6 +94,17 @@ int launch(const LaunchOptions& options, const EnvLookup& env) {
     // next_round() (rendezvous_membership.hpp).
     RendezvousMembershipOptions settings = rendezvous_settings(o, a.host);
     settings.notice_fd = 2;
+    // Without a token the job's stores answer anyone who reaches them (docs/security.md).
+    if (!settings.token && !rdzv::uses_etcd(settings.rdzv.backend) &&
+        store_auth::resolve_token(std::nullopt).empty()) {
+      const std::string note = fmt::format(
+          "ddprun: warning: this multi-node job's stores have no token: anyone who can reach "
+          "{}:{} (or another store of the job) can read and write its keys, join the job, or "
+          "replace what a replica holds; give every node --rdzv-conf token_file=FILE (the same "
+          "secret, mode 600; docs/security.md)\n",
+          settings.rdzv.endpoint.host, settings.rdzv.endpoint.port);
+      write_fully(2, note.data(), note.size());
+    }
     if (o.rdzv_progress_interval) settings.progress_interval = *o.rdzv_progress_interval;
     if (settings.rdzv.conf.token_file) {
       // The job's token guards the stores ddp opens inside the workers too (rank 0's

@@ -164,6 +164,8 @@ TEST_F(DdprunStacks, NativeStacksOfTwoAgentsFold) {
   e.push_back({"DDP_STORE_TOKEN", "stacks-test-token"});
   const std::vector<pid_t> agents = start_two_nodes("cxxstacks", e);
   ASSERT_EQ(agents.size(), 2u);
+  EXPECT_EQ(read_file(current_err_path()).find("have no token"), std::string::npos)
+      << read_file(current_err_path());
   auto [code, out] = stacks_until("cxxstacks", {"ranks 0-3 (4 of 4)", "sleep_for"});
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("4 ranks from 2 of 2 nodes"), std::string::npos) << out;
@@ -180,6 +182,12 @@ TEST_F(DdprunStacks, WithoutAStoreTokenOtherNodesAreNotAsked) {
   if (!have("eu-stack")) GTEST_SKIP() << "no eu-stack (apt-get install elfutils)";
   const std::vector<pid_t> agents = start_two_nodes("notoken", env());
   ASSERT_EQ(agents.size(), 2u);
+  // Each agent warned that the job runs without a token (issue 49, finding 8).
+  EXPECT_NE(read_file(current_err_path())
+                .find("warning: this multi-node job's stores have no token: anyone who can reach "
+                      "127.0.0.1:"),
+            std::string::npos)
+      << read_file(current_err_path());
   auto [code, out] = stacks_until("notoken", {"2 ranks from 1 of 2 nodes", "sleep_for"});
   EXPECT_EQ(code, 1) << out;
   EXPECT_NE(out.find("2 ranks from 1 of 2 nodes"), std::string::npos) << out;
