@@ -33,15 +33,8 @@ std::string report_path(const std::string& step_path, int rank) {
 // complete old one. A ShardFile destroyed before that removes its temporary.
 class ShardFile {
  public:
-  explicit ShardFile(std::string path) : path_(std::move(path)) {
-    for (int attempt = 0; fd_ < 0; ++attempt) {
-      tmp_ = temporary_path(path_, "tmp");
-      fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-      if (fd_ < 0 && (errno != EEXIST || attempt == 15)) {
-        throw Error(fmt::format("cannot create {}: {}", tmp_, std::strerror(errno)));
-      }
-    }
-  }
+  explicit ShardFile(std::string path)
+      : path_(std::move(path)), fd_(ddp::create_temporary(path_, &tmp_)) {}
   ~ShardFile() {
     if (fd_ >= 0) {
       ::close(fd_);

@@ -140,18 +140,6 @@ bool is_lower_hex(char c) {
   return is_digit(c) || (c >= 'a' && c <= 'f');
 }
 
-// Creates a temporary beside `path` that did not exist before; retries on a name collision.
-int create_temporary(const std::string& path, std::string* tmp) {
-  for (int attempt = 0;; ++attempt) {
-    *tmp = temporary_path(path, "tmp");
-    const int fd = ::open(tmp->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd >= 0) return fd;
-    if (errno != EEXIST || attempt == 15) {
-      throw io_error("cannot create temporary snapshot file", *tmp);
-    }
-  }
-}
-
 }  // namespace
 
 std::string temporary_path(const std::string& target, const std::string& kind) {
@@ -159,6 +147,15 @@ std::string temporary_path(const std::string& target, const std::string& kind) {
   const std::string base = slash == std::string::npos ? target : target.substr(slash + 1);
   return fmt::format("{}/.{}.{}-{}-{:016x}", parent_dir(target), base, kind, ::getpid(),
                      random_u64());
+}
+
+int create_temporary(const std::string& path, std::string* tmp) {
+  for (int attempt = 0;; ++attempt) {
+    *tmp = temporary_path(path, "tmp");
+    const int fd = ::open(tmp->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0) return fd;
+    if (errno != EEXIST || attempt == 15) throw io_error("cannot create temporary file", *tmp);
+  }
 }
 
 std::optional<TemporaryName> parse_temporary_name(const std::string& name) {

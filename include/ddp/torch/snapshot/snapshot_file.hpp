@@ -49,6 +49,11 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
 // A fresh temporary name beside `target` (see above); `kind` is "tmp" or "link".
 std::string temporary_path(const std::string& target, const std::string& kind);
 
+// Creates a "tmp" temporary beside `path` exclusively (see above), retrying on a name
+// collision; returns its descriptor (open for writing) and sets `tmp` to its name. Throws
+// Error naming the file when it cannot be created.
+int create_temporary(const std::string& path, std::string* tmp);
+
 struct TemporaryName {
   std::string target_base;  // BASE: the file the temporary was going to become
   std::string kind;         // "tmp" or "link"
