@@ -26,7 +26,8 @@
 # Environment: DDP_PYTHON (default <repo>/.venv/bin/python), TORCH_SUITE_TEST_TIMEOUT (seconds a
 # test may take before it is killed and fails, default 300, torch's own default; two tests have
 # torch's larger overrides), TORCH_SUITE_BACKEND_TIMEOUT (seconds for one backend's whole run,
-# default 14400), TORCH_SUITE_SPAWN_ALL=1 (spawn the ranks even for the CUDA-only and
+# default 14400), TORCH_SUITE_START_METHOD (forkserver, the default, or spawn: see
+# torch_suite_driver.py), TORCH_SUITE_SPAWN_ALL=1 (spawn the ranks even for the CUDA-only and
 # world-size skips the driver otherwise decides up front, with the same message).
 #
 # Output: DIR/results.jsonl, one line per test and backend ({"backend", "test", "outcome":

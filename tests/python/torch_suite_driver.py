@@ -19,7 +19,14 @@ JSON line, written as soon as the test ends; --label names the backend there.
 TORCH_SUITE_LIFT_SKIPS=name,... runs those tests without their import-time skips (diagnosis of
 tests the suite runs for gloo only). TORCH_SUITE_SPAWN_ALL=1 spawns the ranks even for tests
 whose skip this process can tell in advance (see _skip_in_parent).
+
+The ranks start from a forkserver that imported this file (torch, ddp, distributed_test) once:
+each is a fresh fork of a process that has run no test, as a spawned rank is, without importing
+the suite again (5 CPU-s a rank on this machine, most of a short test). Each rank still gets the
+environment of its test's setUp (TEMP_DIR, INIT_METHOD), as a spawned one does.
+TORCH_SUITE_START_METHOD=spawn starts every rank the way PyTorch's own CI does.
 """
+import multiprocessing
 
 import os
 import sys
@@ -89,6 +96,27 @@ def _skip_in_parent(fn):
     return None
 
 
+class _ForkserverRank(multiprocessing.get_context("forkserver").Process):
+    """A rank forked from the forkserver, with the environment its parent had when it started
+    it: the server's own is that of the first test, and each test's setUp points TEMP_DIR (the
+    suite's barrier and lock files) at a new folder."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._environ = dict(os.environ)
+
+    def run(self):
+        os.environ.clear()
+        os.environ.update(self._environ)
+        super().run()
+
+
+_START_METHOD = os.environ.get("TORCH_SUITE_START_METHOD", "forkserver")
+if _START_METHOD not in ("forkserver", "spawn"):
+    sys.exit(f"torch_suite_driver.py: TORCH_SUITE_START_METHOD={_START_METHOD}: expected "
+             "forkserver or spawn")
+
+
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
         if os.environ.get("TORCH_SUITE_SPAWN_ALL") != "1":
@@ -96,7 +124,10 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
             if reason:
                 raise unittest.SkipTest(reason)
         super().setUp()
-        self._spawn_processes()
+        if _START_METHOD == "forkserver":
+            self._start_processes(_ForkserverRank)
+        else:
+            self._spawn_processes()
         torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
 
 
@@ -182,6 +213,16 @@ def _main():
     common_utils.parse_cmd_line_args()
     sys.argv = saved_argv
 
+    # The forkserver imports this file as a module before it forks the first rank (_main does
+    # not run there). Not as "__main__": CPython 3.11's forkserver never receives the main
+    # module's path (it asks for "main_path", spawn names it "init_main_from_path"). Each rank
+    # still runs this file again as __mp_main__, as a spawned one does, with the imports cached.
+    # The server imports before it applies the sys.path it is given (3.11), and swallows an
+    # ImportError: this folder goes on PYTHONPATH, which it inherits.
+    here = os.path.dirname(os.path.abspath(__file__))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        [os.path.splitext(os.path.basename(__file__))[0]])
     out = open(args.results, "a", buffering=1) if args.results else None
 
     class Result(unittest.TextTestResult):
