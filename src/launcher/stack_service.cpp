@@ -25,6 +25,7 @@
 #include "ddp/util/error.hpp"
 #include "ddp/util/logging.hpp"
 #include "local_trust.hpp"
+#include "stack_requests.hpp"
 
 namespace ddp::launcher {
 
@@ -32,12 +33,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
+// How long the round thread waits for a request before it looks at its own queue again.
 constexpr std::chrono::milliseconds kSlice{200};
-// How long a request id may stay without its request before the nodes pass over it: an asker
-// sets req/<id> right after taking the id, and one that died in between must not stop every
-// later request of the round (issue 49, finding 5).
-constexpr std::chrono::milliseconds kAbandonedRequest{2000};
-constexpr Clock::time_point kNotMissing = Clock::time_point::max();
 constexpr std::chrono::milliseconds kClientSendLimit{2000};
 // How long a client may take to read the answer once it is ready (the client reads as it
 // arrives; one that does not must not hold the service).
@@ -354,81 +351,10 @@ struct StackService::State {
     }
   }
 
-  // Request `next` of round `prefix`, if it is there within `wait` (0: only if it is there
-  // now): another node's is answered with this node's stacks, this node's own is passed over.
-  // Returns whether there was one (then `next` moves on).
-  bool serve_request(Store& s, const std::string& prefix, int64_t next, int me,
-                     std::chrono::milliseconds wait) {
-    const std::string key = fmt::format("{}req/{}", prefix, next);
-    if (wait.count() <= 0) {
-      if (!s.check({key})) return false;
-    } else {
-      try {
-        s.wait({key}, wait);
-      } catch (const TimeoutError&) {
-        return false;
-      }
-    }
-    const std::string value = s.get(key);
-    const int from = std::atoi(value.c_str());
-    const size_t space = value.find(' ');
-    const int64_t budget_ms = std::clamp<int64_t>(
-        space == std::string::npos ? 5000 : std::atoll(value.c_str() + space + 1), 100,
-        kMaxCapture.count());
-    if (from == me) return true;
-    try {
-      // Answer a little before the asker stops waiting.
-      const auto stacks = capture(Clock::now() + std::chrono::milliseconds(budget_ms * 8 / 10));
-      s.set(fmt::format("{}resp/{}/{}", prefix, next, me), encode_stacks(stacks));
-    } catch (const Error&) {
-      throw;  // the store: handled by the caller
-    } catch (const std::exception& e) {
-      // Anything else (an encoding, memory) loses this answer, not the service.
-      warn(fmt::format("request {} from node rank {} failed: {}", next, from, e.what()));
-    }
-    return true;
-  }
-
-  // Whether request `next` was abandoned: a later id was taken, and `next` has had no request
-  // for kAbandonedRequest (`missing_since`: since when this node has seen it missing;
-  // kNotMissing when it has not).
-  bool abandoned(Store& s, const std::string& prefix, int64_t next,
-                 Clock::time_point& missing_since) {
-    if (s.add(prefix + "seq", 0) <= next) {
-      missing_since = kNotMissing;
-      return false;
-    }
-    const auto now = Clock::now();
-    if (missing_since == kNotMissing) missing_since = now;
-    if (now - missing_since < kAbandonedRequest) return false;
-    warn(
-        fmt::format("stack request {} was never posted (its asker stopped between taking the "
-                    "id and posting it); serving the later ones",
-                    next));
-    missing_since = kNotMissing;
-    return true;
-  }
-
-  // Serves the requests that are there now, in order, passing over abandoned ids.
-  void serve_posted(Store& s, const std::string& prefix, int64_t& next, int me,
-                    Clock::time_point& missing_since) {
-    for (;;) {
-      if (serve_request(s, prefix, next, me, std::chrono::milliseconds(0))) {
-        ++next;
-        missing_since = kNotMissing;
-      } else if (abandoned(s, prefix, next, missing_since)) {
-        ++next;
-      } else {
-        return;
-      }
-    }
-  }
-
   void round_loop(std::shared_ptr<Store> s, int gen, int me, int nodes) {
-    const std::string prefix = keys_prefix(options.run_id, gen);
     try {
-      int64_t next = s->add(prefix + "seq", 0) + 1;
-      Clock::time_point missing_since = kNotMissing;  // of request `next`
+      detail::StackRequestChannel channel(*s, keys_prefix(options.run_id, gen), me, nodes,
+                                          [this](Clock::time_point d) { return capture(d); });
       while (!round_stop) {
         std::shared_ptr<Outgoing> mine;
         {
@@ -438,51 +364,15 @@ struct StackService::State {
             outgoing.pop_front();
           }
         }
-        if (mine) {
-          const int64_t id = s->add(prefix + "seq", 1);
-          const auto budget =
-              std::chrono::duration_cast<std::chrono::milliseconds>(mine->deadline - Clock::now());
-          // "<asking node> <milliseconds>": the others capture within the asker's budget.
-          s->set(fmt::format("{}req/{}", prefix, id),
-                 fmt::format("{} {}", me, std::max<int64_t>(budget.count(), 100)));
-          std::vector<std::string> answers(nodes);
-          std::vector<std::string> keys;
-          for (int n = 0; n < nodes; ++n) {
-            if (n != me) keys.push_back(fmt::format("{}resp/{}/{}", prefix, id, n));
-          }
-          // While it waits for the answers this node answers the others' requests: when a
-          // round ends every node captures at the same moment (the failing node, and each node
-          // its agent stops), and two nodes that only waited would each wait out the other.
-          while (!keys.empty()) {
-            serve_posted(*s, prefix, next, me, missing_since);
-            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(mine->deadline -
-                                                                                    Clock::now());
-            if (left.count() <= 0) break;
-            try {
-              s->wait(keys, std::min(left, kSlice));
-              break;
-            } catch (const TimeoutError&) {
-            }
-          }
-          for (int n = 0; n < nodes; ++n) {
-            const std::string key = fmt::format("{}resp/{}/{}", prefix, id, n);
-            if (n != me && s->check({key})) {
-              answers[n] = s->get(key);
-              s->delete_key(key);
-            }
-          }
-          std::lock_guard<std::mutex> lock(mutex);
-          mine->answers = std::move(answers);
-          mine->done = true;
-          cv.notify_all();
+        if (!mine) {
+          channel.serve_for(kSlice);
           continue;
         }
-        if (serve_request(*s, prefix, next, me, kSlice)) {
-          ++next;
-          missing_since = kNotMissing;
-        } else if (abandoned(*s, prefix, next, missing_since)) {
-          ++next;
-        }
+        std::vector<std::string> answers = channel.ask(mine->deadline, kSlice);
+        std::lock_guard<std::mutex> lock(mutex);
+        mine->answers = std::move(answers);
+        mine->done = true;
+        cv.notify_all();
       }
     } catch (const Error&) {
       // The store is gone (the round ended, its host exited): requests get no other nodes.

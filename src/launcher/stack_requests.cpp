@@ -1,0 +1,138 @@
+#include "stack_requests.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "ddp/launcher/stack_service.hpp"
+#include "ddp/util/error.hpp"
+#include "ddp/util/logging.hpp"
+
+namespace ddp::launcher::detail {
+
+namespace {
+
+constexpr StackRequestChannel::Clock::time_point kNotMissing =
+    StackRequestChannel::Clock::time_point::max();
+
+void warn(const std::string& text) {
+  ddp::log::get("ddp.launcher")->warn("ddprun stacks: {}", text);
+}
+
+}  // namespace
+
+StackRequestChannel::StackRequestChannel(Store& store, std::string prefix, int node_rank,
+                                         int num_nodes, Capture capture)
+    : store_(store),
+      prefix_(std::move(prefix)),
+      me_(node_rank),
+      nodes_(num_nodes),
+      capture_(std::move(capture)),
+      next_(store_.add(prefix_ + "seq", 0) + 1),
+      missing_since_(kNotMissing) {}
+
+std::vector<std::string> StackRequestChannel::ask(Clock::time_point deadline,
+                                                  std::chrono::milliseconds slice) {
+  const int64_t id = store_.add(prefix_ + "seq", 1);
+  const auto budget =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  // "<asking node> <milliseconds>": the others capture within the asker's budget.
+  store_.set(fmt::format("{}req/{}", prefix_, id),
+             fmt::format("{} {}", me_, std::max<int64_t>(budget.count(), 100)));
+  std::vector<std::string> keys;
+  for (int n = 0; n < nodes_; ++n) {
+    if (n != me_) keys.push_back(fmt::format("{}resp/{}/{}", prefix_, id, n));
+  }
+  while (!keys.empty()) {
+    serve_posted();
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) break;
+    try {
+      store_.wait(keys, std::min(left, slice));
+      break;
+    } catch (const TimeoutError&) {
+    }
+  }
+  std::vector<std::string> answers(nodes_);
+  for (int n = 0; n < nodes_; ++n) {
+    const std::string key = fmt::format("{}resp/{}/{}", prefix_, id, n);
+    if (n != me_ && store_.check({key})) {
+      answers[n] = store_.get(key);
+      store_.delete_key(key);
+    }
+  }
+  return answers;
+}
+
+void StackRequestChannel::serve_for(std::chrono::milliseconds wait) {
+  if (serve_request(wait)) {
+    ++next_;
+    missing_since_ = kNotMissing;
+  } else if (abandoned()) {
+    ++next_;
+  }
+}
+
+bool StackRequestChannel::serve_request(std::chrono::milliseconds wait) {
+  const std::string key = fmt::format("{}req/{}", prefix_, next_);
+  if (wait.count() <= 0) {
+    if (!store_.check({key})) return false;
+  } else {
+    try {
+      store_.wait({key}, wait);
+    } catch (const TimeoutError&) {
+      return false;
+    }
+  }
+  const std::string value = store_.get(key);
+  const int from = std::atoi(value.c_str());
+  const size_t space = value.find(' ');
+  const int64_t budget_ms =
+      std::clamp<int64_t>(space == std::string::npos ? 5000 : std::atoll(value.c_str() + space + 1),
+                          100, StackService::kMaxCapture.count());
+  if (from == me_) return true;
+  try {
+    // Answer a little before the asker stops waiting.
+    const auto stacks = capture_(Clock::now() + std::chrono::milliseconds(budget_ms * 8 / 10));
+    store_.set(fmt::format("{}resp/{}/{}", prefix_, next_, me_), encode_stacks(stacks));
+  } catch (const Error&) {
+    throw;  // the store: the round is over
+  } catch (const std::exception& e) {
+    // Anything else (an encoding, memory) loses this answer, not the service.
+    warn(fmt::format("request {} from node rank {} failed: {}", next_, from, e.what()));
+  }
+  return true;
+}
+
+bool StackRequestChannel::abandoned() {
+  if (store_.add(prefix_ + "seq", 0) <= next_) {
+    missing_since_ = kNotMissing;
+    return false;
+  }
+  const auto now = Clock::now();
+  if (missing_since_ == kNotMissing) missing_since_ = now;
+  if (now - missing_since_ < kAbandonedRequest) return false;
+  warn(fmt::format(
+      "stack request {} was never posted (its asker stopped between taking the id and posting "
+      "it); serving the later ones",
+      next_));
+  missing_since_ = kNotMissing;
+  return true;
+}
+
+void StackRequestChannel::serve_posted() {
+  for (;;) {
+    if (serve_request(std::chrono::milliseconds(0))) {
+      ++next_;
+      missing_since_ = kNotMissing;
+    } else if (abandoned()) {
+      ++next_;
+    } else {
+      return;
+    }
+  }
+}
+
+}  // namespace ddp::launcher::detail

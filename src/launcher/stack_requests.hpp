@@ -1,0 +1,65 @@
+#pragma once
+// How the agents of a multi-node round ask each other for their workers' stacks, through the
+// round's store (the protocol of StackService's round thread). Internal header.
+//
+// Keys under `prefix` (one per run and generation): `seq` hands out request ids (add); an asker
+// takes id N and sets `req/N` to "<its node rank> <milliseconds it waits>"; every other node
+// answers with `resp/N/<its node rank>` (encode_stacks). Requests are served in id order; an id
+// taken but never posted (its asker died in between) is passed over after kAbandonedRequest.
+// Not thread-safe: one thread (the round's) drives a channel.
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ddp/launcher/stacks.hpp"
+#include "ddp/store/store.hpp"
+
+namespace ddp::launcher::detail {
+
+class StackRequestChannel {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // This node's workers' stacks, captured by the deadline.
+  using Capture = std::function<std::vector<RankStacks>(Clock::time_point)>;
+
+  // How long a request id may stay without its request before the nodes pass over it: an
+  // asker sets req/<id> right after taking the id, and one that died in between must not stop
+  // every later request of the round (issue 49, finding 5).
+  static constexpr std::chrono::milliseconds kAbandonedRequest{2000};
+
+  // Starts after the requests already posted (they were for earlier members of the round).
+  // Store errors propagate from every call: the round is over.
+  StackRequestChannel(Store& store, std::string prefix, int node_rank, int num_nodes,
+                      Capture capture);
+
+  // Asks the other nodes and returns each node's answer by node rank ("" for none and for
+  // this node) by `deadline`. Serves the other nodes' requests while it waits: when a round
+  // ends every node captures at the same moment, and two nodes that only waited would each
+  // wait out the other.
+  std::vector<std::string> ask(Clock::time_point deadline, std::chrono::milliseconds slice);
+
+  // Serves the next request if it is posted within `wait`, or passes over an abandoned id.
+  void serve_for(std::chrono::milliseconds wait);
+
+ private:
+  // Request `next_`, if it is there within `wait` (0: only if it is there now): another
+  // node's is answered with this node's stacks, this node's own is passed over. Returns
+  // whether there was one (then `next_` moves on).
+  bool serve_request(std::chrono::milliseconds wait);
+  // Whether request `next_` was abandoned: a later id was taken, and `next_` has had no
+  // request for kAbandonedRequest.
+  bool abandoned();
+  // Serves the requests that are there now, in order, passing over abandoned ids.
+  void serve_posted();
+
+  Store& store_;
+  std::string prefix_;
+  int me_, nodes_;
+  Capture capture_;
+  int64_t next_;                     // the next request id to serve
+  Clock::time_point missing_since_;  // since when request next_ has been seen missing
+};
+
+}  // namespace ddp::launcher::detail
