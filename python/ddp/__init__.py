@@ -49,7 +49,7 @@ def _group_name(group_id):
 
 
 def _create_extended(backend_options, pg_options):
-    """torch 1.13 / 2.0 extended creator: gets the group id for messages."""
+    """torch's extended creator API: gets the group id for messages."""
     if pg_options is not None:
         raise RuntimeError("backend ddp takes no pg_options")
     o = backend_options
@@ -57,27 +57,12 @@ def _create_extended(backend_options, pg_options):
                                     _group_name(getattr(o, "group_id", "")))
 
 
-def _create(store, rank, size, timeout):
-    return _C._create_process_group(store, rank, size, timeout, "default_pg")
-
-
 def _register():
-    if BACKEND_NAME.upper() in getattr(_dist.Backend, "_plugins", {}):
-        return  # already registered (module reloaded)
-    import inspect
+    # Where ddp is installed, `import torch` has registered the backend already
+    # (ddp_torch_plugin, torch's "torch.backends" entry point): its creator forwards here.
+    from ddp_torch_plugin import register_backend
 
-    params = inspect.signature(_dist.Backend.register_backend).parameters
-    if "devices" in params:
-        # torch >= 2.1: the creator returns a c10d Backend that torch wraps for CPU tensors and,
-        # where torch has CUDA, for CUDA tensors (staged through the host, as gloo does). torch
-        # makes one backend for all the device types of a group that name the same backend.
-        devices = ["cpu", "cuda"] if torch.backends.cuda.is_built() else ["cpu"]
-        _dist.Backend.register_backend(BACKEND_NAME, _create_extended, extended_api=True,
-                                       devices=devices)
-    elif "extended_api" in params:
-        _dist.Backend.register_backend(BACKEND_NAME, _create_extended, extended_api=True)
-    else:
-        _dist.Backend.register_backend(BACKEND_NAME, _create)
+    register_backend(_create_extended)
 
 
 _register()
@@ -87,6 +72,8 @@ from .recovery import StepManager, recovery_enabled  # noqa: E402
 
 if recovery_enabled():
     # ddprun --recovery step hosts the job's store: env:// must use it (docs/recovery.md).
-    from .recovery import _install_env_rendezvous
+    from ddp_torch_plugin import install_env_rendezvous
 
-    _install_env_rendezvous()
+    from .recovery import _env_rendezvous_over_job_store
+
+    install_env_rendezvous(_env_rendezvous_over_job_store)

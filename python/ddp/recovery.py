@@ -58,6 +58,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C
+from ._bytes import tensor_bytes
 
 __all__ = ["StepManager", "recovery_enabled"]
 
@@ -82,14 +83,6 @@ def _env_rendezvous_over_job_store(url, timeout=timedelta(minutes=30), **kwargs)
     rank, world_size = need("RANK", "rank"), need("WORLD_SIZE", "world_size")
     yield (_C._connect_job_store(timeout), rank, world_size)
     raise RuntimeError("Unable to perform re-rendezvous using env:// method")
-
-
-def _install_env_rendezvous():
-    import importlib
-
-    # The module (torch.distributed.rendezvous is also the name of a function there).
-    handlers = importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers
-    handlers["env"] = _env_rendezvous_over_job_store
 
 
 def _ddp_backend(group=None):
@@ -317,4 +310,4 @@ class StepManager:
         if self.rank != src:
             payload = torch.empty(int(size.item()), dtype=torch.uint8)
         dist.broadcast(payload, src)
-        return obj if self.rank == src else pickle.loads(payload.numpy().tobytes())
+        return obj if self.rank == src else pickle.loads(tensor_bytes(payload))

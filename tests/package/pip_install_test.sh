@@ -64,12 +64,35 @@ echo "== pip wheel (built by $PYTHON, without build isolation)"
 wheel="$(ls "$WORK"/wheels/ddp-*.whl)"
 echo "wheel: $(basename "$wheel")"
 "$PYTHON" -m zipfile -l "$wheel" | awk '{print $1}' >"$WORK/wheel.files"
-for f in ddp/__init__.py ddp/_build_info.py ddp-0.1.0.data/scripts/ddprun; do
+for f in ddp/__init__.py ddp/_build_info.py ddp_torch_plugin/__init__.py \
+  ddp-0.1.0.data/scripts/ddprun; do
   grep -qx "$f" "$WORK/wheel.files" || { cat "$WORK/wheel.files"; fail "the wheel lacks $f"; }
 done
 grep -q '^ddp/_C\..*\.so$' "$WORK/wheel.files" || fail "the wheel lacks the extension ddp/_C"
 "$WORK/venv/bin/python" -m pip install -q --no-deps "$wheel" || fail "installing the wheel"
 run_job "pip wheel"
+
+# No `import ddp`: the environment registers the backend through torch's plugin entry point,
+# under ddprun, under --recovery step (the script imports ddp only after init_process_group and
+# must still get ddprun's store: StepManager refuses any other group), and under torchrun.
+# no_import_job WHAT EXPECTED LAUNCHER [FLAGS...]: each rank's line must end with EXPECTED.
+no_import_job() {
+  local what="$1" expected="$2" out
+  shift 2
+  echo "== init_process_group(\"ddp\") without import ddp ($what)"
+  out=$(cd "$WORK" && PATH="$WORK/venv/bin:$PATH" timeout 120 "$@" --standalone \
+          --nproc-per-node 2 "$SOURCE/tests/package/pip/no_import_job.py" "$WORK/venv" 2>&1) ||
+    { echo "$out"; fail "no import ddp, $what"; }
+  grep "no import ddp" <<<"$out"
+  for rank in 0 1; do
+    grep -q "rank $rank of 2: no import ddp, $expected\$" <<<"$out" ||
+      fail "no import ddp, $what: rank $rank did not report '$expected'"
+  done
+}
+no_import_job ddprun "all_reduce ok" "$WORK/venv/bin/ddprun"
+no_import_job "ddprun --recovery step" "all_reduce ok, ddp.StepManager on ddprun's store ok" \
+  "$WORK/venv/bin/ddprun" --recovery step
+no_import_job torchrun "all_reduce ok" "$WORK/venv/bin/torchrun"
 
 echo "== pip install $SOURCE (with pip's build isolation)"
 "$WORK/venv/bin/python" -m pip uninstall -q -y ddp

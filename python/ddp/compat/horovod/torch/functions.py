@@ -4,6 +4,8 @@ import pickle
 
 import torch
 
+from ddp._bytes import tensor_bytes
+
 from . import handles as _handles
 from . import mpi_ops as _ops
 from . import runtime as _rt
@@ -64,7 +66,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=_ops.global_proces
     _ops.broadcast_(size, root_rank, name + ".sz", process_set)
     payload = torch.zeros(int(size.item()), dtype=torch.uint8)
     _ops.broadcast_(payload, root_rank, name + ".t", process_set)
-    return pickle.loads(payload.numpy().tobytes())
+    return pickle.loads(tensor_bytes(payload))
 
 
 def allgather_object(obj, name=None):
@@ -72,7 +74,7 @@ def allgather_object(obj, name=None):
     name = name or type(obj).__name__
     payload = _to_bytes(obj)
     sizes = _ops.allgather(torch.tensor([payload.numel()], dtype=torch.int64), name + ".sz")
-    data = _ops.allgather(payload, name + ".t").numpy().tobytes()
+    data = tensor_bytes(_ops.allgather(payload, name + ".t"))
     out, offset = [], 0
     for n in sizes.tolist():
         out.append(pickle.loads(data[offset:offset + n]))
