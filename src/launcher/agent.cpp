@@ -91,6 +91,10 @@ AttemptSpec make_spec(const AgentOptions& options, const WorldAssignment& world,
   spec.redirects = options.redirects;
   spec.tee = options.tee;
   spec.local_ranks_filter = options.local_ranks_filter;
+  spec.placement = options.placement;
+  spec.topology = options.topology;
+  spec.duplicate_stdout_filters = options.duplicate_stdout_filters;
+  spec.duplicate_stderr_filters = options.duplicate_stderr_filters;
   spec.term_grace = options.term_grace;
   spec.monitor_interval = options.monitor_interval;
   spec.console_out = options.console_out;

@@ -113,6 +113,8 @@ class AttemptRunner {
   // ---- Starting workers (attempt_spawn.cpp) ----
 
   StreamRoute route_for(const WorkerIdentity& id, const std::string& dir, int stream) const;
+  // Opens filtered_[] in attempt_dir_ for the streams that have duplicate filters.
+  void open_filtered_logs();
   void start_workers();
   // Starts the worker of rank `id` (at the attempt's start, or again in place: --recovery step).
   std::unique_ptr<Worker> spawn_worker(const WorkerIdentity& id, int restart_count,
@@ -197,6 +199,8 @@ class AttemptRunner {
   std::vector<int> dump_waiting_;   // ranks asked for a record (kDumping)
   std::vector<int> torch_waiting_;  // ranks asked for PyTorch's record, through the hook
   std::string attempt_dir_;         // ROOT/attempt_<n>
+  // filtered_stdout.log, filtered_stderr.log of the attempt (--duplicate-*-filters), or closed.
+  UniqueFd filtered_[2];
   std::optional<HangWatchdog> watchdog_;
   Clock::time_point next_watch_;
   // Multi-node: when this node's verdict, held for kRemoteCulpritGrace, fires.

@@ -78,7 +78,8 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
     f.names = names;
     f.env = env_name;
     f.help = help;
-    f.option = app.add_option(names, f.cli_value, help + " [env " + env_name + "]")
+    f.option = app.add_option(names, f.cli_value,
+                              env_name.empty() ? help : help + " [env " + env_name + "]")
                    ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   };
   std::map<std::string, BoolFlag> b;
@@ -141,6 +142,29 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
   bool_flag("no_python", "--no-python,--no_python", "PET_NO_PYTHON",
             "Execute PROGRAM directly, even a .py file");
   bool_flag("module", "-m,--module", "PET_MODULE", "Run PROGRAM as a Python module (python -m)");
+  bool_flag("run_path", "--run-path,--run_path", "PET_RUN_PATH",
+            "Run PROGRAM in Python with runpy.run_path (takes precedence over --no-python and "
+            "--module)");
+  // torchrun reads no PET_ variable for these two.
+  value_flag("numa_binding", "--numa-binding,--numa_binding", "",
+             "Bind each worker to the CPUs near its GPU (or, without GPUs, a block of the NUMA "
+             "nodes): node, socket, exclusive or core-complex");
+  value_flag("logs_specs", "--logs-specs,--logs_specs", "",
+             "torchrun's Python LogsSpecs plugin: not available in ddprun (an error)");
+  bool_flag("virtual_local_rank", "--virtual-local-rank,--virtual_local_rank",
+            "PET_VIRTUAL_LOCAL_RANK",
+            "LOCAL_RANK=0 in every worker, and CUDA_VISIBLE_DEVICES naming only its GPU");
+  value_flag("duplicate_stdout_filters", "--duplicate-stdout-filters,--duplicate_stdout_filters",
+             "PET_DUPLICATE_STDOUT_FILTERS",
+             "Comma-separated strings (',,' is a comma): tee'd stdout lines containing any also "
+             "go to ROOT/attempt_<n>/filtered_stdout.log");
+  value_flag("duplicate_stderr_filters", "--duplicate-stderr-filters,--duplicate_stderr_filters",
+             "PET_DUPLICATE_STDERR_FILTERS",
+             "The same for stderr lines: ROOT/attempt_<n>/filtered_stderr.log");
+  value_flag("event_log_handler", "--event-log-handler,--event_log_handler",
+             "PET_EVENT_LOG_HANDLER",
+             "null or dynamic_rendezvous (nothing), or console: the final torchelastic event as a "
+             "JSON line on stderr (default null)");
   value_flag("signals_to_handle", "--signals-to-handle,--signals_to_handle",
              "PET_SIGNALS_TO_HANDLE",
              "Comma-separated signals ddprun catches and forwards to every worker; SIGINT, "
@@ -373,10 +397,43 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
   if (auto s = value_of(v["local_ranks_filter"], env)) o.local_ranks_filter = parse_rank_list(*s);
   o.no_python = bool_of(b["no_python"], env);
   o.module = bool_of(b["module"], env);
-  if (o.module && o.no_python) {
+  o.run_path = bool_of(b["run_path"], env);
+  if (o.module && o.no_python && !o.run_path) {
     throw UsageError(
         "--module and --no-python cannot be used together: -m runs 'python -m "
         "MODULE', --no-python runs PROGRAM without Python; drop one");
+  }
+
+  if (auto s = value_of(v["numa_binding"], env)) {
+    o.placement.numa_binding = parse_numa_binding(s->value);
+    if (!o.placement.numa_binding) {
+      throw UsageError(fmt::format(
+          "{} {}: expected node, socket, exclusive or core-complex (torch.numa's modes)", s->source,
+          s->value));
+    }
+  }
+  o.placement.virtual_local_rank = bool_of(b["virtual_local_rank"], env);
+  if (auto s = value_of(v["logs_specs"], env)) {
+    throw UsageError(fmt::format(
+        "{} {}: ddprun cannot load torchrun's Python LogsSpecs plugins (entry points "
+        "'torchrun.logs_specs'); ddprun's logs are laid out by --log-dir, --redirects, --tee and "
+        "--local-ranks-filter (docs/ddprun.md): drop --logs-specs, or launch with torchrun",
+        s->source, s->value));
+  }
+  if (auto s = value_of(v["duplicate_stdout_filters"], env)) {
+    o.duplicate_stdout_filters = split_filters(s->value);
+  }
+  if (auto s = value_of(v["duplicate_stderr_filters"], env)) {
+    o.duplicate_stderr_filters = split_filters(s->value);
+  }
+  if (auto s = value_of(v["event_log_handler"], env)) {
+    if (s->value != "null" && s->value != "console" && s->value != "dynamic_rendezvous") {
+      throw UsageError(
+          fmt::format("{} {}: unknown event log handler; torchrun's are null, console and "
+                      "dynamic_rendezvous",
+                      s->source, s->value));
+    }
+    o.event_log_handler = s->value;
   }
 
   if (auto s = value_of(v["hang_timeout"], env)) {

@@ -25,6 +25,7 @@ std::string first_long_name(const std::string& names) {
 
 std::optional<Sourced> value_of(const ValueFlag& f, const EnvLookup& env) {
   if (f.option->count() > 0) return Sourced{f.cli_value, first_long_name(f.names)};
+  if (f.env.empty()) return std::nullopt;  // a flag torchrun reads no PET_ variable for
   auto v = env(f.env);
   if (v && !v->empty()) return Sourced{*v, f.env};  // torchrun ignores empty PET_ values
   return std::nullopt;
@@ -33,7 +34,10 @@ std::optional<Sourced> value_of(const ValueFlag& f, const EnvLookup& env) {
 bool bool_of(const BoolFlag& f, const EnvLookup& env) {
   if (f.option->count() > 0) return f.cli_value;
   auto v = env(f.env);
-  if (!v || v->empty()) return false;
+  if (!v) return false;
+  // Set but empty: on. PyTorchJob's elastic policy sets PET_STANDALONE="" for standalone: true
+  // (torchrun itself fails on it: int("")).
+  if (v->empty()) return true;
   // torchrun: bool(int(value)).
   char* end = nullptr;
   long parsed = std::strtol(v->c_str(), &end, 10);
@@ -78,6 +82,21 @@ std::vector<int> parse_rank_list(const Sourced& s) {
     start = comma + 1;
   }
   return ranks;
+}
+
+std::vector<std::string> split_filters(const std::string& text) {
+  std::vector<std::string> out(1);
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != ',') {
+      out.back() += text[i];
+    } else if (i + 1 < text.size() && text[i + 1] == ',') {
+      out.back() += ',';
+      ++i;
+    } else {
+      out.emplace_back();
+    }
+  }
+  return out;
 }
 
 std::optional<std::chrono::milliseconds> env_seconds(const EnvLookup& env, const char* name,

@@ -45,11 +45,13 @@ struct Sourced {
 std::string first_long_name(const std::string& names);
 
 // The flag's value from the command line, else from its PET_ variable (an empty one counts as
-// unset, as in torchrun); nullopt when neither is given.
+// unset: torchrun would take "" and fail later); nullopt when neither is given, or when the
+// flag has no variable (env "": torchrun reads none for --numa-binding and --logs-specs).
 std::optional<Sourced> value_of(const ValueFlag& f, const EnvLookup& env);
 
 // The flag from the command line, else its PET_ variable read as torchrun does (an integer,
-// nonzero is on); UsageError when that variable is not an integer.
+// nonzero is on), except that set but empty is on (PyTorchJob's PET_STANDALONE=""); UsageError
+// when that variable is not an integer.
 bool bool_of(const BoolFlag& f, const EnvLookup& env);
 
 // An integer in [min, max]; UsageError "SOURCE: 'VALUE' is not WHAT" otherwise.
@@ -60,6 +62,10 @@ double parse_positive_double(const Sourced& s);
 
 // Local ranks "0" or "0,1".
 std::vector<int> parse_rank_list(const Sourced& s);
+
+// torchrun's comma-separated filter list: "a,b" -> {a, b}; ",," is a literal comma; "" -> {""}
+// (one filter that every line contains, as in torchrun).
+std::vector<std::string> split_filters(const std::string& text);
 
 enum class Seconds { kZeroOrMore, kPositive };
 

@@ -68,6 +68,16 @@ std::vector<std::string> worker_command(const LaunchOptions& options, const EnvL
   if (options.program.empty()) {
     throw UsageError("no PROGRAM given; usage: ddprun [flags] PROGRAM [ARGS...]");
   }
+  if (options.run_path) {
+    // torchrun's run_script_path, in the worker's own interpreter: PROGRAM as sys.argv[0].
+    std::vector<std::string> argv = {
+        python_interpreter(env, options.program), "-u", "-c",
+        "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], "
+        "run_name='__main__')",
+        options.program};
+    argv.insert(argv.end(), options.program_args.begin(), options.program_args.end());
+    return argv;
+  }
   if (options.module && options.no_python) {
     throw UsageError(
         "--module and --no-python cannot be used together: -m runs 'python -m "

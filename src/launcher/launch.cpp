@@ -7,14 +7,18 @@
 #include <memory>
 
 #include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
 
 #include "ddp/cluster/environment.hpp"
 #include "ddp/launcher/agent.hpp"
 #include "ddp/launcher/command.hpp"
 #include "ddp/launcher/multi_node.hpp"
 #include "ddp/launcher/output.hpp"
+#include "ddp/launcher/root_cause.hpp"
 #include "ddp/launcher/step_recovery.hpp"
 #include "ddp/launcher/worker_env.hpp"
+#include "ddp/launcher/worker_placement.hpp"
 #include "ddp/launcher/world.hpp"
 #include "ddp/rendezvous/options.hpp"
 #include "ddp/store/auth.hpp"
@@ -30,6 +34,54 @@ std::string host_name() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
   return buf;
+}
+
+// --numa-binding reads the machine's topology, and every worker's binding is computed now,
+// so one that cannot be made is a usage error before anything starts; --virtual-local-rank
+// needs a GPU in CUDA_VISIBLE_DEVICES for every worker.
+void check_placement(const LaunchOptions& o, AgentOptions& a, const EnvLookup& env) {
+  if (o.placement.numa_binding) {
+    a.topology = read_cpu_topology("/sys", allowed_cpus());
+    for (int r = 0; r < o.nproc_per_node; ++r) {
+      const auto cpus = numa_cpus(*o.placement.numa_binding, r, o.nproc_per_node, *a.topology);
+      const std::string note =
+          fmt::format("ddprun: --numa-binding {}: local rank {} runs on CPUs {}\n",
+                      to_string(*o.placement.numa_binding), r, cpu_list_text(cpus));
+      write_fully(2, note.data(), note.size());
+    }
+  }
+  if (o.placement.virtual_local_rank) {
+    virtual_visible_device(env("CUDA_VISIBLE_DEVICES"), o.nproc_per_node - 1);
+  }
+}
+
+// --event-log-handler console: the agent's final event, as torchrun's launcher records it
+// (torchelastic.worker.status.SUCCEEDED or FAILED, source AGENT), one JSON line on stderr.
+int finish(const LaunchOptions& o, const AgentOptions& a, const AgentResult& result) {
+  if (o.event_log_handler == "console") {
+    const std::string state = result.exit_code == 0 ? "SUCCEEDED" : "FAILED";
+    const auto now = std::chrono::system_clock::now().time_since_epoch();
+    nlohmann::json event = {
+        {"name", "torchelastic.worker.status." + state},
+        {"source", "AGENT"},
+        {"timestamp", std::chrono::duration_cast<std::chrono::milliseconds>(now).count()},
+        {"metadata",
+         {{"run_id", o.run_id},
+          {"global_rank", nullptr},
+          {"group_rank", nullptr},
+          {"worker_id", nullptr},
+          {"role", o.role},
+          {"hostname", a.host},
+          {"state", state},
+          {"rdzv_backend", o.rdzv_backend},
+          {"raw_error",
+           result.failure ? nlohmann::json(describe_failure(result.failure->root_cause)) : nullptr},
+          {"metadata", nlohmann::json({{"entry_point", o.program}}).dump()},
+          {"agent_restarts", result.restart_count}}}};
+    const std::string line = event.dump() + "\n";
+    write_fully(2, line.data(), line.size());
+  }
+  return result.exit_code;
 }
 
 }  // namespace
@@ -53,6 +105,10 @@ int launch(const LaunchOptions& options, const EnvLookup& env) {
   a.redirects = o.redirects;
   a.tee = o.tee;
   a.local_ranks_filter = o.local_ranks_filter;
+  a.placement = o.placement;
+  a.duplicate_stdout_filters = o.duplicate_stdout_filters;
+  a.duplicate_stderr_filters = o.duplicate_stderr_filters;
+  check_placement(o, a, env);
   a.term_grace = o.term_grace;
   a.handled_signals = o.signals_to_handle;
   // At least 10 ms, so a tiny interval cannot turn the event loop into a busy loop.
@@ -129,7 +185,7 @@ int launch(const LaunchOptions& options, const EnvLookup& env) {
     }
     membership = make_rendezvous_membership(std::move(settings));
     a.membership = membership.get();
-    return run_agent(a).exit_code;
+    return finish(o, a, run_agent(a));
   }
 
   StaticWorldOptions world;
@@ -148,7 +204,7 @@ int launch(const LaunchOptions& options, const EnvLookup& env) {
     if (fresh_port) w.master_port = net::free_tcp_port("");
     return assign_static_world(w);
   };
-  return run_agent(a).exit_code;
+  return finish(o, a, run_agent(a));
 }
 
 }  // namespace ddp::launcher

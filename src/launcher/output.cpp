@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -62,7 +63,7 @@ void StreamForwarder::remember(const std::string& line) {
 
 void StreamForwarder::emit_lines(bool flush_partial) {
   // All complete lines of this chunk go to the console in one write.
-  std::string console;
+  std::string console, filtered;
   size_t start = 0;
   for (;;) {
     size_t nl = pending_.find('\n', start);
@@ -79,12 +80,20 @@ void StreamForwarder::emit_lines(bool flush_partial) {
       console += route_.prefix;
       console += line;
       console += '\n';
+      if (route_.filtered_fd >= 0 &&
+          std::any_of(route_.filters.begin(), route_.filters.end(),
+                      [&](const std::string& f) { return line.find(f) != std::string::npos; })) {
+        filtered += route_.prefix;
+        filtered += line;
+        filtered += '\n';
+      }
     }
     remember(line);
     start = nl != std::string::npos && end == nl ? nl + 1 : end;
   }
   pending_.erase(0, start);
   if (!console.empty()) write_fully(route_.console_fd, console.data(), console.size());
+  if (!filtered.empty()) write_fully(route_.filtered_fd, filtered.data(), filtered.size());
 }
 
 }  // namespace ddp::launcher

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -66,7 +67,7 @@ void write_str(int fd, const char* s) {
 
 // Runs in the child between fork and exec: async-signal-safe calls only.
 [[noreturn]] void exec_child(pid_t parent, int pdeath_signal, int out_fd, int err_fd,
-                             char* const* argv, char* const* envp) {
+                             char* const* argv, char* const* envp, const cpu_set_t* cpus) {
   ::setpgid(0, 0);
   if (pdeath_signal > 0) {
     ::prctl(PR_SET_PDEATHSIG, pdeath_signal);
@@ -80,6 +81,13 @@ void write_str(int fd, const char* s) {
   ::prctl(PR_SET_PTRACER, parent, 0, 0, 0);
   ::dup2(out_fd, STDOUT_FILENO);
   ::dup2(err_fd, STDERR_FILENO);
+  if (cpus != nullptr && ::sched_setaffinity(0, sizeof(cpu_set_t), cpus) != 0) {
+    const int err = errno;
+    write_str(STDERR_FILENO, "ddprun: cannot bind the worker to its CPUs (--numa-binding): ");
+    write_str(STDERR_FILENO, std::strerror(err));
+    write_str(STDERR_FILENO, "\n");
+    ::_exit(127);
+  }
   ::signal(SIGPIPE, SIG_DFL);
   sigset_t empty;
   ::sigemptyset(&empty);
@@ -108,6 +116,12 @@ SpawnedProcess spawn_process(const SpawnOptions& options) {
   for (const auto& e : options.env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
 
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  for (int c : options.cpu_affinity) {
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &cpus);
+  }
+
   Pipe out = make_pipe(program);
   Pipe err = make_pipe(program);
   pid_t parent = ::getpid();
@@ -119,7 +133,7 @@ SpawnedProcess spawn_process(const SpawnOptions& options) {
   }
   if (pid == 0) {
     exec_child(parent, options.pdeath_signal, out.write.get(), err.write.get(), argv.data(),
-               envp.data());
+               envp.data(), options.cpu_affinity.empty() ? nullptr : &cpus);
   }
   // Also set it here, so signals sent to -pid right after fork reach the child either way.
   ::setpgid(pid, pid);

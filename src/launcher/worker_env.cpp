@@ -1,5 +1,6 @@
 #include "ddp/launcher/worker_env.hpp"
 
+#include <fmt/format.h>
 #include <unistd.h>  // environ
 #include <algorithm>
 #include <map>
@@ -38,6 +39,14 @@ std::vector<std::string> build_worker_env(const std::vector<std::string>& base,
       {"TORCHELASTIC_ERROR_FILE", in.error_file},
   };
   if (in.set_omp_threads) set.emplace_back("OMP_NUM_THREADS", "1");
+  if (in.virtual_local_rank) {
+    set[0].second = "0";  // LOCAL_RANK
+    std::optional<std::string> visible;
+    for (const auto& entry : base) {
+      if (entry.rfind("CUDA_VISIBLE_DEVICES=", 0) == 0) visible = entry.substr(21);
+    }
+    set.emplace_back("CUDA_VISIBLE_DEVICES", virtual_visible_device(visible, in.worker.local_rank));
+  }
 
   std::map<std::string, bool> overridden;
   for (const auto& kv : set) overridden[kv.first] = true;
@@ -53,6 +62,28 @@ std::vector<std::string> build_worker_env(const std::vector<std::string>& base,
   }
   for (const auto& kv : set) env.push_back(kv.first + "=" + kv.second);
   return env;
+}
+
+std::string virtual_visible_device(const std::optional<std::string>& visible, int local_rank) {
+  if (!visible) return std::to_string(local_rank);
+  std::vector<std::string> ids;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = visible->find(',', start);
+    std::string id = visible->substr(start, comma == std::string::npos ? comma : comma - start);
+    id.erase(0, id.find_first_not_of(" \t"));
+    id.erase(id.find_last_not_of(" \t") + 1);
+    ids.push_back(id);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (local_rank >= static_cast<int>(ids.size())) {
+    throw UsageError(fmt::format(
+        "--virtual-local-rank: local rank {} has no GPU in CUDA_VISIBLE_DEVICES={} ({} listed); "
+        "list one GPU per worker, or run fewer workers per node",
+        local_rank, *visible, ids.size()));
+  }
+  return ids[static_cast<size_t>(local_rank)];
 }
 
 void set_env_entry(std::vector<std::string>& env, const std::string& key,

@@ -9,6 +9,7 @@
 
 #include "ddp/launcher/signals.hpp"
 #include "ddp/launcher/std_streams.hpp"
+#include "ddp/launcher/worker_placement.hpp"
 
 namespace ddp::launcher {
 
@@ -68,8 +69,21 @@ struct LaunchOptions {
   // --no-python execs PROGRAM directly).
   bool no_python = false;
   bool module = false;
+  // --run-path: Python runs PROGRAM with runpy.run_path (torchrun's same-interpreter mode);
+  // takes precedence over --no-python and --module, as in torchrun.
+  bool run_path = false;
   std::string program;
   std::vector<std::string> program_args;
+
+  // --numa-binding, --virtual-local-rank (worker_placement.hpp).
+  WorkerPlacement placement;
+  // --duplicate-stdout-filters / --duplicate-stderr-filters: lines of the tee'd streams that
+  // contain any of these also go to ROOT/attempt_<n>/filtered_{stdout,stderr}.log.
+  std::vector<std::string> duplicate_stdout_filters;
+  std::vector<std::string> duplicate_stderr_filters;
+  // --event-log-handler: "null" (and "dynamic_rendezvous") record nothing; "console" prints
+  // the agent's final torchelastic event as a JSON line on stderr.
+  std::string event_log_handler = "null";
 
   // --recovery group|step (step_recovery.hpp, docs/recovery.md): "step" restarts only a failed
   // worker, single node only.

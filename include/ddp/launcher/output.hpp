@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <deque>
 #include <string>
+#include <vector>
 
 #include "ddp/launcher/process.hpp"
 
@@ -21,6 +22,11 @@ struct StreamRoute {
   std::string log_path;   // empty: no log file; otherwise created (truncated)
   size_t tail_lines = 0;  // how many last lines to keep
   bool append = false;    // append to log_path instead (a worker restarted in place)
+  // --duplicate-*-filters: a console line (with its prefix) that contains any of `filters` is
+  // also written to `filtered_fd` (the attempt's filtered_{stdout,stderr}.log, shared by the
+  // workers: each line is one write). -1 or no filters: none.
+  int filtered_fd = -1;
+  std::vector<std::string> filters;
 };
 
 class StreamForwarder {

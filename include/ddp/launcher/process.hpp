@@ -44,6 +44,9 @@ struct SpawnOptions {
   std::vector<std::string> argv;  // argv[0] is the executable's path
   std::vector<std::string> env;   // "KEY=VALUE"
   int pdeath_signal = 9;          // SIGKILL
+  // CPUs the process may run on (sched_setaffinity before exec; its threads inherit them);
+  // empty: those of the launcher.
+  std::vector<int> cpu_affinity;
 };
 
 struct SpawnedProcess {

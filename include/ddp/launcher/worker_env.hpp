@@ -4,6 +4,7 @@
 // sets override inherited ones. TORCHELASTIC_USE_AGENT_STORE is removed, so PyTorch's
 // env:// init makes rank 0 host the TCPStore itself (ddprun runs no agent store).
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,14 @@ struct WorkerEnvInputs {
   int max_restarts = 0;
   std::string error_file;        // TORCHELASTIC_ERROR_FILE
   bool set_omp_threads = false;  // OMP_NUM_THREADS=1 (caller decides: nproc > 1 and unset)
+  // --virtual-local-rank: LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES naming only this worker's GPU
+  // (entry LOCAL_RANK of base's CUDA_VISIBLE_DEVICES, or LOCAL_RANK when base has none).
+  bool virtual_local_rank = false;
 };
+
+// --virtual-local-rank's CUDA_VISIBLE_DEVICES for `local_rank`, from the launcher's own value
+// (`visible`, nullopt when unset); UsageError when the list has no entry `local_rank`.
+std::string virtual_visible_device(const std::optional<std::string>& visible, int local_rank);
 
 // `base` is "KEY=VALUE" entries (e.g. from environ). Returns "KEY=VALUE" entries.
 std::vector<std::string> build_worker_env(const std::vector<std::string>& base,

@@ -35,6 +35,7 @@
 #include "ddp/launcher/signals.hpp"
 #include "ddp/launcher/stack_capture.hpp"
 #include "ddp/launcher/std_streams.hpp"
+#include "ddp/launcher/worker_placement.hpp"
 #include "ddp/launcher/world.hpp"
 
 namespace ddp::launcher {
@@ -61,6 +62,12 @@ struct AttemptSpec {
   StdSpec redirects;
   StdSpec tee;
   std::optional<std::vector<int>> local_ranks_filter;
+  // --numa-binding (with the machine's topology) and --virtual-local-rank.
+  WorkerPlacement placement;
+  std::optional<CpuTopology> topology;  // read when placement.numa_binding is set
+  // --duplicate-stdout-filters / --duplicate-stderr-filters (launch_options.hpp).
+  std::vector<std::string> duplicate_stdout_filters;
+  std::vector<std::string> duplicate_stderr_filters;
   std::chrono::milliseconds term_grace{30000};
   std::chrono::milliseconds monitor_interval{5000};
   // Descendants still alive this long after SIGKILL are reported and abandoned (a process
