@@ -15,10 +15,12 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
+from free_ports import free_ports_below_ephemeral  # noqa: E402
 
 EPOCHS = 6
 BOUND_S = 120
@@ -26,15 +28,9 @@ BOUND_S = 120
 
 def free_port():
     """A free loopback port below the ephemeral range (32768 and up), where no outgoing
-    connection can take it between this check and the agents' bind."""
-    for port in range(20000 + os.getpid() % 9000, 32000):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no free port in 20000-32000")
+    connection can take it between this check and the agents' bind, claimed against the other
+    tests (tests/support/free_ports.py)."""
+    return free_ports_below_ephemeral(1)
 
 
 def run_nodes(args, dirs):

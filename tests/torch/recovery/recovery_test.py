@@ -36,11 +36,13 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
+from free_ports import free_ports_below_ephemeral  # noqa: E402
 
 # Worker environment every run gets (--zero: the ZeRO optimizer).
 EXTRA_ENV = {}
@@ -513,26 +515,6 @@ def die_with_parent():
     """preexec_fn: the child gets SIGKILL when this test dies (a ctest timeout included)."""
     import ctypes
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def free_ports_below_ephemeral(n):
-    """The first of n consecutive free loopback ports below the ephemeral range (as
-    tests/rendezvous/etcd_test.sh: a port there is not taken meanwhile by an outgoing
-    connection)."""
-    for base in range(20000 + os.getpid() % 9000, 32000 - n):
-        socks = []
-        try:
-            for k in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", base + k))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 def start_etcd(tmp):
