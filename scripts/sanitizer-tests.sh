@@ -24,7 +24,7 @@ stages=("$@")
 targets_asan=(store_tests launcher_unit_test launcher_e2e_test launcher_test_worker ddprun
               launcher_stacks_test comm_tests comm_worker comm_multiprocess_tests comm_mpi_worker
               recoverable_group_tests rdzv_tests etcd_tests flight_recorder_tests
-              flight_recorder_e2e_tests hang_worker)
+              flight_recorder_e2e_tests hang_worker launcher_parse_dump)
 # TSan skips the flight recorder's ddprun runs (process-level concurrency, like the launcher
 # tests: the tsan test preset excludes them), so it needs neither ddprun nor hang_worker.
 targets_tsan=(comm_tests comm_worker comm_multiprocess_tests recoverable_group_tests store_tests

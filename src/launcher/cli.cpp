@@ -108,7 +108,7 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
   value_flag("max_restarts", "--max-restarts,--max_restarts", "PET_MAX_RESTARTS",
              "Restarts of the worker group after a failure (default 0)");
   value_flag("monitor_interval", "--monitor-interval,--monitor_interval", "PET_MONITOR_INTERVAL",
-             "Accepted for torchrun compatibility; ddprun reacts to events at once (default 5)");
+             "Accepted for torchrun compatibility; ddprun reacts to events at once (default 0.1)");
   value_flag("start_method", "--start-method,--start_method", "PET_START_METHOD",
              "Accepted for torchrun compatibility (spawn, fork, forkserver); ignored");
   value_flag("role", "--role", "PET_ROLE", "Role name of the workers (default 'default')");

@@ -55,7 +55,7 @@ struct LaunchOptions {
   int max_restarts = 0;
   // Accepted for torchrun compatibility. The agent is event driven and does not poll, so
   // this only bounds how long it sleeps without any event.
-  double monitor_interval_s = 5.0;
+  double monitor_interval_s = 0.1;  // torchrun 2.13's default
 
   // Logs: DIR/<run_id>/attempt_<n>/<rank>/{stdout,stderr}.log, error.json. Unset: a temp
   // directory that is removed at exit.
