@@ -43,6 +43,7 @@ const char* display_name(const std::string& source) {
   if (source == "slurm") return "SLURM";
   if (source == "pbs") return "PBS";
   if (source == "openmpi") return "OpenMPI";
+  if (source == "kubernetes") return "Kubernetes";
   return "none";
 }
 
@@ -63,7 +64,9 @@ void apply(const std::optional<T>& value, T& field, Origin& origin, const char* 
 std::string explain(const ClusterInfo& info, const std::vector<std::string>& notes) {
   std::string line;
   if (!info.detected()) {
-    line = "no cluster detected (none of OMPI_COMM_WORLD_SIZE, SLURM_JOB_ID, PBS_JOBID is set)";
+    line =
+        "no cluster detected (none of OMPI_COMM_WORLD_SIZE, SLURM_JOB_ID, PBS_JOBID, "
+        "KUBERNETES_SERVICE_HOST with MASTER_ADDR and RANK is set)";
   } else {
     line = fmt::format("using {}: ", display_name(info.source));
     if (!info.run_id.empty()) line += fmt::format("job {}, ", info.run_id);
@@ -78,6 +81,7 @@ std::string explain(const ClusterInfo& info, const std::vector<std::string>& not
       line += ", master unknown (pass --master-addr or set MASTER_ADDR)";
     } else {
       line += ", master " + info.master_addr;
+      if (info.master_port) line += fmt::format(":{}", *info.master_port);
     }
     if (info.nproc_per_node) {
       line += fmt::format(", {} process{} per node ({})", *info.nproc_per_node,
@@ -93,12 +97,14 @@ std::optional<detail::Detection> run_detector(const std::string& scheduler, cons
   if (scheduler == "slurm") return detail::detect_slurm(env, hostname);
   if (scheduler == "pbs") return detail::detect_pbs(env, hostname);
   if (scheduler == "openmpi") return detail::detect_openmpi(env);
+  if (scheduler == "kubernetes") return detail::detect_kubernetes(env);
   return std::nullopt;
 }
 
 const char* marker_variable(const std::string& scheduler) {
   if (scheduler == "slurm") return "SLURM_JOB_ID";
   if (scheduler == "pbs") return "PBS_JOBID or PBS_NODEFILE";
+  if (scheduler == "kubernetes") return "KUBERNETES_SERVICE_HOST with MASTER_ADDR and RANK";
   return "OMPI_COMM_WORLD_SIZE";
 }
 
@@ -107,15 +113,16 @@ const char* marker_variable(const std::string& scheduler) {
 ClusterInfo detect_cluster(const EnvMap& env, const DetectOptions& options) {
   const std::string& scheduler = options.scheduler;
   if (scheduler != "auto" && scheduler != "slurm" && scheduler != "pbs" && scheduler != "openmpi" &&
-      scheduler != "none") {
+      scheduler != "kubernetes" && scheduler != "none") {
     throw UsageError(fmt::format(
-        "unknown scheduler '{}': use one of auto, slurm, pbs, openmpi, none", scheduler));
+        "unknown scheduler '{}': use one of auto, slurm, pbs, openmpi, kubernetes, none",
+        scheduler));
   }
   std::string hostname = options.hostname.empty() ? local_hostname() : options.hostname;
 
   std::optional<detail::Detection> found;
   if (scheduler == "auto") {
-    for (const char* s : {"openmpi", "slurm", "pbs"}) {
+    for (const char* s : {"openmpi", "slurm", "pbs", "kubernetes"}) {
       found = run_detector(s, env, hostname);
       if (found) break;
     }

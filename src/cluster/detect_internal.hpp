@@ -1,6 +1,7 @@
 #pragma once
 // One detector per scheduler. Each returns nullopt when its marker variable is absent
-// (SLURM_JOB_ID, PBS_JOBID/PBS_NODEFILE, OMPI_COMM_WORLD_SIZE) and otherwise a ClusterInfo
+// (SLURM_JOB_ID, PBS_JOBID/PBS_NODEFILE, OMPI_COMM_WORLD_SIZE, KUBERNETES_SERVICE_HOST with
+// MASTER_ADDR and RANK) and otherwise a ClusterInfo
 // with source, nnodes, node_rank, master_addr, run_id and hints filled (origins kDetected),
 // but no explanation: detect.cpp applies overrides, validates and explains.
 //
@@ -22,6 +23,7 @@ struct Detection {
 std::optional<Detection> detect_slurm(const EnvMap& env, const std::string& hostname);
 std::optional<Detection> detect_pbs(const EnvMap& env, const std::string& hostname);
 std::optional<Detection> detect_openmpi(const EnvMap& env);
+std::optional<Detection> detect_kubernetes(const EnvMap& env);
 
 // Index of `hostname` in hosts, comparing full names and short names (before the first
 // '.'), since schedulers list either form. -1 when absent.

@@ -42,6 +42,8 @@ std::vector<std::string> apply_cluster_detection(LaunchOptions& o, const cluster
   if (!o.given.master_addr && !info.master_addr.empty() && info.nnodes > 1) {
     o.master_addr = info.master_addr;
   }
+  if (!o.given.master_port && info.master_port && info.nnodes > 1)
+    o.master_port = *info.master_port;
   if (!o.given.run_id && !info.run_id.empty()) o.run_id = info.run_id;
   if (!o.given.nproc_per_node && info.nproc_per_node) o.nproc_per_node = *info.nproc_per_node;
   lines.push_back(info.explanation);

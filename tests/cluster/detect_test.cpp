@@ -305,5 +305,63 @@ TEST(DetectEnvironment, ReadsTheRealEnvironment) {
   unsetenv("DDP_DETECT_TEST_PROBE");
 }
 
+// What Kubeflow's PyTorchJob (training-operator v1.9, pkg/controller.v1/pytorch/envvar.go)
+// sets in worker pod 1 of a job "mnist" with a master and two workers, nprocPerNode 2.
+EnvMap pytorchjob_worker_pod() {
+  return {{"KUBERNETES_SERVICE_HOST", "10.96.0.1"},
+          {"PYTHONUNBUFFERED", "1"},
+          {"MASTER_PORT", "23456"},
+          {"MASTER_ADDR", "mnist-master-0"},
+          {"WORLD_SIZE", "6"},  // replicas x nprocPerNode: processes, not pods
+          {"RANK", "2"},
+          {"PET_NODE_RANK", "2"},
+          {"PET_NPROC_PER_NODE", "2"},
+          {"PET_NNODES", "3"}};
+}
+
+TEST(DetectKubernetes, VolcanoPodIsANodeOfWorldSizePods) {
+  // Volcano's pytorch plugin: WORLD_SIZE pods, RANK the pod's index.
+  EnvMap env{{"KUBERNETES_SERVICE_HOST", "10.96.0.1"},
+             {"MASTER_ADDR", "job-master-0.job"},
+             {"MASTER_PORT", "23456"},
+             {"WORLD_SIZE", "3"},
+             {"RANK", "1"}};
+  ClusterInfo info = detect_cluster(env, on_host("job-worker-0"));
+  EXPECT_EQ(info.source, "kubernetes");
+  EXPECT_EQ(info.nnodes, 3);
+  EXPECT_EQ(info.node_rank, 1);
+  EXPECT_EQ(info.master_addr, "job-master-0.job");
+  EXPECT_EQ(info.master_port.value_or(0), 23456);
+  EXPECT_NE(info.explanation.find("using Kubernetes: 3 nodes, this is node 1, master "
+                                  "job-master-0.job:23456"),
+            std::string::npos)
+      << info.explanation;
+}
+
+TEST(DetectKubernetes, PyTorchJobsPetValuesWinOverItsProcessCount) {
+  // ddprun reads PET_NNODES and PET_NODE_RANK as flags: they reach detection as overrides.
+  DetectOptions options = on_host("mnist-worker-1");
+  options.overrides.nnodes = 3;
+  options.overrides.node_rank = 2;
+  ClusterInfo info = detect_cluster(pytorchjob_worker_pod(), options);
+  EXPECT_EQ(info.source, "kubernetes");
+  EXPECT_EQ(info.nnodes, 3);
+  EXPECT_EQ(info.node_rank, 2);
+  EXPECT_EQ(info.master_addr, "mnist-master-0");
+  EXPECT_EQ(info.master_port.value_or(0), 23456);
+}
+
+TEST(DetectKubernetes, NeedsThePodMarkerMasterAndRank) {
+  EnvMap env = pytorchjob_worker_pod();
+  env.erase("KUBERNETES_SERVICE_HOST");  // not a pod: RANK/MASTER_ADDR mean something else
+  EXPECT_EQ(detect_cluster(env, on_host("h")).source, "none");
+  env = pytorchjob_worker_pod();
+  env.erase("RANK");
+  EXPECT_EQ(detect_cluster(env, on_host("h")).source, "none");
+  env = pytorchjob_worker_pod();
+  env["MASTER_PORT"] = "70000";
+  EXPECT_THROW(detect_cluster(env, on_host("h")), UsageError);
+}
+
 }  // namespace
 }  // namespace ddp::cluster

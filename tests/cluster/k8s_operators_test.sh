@@ -49,6 +49,14 @@ else:
 PY
 }
 
+# read_manifest FILE: ARGS = the manifest's ddprun arguments.
+read_manifest() {
+  local text
+  text=$(manifest_args "$1") || fail "cannot read the ddprun command of $1"
+  mapfile -t ARGS <<<"$text"
+  echo "$(basename "$1"): ddprun ${ARGS[*]} <trainer>"
+}
+
 # map_hosts NAME...: in every pod's host, NAME i resolves to pod i's address (10.78.0.i+1).
 map_hosts() {
   local hosts="" i=0
@@ -71,6 +79,7 @@ start_pod() {
     HOME=/root HOSTNAME="$host" KUBERNETES_SERVICE_HOST=10.96.0.1 KUBERNETES_SERVICE_PORT=443 \
     PYTHONPATH="$POD_PYTHONPATH" GLOO_SOCKET_IFNAME=rdzv0 DDP_TEST_STEP_SLEEP_MS=50 \
     "${POD_ENV[@]}" "$DDPRUN" "${ARGS[@]}" "$@" >"$T/pod$node.log" 2>&1 &
+  echo "pod $node ($host): ${POD_ENV[*]} ddprun ${ARGS[*]} $*" >>"$T/pods.txt"
   AGENT_PIDS+=($!)
   pids[node]=$!
 }
@@ -79,6 +88,7 @@ start_pod() {
 # ddp.StepManager; without, a gloo all-reduce loop (env:// only).
 trainer() {
   if printf '%s\n' "${ARGS[@]}" | grep -qx -- --recovery; then
+    mkdir -p "$T/out"
     echo "$TESTS/python/recovery_worker.py" --steps "$STEPS" --out "$T/out"
   else
     echo "$TESTS/rendezvous/workers/elastic_trainer.py" "$T/snapshot" "$STEPS"
@@ -89,7 +99,7 @@ trainer() {
 finish() {
   local pods=$1 world=$2
   for ((n = 0; n < pods; n++)); do
-    wait_exit "${pids[n]}" 150 || fail "pod $n: ddprun exited with $?"
+    wait_exit "${pids[n]}" 150 || { cat "$T/pods.txt"; fail "pod $n: ddprun exited with $?"; }
   done
   if [[ -d "$T/out" ]]; then
     for ((r = 0; r < world; r++)); do
@@ -107,11 +117,10 @@ finish() {
   echo "PASS: $SCENARIO: $pods pods formed a world of $world ranks and trained $STEPS steps"
 }
 
-mkdir -p "$T/out"
 declare -a pids
 case "$SCENARIO" in
 pytorchjob)
-  mapfile -t ARGS < <(manifest_args "$DEPLOY/pytorchjob.yaml")
+  read_manifest "$DEPLOY/pytorchjob.yaml"
   setup_nodes 3
   names=(mnist-master-0 mnist-worker-0 mnist-worker-1)
   map_hosts "${names[@]}"
@@ -125,7 +134,7 @@ pytorchjob)
   ;;
 
 pytorchjob-elastic)
-  mapfile -t ARGS < <(manifest_args "$DEPLOY/pytorchjob-elastic.yaml")
+  read_manifest "$DEPLOY/pytorchjob-elastic.yaml"
   setup_nodes 2
   names=(elastic-worker-0 elastic-worker-1)
   map_hosts "${names[@]}"
@@ -140,7 +149,7 @@ pytorchjob-elastic)
   ;;
 
 trainjob)
-  mapfile -t ARGS < <(manifest_args "$DEPLOY/trainjob.yaml")
+  read_manifest "$DEPLOY/trainjob.yaml"
   setup_nodes 2
   names=(mnist-trainer-node-0-0.mnist mnist-trainer-node-0-1.mnist)
   map_hosts "${names[@]}"
@@ -155,7 +164,7 @@ trainjob)
   ;;
 
 jobset)
-  mapfile -t ARGS < <(manifest_args "$DEPLOY/jobset.yaml")
+  read_manifest "$DEPLOY/jobset.yaml"
   # The manifest's own env: its name/value pairs; PET_NODE_RANK (a fieldRef) is the index.
   mapfile -t MANIFEST_ENV < <("$PY" - "$DEPLOY/jobset.yaml" <<'PY'
 import re, sys
@@ -182,7 +191,7 @@ PY
   ;;
 
 volcano)
-  mapfile -t ARGS < <(manifest_args "$DEPLOY/volcano-job.yaml")
+  read_manifest "$DEPLOY/volcano-job.yaml"
   setup_nodes 2
   names=(mnist-master-0.mnist mnist-worker-0.mnist)
   map_hosts "${names[@]}"

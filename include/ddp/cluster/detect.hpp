@@ -5,9 +5,9 @@
 //
 // Order: explicit values (command-line flags) win field by field; then OpenMPI (set only in
 // processes mpirun started, so it is the innermost launcher even inside a SLURM or PBS job),
-// then SLURM, then PBS. Inconsistent variables (a node rank past the node count, this host
-// missing from PBS_NODEFILE, a bad host list) are UsageErrors naming the variables and the
-// fix, never a silent guess.
+// then SLURM, then PBS, then a Kubernetes job's pod (PyTorchJob, Volcano: detect_kubernetes.cpp).
+// Inconsistent variables (a node rank past the node count, this host missing from PBS_NODEFILE, a
+// bad host list) are UsageErrors naming the variables and the fix, never a silent guess.
 
 #include <optional>
 #include <string>
@@ -32,7 +32,8 @@ struct ClusterOverrides {
 };
 
 struct DetectOptions {
-  // "auto" (try OpenMPI, SLURM, PBS in turn), "slurm", "pbs", "openmpi" (that one or a
+  // "auto" (try OpenMPI, SLURM, PBS, Kubernetes in turn), "slurm", "pbs", "openmpi",
+  // "kubernetes" (that one or a
   // UsageError saying which variable is missing) or "none" (detect nothing).
   std::string scheduler = "auto";
   ClusterOverrides overrides;
@@ -42,13 +43,15 @@ struct DetectOptions {
 };
 
 struct ClusterInfo {
-  // "slurm", "pbs", "openmpi", or "none" when nothing was detected.
+  // "slurm", "pbs", "openmpi", "kubernetes", or "none" when nothing was detected.
   std::string source = "none";
   int nnodes = 1;
   int node_rank = 0;
   // Host of node 0 (the first host of the allocation); empty when unknown (mpirun does not
   // export it): the launcher then needs --master-addr.
   std::string master_addr;
+  // Its port, when the environment says (Kubernetes jobs' MASTER_PORT).
+  std::optional<int> master_port;
   std::string run_id;
   // Processes to start on this node, when the scheduler says (GPUs or task slots per node).
   std::optional<int> nproc_per_node;
