@@ -104,10 +104,14 @@ elastic)
   cat "$T/node0.log" "$T/node1.log" "$T/node2late.log" >"$T/all.txt"
   [[ $(grep -c '^done RANK=[0-5] WORLD_SIZE=6 ' "$T/all.txt") -eq 6 ]] ||
     fail "expected 6 workers to finish with WORLD_SIZE=6"
-  # Whichever survivor saw a worker fail first re-joined and was not charged a restart; the
-  # other was stopped by the membership change.
+  # Whichever survivor saw a worker fail first re-joined and was not charged a restart
+  # (--max-restarts 0 would have ended the job); the other was stopped by the membership change.
+  # Under load both can be stopped by the change (the lost node's heartbeats, 3 s, run out
+  # before a worker's gloo error ends it): then neither needs the uncharged restart.
   cat "$T/node0.log" "$T/node1.log" >"$T/survivors.txt"
-  expect_in "$T/survivors.txt" "a node was lost, so this restart does not count against --max-restarts"
+  grep -qF "a node was lost, so this restart does not count against --max-restarts" \
+    "$T/survivors.txt" || grep -q "membership changed (node rank 2 .* missed [0-9]* heartbeats" \
+    "$T/survivors.txt" || fail "survivors.txt shows neither an uncharged restart nor the lost node"
   expect_in "$T/survivors.txt" "1 node is waiting to join (round 1 has 2 of at most 3 nodes)"
   # TORCHELASTIC_RESTART_COUNT counts this agent's restarts after a failure (torchrun), not the
   # rendezvous round: the late node's first workers see 0, though they join round 2 or later.
