@@ -11,6 +11,7 @@
 #include <optional>
 #include <thread>
 
+#include "cli_test_support.hpp"
 #include "ddp/launcher/agent.hpp"
 #include "ddp/launcher/cli.hpp"
 #include "ddp/launcher/error_file.hpp"
@@ -30,36 +31,15 @@
 namespace ddp::launcher {
 namespace {
 
-EnvLookup fake_env(std::map<std::string, std::string> vars) {
-  return [vars](const std::string& k) -> std::optional<std::string> {
-    auto it = vars.find(k);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
-}
-
-LaunchOptions parse(const std::vector<std::string>& args,
-                    std::map<std::string, std::string> env = {}) {
-  ParsedCommandLine p = parse_command_line(args, fake_env(std::move(env)));
-  EXPECT_TRUE(p.options.has_value());
-  return p.options.value_or(LaunchOptions{});
-}
+using test::fake_env;
+using test::parse;
+using test::usage_error;
 
 // The UsageError message `f` throws, or "<no error>".
 template <typename F>
 std::string usage_error_of(F f) {
   try {
     f();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
-std::string usage_error(const std::vector<std::string>& args,
-                        std::map<std::string, std::string> env = {}) {
-  try {
-    parse_command_line(args, fake_env(std::move(env)));
   } catch (const UsageError& e) {
     return e.what();
   }

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 
+#include "cli_test_support.hpp"
 #include "ddp/launcher/cli.hpp"
 #include "ddp/launcher/output.hpp"
 #include "ddp/launcher/worker_env.hpp"
@@ -17,36 +18,14 @@
 namespace ddp::launcher {
 namespace {
 
-EnvLookup env_of(std::map<std::string, std::string> vars) {
-  return [vars](const std::string& k) -> std::optional<std::string> {
-    auto it = vars.find(k);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
-}
-
-LaunchOptions parsed(const std::vector<std::string>& args,
-                     std::map<std::string, std::string> env = {}) {
-  ParsedCommandLine p = parse_command_line(args, env_of(std::move(env)));
-  EXPECT_TRUE(p.options.has_value());
-  return p.options.value_or(LaunchOptions{});
-}
-
-std::string error_of(const std::vector<std::string>& args,
-                     std::map<std::string, std::string> env = {}) {
-  try {
-    parse_command_line(args, env_of(std::move(env)));
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::parse;
+using test::usage_error;
 
 TEST(TorchrunFlags, EachFlagAndItsPetVariable) {
   LaunchOptions o =
-      parsed({"--numa-binding", "exclusive", "--virtual-local-rank", "--run-path",
-              "--duplicate-stdout-filters", "loss,,x,step", "--duplicate_stderr_filters", "Error",
-              "--event-log-handler", "console", "p.py"});
+      parse({"--numa-binding", "exclusive", "--virtual-local-rank", "--run-path",
+             "--duplicate-stdout-filters", "loss,,x,step", "--duplicate_stderr_filters", "Error",
+             "--event-log-handler", "console", "p.py"});
   ASSERT_TRUE(o.placement.numa_binding.has_value());
   EXPECT_EQ(*o.placement.numa_binding, NumaBinding::kExclusive);
   EXPECT_TRUE(o.placement.virtual_local_rank);
@@ -55,13 +34,13 @@ TEST(TorchrunFlags, EachFlagAndItsPetVariable) {
   EXPECT_EQ(o.duplicate_stderr_filters, (std::vector<std::string>{"Error"}));
   EXPECT_EQ(o.event_log_handler, "console");
 
-  o = parsed({"p.py"}, {{"PET_VIRTUAL_LOCAL_RANK", "1"},
-                        {"PET_RUN_PATH", "1"},
-                        {"PET_DUPLICATE_STDOUT_FILTERS", "a,b"},
-                        {"PET_EVENT_LOG_HANDLER", "dynamic_rendezvous"},
-                        // torchrun reads no variable for --numa-binding or --logs-specs
-                        {"PET_NUMA_BINDING", "node"},
-                        {"PET_LOGS_SPECS", "custom"}});
+  o = parse({"p.py"}, {{"PET_VIRTUAL_LOCAL_RANK", "1"},
+                       {"PET_RUN_PATH", "1"},
+                       {"PET_DUPLICATE_STDOUT_FILTERS", "a,b"},
+                       {"PET_EVENT_LOG_HANDLER", "dynamic_rendezvous"},
+                       // torchrun reads no variable for --numa-binding or --logs-specs
+                       {"PET_NUMA_BINDING", "node"},
+                       {"PET_LOGS_SPECS", "custom"}});
   EXPECT_TRUE(o.placement.virtual_local_rank);
   EXPECT_TRUE(o.run_path);
   EXPECT_EQ(o.duplicate_stdout_filters, (std::vector<std::string>{"a", "b"}));
@@ -69,7 +48,7 @@ TEST(TorchrunFlags, EachFlagAndItsPetVariable) {
   EXPECT_FALSE(o.placement.numa_binding.has_value());
 
   // Defaults.
-  o = parsed({"p.py"});
+  o = parse({"p.py"});
   EXPECT_FALSE(o.placement.numa_binding || o.placement.virtual_local_rank || o.run_path);
   EXPECT_TRUE(o.duplicate_stdout_filters.empty());
   EXPECT_EQ(o.event_log_handler, "null");
@@ -77,33 +56,33 @@ TEST(TorchrunFlags, EachFlagAndItsPetVariable) {
 
 TEST(TorchrunFlags, AnEmptyFilterListIsOneFilterEveryLineHas) {
   // torchrun: comma_separated_list("") == [""].
-  EXPECT_EQ(parsed({"--duplicate-stdout-filters", "", "p.py"}).duplicate_stdout_filters,
+  EXPECT_EQ(parse({"--duplicate-stdout-filters", "", "p.py"}).duplicate_stdout_filters,
             (std::vector<std::string>{""}));
 }
 
 TEST(TorchrunFlags, BadValuesNameTheFlagAndTheChoices) {
-  EXPECT_NE(error_of({"--numa-binding", "nodes", "p.py"}).find("node, socket, exclusive"),
+  EXPECT_NE(usage_error({"--numa-binding", "nodes", "p.py"}).find("node, socket, exclusive"),
             std::string::npos);
-  EXPECT_NE(error_of({"--event-log-handler", "file", "p.py"}).find("null, console"),
+  EXPECT_NE(usage_error({"--event-log-handler", "file", "p.py"}).find("null, console"),
             std::string::npos);
-  EXPECT_NE(error_of({"p.py"}, {{"PET_EVENT_LOG_HANDLER", "x"}}).find("PET_EVENT_LOG_HANDLER"),
+  EXPECT_NE(usage_error({"p.py"}, {{"PET_EVENT_LOG_HANDLER", "x"}}).find("PET_EVENT_LOG_HANDLER"),
             std::string::npos);
-  const std::string specs = error_of({"--logs-specs", "mine", "p.py"});
+  const std::string specs = usage_error({"--logs-specs", "mine", "p.py"});
   EXPECT_NE(specs.find("--logs-specs mine"), std::string::npos) << specs;
   EXPECT_NE(specs.find("torchrun.logs_specs"), std::string::npos) << specs;
 }
 
 TEST(TorchrunFlags, AnEmptyBooleanVariableIsOnAsPyTorchJobMeansIt) {
   // PyTorchJob's elastic policy sets PET_STANDALONE="" for standalone: true.
-  EXPECT_TRUE(parsed({"p.py"}, {{"PET_STANDALONE", ""}}).standalone);
-  EXPECT_TRUE(parsed({"p.py"}, {{"PET_VIRTUAL_LOCAL_RANK", ""}}).placement.virtual_local_rank);
-  EXPECT_FALSE(parsed({"p.py"}, {{"PET_STANDALONE", "0"}}).standalone);
+  EXPECT_TRUE(parse({"p.py"}, {{"PET_STANDALONE", ""}}).standalone);
+  EXPECT_TRUE(parse({"p.py"}, {{"PET_VIRTUAL_LOCAL_RANK", ""}}).placement.virtual_local_rank);
+  EXPECT_FALSE(parse({"p.py"}, {{"PET_STANDALONE", "0"}}).standalone);
 }
 
 TEST(TorchrunFlags, RunPathTakesPrecedenceOverModuleAndNoPython) {
   // torchrun: --run-path wins; -m with --no-python alone stays an error.
-  EXPECT_TRUE(parsed({"--run-path", "-m", "--no-python", "p.py"}).run_path);
-  EXPECT_NE(error_of({"-m", "--no-python", "p.py"}).find("cannot be used together"),
+  EXPECT_TRUE(parse({"--run-path", "-m", "--no-python", "p.py"}).run_path);
+  EXPECT_NE(usage_error({"-m", "--no-python", "p.py"}).find("cannot be used together"),
             std::string::npos);
 }
 
