@@ -13,8 +13,10 @@ group's backend (torch.distributed.get_backend()), the loss of the first and las
 whether every rank ended with the same parameters.
 
 --backend picks the process group's backend: DDPStrategy(process_group_backend=...), which
-Lightning hands to torch.distributed.init_process_group unchanged; "ddp" needs `import ddp`
-first (at module level, so that the processes Lightning starts import it too). "auto" leaves
+Lightning hands to torch.distributed.init_process_group unchanged; for "ddp" the script does
+`import ddp` first (here, so that the processes Lightning starts import it too), unless
+--no-import-ddp: then the backend must come from torch's plugin entry point alone (an installed
+ddp, or the build tree's dist-info), as in a Lightning script nobody changed. "auto" leaves
 Lightning's choice (nccl on GPUs, gloo on the CPU).
 
 Exit status 1 when the loss did not fall, the ranks disagree, the world is not the one asked
@@ -56,6 +58,8 @@ def parse_args():
     p = argparse.ArgumentParser()
     p.add_argument("--accelerator", default="auto", help="cpu, gpu or auto")
     p.add_argument("--backend", choices=["auto", "gloo", "ddp"], default="auto")
+    p.add_argument("--no-import-ddp", action="store_true",
+                   help="never import ddp: the backend comes from torch's plugin entry point")
     p.add_argument("--devices", type=int, default=None,
                    help="processes on this node; default: the launcher's LOCAL_WORLD_SIZE, else 1 "
                         "(more than 1 without a launcher: Lightning starts them)")
@@ -121,6 +125,6 @@ def main(a):
 
 if __name__ == "__main__":
     args = parse_args()
-    if args.backend == "ddp":
+    if args.backend == "ddp" and not args.no_import_ddp:
         import ddp  # noqa: F401  registers the "ddp" backend with torch.distributed
     main(args)
