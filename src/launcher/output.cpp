@@ -35,7 +35,9 @@ bool write_fully(int fd, const char* data, size_t size) {
 StreamForwarder::StreamForwarder(StreamRoute route) : route_(std::move(route)) {
   if (!route_.log_path.empty()) {
     const int mode = route_.append ? O_APPEND : O_TRUNC;
-    int fd = ::open(route_.log_path.c_str(), O_WRONLY | O_CREAT | mode | O_CLOEXEC, 0644);
+    // Never through a link left under the name (issue 49, finding 1).
+    int fd =
+        ::open(route_.log_path.c_str(), O_WRONLY | O_CREAT | mode | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) {
       throw Error(
           fmt::format("cannot create log file {}: {}", route_.log_path, std::strerror(errno)));

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -15,15 +17,45 @@ namespace ddp::launcher {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// "" when `dir` is a folder of this user that no one else may write into; otherwise what it is
+// instead. Another user who can write into a run folder can plant what the workers run (a
+// usercustomize.py beside the --hang-timeout hook on their PYTHONPATH) or links that ddprun's
+// log files would be written through (issue 49, finding 1).
+std::string run_folder_problem(const std::string& dir) {
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0)
+    return fmt::format("cannot be read: {}", std::strerror(errno));
+  if (S_ISLNK(st.st_mode)) return "is a symbolic link";
+  if (!S_ISDIR(st.st_mode)) return "is not a folder";
+  if (st.st_uid != ::geteuid()) {
+    return fmt::format("belongs to uid {}, not to you (uid {})", st.st_uid, ::geteuid());
+  }
+  if ((st.st_mode & 022) != 0) {
+    return fmt::format("has mode {:04o}: other users can write into it", st.st_mode & 07777);
+  }
+  return "";
+}
+
+}  // namespace
+
 RunDirectory::RunDirectory(const std::optional<std::string>& log_dir, const std::string& run_id) {
   if (log_dir) {
     persistent_ = true;
     root_ = (fs::path(*log_dir) / run_id).string();
     std::error_code ec;
-    fs::create_directories(root_, ec);
-    if (ec) {
+    fs::create_directories(fs::path(root_).parent_path(), ec);
+    if (ec || (::mkdir(root_.c_str(), 0700) != 0 && errno != EEXIST)) {
       throw UsageError(fmt::format("--log-dir: cannot create {}: {}; choose a writable directory",
-                                   root_, ec.message()));
+                                   root_, ec ? ec.message() : std::strerror(errno)));
+    }
+    if (const std::string problem = run_folder_problem(root_); !problem.empty()) {
+      throw UsageError(fmt::format(
+          "--log-dir: the run folder {} {}, so another user could place files there that the "
+          "workers would run or that ddprun would write through; use a --log-dir of your own, "
+          "or a --run-id whose folder does not exist yet (ddprun creates it private)",
+          root_, problem));
     }
     return;
   }

@@ -1,6 +1,9 @@
 #include "ddp/launcher/torch_progress.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -9,8 +12,11 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "ddp/launcher/output.hpp"
+#include "ddp/launcher/process.hpp"
 #include "ddp/launcher/worker_env.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/remove_tree.hpp"
 
 namespace ddp::launcher {
 
@@ -146,18 +152,21 @@ _ddprun_start_progress()
 }  // namespace
 
 std::string write_python_hook(const std::string& root) {
+  // Every worker imports what this folder holds (it leads their PYTHONPATH): it is made anew,
+  // private, with the hook alone in it, whatever an earlier run left there (issue 49, finding 1).
   const std::string dir = root + "/python_hook";
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
   const std::string path = dir + "/sitecustomize.py";
-  std::ofstream out(path, std::ios::trunc);
-  out << kHook;
-  out.close();
-  if (!out) {
+  std::error_code ec;
+  ddp::remove_tree(dir, ec);
+  UniqueFd fd;
+  if (!ec && ::mkdir(dir.c_str(), 0700) == 0) {
+    fd.reset(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  }
+  if (!fd.valid() || !write_fully(fd.get(), kHook, std::strlen(kHook))) {
     throw Error(fmt::format(
         "cannot write ddprun's Python progress hook {} (--hang-timeout needs it): {}; check "
         "that the log folder is writable",
-        path, std::strerror(errno)));
+        path, ec ? ec.message() : std::strerror(errno)));
   }
   return dir;
 }
