@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,24 +33,69 @@ bool executable(const std::string& path) {
 }  // namespace
 
 std::string untrusted_tool_reason(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0)
-    return fmt::format("cannot stat it ({})", std::strerror(errno));
-  if (st.st_uid != 0 && st.st_uid != ::geteuid()) {
-    return fmt::format("it belongs to uid {}, neither root nor this user", st.st_uid);
+  char real[PATH_MAX];
+  if (::realpath(path.c_str(), real) == nullptr) {
+    return fmt::format("cannot resolve it ({})", std::strerror(errno));
   }
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-    return fmt::format("other users may write it (mode {:o})", st.st_mode & 07777);
+  // The file, then every folder above it up to /.
+  for (std::string p = real;;) {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0)
+      return fmt::format("cannot stat {} ({})", p, std::strerror(errno));
+    const bool is_file = p == real;
+    const std::string what = is_file ? "it" : "the folder " + p;
+    if (st.st_uid != 0 && st.st_uid != ::geteuid()) {
+      return fmt::format("{} belongs to uid {}, neither root nor this user", what, st.st_uid);
+    }
+    const bool sticky_dir = !is_file && (st.st_mode & S_ISVTX) != 0;
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && !sticky_dir) {
+      return fmt::format("other users may write {} (mode {:o})", what, st.st_mode & 07777);
+    }
+    if (p == "/") return "";
+    const size_t slash = p.rfind('/');
+    p = slash == 0 ? "/" : p.substr(0, slash);
   }
-  return "";
 }
 
 namespace {
 
-std::string find_tool(const char* env_name, const std::string& name,
-                      const std::vector<std::string>& extra_dirs) {
+struct FoundTool {
+  std::string path;
+  std::shared_ptr<const UniqueFd> file;
+};
+
+// `candidate` opened, when it passes untrusted_tool_reason; otherwise nullptr, and the reason
+// on stderr (`from` says where the candidate came from).
+std::shared_ptr<const UniqueFd> open_trusted(const std::string& candidate,
+                                             const std::string& from) {
+  // Opened first, checked after, and the opened file compared with the checked one: what runs
+  // later is this descriptor's file, so a rename after the check changes nothing.
+  auto fd = std::make_shared<UniqueFd>(::open(candidate.c_str(), O_RDONLY | O_CLOEXEC));
+  std::string why = fd->valid() ? untrusted_tool_reason(candidate)
+                                : fmt::format("cannot open it ({})", std::strerror(errno));
+  struct stat opened {
+  }, checked{};
+  if (why.empty() && (::fstat(fd->get(), &opened) != 0 ||
+                      ::stat(candidate.c_str(), &checked) != 0 || opened.st_ino != checked.st_ino ||
+                      opened.st_dev != checked.st_dev || !S_ISREG(opened.st_mode))) {
+    why = "it changed while it was checked, or is not a regular file";
+  }
+  if (why.empty()) return fd;
+  // ddprun runs the tool with the right to ptrace its workers (as root, often): one that
+  // another user could have replaced is not used, and said so (once per lookup).
+  std::fprintf(stderr, "ddprun: not using %s%s to read stacks: %s\n", candidate.c_str(),
+               from.c_str(), why.c_str());
+  return nullptr;
+}
+
+FoundTool find_tool(const char* env_name, const std::string& name,
+                    const std::vector<std::string>& extra_dirs) {
   const std::string forced = env::get_or(env_name, "");
-  if (!forced.empty()) return forced;  // checked when used, so a wrong path is named then
+  if (!forced.empty()) {
+    if (!executable(forced)) return {forced, nullptr};  // named when used: "cannot run ..."
+    auto file = open_trusted(forced, fmt::format(" (${})", env_name));
+    return file ? FoundTool{forced, file} : FoundTool{};
+  }
   std::vector<std::string> dirs;
   const std::string path = env::get_or("PATH", "");
   for (size_t start = 0; start <= path.size();) {
@@ -61,16 +107,12 @@ std::string find_tool(const char* env_name, const std::string& name,
   }
   dirs.insert(dirs.end(), extra_dirs.begin(), extra_dirs.end());
   for (const auto& d : dirs) {
-    if (d.empty() || !executable(d + "/" + name)) continue;
+    // A relative entry ("", ".", "bin") names whatever folder ddprun runs in: never searched.
+    if (d.empty() || d[0] != '/' || !executable(d + "/" + name)) continue;
     const std::string candidate = d + "/" + name;
-    const std::string why = untrusted_tool_reason(candidate);
-    if (why.empty()) return candidate;
-    // ddprun runs the tool with the right to ptrace its workers (as root, often): one that
-    // another user could have replaced is skipped, and said so (once per lookup).
-    std::fprintf(stderr, "ddprun: not using %s to read stacks: %s\n", candidate.c_str(),
-                 why.c_str());
+    if (auto file = open_trusted(candidate, "")) return {candidate, file};
   }
-  return "";
+  return {};
 }
 
 std::string read_first_line(const std::string& path) {
@@ -121,7 +163,8 @@ struct Job {
   std::string error;  // set before spawning (tool missing) or after
 };
 
-bool spawn_tool(Job& job, const std::vector<std::string>& argv) {
+// Runs argv; with `file` (the tool as it was checked, open), that file whatever argv[0] names now.
+bool spawn_tool(Job& job, const std::vector<std::string>& argv, const UniqueFd* file) {
   // Non-blocking read ends: drain() reads until EAGAIN, which on a blocking pipe would be a
   // wait for the tool's exit, past the capture's deadline. pipe2 sets O_NONBLOCK on both ends;
   // the tool's write ends get it cleared below (a tool may not expect EAGAIN on stdout).
@@ -145,6 +188,13 @@ bool spawn_tool(Job& job, const std::vector<std::string>& argv) {
   posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
   posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  std::string exec_path = argv[0];
+  if (file != nullptr && file->valid()) {
+    // dup2 onto itself clears close-on-exec in the child, so the kernel (and a script's
+    // interpreter) can open /proc/self/fd/N during the exec.
+    posix_spawn_file_actions_adddup2(&actions, file->get(), file->get());
+    exec_path = fmt::format("/proc/self/fd/{}", file->get());
+  }
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   // ddprun blocks the signals it reads through signalfd; the tool must get default ones.
@@ -157,7 +207,8 @@ bool spawn_tool(Job& job, const std::vector<std::string>& argv) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  const int rc = ::posix_spawn(&job.child, args[0], &actions, &attr, args.data(), environ);
+  const int rc =
+      ::posix_spawn(&job.child, exec_path.c_str(), &actions, &attr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   ::close(out_pipe[1]);
@@ -243,8 +294,12 @@ void interpret(Job& job, const std::string& host, RankStacks& r) {
 
 StackTools find_stack_tools(const std::vector<std::string>& extra_dirs) {
   StackTools t;
-  t.py_spy = find_tool("DDPRUN_PY_SPY", "py-spy", extra_dirs);
-  t.eu_stack = find_tool("DDPRUN_EU_STACK", "eu-stack", extra_dirs);
+  FoundTool py_spy = find_tool("DDPRUN_PY_SPY", "py-spy", extra_dirs);
+  FoundTool eu_stack = find_tool("DDPRUN_EU_STACK", "eu-stack", extra_dirs);
+  t.py_spy = py_spy.path;
+  t.py_spy_file = py_spy.file;
+  t.eu_stack = eu_stack.path;
+  t.eu_stack_file = eu_stack.file;
   return t;
 }
 
@@ -304,7 +359,7 @@ std::vector<RankStacks> capture_stacks(const std::vector<StackTarget>& targets,
     const bool python = is_python_process(targets[i].pid);
     if (python && !tools.py_spy.empty()) {
       job.tool_name = "py-spy";
-      spawn_tool(job, {tools.py_spy, "dump", "--json", "--pid", pid});
+      spawn_tool(job, {tools.py_spy, "dump", "--json", "--pid", pid}, tools.py_spy_file.get());
     } else if (!tools.eu_stack.empty()) {
       job.tool_name = "eu-stack";
       if (python) {
@@ -312,7 +367,7 @@ std::vector<RankStacks> capture_stacks(const std::vector<StackTarget>& targets,
             " (native frames: no py-spy for the Python frames; pip install py-spy into the "
             "workers' Python, or set DDPRUN_PY_SPY)";
       }
-      spawn_tool(job, {tools.eu_stack, "-p", pid});
+      spawn_tool(job, {tools.eu_stack, "-p", pid}, tools.eu_stack_file.get());
     } else {
       job.tool_name = python ? "py-spy" : "eu-stack";
       job.error =

@@ -170,6 +170,81 @@ TEST(StackTools, AToolOthersCanWriteIsSkippedWithItsReason) {
   ::rmdir(dir.c_str());
 }
 
+// The whole path is checked (issue 49, finding 3): a folder above the tool that others can
+// write (not sticky) makes it untrusted; $DDPRUN_EU_STACK is checked too; relative PATH entries
+// are never searched.
+TEST(StackTools, EveryFolderAboveTheToolAndTheVariablesAreChecked) {
+  char tmpl[] = "/tmp/ddp-tools-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  ASSERT_EQ(::mkdir((dir + "/open").c_str(), 0755), 0);
+  const std::string tool = dir + "/open/eu-stack";
+  std::ofstream(tool) << "#!/bin/sh\n";
+  ASSERT_EQ(::chmod(tool.c_str(), 0755), 0);
+  EXPECT_EQ(untrusted_tool_reason(tool), "");
+  ASSERT_EQ(::chmod((dir + "/open").c_str(), 0777), 0);
+  EXPECT_EQ(untrusted_tool_reason(tool),
+            "other users may write the folder " + dir + "/open (mode 777)");
+  ASSERT_EQ(::chmod((dir + "/open").c_str(), 01777), 0);  // sticky: nothing in it is replaceable
+  EXPECT_EQ(untrusted_tool_reason(tool), "");
+  ASSERT_EQ(::chmod((dir + "/open").c_str(), 0777), 0);
+
+  const char* old_path = std::getenv("PATH");
+  const std::string saved = old_path ? old_path : "";
+  ::setenv("DDPRUN_EU_STACK", tool.c_str(), 1);
+  EXPECT_EQ(find_stack_tools().eu_stack, "");  // the variable's tool is checked and refused
+  ::unsetenv("DDPRUN_EU_STACK");
+  // A relative PATH entry is never searched, even where it names a trusted tool.
+  ASSERT_EQ(::chmod((dir + "/open").c_str(), 0755), 0);
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof(cwd)), nullptr);
+  ASSERT_EQ(::chdir((dir + "/open").c_str()), 0);
+  ::setenv("PATH", ".", 1);
+  EXPECT_EQ(find_stack_tools().eu_stack, "");
+  ASSERT_EQ(::chdir(cwd), 0);
+  ::setenv("PATH", (dir + "/open").c_str(), 1);
+  EXPECT_EQ(find_stack_tools().eu_stack, tool);
+  ::setenv("PATH", saved.c_str(), 1);
+  ::unlink(tool.c_str());
+  ::rmdir((dir + "/open").c_str());
+  ::rmdir(dir.c_str());
+}
+
+// What runs is the file that was checked, whatever its path names by then.
+TEST(StackTools, TheCheckedFileRunsEvenWhenThePathIsReplaced) {
+  char tmpl[] = "/tmp/ddp-tools-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string tool = dir + "/eu-stack";
+  auto fake = [&](const std::string& path, const std::string& function) {
+    std::ofstream(path) << "#!/bin/sh\necho \"TID $2:\"\necho \"#0  0x0000000000001000 " << function
+                        << "\"\n";
+    ASSERT_EQ(::chmod(path.c_str(), 0755), 0);
+  };
+  fake(tool, "the_checked_tool");
+  const char* old_path = std::getenv("PATH");
+  const std::string saved = old_path ? old_path : "";
+  ::setenv("PATH", dir.c_str(), 1);
+  ::unsetenv("DDPRUN_EU_STACK");
+  const StackTools tools = find_stack_tools();
+  ::setenv("PATH", saved.c_str(), 1);
+  ASSERT_EQ(tools.eu_stack, tool);
+  fake(dir + "/other", "a_replacement");
+  ASSERT_EQ(::rename((dir + "/other").c_str(), tool.c_str()), 0);
+
+  StackTarget self;
+  self.pid = ::getpid();
+  const auto got = capture_stacks({self}, "host", tools,
+                                  std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(got[0].error, "");
+  ASSERT_FALSE(got[0].threads.empty());
+  ASSERT_FALSE(got[0].threads[0].frames.empty());
+  EXPECT_EQ(got[0].threads[0].frames[0].function, "the_checked_tool");
+  ::unlink(tool.c_str());
+  ::rmdir(dir.c_str());
+}
+
 TEST(RootCause, ATemporaryStacksFileIsNotNamed) {
   FailureReport r;
   r.role = "default";

@@ -13,9 +13,13 @@
 //   attempt loop reaps every child); their output alone decides.
 
 #include <sys/types.h>
+
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "ddp/launcher/process.hpp"
 
 #include "ddp/launcher/stacks.hpp"
 
@@ -24,15 +28,20 @@ namespace ddp::launcher {
 struct StackTools {
   std::string py_spy;    // "" when not found
   std::string eu_stack;  // "" when not found
+  // The files that were checked, opened when they were found: what runs is that file (by
+  // /proc/self/fd), whatever the path names by then (nullptr: none).
+  std::shared_ptr<const UniqueFd> py_spy_file, eu_stack_file;
 };
 
-// $DDPRUN_PY_SPY / $DDPRUN_EU_STACK when set, else the first `py-spy` / `eu-stack` on PATH or
-// in `extra_dirs` (ddprun passes the directory of the workers' Python, where pip put py-spy).
+// $DDPRUN_PY_SPY / $DDPRUN_EU_STACK when set, else the first `py-spy` / `eu-stack` in an
+// absolute folder of PATH or in `extra_dirs` (ddprun passes the directory of the workers'
+// Python, where pip put py-spy). Every candidate, the variables' included, must pass
+// untrusted_tool_reason; one that fails is skipped and named on stderr with the reason.
 StackTools find_stack_tools(const std::vector<std::string>& extra_dirs = {});
-// Why a tool found on the search path must not be run with ptrace rights ("" when it may):
-// it belongs to another user than root or this one, or others may write it. Found tools that
-// fail the check are skipped (and named on stderr); DDPRUN_PY_SPY / DDPRUN_EU_STACK are the
-// caller's explicit choice and are not checked.
+// Why `path` must not be run with ptrace rights ("" when it may): ddprun runs the tool as its
+// own user (root, often), so neither the file nor any folder above it (links resolved) may be
+// another user's than root or this one, or writable by others (a sticky folder such as /tmp
+// excepted: others cannot replace what is in it).
 std::string untrusted_tool_reason(const std::string& path);
 
 struct StackTarget {
