@@ -12,7 +12,8 @@ with the same parameters (gathered).
 --backend picks the process group's backend:
   auto  Accelerate's choice (nccl on GPUs; gloo, or mpi when torch has it, with --cpu).
   gloo  InitProcessGroupKwargs(backend="gloo"): Accelerate makes the group.
-  ddp   `import ddp` and torch.distributed.init_process_group("ddp") before the Accelerator,
+  ddp   `import ddp` (not with --no-import-ddp: then torch's plugin entry point alone names
+        the backend) and torch.distributed.init_process_group("ddp") before the Accelerator,
         which then joins that group. Accelerate refuses backend="ddp" itself: with --cpu it
         only takes gloo or mpi ("Your assigned backend ddp is not available, please use gloo").
 
@@ -35,12 +36,15 @@ def main():
                    help="train on the CPU even with a GPU (on a machine without one, Accelerate "
                         "trains distributed only with it or ACCELERATE_USE_CPU=1)")
     p.add_argument("--backend", choices=["auto", "gloo", "ddp"], default="auto")
+    p.add_argument("--no-import-ddp", action="store_true",
+                   help="never import ddp: the backend comes from torch's plugin entry point")
     p.add_argument("--steps", type=int, default=30)
     a = p.parse_args()
 
     handlers = []
     if a.backend == "ddp":
-        import ddp  # noqa: F401  registers the "ddp" backend with torch.distributed
+        if not a.no_import_ddp:
+            import ddp  # noqa: F401  registers the "ddp" backend with torch.distributed
         torch.distributed.init_process_group("ddp")
     elif a.backend == "gloo":
         handlers.append(InitProcessGroupKwargs(backend="gloo"))
