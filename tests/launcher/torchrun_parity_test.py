@@ -77,6 +77,10 @@ BOTH_FAIL = [
     (["--no-such-flag", "train.py"], {}),
     (["train.py"], {"PET_STANDALONE": "yes"}),
 ]
+if not __import__("torch").cuda.is_available():
+    # Both count GPUs: none here.
+    BOTH_FAIL += [(["--nproc-per-node", "gpu", "train.py"], {}),
+                  (["train.py"], {"PET_NPROC_PER_NODE": "gpu"})]
 
 # Where ddprun departs on purpose: (argv, env, what ddprun must do).
 DEVIATIONS = [
@@ -189,7 +193,7 @@ def check_parsers():
             failures.append(f"{argv} {env}: torchrun takes it now; move the row")
         if "error" not in d:
             failures.append(f"{argv} {env}: ddprun took what torchrun refuses: {d}")
-        elif not re.search(r"expected|unknown|not |cannot", d["error"]):
+        elif not re.search(r"expected|unknown|not |cannot|\bno [^;]* found", d["error"]):
             failures.append(f"{argv} {env}: ddprun's error does not say what is wrong: {d}")
     for argv, env, want in DEVIATIONS:
         d = ddprun_parse(argv, env)
