@@ -12,6 +12,7 @@
 #include <set>
 
 #include "ddp/util/error.hpp"
+#include "ddp/util/rank_list.hpp"
 
 namespace ddp::launcher {
 
@@ -230,15 +231,7 @@ std::vector<int> numa_cpus(NumaBinding mode, int local_rank, int nproc_per_node,
 }
 
 std::string cpu_list_text(const std::vector<int>& cpus) {
-  std::string out;
-  for (size_t i = 0; i < cpus.size();) {
-    size_t j = i;
-    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
-    if (!out.empty()) out += ',';
-    out += j == i ? std::to_string(cpus[i]) : fmt::format("{}-{}", cpus[i], cpus[j]);
-    i = j + 1;
-  }
-  return out;
+  return format_rank_list(cpus, ",");
 }
 
 }  // namespace ddp::launcher

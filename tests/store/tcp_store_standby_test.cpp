@@ -65,11 +65,16 @@ class SilentHost {
   std::thread thread_;
 };
 
-// The primary's replicator connects on its own thread: wait until it sent its copy.
+// The primary's replicator connects on its own thread: wait until it has a replica (bounded:
+// a write answered before the replicator connected proves nothing, seen under ctest -j4), then
+// until it sent its copy: a write is answered only once a replicating primary's standby has it.
 void wait_until_replicating(TcpStoreServer& primary, TcpStore& client) {
-  // A write is answered only once the standby has it, so one write is enough.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (primary.replica().empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_FALSE(primary.replica().empty()) << "the primary found no standby within 10 s";
   client.set("replication-started", "1");
-  ASSERT_FALSE(primary.replica().empty());
 }
 
 TEST(TcpStoreStandby, RefusesClientsUntilPromotedSayingWhy) {
