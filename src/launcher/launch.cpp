@@ -76,9 +76,12 @@ int finish(const LaunchOptions& o, const AgentOptions& a, const AgentResult& res
           {"rdzv_backend", o.rdzv_backend},
           {"raw_error",
            result.failure ? nlohmann::json(describe_failure(result.failure->root_cause)) : nullptr},
-          {"metadata", nlohmann::json({{"entry_point", o.program}}).dump()},
+          {"metadata", nlohmann::json({{"entry_point", o.program}})
+                           .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)},
           {"agent_restarts", result.restart_count}}}};
-    const std::string line = event.dump() + "\n";
+    // Replace invalid UTF-8 (a program path, an error text) rather than throw at the end.
+    const std::string line =
+        event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     write_fully(2, line.data(), line.size());
   }
   return result.exit_code;
