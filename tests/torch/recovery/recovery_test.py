@@ -169,8 +169,10 @@ def start_elastic_agent(ddprun, worker, out, run_id, port, host, env_extra, step
                         nnodes="1:2", nproc=2):
     """One agent (simulated host `host`) x `nproc` ranks of an elastic job (--nnodes `nnodes`,
     rendezvous `backend` at 127.0.0.1:`port`: c10d, or an etcd the caller started) on
-    loopback, heartbeat 1 s, --recovery step, dropout off (DDP_TEST_DROPOUT=0: the parameters of
-    a run that lost a node can then be compared with a run that did not). The agent leads a
+    loopback, heartbeat 2 s (1 s let a busy 2-core machine declare a live node lost: its agent
+    was silent 3.5 s under ctest -j4 while 4 workers imported torch), --recovery step, dropout
+    off (DDP_TEST_DROPOUT=0: the parameters of a run that lost a node can then be compared with
+    a run that did not). The agent leads a
     session of its own (its workers are in it too: kill_session)."""
     env = dict(os.environ)
     env["DDP_HOST_ID"] = host
@@ -179,7 +181,7 @@ def start_elastic_agent(ddprun, worker, out, run_id, port, host, env_extra, step
     env.update(env_extra)
     cmd = [ddprun, "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--rdzv-backend", backend,
            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
-           "--rdzv-conf", "heartbeat=1,last_call_timeout=10", "--recovery", "step",
+           "--rdzv-conf", "heartbeat=2,last_call_timeout=10", "--recovery", "step",
            "--max-restarts", "2", "--no-python"] + worker + [
            "--steps", str(steps), "--out", out]
     return subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr, text=True,
