@@ -14,8 +14,8 @@ int main(int argc, char** argv) {
   using namespace ddp::launcher;
   nlohmann::json out;
   try {
-    ParsedCommandLine p = parse_command_line(std::vector<std::string>(argv + 1, argv + argc),
-                                             process_env());
+    ParsedCommandLine p =
+        parse_command_line(std::vector<std::string>(argv + 1, argv + argc), process_env());
     if (!p.options) {
       out["error"] = "not a launch";
     } else {
@@ -51,8 +51,8 @@ int main(int argc, char** argv) {
              {"duplicate_stderr_filters", o.duplicate_stderr_filters},
              {"node_rank", o.node_rank},
              {"master_addr", o.master_addr},
-             {"master_port", o.given.master_port ? nlohmann::json(o.master_port)
-                                                 : nlohmann::json(nullptr)},
+             {"master_port",
+              o.given.master_port ? nlohmann::json(o.master_port) : nlohmann::json(nullptr)},
              {"local_addr", o.local_addr ? nlohmann::json(*o.local_addr) : nlohmann::json(nullptr)},
              {"numa_binding", o.placement.numa_binding
                                   ? nlohmann::json(to_string(*o.placement.numa_binding))
