@@ -92,7 +92,7 @@ AttemptSpec make_spec(const AgentOptions& options, const WorldAssignment& world,
   spec.tee = options.tee;
   spec.local_ranks_filter = options.local_ranks_filter;
   spec.placement = options.placement;
-  spec.topology = options.topology;
+  spec.worker_cpus = options.worker_cpus;
   spec.duplicate_stdout_filters = options.duplicate_stdout_filters;
   spec.duplicate_stderr_filters = options.duplicate_stderr_filters;
   spec.term_grace = options.term_grace;

@@ -149,9 +149,8 @@ std::unique_ptr<Worker> AttemptRunner::spawn_worker(const WorkerIdentity& id, in
     SpawnOptions so;
     so.argv = spec_.command;
     so.env = build_worker_env(spec_.base_env, env);
-    if (spec_.placement.numa_binding && spec_.topology) {
-      so.cpu_affinity = numa_cpus(*spec_.placement.numa_binding, id.local_rank,
-                                  world.local_world_size, *spec_.topology);
+    if (static_cast<size_t>(id.local_rank) < spec_.worker_cpus.size()) {
+      so.cpu_affinity = spec_.worker_cpus[id.local_rank];
     }
     // Flight recorder dumps go beside the rank folders of this attempt, where the hang
     // report and `ddprun trace` find them (without --log-dir that is ddprun's temporary

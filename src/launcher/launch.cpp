@@ -36,14 +36,15 @@ std::string host_name() {
   return buf;
 }
 
-// --numa-binding reads the machine's topology, and every worker's binding is computed now,
+// --numa-binding reads the machine's topology once and computes every worker's CPUs now,
 // so one that cannot be made is a usage error before anything starts; --virtual-local-rank
 // needs a GPU in CUDA_VISIBLE_DEVICES for every worker.
-void check_placement(const LaunchOptions& o, AgentOptions& a, const EnvLookup& env) {
+void plan_placement(const LaunchOptions& o, AgentOptions& a, const EnvLookup& env) {
   if (o.placement.numa_binding) {
-    a.topology = read_cpu_topology("/sys", allowed_cpus());
+    const CpuTopology topology = read_cpu_topology("/sys", allowed_cpus());
     for (int r = 0; r < o.nproc_per_node; ++r) {
-      const auto cpus = numa_cpus(*o.placement.numa_binding, r, o.nproc_per_node, *a.topology);
+      const auto& cpus = a.worker_cpus.emplace_back(
+          numa_cpus(*o.placement.numa_binding, r, o.nproc_per_node, topology));
       const std::string note =
           fmt::format("ddprun: --numa-binding {}: local rank {} runs on CPUs {}\n",
                       to_string(*o.placement.numa_binding), r, cpu_list_text(cpus));
@@ -111,7 +112,7 @@ int launch(const LaunchOptions& options, const EnvLookup& env) {
   a.placement = o.placement;
   a.duplicate_stdout_filters = o.duplicate_stdout_filters;
   a.duplicate_stderr_filters = o.duplicate_stderr_filters;
-  check_placement(o, a, env);
+  plan_placement(o, a, env);
   a.term_grace = o.term_grace;
   a.handled_signals = o.signals_to_handle;
   // At least 10 ms, so a tiny interval cannot turn the event loop into a busy loop.

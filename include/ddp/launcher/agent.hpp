@@ -32,9 +32,10 @@ struct AgentOptions {
   StdSpec redirects;
   StdSpec tee;
   std::optional<std::vector<int>> local_ranks_filter;
-  // --numa-binding (with the machine's topology) and --virtual-local-rank.
+  // --numa-binding and --virtual-local-rank; the CPUs of each local rank that --numa-binding
+  // chose (empty: no binding), computed once before anything starts.
   WorkerPlacement placement;
-  std::optional<CpuTopology> topology;  // read when placement.numa_binding is set
+  std::vector<std::vector<int>> worker_cpus;
   // --duplicate-stdout-filters / --duplicate-stderr-filters (launch_options.hpp).
   std::vector<std::string> duplicate_stdout_filters;
   std::vector<std::string> duplicate_stderr_filters;
