@@ -412,6 +412,10 @@ AgentResult run_multi_node(const AgentOptions& options) {
     if (!step) {
       spec.on_root_cause = [&](const std::string& cause) {
         const std::string why = fmt::format("{} on {}", cause, options.host);
+        // The other nodes answer this node's stacks request before they leave the round.
+        if (diagnostics.service && spec.stacks_limit.count() > 0) {
+          diagnostics.service->reserve_request();
+        }
         if (m.end_round_while_watching(why)) early_reason = why;
       };
     }

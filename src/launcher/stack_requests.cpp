@@ -32,9 +32,18 @@ StackRequestChannel::StackRequestChannel(Store& store, std::string prefix, int n
       next_(store_.add(prefix_ + "seq", 0) + 1),
       missing_since_(kNotMissing) {}
 
+int64_t StackRequestChannel::reserve_request_id(Store& store, const std::string& prefix) {
+  return store.add(prefix + "seq", 1);
+}
+
+void StackRequestChannel::cancel_request(Store& store, const std::string& prefix, int64_t id) {
+  store.set(fmt::format("{}req/{}", prefix, id), "-1 0");
+}
+
 std::vector<std::string> StackRequestChannel::ask(Clock::time_point deadline,
-                                                  std::chrono::milliseconds slice) {
-  const int64_t id = store_.add(prefix_ + "seq", 1);
+                                                  std::chrono::milliseconds slice,
+                                                  int64_t reserved) {
+  const int64_t id = reserved > 0 ? reserved : store_.add(prefix_ + "seq", 1);
   const auto budget =
       std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   // "<asking node> <milliseconds>": the others capture within the asker's budget.
@@ -66,6 +75,16 @@ std::vector<std::string> StackRequestChannel::ask(Clock::time_point deadline,
   return answers;
 }
 
+void StackRequestChannel::drain(Clock::time_point deadline, std::chrono::milliseconds slice) {
+  const int64_t last_taken = store_.add(prefix_ + "seq", 0);
+  while (next_ <= last_taken) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return;
+    serve_for(std::min(left, slice));
+  }
+}
+
 void StackRequestChannel::serve_for(std::chrono::milliseconds wait) {
   if (serve_request(wait)) {
     ++next_;
@@ -92,7 +111,7 @@ bool StackRequestChannel::serve_request(std::chrono::milliseconds wait) {
   const int64_t budget_ms =
       std::clamp<int64_t>(space == std::string::npos ? 5000 : std::atoll(value.c_str() + space + 1),
                           100, StackService::kMaxCapture.count());
-  if (from == me_) return true;
+  if (from == me_ || from < 0) return true;  // this node's own, or cancelled
   try {
     // Answer a little before the asker stops waiting.
     const auto stacks = capture_(Clock::now() + std::chrono::milliseconds(budget_ms * 8 / 10));

@@ -6,6 +6,9 @@
 // takes id N and sets `req/N` to "<its node rank> <milliseconds it waits>"; every other node
 // answers with `resp/N/<its node rank>` (encode_stacks). Requests are served in id order; an id
 // taken but never posted (its asker died in between) is passed over after kAbandonedRequest.
+// A node whose worker failed takes its id before it ends the round (reserve_request_id): a node
+// that sees the round end then knows a request is coming and answers it before it leaves
+// (drain). A reserved id that is not asked with is cancelled (req/N = "-1 0": passed over).
 // Not thread-safe: one thread (the round's) drives a channel.
 
 #include <chrono>
@@ -38,10 +41,21 @@ class StackRequestChannel {
   // this node) by `deadline`. Serves the other nodes' requests while it waits: when a round
   // ends every node captures at the same moment, and two nodes that only waited would each
   // wait out the other.
-  std::vector<std::string> ask(Clock::time_point deadline, std::chrono::milliseconds slice);
+  // `reserved`: an id from reserve_request_id (0: take one now).
+  std::vector<std::string> ask(Clock::time_point deadline, std::chrono::milliseconds slice,
+                               int64_t reserved = 0);
+
+  // Before the round thread stops: serves every request whose id was taken by now (the failing
+  // node's, reserved before it ended the round), passing over abandoned ones, until `deadline`.
+  void drain(Clock::time_point deadline, std::chrono::milliseconds slice);
 
   // Serves the next request if it is posted within `wait`, or passes over an abandoned id.
   void serve_for(std::chrono::milliseconds wait);
+
+  // Takes a request id for a later ask (any thread; the store serialises).
+  static int64_t reserve_request_id(Store& store, const std::string& prefix);
+  // Posts a reserved id as cancelled: the other nodes pass over it at once.
+  static void cancel_request(Store& store, const std::string& prefix, int64_t id);
 
  private:
   // Request `next_`, if it is there within `wait` (0: only if it is there now): another

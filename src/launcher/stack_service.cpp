@@ -18,6 +18,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <utility>
 
 #include "ddp/launcher/output.hpp"
 #include "ddp/launcher/process.hpp"
@@ -143,8 +144,10 @@ struct StackService::State {
   std::string no_store_reason;
   std::thread round_thread;
   std::atomic<bool> round_stop{false};
+  int64_t reserved_id = 0;  // under mutex: reserve_request's id, until an ask uses it
   struct Outgoing {
     Clock::time_point deadline;
+    int64_t reserved = 0;  // the id to ask with (0: a new one)
     bool done = false;
     std::vector<std::string> answers;  // per node rank ("" none)
   };
@@ -241,6 +244,7 @@ struct StackService::State {
       return {};
     }
     nodes = num_nodes;
+    request->reserved = std::exchange(reserved_id, 0);
     outgoing.push_back(request);
     cv.notify_all();
     cv.wait_until(lock, deadline + kSlice * 2, [&] { return request->done; });
@@ -368,12 +372,22 @@ struct StackService::State {
           channel.serve_for(kSlice);
           continue;
         }
-        std::vector<std::string> answers = channel.ask(mine->deadline, kSlice);
+        std::vector<std::string> answers = channel.ask(mine->deadline, kSlice, mine->reserved);
         std::lock_guard<std::mutex> lock(mutex);
         mine->answers = std::move(answers);
         mine->done = true;
         cv.notify_all();
       }
+      int64_t unused = 0;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        unused = std::exchange(reserved_id, 0);
+      }
+      if (unused > 0) {
+        detail::StackRequestChannel::cancel_request(*s, keys_prefix(options.run_id, gen), unused);
+      }
+      // The failing node's request (its id taken before the round ended) is answered first.
+      channel.drain(Clock::now() + kMaxCapture, kSlice);
     } catch (const Error&) {
       // The store is gone (the round ended, its host exited): requests get no other nodes.
     } catch (const std::exception& e) {
@@ -467,6 +481,7 @@ void StackService::join_round(std::shared_ptr<Store> store, int generation, int 
   {
     std::lock_guard<std::mutex> lock(s.mutex);
     s.store = store;
+    s.reserved_id = 0;
     s.last_read.clear();
     s.generation = generation;
     s.node_rank = node_rank;
@@ -478,6 +493,25 @@ void StackService::join_round(std::shared_ptr<Store> store, int generation, int 
   s.round_thread = std::thread([&s, store, generation, node_rank, num_nodes] {
     s.round_loop(store, generation, node_rank, num_nodes);
   });
+}
+
+void StackService::reserve_request() {
+  State& s = *state_;
+  std::shared_ptr<Store> store;
+  std::string prefix;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (!s.store || s.num_nodes <= 1 || s.reserved_id != 0) return;
+    store = s.store;
+    prefix = keys_prefix(s.options.run_id, s.generation);
+  }
+  try {
+    const int64_t id = detail::StackRequestChannel::reserve_request_id(*store, prefix);
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.reserved_id = id;
+  } catch (const Error&) {
+    // The store is gone: the report asks no other node anyway.
+  }
 }
 
 void StackService::leave_round() {

@@ -32,6 +32,7 @@ class DdprunStoreFailover : public LauncherTest {
   struct Agent {
     pid_t pid = -1;
     std::string err_path;
+    std::string out_path;
   };
 
   // Starts the agent that serves the store, then two more, and waits (bounded) until all three
@@ -51,13 +52,19 @@ class DdprunStoreFailover : public LauncherTest {
                                        "--rdzv-id",      run_id, "--rdzv-conf",      conf};
       args.insert(args.end(), worker.begin(), worker.end());
       std::vector<Agent> agents;
-      agents.push_back({start(args, first_env), current_err_path()});
+      {
+        const pid_t pid = start(args, first_env);
+        agents.push_back({pid, current_err_path(), current_out_path()});
+      }
       if (!wait_until({agents[0]}, "waiting for the other nodes") ||
           read_file(agents[0].err_path).find("served by this node") == std::string::npos) {
         stop_all(agents);
         continue;
       }
-      for (int n = 1; n < 3; ++n) agents.push_back({start(args), current_err_path()});
+      for (int n = 1; n < 3; ++n) {
+        const pid_t pid = start(args);
+        agents.push_back({pid, current_err_path(), current_out_path()});
+      }
       if (wait_until(agents, "rendezvous round 0 of run '" + run_id + "': 3 nodes")) {
         return agents;
       }
@@ -69,13 +76,15 @@ class DdprunStoreFailover : public LauncherTest {
     return {};
   }
 
-  // Until every agent's stderr contains `text` (60 s at most).
-  bool wait_until(const std::vector<Agent>& agents, const std::string& text) {
+  // Until every agent's stderr (or stdout: `in_stdout`) contains `text` (60 s at most).
+  bool wait_until(const std::vector<Agent>& agents, const std::string& text,
+                  bool in_stdout = false) {
     const auto until = Clock::now() + std::chrono::seconds(60);
     for (;;) {
       bool all = true;
       for (const auto& a : agents) {
-        all = all && read_file(a.err_path).find(text) != std::string::npos;
+        const std::string& path = in_stdout ? a.out_path : a.err_path;
+        all = all && read_file(path).find(text) != std::string::npos;
       }
       if (all) return true;
       if (Clock::now() > until) return false;
@@ -109,6 +118,12 @@ TEST_F(DdprunStoreFailover, JobOutlivesTheAgentServingTheStore) {
   const auto agents =
       start_three_nodes("failover", "join_timeout=60,last_call_timeout=1,heartbeat=1");
   ASSERT_EQ(agents.size(), 3u);
+  // Round 0's workers have printed before the kill (a loaded CI once killed the store host
+  // before the shell in its round-0 worker had echoed: one "worker RANK=" line, not two).
+  if (!wait_until(agents, "WORLD_SIZE=3", /*in_stdout=*/true)) {
+    stop_all(agents);
+    FAIL() << "round 0's workers did not print in 60 s;\n" << stderr_of(agents);
+  }
   const std::vector<RunResult> survivors = kill_the_store_host(agents);
 
   int serving = 0, moved = 0;
@@ -122,8 +137,8 @@ TEST_F(DdprunStoreFailover, JobOutlivesTheAgentServingTheStore) {
     EXPECT_LT(r.err.find("moving to the job's standby store"), round1) << r.err;
     serving += r.err.find("this node serves the rendezvous store now") != std::string::npos;
     moved += r.err.find("moved to the rendezvous store at 127.0.0.1:") != std::string::npos;
-    EXPECT_EQ(lines_with(r.out, "worker RANK=").size(), 2u) << r.out;
-    EXPECT_EQ(lines_with(r.out, "WORLD_SIZE=2").size(), 1u) << r.out;
+    EXPECT_EQ(lines_with(r.out, "worker RANK=").size(), 2u) << r.out << r.err;
+    EXPECT_EQ(lines_with(r.out, "WORLD_SIZE=2").size(), 1u) << r.out << r.err;
   }
   // The round's first standby belongs to one survivor: it serves, the other moves to it.
   EXPECT_EQ(serving, 1) << survivors[0].err << "\n" << survivors[1].err;

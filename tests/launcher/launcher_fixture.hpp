@@ -42,6 +42,7 @@ class LauncherTest : public ::testing::Test {
   // What the last started ddprun has written to stderr so far, and the file it writes it to.
   std::string current_err() const;
   const std::string& current_err_path() const { return err_path_; }
+  const std::string& current_out_path() const { return out_path_; }
   // Bounded wait for a file to appear.
   bool wait_for_file(const std::string& path, double timeout_s = 30);
   // True while pid has not exited (does not reap).

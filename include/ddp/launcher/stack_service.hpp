@@ -83,6 +83,11 @@ class StackService {
   // serves no other node; requests then count `num_nodes` and say `no_store_reason`.
   void join_round(std::shared_ptr<Store> store, int generation, int node_rank, int num_nodes,
                   std::string no_store_reason = "");
+  // A node whose worker failed calls this before it ends the round: it takes the request id its
+  // failure report will ask the other nodes with, so each node that sees the round end answers
+  // that request before it leaves the round (without it, a node could leave between answering
+  // its own report's question and the failing node's asking). No-op outside a multi-node round.
+  void reserve_request();
   void leave_round();
 
   const std::string& socket_path() const;
