@@ -30,7 +30,11 @@ StackRequestChannel::StackRequestChannel(Store& store, std::string prefix, int n
       nodes_(num_nodes),
       capture_(std::move(capture)),
       next_(store_.add(prefix_ + "seq", 0) + 1),
-      missing_since_(kNotMissing) {}
+      missing_since_(kNotMissing) {
+  // A request its asker deleted between our check and our get must not hold the round's
+  // thread for the store's default wait (300 s): the store is this channel's own connection.
+  store_.set_timeout(kAbandonedRequest);
+}
 
 int64_t StackRequestChannel::reserve_request_id(Store& store, const std::string& prefix) {
   return store.add(prefix + "seq", 1);
@@ -64,6 +68,9 @@ std::vector<std::string> StackRequestChannel::ask(Clock::time_point deadline,
     } catch (const TimeoutError&) {
     }
   }
+  // The request goes first: a node that answers from now on sees it gone and deletes its own
+  // late answer (serve_request), so no key of this request outlives it.
+  store_.delete_key(fmt::format("{}req/{}", prefix_, id));
   std::vector<std::string> answers(nodes_);
   for (int n = 0; n < nodes_; ++n) {
     const std::string key = fmt::format("{}resp/{}/{}", prefix_, id, n);
@@ -105,7 +112,12 @@ bool StackRequestChannel::serve_request(std::chrono::milliseconds wait) {
       return false;
     }
   }
-  const std::string value = store_.get(key);
+  std::string value;
+  try {
+    value = store_.get(key);
+  } catch (const TimeoutError&) {
+    return true;  // its asker stopped waiting and deleted it: nothing to answer
+  }
   const int from = std::atoi(value.c_str());
   const size_t space = value.find(' ');
   const int64_t budget_ms =
@@ -115,7 +127,11 @@ bool StackRequestChannel::serve_request(std::chrono::milliseconds wait) {
   try {
     // Answer a little before the asker stops waiting.
     const auto stacks = capture_(Clock::now() + std::chrono::milliseconds(budget_ms * 8 / 10));
-    store_.set(fmt::format("{}resp/{}/{}", prefix_, next_, me_), encode_stacks(stacks));
+    const std::string answer = fmt::format("{}resp/{}/{}", prefix_, next_, me_);
+    store_.set(answer, encode_stacks(stacks));
+    // The asker deletes its request when it stops waiting, then the answers it finds: one
+    // written after that would stay in the store for the round.
+    if (!store_.check({key})) store_.delete_key(answer);
   } catch (const Error&) {
     throw;  // the store: the round is over
   } catch (const std::exception& e) {

@@ -169,7 +169,22 @@ struct StackService::State {
   bool capturing = false;                // under mutex
   uint64_t captures_finished = 0;        // under mutex
   std::vector<RankStacks> last_capture;  // under mutex: the result of the last one
+  Clock::time_point last_capture_at;     // under mutex: when it finished
   std::condition_variable capture_done;
+
+  // Another node's request: answered with the last capture when it is younger than
+  // kRequestCaptureInterval. Every request pauses this node's workers (ptrace) once per
+  // capture; a token holder asking in a loop pauses them at most once per interval.
+  std::vector<RankStacks> capture_for_other_node(Clock::time_point deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (captures_finished > 0 && !capturing &&
+          Clock::now() - last_capture_at < StackService::kRequestCaptureInterval) {
+        return last_capture;
+      }
+    }
+    return capture(deadline);
+  }
 
   std::vector<RankStacks> capture(Clock::time_point deadline) {
     std::vector<StackTarget> targets;
@@ -204,6 +219,7 @@ struct StackService::State {
     }
     capturing = false;
     last_capture = got;
+    last_capture_at = Clock::now();
     ++captures_finished;
     capture_done.notify_all();
     return got;
@@ -357,8 +373,9 @@ struct StackService::State {
 
   void round_loop(std::shared_ptr<Store> s, int gen, int me, int nodes) {
     try {
-      detail::StackRequestChannel channel(*s, keys_prefix(options.run_id, gen), me, nodes,
-                                          [this](Clock::time_point d) { return capture(d); });
+      detail::StackRequestChannel channel(
+          *s, keys_prefix(options.run_id, gen), me, nodes,
+          [this](Clock::time_point d) { return capture_for_other_node(d); });
       while (!round_stop) {
         std::shared_ptr<Outgoing> mine;
         {

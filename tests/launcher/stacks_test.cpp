@@ -510,6 +510,73 @@ TEST_F(StacksWithTools, AReservedIdNotAskedWithIsCancelledOnLeaving) {
   EXPECT_EQ(store->get(key), "-1 0");
 }
 
+// Lines in the file at `path` (0 when it does not exist).
+int count_lines(const std::string& path) {
+  std::ifstream in(path);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) ++n;
+  return n;
+}
+
+// Issue 49, finding 5: a token holder asking in a loop pauses a node's workers (each capture
+// ptrace-attaches) at most once per kRequestCaptureInterval: requests in between get the last
+// capture. Eight requests answered back to back run the tool about once per second, not 8 times.
+TEST_F(StacksWithTools, RequestsInALoopPauseTheWorkersAtMostOncePerInterval) {
+  StackServiceOptions so;
+  so.run_id = "loop";
+  so.host = "node";
+  so.tools.eu_stack = tool("eu-stack", "echo run >>" + dir_ +
+                                           "/runs\n"
+                                           "echo \"PID $2 - process\"; echo \"TID $2:\"; "
+                                           "echo \"#0  0x00007f38b2aed545 wait_here\"");
+  StackService node0(so);
+  node0.set_workers({{0, ::getpid()}});
+  auto store = std::make_shared<HashStore>();
+  const std::string prefix = "ddprun_stacks/loop/0/";
+  node0.join_round(store, 0, 0, 2);
+  bool serving = false;
+  for (int attempt = 0; attempt < 20 && !serving; ++attempt) {
+    serving = ask_node0_as_node1(*store, prefix, store->add(prefix + "seq", 1),
+                                 std::chrono::milliseconds(1000));
+  }
+  ASSERT_TRUE(serving) << "node 0 answered none of 20 requests";
+  const auto started = std::chrono::steady_clock::now();
+  const int runs_before = count_lines(dir_ + "/runs");
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(
+        ask_node0_as_node1(*store, prefix, store->add(prefix + "seq", 1), std::chrono::seconds(10)))
+        << "request " << i << " of the loop was not answered";
+  }
+  const double took_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const int runs = count_lines(dir_ + "/runs") - runs_before;
+  EXPECT_LE(runs, 1 + static_cast<int>(took_s)) << "8 requests in " << took_s << " s";
+  node0.leave_round();
+}
+
+// Issue 49, finding 5: the keys of a request do not outlive it. Node 1 asks node 0 (both
+// services of this process, one store); afterwards only the round's id counter is left.
+TEST_F(StacksWithTools, ARequestLeavesNoKeysBehind) {
+  StackServiceOptions so;
+  so.run_id = "clean";
+  so.host = "node";
+  so.tools.eu_stack = tool("eu-stack",
+                           "echo \"PID $2 - process\"; echo \"TID $2:\"; "
+                           "echo \"#0  0x00007f38b2aed545 wait_here\"");
+  StackService node0(so), node1(so);
+  node0.set_workers({{0, ::getpid()}});
+  node1.set_workers({{1, ::getpid()}});
+  auto store = std::make_shared<HashStore>();
+  node0.join_round(store, 0, 0, 2);
+  node1.join_round(store, 0, 1, 2);
+  const auto got =
+      node1.capture_all_nodes(std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  EXPECT_EQ(got.answered, (std::vector<int>{1, 0})) << ::testing::PrintToString(got.notes);
+  node0.leave_round();
+  node1.leave_round();
+  EXPECT_EQ(store->num_keys(), 1) << "only ddprun_stacks/clean/0/seq should be left";
+}
+
 RankProgress progress(int rank, int64_t completed, int64_t open_since_us) {
   RankProgress p;
   p.global_rank = rank;

@@ -54,6 +54,8 @@ struct StackServiceOptions {
 class StackService {
  public:
   static constexpr std::chrono::milliseconds kMaxCapture{30000};
+  // Other nodes' requests within this long of a capture get that capture (issue 49, finding 5).
+  static constexpr std::chrono::milliseconds kRequestCaptureInterval{1000};
 
   // Throws ddp::Error naming the folder when the registry cannot be used (the agent goes on
   // without the service and says so).

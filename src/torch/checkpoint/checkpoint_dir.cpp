@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <stdio.h>  // renameat2
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +23,20 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kPrefix = "step-";
+constexpr const char* kStaging = ".saving-";
+
+// The step of a staging directory's name (step-<digits>.saving-<digits>, and the same with
+// ".old": a checkpoint being replaced on a file system without renameat2), or nullopt.
+std::optional<int64_t> step_of_staging_name(const std::string& name) {
+  const size_t dot = name.find(kStaging);
+  if (dot == std::string::npos) return std::nullopt;
+  std::string id = name.substr(dot + std::strlen(kStaging));
+  if (id.size() > 4 && id.compare(id.size() - 4, 4, ".old") == 0) id.resize(id.size() - 4);
+  if (id.empty() || id.size() > 18 || id.find_first_not_of("0123456789") != std::string::npos) {
+    return std::nullopt;
+  }
+  return step_of_name(name.substr(0, dot));
+}
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -35,6 +50,46 @@ std::string read_file(const std::string& path) {
 
 std::string step_dir(const std::string& dir, int64_t step) {
   return fmt::format("{}/{}{:08d}", dir, kPrefix, step);
+}
+
+std::string staging_dir(const std::string& dir, int64_t step, int64_t save_id) {
+  return fmt::format("{}{}{}", step_dir(dir, step), kStaging, save_id);
+}
+
+void publish(const std::string& staging, const std::string& final_path) {
+  const std::string parent = fs::path(final_path).parent_path().string();
+  std::error_code ec;
+  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, final_path.c_str(), RENAME_NOREPLACE) == 0) {
+    ddp::fsync_directory(parent);
+    return;
+  }
+  if (errno == EEXIST) {
+    // Step saved before: the new checkpoint and the old swap places in one step; the old one,
+    // now under the staging name, goes.
+    if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE) ==
+        0) {
+      ddp::fsync_directory(parent);
+      ddp::remove_tree(staging, ec);
+      ddp::fsync_directory(parent);
+      return;
+    }
+  }
+  if (errno != EINVAL && errno != ENOSYS) {
+    throw Error(fmt::format("checkpoint: cannot move {} to {}: {}", staging, final_path,
+                            std::strerror(errno)));
+  }
+  // A file system without renameat2's flags (some network file systems).
+  const std::string old = staging + ".old";
+  if (fs::exists(final_path, ec) && ::rename(final_path.c_str(), old.c_str()) != 0) {
+    throw Error(
+        fmt::format("checkpoint: cannot move {} aside: {}", final_path, std::strerror(errno)));
+  }
+  if (::rename(staging.c_str(), final_path.c_str()) != 0) {
+    throw Error(fmt::format("checkpoint: cannot move {} to {}: {}", staging, final_path,
+                            std::strerror(errno)));
+  }
+  ddp::fsync_directory(parent);
+  ddp::remove_tree(old, ec);
 }
 
 std::optional<int64_t> step_of_name(const std::string& name) {
@@ -118,6 +173,15 @@ void remove_incomplete(const std::string& dir, std::optional<int64_t> below_step
     if (below_step && d.step >= *below_step) continue;
     if (!fs::exists(d.path + "/.metadata", ec)) ddp::remove_tree(d.path, ec);
   }
+  // Staging directories were never published, whatever they hold (a kill between the commit
+  // and the rename leaves a complete one: the checkpoint before it stays the newest).
+  std::vector<std::string> staging;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const auto step = step_of_staging_name(e.path().filename().string());
+    if (!step || (below_step && *step >= *below_step)) continue;
+    if (e.is_directory(ec) && !e.is_symlink(ec)) staging.push_back(e.path().string());
+  }
+  for (const auto& path : staging) ddp::remove_tree(path, ec);
 }
 
 void prune_complete(const std::string& dir, int keep) {

@@ -1,6 +1,11 @@
 #pragma once
 // The checkpoint directory: DIR/step-<8 digits>/ per checkpoint; which are complete; writing
 // a file so that a reader sees the old one or the whole new one, never a part.
+//
+// A save writes into its own staging directory (step-<8 digits>.saving-<save id>) and is
+// published whole, by one rename, once complete: a step saved twice (a resume at step N then a
+// save at N, a periodic and a preemption save of one step) replaces the first checkpoint in
+// one atomic exchange, so a kill at any moment leaves the first or the second, never a mix.
 
 #include <cstdint>
 #include <optional>
@@ -12,6 +17,13 @@
 namespace ddp::checkpoint {
 
 std::string step_dir(const std::string& dir, int64_t step);
+// Where save `save_id` (the same on every rank) of `step` is written before it is published.
+std::string staging_dir(const std::string& dir, int64_t step, int64_t save_id);
+// Publishes a complete staging directory as `final_path`, replacing a checkpoint already
+// there in one atomic exchange (renameat2 RENAME_EXCHANGE; on a file system without it, two
+// renames: a kill between them leaves that step absent, the older checkpoints intact), then
+// removes what it replaced and fsyncs the folder. Error naming the paths when it cannot.
+void publish(const std::string& staging, const std::string& final_path);
 // The step of a step-<digits> name, or nullopt.
 std::optional<int64_t> step_of_name(const std::string& name);
 
@@ -35,8 +47,9 @@ std::vector<StepDir> complete_step_dirs(const std::string& dir,
 // renames it to path and fsyncs the directory (ddp::write_file_atomically, the snapshots' own).
 void write_file_atomically(const std::string& path, const std::string& bytes);
 
-// Removes what a killed save left: step directories without .metadata. Called by rank 0 while
-// no save is in flight.
+// Removes what a killed save left: step directories without .metadata and staging
+// directories (published saves leave none). Called by rank 0 while no save is in flight, or
+// with `below_step` for the steps before one it just published.
 void remove_incomplete(const std::string& dir, std::optional<int64_t> below_step = std::nullopt);
 // Removes all but the newest `keep` complete checkpoints.
 void prune_complete(const std::string& dir, int keep);

@@ -102,15 +102,21 @@ bool Checkpointer::save(const TrainingProgress& progress, const torch::nn::Modul
   // .metadata may hold another run's shard reports) before any rank writes into it. Later saves
   // never meet such a directory: the previous save of this run completed or was waited for.
   const std::string path = checkpoint::step_dir(options_.dir_, progress.step);
+  // Every rank writes this save into the same staging directory: its id is agreed (a rank
+  // that replaced a lost one in place starts counting at 0; the others' count wins).
+  const int64_t save_id = world == 1 ? saves_ : max_over_ranks(*pg_, {saves_})[0];
+  saves_ = save_id + 1;
+  const std::string staging = checkpoint::staging_dir(options_.dir_, progress.step, save_id);
   if (!cleared_) {
     if (rank == 0) checkpoint::remove_incomplete(options_.dir_);
     pg_->barrier()->wait(pg_->timeout());
     cleared_ = true;
   }
-  auto write = [path, rank, world, items = std::move(items), options = options_]() {
-    checkpoint::write_shard(path, rank, items);
+  auto write = [path, staging, rank, world, items = std::move(items), options = options_]() {
+    checkpoint::write_shard(staging, rank, items);
     if (rank == 0) {
-      checkpoint::commit(path, world, options.timeout_);
+      checkpoint::commit(staging, world, options.timeout_);
+      checkpoint::publish(staging, path);
       checkpoint::remove_incomplete(options.dir_, /*below_step=*/checkpoint::step_of_name(
                                         fs::path(path).filename().string()));
       checkpoint::prune_complete(options.dir_, options.keep_);

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """kill -9 while background checkpoint writes are under way, 20 times: the newest complete
 checkpoint always loads whole (every parameter holds its step's value), and the directory a
-kill interrupted is never taken for a complete one.
+kill interrupted is never taken for a complete one. Every other run saves each step twice with
+different values and keeps one checkpoint (issue 49, finding 6): the second save of a step
+must replace the first whole or not at all.
 
 Usage: kill_during_write_test.py --tool PATH/checkpoint_stress [--runs 20]
 """
@@ -22,8 +24,8 @@ def newest_complete(d):
     return max(steps) if steps else None
 
 
-def one_run(tool, d, rng):
-    p = subprocess.Popen([tool, "save", d], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def one_run(tool, d, rng, mode):
+    p = subprocess.Popen([tool, mode, d], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
         while newest_complete(d) is None:  # kill only once a checkpoint exists
@@ -55,11 +57,13 @@ def main():
     for i in range(args.runs):
         d = tempfile.mkdtemp(prefix="ddp_kill_ckpt_")
         try:
-            interrupted, what = one_run(args.tool, d, rng)
+            mode = "save-twice" if i % 2 else "save"
+            interrupted, what = one_run(args.tool, d, rng, mode)
         finally:
             shutil.rmtree(d, ignore_errors=True)
         mid_write += interrupted
-        print(f"run {i}: {what}{' (a save was cut off)' if interrupted else ''}", flush=True)
+        print(f"run {i} ({mode}): {what}{' (a save was cut off)' if interrupted else ''}",
+              flush=True)
     # The kills must have hit writes, or the test proved nothing.
     if mid_write == 0:
         raise AssertionError("no kill landed during a write; the test exercised nothing")

@@ -155,6 +155,7 @@ class Checkpointer {
   std::unique_ptr<Staging> staging_;  // host copies, reused by each save
   std::future<void> in_flight_;
   bool cleared_ = false;  // leftovers of a killed job removed (first save)
+  int64_t saves_ = 0;     // the next save's id (its staging directory), agreed by the ranks
 };
 
 }  // namespace ddp
