@@ -221,6 +221,9 @@ class TcpStoreServer::Loop {
 
   // Replication (docs/store-protocol.md "Standby stores").
   std::atomic<bool> standby_{false};
+  // A standby without a token: the address of the first replication stream (its primary's);
+  // streams from any other address are refused (issue 49, finding 8). Loop thread only.
+  std::string replica_address_;
   std::unique_ptr<Replicator> replicator_;
   std::vector<std::string> replica_candidates_;  // the standbys after replicator_'s
   std::chrono::milliseconds replica_timeout_{TcpStoreServer::kDefaultReplicaTimeout};

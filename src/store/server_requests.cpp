@@ -106,6 +106,20 @@ void TcpStoreServer::Loop::handle_handshake(Connection& conn, Frame& frame) {
                        "takes no replication stream");
       return;
     }
+    if (conn.role == store_protocol::kReplicaRole && token_.empty()) {
+      // Without a token nothing proves who the primary is; the first stream's address is
+      // taken as its, so a stranger who reaches the port cannot replace the copy later.
+      if (replica_address_.empty()) replica_address_ = conn.address;
+      if (conn.address != replica_address_) {
+        refuse(fmt::format("a replication stream from {}, but this standby's primary is at {}",
+                           conn.address, replica_address_),
+               fmt::format("this standby takes its primary's replication stream only (from {}); "
+                           "without a store token it cannot tell another primary from a "
+                           "stranger: give the job a token (--rdzv-conf token_file=FILE)",
+                           replica_address_));
+        return;
+      }
+    }
     if (conn.role != store_protocol::kReplicaRole && conn.role != store_protocol::kAdminRole &&
         standby_.load()) {
       close_with_error(conn, frame.request_id, store_protocol::kErrorStandby,

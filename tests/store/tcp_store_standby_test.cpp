@@ -3,6 +3,8 @@
 // client whose store's host died goes on with the promoted standby, each write applied once.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -271,6 +273,43 @@ TEST(TcpStoreStandby, TheStandbyTakesTheStreamOnlyFromAReplicationConnectionWith
   writer.set("k", "v");
   EXPECT_EQ(primary->replica(), "");
   EXPECT_TRUE(standby->is_standby());
+}
+
+// A raw connection to 127.0.0.1:`port` from the loopback address `source` (127.0.0.0/8 is all
+// loopback): a second host's address without a second host.
+net::Socket raw_connect_from(const std::string& source, uint16_t port) {
+  net::Socket sock(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  ::inet_pton(AF_INET, source.c_str(), &from.sin_addr);
+  EXPECT_EQ(::bind(sock.fd(), reinterpret_cast<sockaddr*>(&from), sizeof(from)), 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  ::inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  EXPECT_EQ(::connect(sock.fd(), reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+  return sock;
+}
+
+// Issue 49, finding 8: a standby of a job without a token takes the replication stream only
+// from the address of its first one (its primary's): a stranger elsewhere on the network
+// cannot replace the copy a later failover serves.
+TEST(TcpStoreStandby, WithoutATokenOnlyTheFirstStreamsAddressMayReplicate) {
+  auto standby = start_standby();
+  auto primary = raw_connect_from("127.0.0.1", standby->port());
+  raw_send(primary, encode(Op::kHello, {store_protocol::kReplicaRole}));
+  ASSERT_EQ(raw_read_frame(primary).op, Op::kOk);
+  auto stranger = raw_connect_from("127.0.0.2", standby->port());
+  raw_send(stranger, encode(Op::kHello, {store_protocol::kReplicaRole}));
+  const auto refused = raw_read_frame(stranger);
+  ASSERT_EQ(refused.op, Op::kError);
+  ASSERT_FALSE(refused.fields.empty());
+  EXPECT_NE(refused.fields.back().find("give the job a token"), std::string::npos)
+      << refused.fields.back();
+  // The primary's address may connect again (a stream that broke and came back).
+  auto again = raw_connect_from("127.0.0.1", standby->port());
+  raw_send(again, encode(Op::kHello, {store_protocol::kReplicaRole}));
+  EXPECT_EQ(raw_read_frame(again).op, Op::kOk);
 }
 
 }  // namespace
