@@ -17,12 +17,17 @@
 #include "ddp/launcher/hang_report.hpp"
 #include "ddp/launcher/launch.hpp"
 #include "ddp/launcher/multi_node.hpp"
+#include "ddp/launcher/stack_tracer.hpp"
 #include "ddp/launcher/stacks_command.hpp"
 #include "ddp/util/error.hpp"
 
 int main(int argc, char** argv) {
   using namespace ddp::launcher;
   std::vector<std::string> args(argv + 1, argv + argc);
+  // The agent's stack tracer (stack_tracer.hpp): started by ddprun itself, not a user command.
+  if (!args.empty() && args[0] == StackTracer::kCommand) {
+    return run_stack_tracer_process({args.begin() + 1, args.end()});
+  }
   EnvLookup env = process_env();
   try {
     ParsedCommandLine parsed = parse_command_line(args, env);

@@ -20,6 +20,7 @@
 #include "ddp/launcher/run_directory.hpp"
 #include "ddp/launcher/signals.hpp"
 #include "ddp/launcher/stack_service.hpp"
+#include "ddp/launcher/stack_tracer.hpp"
 #include "ddp/launcher/stacks.hpp"
 #include "ddp/launcher/step_recovery.hpp"
 #include "ddp/launcher/torch_progress.hpp"
@@ -55,6 +56,15 @@ Diagnostics start_diagnostics(const AgentOptions& options, const RunDirectory& r
     if (exe.find('/') != std::string::npos) dirs.push_back(exe.substr(0, exe.rfind('/')));
   }
   d.tools = find_stack_tools(dirs);
+  if (!d.tools.py_spy.empty() || !d.tools.eu_stack.empty()) {
+    std::string why;
+    d.tools.tracer = StackTracer::start(d.tools, &why);
+    if (!d.tools.tracer) {
+      notice(options.notice_fd,
+             "the stack tracer process did not start (" + why +
+                 "); the stack tools run from the agent, and the workers let it trace them");
+    }
+  }
   if (options.serve_stacks) {
     try {
       StackServiceOptions so;

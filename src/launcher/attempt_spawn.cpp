@@ -13,6 +13,7 @@
 
 #include "ddp/launcher/run_directory.hpp"
 #include "ddp/launcher/stack_service.hpp"
+#include "ddp/launcher/stack_tracer.hpp"
 #include "ddp/launcher/torch_progress.hpp"
 #include "ddp/launcher/worker_env.hpp"
 #include "ddp/util/error.hpp"
@@ -163,6 +164,13 @@ std::unique_ptr<Worker> AttemptRunner::spawn_worker(const WorkerIdentity& id, in
     }
     if (!spec_.python_hook_dir.empty()) {
       add_torch_progress_env(so.env, spec_.python_hook_dir, attempt_dir_);
+    }
+    // Only the stack tracer's tools may ptrace the worker (the agent when it could not start
+    // one; nobody when there is no tool to run).
+    if (spec_.stack_tools.tracer) {
+      so.ptracer = spec_.stack_tools.tracer->pid();
+    } else if (spec_.stack_tools.py_spy.empty() && spec_.stack_tools.eu_stack.empty()) {
+      so.ptracer = -1;
     }
     SpawnedProcess p = spawn_process(so);
     w->pid = p.pid;

@@ -66,7 +66,7 @@ void write_str(int fd, const char* s) {
 }
 
 // Runs in the child between fork and exec: async-signal-safe calls only.
-[[noreturn]] void exec_child(pid_t parent, int pdeath_signal, int out_fd, int err_fd,
+[[noreturn]] void exec_child(pid_t parent, pid_t ptracer, int pdeath_signal, int out_fd, int err_fd,
                              char* const* argv, char* const* envp, const cpu_set_t* cpus) {
   ::setpgid(0, 0);
   if (pdeath_signal > 0) {
@@ -75,10 +75,10 @@ void write_str(int fd, const char* s) {
     if (::getppid() != parent) ::_exit(128 + pdeath_signal);
   }
   // Yama's ptrace_scope 1 lets only ancestors ptrace a process, or a tracer it declares and
-  // that tracer's descendants: declaring the launcher lets the stack tools it runs (py-spy,
-  // eu-stack: its children, the workers' siblings) read the workers' stacks. Kept across exec;
-  // EINVAL without Yama, ignored.
-  ::prctl(PR_SET_PTRACER, parent, 0, 0, 0);
+  // that tracer's descendants. ddprun's workers declare its stack tracer, whose children are
+  // the stack tools (py-spy, eu-stack), and not the agent: every descendant of the agent, the
+  // other workers included, could trace them then. Kept across exec; EINVAL without Yama.
+  if (ptracer >= 0) ::prctl(PR_SET_PTRACER, ptracer == 0 ? parent : ptracer, 0, 0, 0);
   ::dup2(out_fd, STDOUT_FILENO);
   ::dup2(err_fd, STDERR_FILENO);
   if (cpus != nullptr && ::sched_setaffinity(0, sizeof(cpu_set_t), cpus) != 0) {
@@ -132,8 +132,8 @@ SpawnedProcess spawn_process(const SpawnOptions& options) {
                             std::strerror(errno)));
   }
   if (pid == 0) {
-    exec_child(parent, options.pdeath_signal, out.write.get(), err.write.get(), argv.data(),
-               envp.data(), options.cpu_affinity.empty() ? nullptr : &cpus);
+    exec_child(parent, options.ptracer, options.pdeath_signal, out.write.get(), err.write.get(),
+               argv.data(), envp.data(), options.cpu_affinity.empty() ? nullptr : &cpus);
   }
   // Also set it here, so signals sent to -pid right after fork reach the child either way.
   ::setpgid(pid, pid);

@@ -1,5 +1,6 @@
 #include "ddp/launcher/stack_capture.hpp"
 
+#include "ddp/launcher/stack_tracer.hpp"
 #include "ddp/util/env.hpp"
 
 #include <fcntl.h>
@@ -341,7 +342,8 @@ std::string ptrace_restriction() {
   }
   if (scope == "1") {
     return "/proc/sys/kernel/yama/ptrace_scope is 1 (only a process's ancestors may ptrace it; "
-           "ddprun's agent declares itself the workers' tracer, so ask it with `ddprun stacks` "
+           "ddprun's stack tracer is the one process its workers let trace them, so ask it with "
+           "`ddprun stacks` "
            "rather than running py-spy yourself); run as root, or lower it: sysctl -w "
            "kernel.yama.ptrace_scope=0";
   }
@@ -351,6 +353,7 @@ std::string ptrace_restriction() {
 std::vector<RankStacks> capture_stacks(const std::vector<StackTarget>& targets,
                                        const std::string& host, const StackTools& tools,
                                        Clock::time_point deadline) {
+  if (tools.tracer) return tools.tracer->capture(targets, host, deadline);
   std::vector<Job> jobs(targets.size());
   for (size_t i = 0; i < targets.size(); ++i) {
     Job& job = jobs[i];

@@ -368,5 +368,37 @@ TEST_F(DdprunStacks, FailureReportShowsTheOthersStacks) {
   expect_no_survivors();
 }
 
+// Issue 49, finding 11: the stack tools run as children of ddprun's stack tracer, a process
+// outside the agent's tree that the workers declare as their tracer, not of the agent (whose
+// descendants, every worker included, could then trace every worker). A fake eu-stack writes
+// its parent's command line; the failure report runs it for the two running ranks.
+TEST_F(DdprunStacks, TheStackToolsRunAsChildrenOfTheStackTracer) {
+  const std::string tool = dir() + "/eu-stack";
+  const std::string parents = dir() + "/parents";
+  {
+    std::ofstream out(tool);
+    out << "#!/bin/sh\n"
+        // One write per line: the two tools run at once.
+        << "line=$(tr '\\0' ' ' </proc/$PPID/cmdline); echo \"$line\" >>" << parents << "\n"
+        << "echo \"PID $2 - process\"; echo \"TID $2:\"; echo \"#0  0x0 wait_here\"\n";
+  }
+  ::chmod(tool.c_str(), 0755);
+  const std::string ready = dir() + "/ready";
+  ::mkdir(ready.c_str(), 0755);
+  RunResult r =
+      run({"--nproc-per-node", "3", "--run-id", "tracer", "--no-python", worker(), "ready", ready,
+           "await-peers", ready, "fail-if-rank", "1", "3", "1", "sleep", "60"},
+          {{"DDPRUN_RUNTIME_DIR", runtime_dir()}, {"DDPRUN_EU_STACK", tool}}, 90);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("wait_here"), std::string::npos) << r.err;
+  const auto lines = lines_with(read_file(parents), "ddprun");
+  ASSERT_EQ(lines.size(), 2u) << read_file(parents) << r.err;
+  for (const auto& line : lines) {
+    EXPECT_NE(line.find(" __stack-tracer "), std::string::npos)
+        << "a stack tool's parent was not the stack tracer: " << line;
+  }
+  expect_no_survivors();
+}
+
 }  // namespace
 }  // namespace ddp::launcher::testing

@@ -47,6 +47,9 @@ struct SpawnOptions {
   // CPUs the process may run on (sched_setaffinity before exec; its threads inherit them);
   // empty: those of the launcher.
   std::vector<int> cpu_affinity;
+  // The process the child declares as its tracer (PR_SET_PTRACER, for Yama's ptrace_scope 1):
+  // 0 the launcher, -1 none, else that pid (ddprun's stack tracer: stack_tracer.hpp).
+  pid_t ptracer = 0;
 };
 
 struct SpawnedProcess {

@@ -25,12 +25,17 @@
 
 namespace ddp::launcher {
 
+class StackTracer;
+
 struct StackTools {
   std::string py_spy;    // "" when not found
   std::string eu_stack;  // "" when not found
   // The files that were checked, opened when they were found: what runs is that file (by
   // /proc/self/fd), whatever the path names by then (nullptr: none).
   std::shared_ptr<const UniqueFd> py_spy_file, eu_stack_file;
+  // The helper that runs the tools (ddprun's agent starts one: stack_tracer.hpp); null: the
+  // tools run as children of the caller.
+  std::shared_ptr<StackTracer> tracer;
 };
 
 // $DDPRUN_PY_SPY / $DDPRUN_EU_STACK when set, else the first `py-spy` / `eu-stack` in an
