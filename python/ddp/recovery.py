@@ -143,6 +143,10 @@ class StepManager:
         self._world = self.world_size  # what the comm hook divides by (the current generation's)
         self._hook_error = None
         model.register_comm_hook(self, StepManager._average_hook)
+        if recovery_enabled():
+            # ddprun restarts a lost rank alone only for a job whose loop a StepManager drives
+            # (nothing else would redo the survivors' step); otherwise the whole group.
+            _C._connect_job_store(timedelta(seconds=60)).add("ddp/recovery/step_managers", 1)
         self._heal_until_done()
 
     @property

@@ -244,6 +244,14 @@ AgentResult run_single_node(const AgentOptions& options) {
         break;
     }
     print_hang_report(options.notice_fd, run_dir, attempt);
+    if (step && step->group_restart()) {
+      // Workers that are not recovery-aware (step_recovery.hpp): a new group with a new store.
+      StepRecoveryOptions s = *options.step_recovery;
+      s.restarts_used = step->restarts() + 1;
+      step.reset();
+      step.emplace(s);
+      continue;
+    }
     if (restart < options.max_restarts && !step) {
       notice(options.notice_fd,
              fmt::format("{}; restarting the worker group (restart {} of {})",
@@ -476,9 +484,10 @@ AgentResult run_multi_node(const AgentOptions& options) {
                  "this node was declared lost and the job went on without it; exiting");
           return report_failure(options, attempt, step_restarts);
         }
-        if (step) {
+        if (step && !step->group_restart()) {
           // No restart left, or a second worker failed after another exited: as on one node,
-          // --recovery step does not fall back to a group restart. The job ends.
+          // --recovery step does not fall back to a group restart (unless no worker runs a
+          // StepManager: then below, as --recovery group). The job ends.
           m.shut_down(why);
           share_hang_report(options, m, run_dir, round.generation, attempt);
           return report_failure(options, attempt, step_restarts);

@@ -142,6 +142,22 @@ std::optional<int> StepRecovery::on_worker_failed(const WorkerFailure& failure) 
                     max_restarts_));
     return std::nullopt;
   }
+  bool recovery_aware = false;
+  try {
+    recovery_aware = recovery_notice::step_manager_announced(*store_);
+  } catch (const Error&) {
+    // The store is gone: no rank can be healed in place either.
+  }
+  if (!recovery_aware) {
+    group_restart_ = true;
+    say(fmt::format(
+        "ddprun: {}; no worker runs its training loop under a StepManager (ddp::StepManager, "
+        "ddp.StepManager), so nothing would redo the other workers' step: restarting the whole "
+        "group instead of rank {} alone, as --recovery group does (--recovery step needs a "
+        "StepManager in the training loop: docs/recovery.md)\n",
+        what, failure.global_rank));
+    return std::nullopt;
+  }
   const int64_t generation = recovery_notice::publish_lost_rank(*store_, failure.global_rank);
   ++restarts_;
   say(fmt::format(

@@ -177,6 +177,14 @@ int64_t read_finish_count(Store& store) {
   return store.add(finish_count_key(), 0);
 }
 
+void announce_step_manager(Store& store) {
+  store.add(std::string(kRecoveryPrefix) + "step_managers", 1);
+}
+
+bool step_manager_announced(Store& store) {
+  return store.add(std::string(kRecoveryPrefix) + "step_managers", 0) > 0;
+}
+
 std::vector<int> finished_slots(Store& store, const std::vector<int>& slots) {
   const int64_t newest = read_generation(store);
   std::vector<int> out;

@@ -57,6 +57,25 @@ TEST_F(DdprunFailure, FailureKillsTheGroupAndRestartsIt) {
   EXPECT_NE(r.err.find("rank 1 (local rank 1"), std::string::npos) << r.err;
 }
 
+// Issue 48: a program that is not recovery-aware under --recovery step (no worker announced a
+// StepManager in the job's store) gets its whole group restarted, with the reason, as
+// --recovery group would: restarting rank 1 alone left ranks 0 and 2 waiting in their
+// collective (here: a sleep of 60 s) for ever.
+TEST_F(DdprunFailure, RecoveryStepWithoutAStepManagerRestartsTheWholeGroup) {
+  RunResult r = run({"--nproc-per-node", "3", "--recovery", "step", "--max-restarts", "1", worker(),
+                     "env", "ready", dir(), "await-peers", dir(), "fail-if-rank", "1", "3", "1",
+                     "sleep-if-restart-below", "1", "60"},
+                    {}, 90);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count(r.out, "TORCHELASTIC_RESTART_COUNT=0 "), 3) << r.out;
+  EXPECT_EQ(count(r.out, "TORCHELASTIC_RESTART_COUNT=1 "), 3) << r.out;  // all three again
+  EXPECT_NE(r.err.find("no worker runs its training loop under a StepManager"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("restarting the whole group instead of rank 1 alone"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("restarting only rank 1"), std::string::npos) << r.err;
+}
+
 TEST_F(DdprunFailure, ExhaustedRestartsReportTheRootCause) {
   RunResult r = run({"--nproc-per-node", "2", "--max-restarts", "1", worker(), "stderr-lines", "50",
                      "error-file-if-rank", "1", "ValueError: bad batch 17", "fail-if-rank", "1",

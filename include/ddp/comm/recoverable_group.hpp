@@ -110,6 +110,9 @@ class RecoverableGroup {
   RecoverableGroup& operator=(const RecoverableGroup&) = delete;
 
   const ProcessGroupPtr& group() const { return group_; }
+  // The job's store (null where generations cannot change: no ddprun --recovery step and no
+  // options.store).
+  const std::shared_ptr<Store>& store() const { return store_; }
   int64_t generation() const { return generation_; }
   // This rank in the current generation's group, and its size (both may change at reform()
   // when a node was lost).

@@ -92,6 +92,11 @@ class StepRecovery {
   // AttemptSpec::replace_failed: with restarts left, publishes the loss of the failed rank and
   // returns the replacement's TORCHELASTIC_RESTART_COUNT; otherwise nullopt (the attempt then
   // fails and the agent reports it, without a group restart).
+  // When no worker of the job announced a StepManager (recovery_notice::step_manager_announced:
+  // a program that is not recovery-aware, or one that failed before its loop began), nothing
+  // would redo the survivors' step: with restarts left it returns nullopt with group_restart()
+  // true, saying why; the agent then restarts the whole group as --recovery group does (and
+  // charges that restart).
   // A worker whose rank left the job with its node (this node was declared lost while it
   // still ran) is not restarted either: removed_from_job() then says so.
   std::optional<int> on_worker_failed(const WorkerFailure& failure);
@@ -120,6 +125,8 @@ class StepRecovery {
   // This node's ranks were taken out of the job by another node's agent (a network split
   // healed, a frozen agent resumed): this agent must leave without ending the others' job.
   bool removed_from_job() const { return removed_from_job_; }
+  // The last failure asks for a restart of the whole group (on_worker_failed).
+  bool group_restart() const { return group_restart_; }
 
  private:
   void connect_to_serving_agent(TcpStoreOptions o, std::chrono::milliseconds request_timeout);
@@ -136,6 +143,7 @@ class StepRecovery {
   int notice_fd_;
   int restarts_;
   bool removed_from_job_ = false;
+  bool group_restart_ = false;
 };
 
 }  // namespace ddp::launcher

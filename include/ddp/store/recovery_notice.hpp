@@ -23,6 +23,11 @@
 //                     group again in the same process.
 //   finish_count      an add() counter, +1 for every finished/<r> written: a waiter reads the
 //                     slots' records only once it is above 0 (one round trip per poll).
+//   step_managers     an add() counter, +1 for every process whose training loop runs under a
+//                     StepManager (C++ or Python), which redoes a step a lost rank dropped.
+//                     The launcher restarts a lost rank alone only when it is above 0;
+//                     otherwise nothing would redo the survivors' step (they wait in their
+//                     collective) and it restarts the whole group instead.
 //
 // A rank's slot is the RANK it was launched with; it never changes. Its rank in generation g is
 // its index among the slots of g (members()): the launch's 0..W-1 minus every slot a "node:"
@@ -117,6 +122,11 @@ void clear_finished(Store& store, int slot);
 // How many finished/<r> records were ever written (0: none, so no slot finished). One round
 // trip, no wait.
 int64_t read_finish_count(Store& store);
+
+// A StepManager drives this process's training loop (step_managers above).
+void announce_step_manager(Store& store);
+// Whether any process of the job announced one. One round trip, no wait.
+bool step_manager_announced(Store& store);
 
 // The slots among `slots` whose process finished (publish_finished) and that no process will
 // take back: a record written at generation gw that no record of a generation in (gw, newest]

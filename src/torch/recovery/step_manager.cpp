@@ -56,6 +56,9 @@ void StepManager::attach(DistributedDataParallelBase& model, torch::optim::Optim
   model_ = &model;
   optimizer_ = &optimizer;
   zero_ = zero;
+  // ddprun restarts a lost rank alone only for a job whose loop a StepManager drives (nothing
+  // else would redo the survivors' step); otherwise the whole group.
+  if (group_.store()) recovery_notice::announce_step_manager(*group_.store());
   cuda_device_ = cuda_device_of(model.base_module());
   // This process starts with no trained state: at the job's start (every rank fresh) rank 0's
   // state goes everywhere, after a restart the survivors' does.
