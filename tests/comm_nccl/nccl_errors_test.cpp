@@ -16,22 +16,23 @@
 namespace ddp::test {
 namespace {
 
-constexpr std::chrono::milliseconds kTimeout{std::chrono::seconds(60)};
+constexpr std::chrono::milliseconds kErrorsTimeout{std::chrono::seconds(60)};
 
 TEST(NcclErrors, RankOutsideTheGroupIsAUsageError) {
   auto store = std::make_shared<HashStore>();
-  EXPECT_TRUE(throws_with<UsageError>([&] { make_nccl_process_group(store, 2, 2, 0, kTimeout); },
-                                      {"rank 2 and size 2", "0 <= rank < size"}));
+  EXPECT_TRUE(
+      throws_with<UsageError>([&] { make_nccl_process_group(store, 2, 2, 0, kErrorsTimeout); },
+                              {"rank 2 and size 2", "0 <= rank < size"}));
 }
 
 TEST(NcclErrors, NullStoreIsAUsageError) {
-  EXPECT_TRUE(throws_with<UsageError>([] { make_nccl_process_group(nullptr, 0, 1, 0, kTimeout); },
-                                      {"store is null"}));
+  EXPECT_TRUE(throws_with<UsageError>(
+      [] { make_nccl_process_group(nullptr, 0, 1, 0, kErrorsTimeout); }, {"store is null"}));
 }
 
 TEST(NcclErrors, MalformedWatchdogIntervalIsAUsageError) {
   ::setenv("DDP_NCCL_WATCHDOG_INTERVAL_MS", "0", 1);
-  const auto result = throws_with<UsageError>([] { NcclOptions::from_env(kTimeout); },
+  const auto result = throws_with<UsageError>([] { NcclOptions::from_env(kErrorsTimeout); },
                                               {"DDP_NCCL_WATCHDOG_INTERVAL_MS=0"});
   ::unsetenv("DDP_NCCL_WATCHDOG_INTERVAL_MS");
   EXPECT_TRUE(result);
@@ -39,18 +40,19 @@ TEST(NcclErrors, MalformedWatchdogIntervalIsAUsageError) {
 
 TEST(NcclErrors, BlockingWaitComesFromTheEnvironment) {
   ::setenv("DDP_NCCL_BLOCKING_WAIT", "1", 1);
-  const NcclOptions options = NcclOptions::from_env(kTimeout);
+  const NcclOptions options = NcclOptions::from_env(kErrorsTimeout);
   ::unsetenv("DDP_NCCL_BLOCKING_WAIT");
   EXPECT_TRUE(options.blocking_wait);
-  EXPECT_EQ(options.timeout, kTimeout);
-  EXPECT_FALSE(NcclOptions::from_env(kTimeout).blocking_wait);
+  EXPECT_EQ(options.timeout, kErrorsTimeout);
+  EXPECT_FALSE(NcclOptions::from_env(kErrorsTimeout).blocking_wait);
 }
 
 TEST(NcclErrors, NoVisibleGpuIsAUsageErrorNamingTheFix) {
   if (visible_gpus() > 0) GTEST_SKIP() << "a GPU is visible; this test covers machines without one";
   auto store = std::make_shared<HashStore>();
-  EXPECT_TRUE(throws_with<UsageError>([&] { make_nccl_process_group(store, 0, 1, 0, kTimeout); },
-                                      {"no CUDA device is visible", "cpu backend"}));
+  EXPECT_TRUE(
+      throws_with<UsageError>([&] { make_nccl_process_group(store, 0, 1, 0, kErrorsTimeout); },
+                              {"no CUDA device is visible", "cpu backend"}));
 }
 
 class NcclGpuErrors : public ::testing::Test {
@@ -62,13 +64,14 @@ class NcclGpuErrors : public ::testing::Test {
 
 TEST_F(NcclGpuErrors, InvisibleDeviceIsAUsageError) {
   auto store = std::make_shared<HashStore>();
-  EXPECT_TRUE(throws_with<UsageError>([&] { make_nccl_process_group(store, 0, 1, 99, kTimeout); },
-                                      {"device 99 is not visible"}));
+  EXPECT_TRUE(
+      throws_with<UsageError>([&] { make_nccl_process_group(store, 0, 1, 99, kErrorsTimeout); },
+                              {"device 99 is not visible"}));
 }
 
 TEST_F(NcclGpuErrors, HostMemoryIsAUsageError) {
   auto store = std::make_shared<HashStore>();
-  auto pg = make_nccl_process_group(store, 0, 1, 0, kTimeout);
+  auto pg = make_nccl_process_group(store, 0, 1, 0, kErrorsTimeout);
   float host[4] = {1, 2, 3, 4};
   EXPECT_TRUE(throws_with<UsageError>(
       [&] { pg->all_reduce(host, 4, DataType::kFloat32, ReduceOp::kSum); }, {"host memory"}));
@@ -101,7 +104,7 @@ TEST_F(NcclGpuErrors, WatchdogAbortsACollectiveAPeerNeverJoins) {
   DeviceBuffer buffer(DataType::kFloat32, 16);
   auto work = groups[0]->all_reduce(buffer.data(), 16, DataType::kFloat32, ReduceOp::kSum);
   EXPECT_TRUE(throws_with<CollectiveError>(
-      [&] { work->wait(kTimeout); },
+      [&] { work->wait(kErrorsTimeout); },
       {"rank 0 of 2", "all_reduce(sum, float32 x 16)", "sequence 1", "watchdog aborted"}));
   EXPECT_TRUE(throws_with<CollectiveError>(
       [&] { groups[0]->all_reduce(buffer.data(), 16, DataType::kFloat32, ReduceOp::kSum); },

@@ -90,9 +90,10 @@ class ProcessGroup {
   // later one fail with `cause` (a PeerLostError, not a TimeoutError) within a bound of about
   // 100 ms instead of the group timeout; the group stays unusable and is replaced by a new
   // generation (RecoverableGroup). Callable from any thread, idempotent (the first cause wins).
-  // Backends without it throw NotSupportedError. nccl would map it onto ncclCommAbort (its
-  // abort(reason)) and rethrow `cause` from the aborted works; a new communicator per
-  // generation comes from the unique-id exchange under the new generation's store prefix.
+  // Backends without it throw NotSupportedError. nccl maps it onto ncclCommAbort of its
+  // non-blocking communicator and rethrows `cause` from the aborted works and every later call;
+  // a new communicator per generation comes from the unique-id exchange under the new
+  // generation's store prefix (RecoverableGroup).
   virtual void notify_peer_lost(const PeerLostError& /*cause*/) {
     throw NotSupportedError("backend " + backend_name() + " does not support notify_peer_lost");
   }

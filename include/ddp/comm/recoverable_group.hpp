@@ -21,9 +21,10 @@
 //
 // Backends: cpu on one host polls the abort in its shared-memory waits; gloo's waits do not,
 // but end as soon as the dead peer's sockets close (NetworkError), before or after the notice.
-// Carrying this over to nccl: notify_peer_lost maps onto ncclCommAbort, and reform() creates
-// a new communicator, its unique id exchanged under the new generation's prefix, exactly as
-// here.
+// nccl: notify_peer_lost aborts its non-blocking communicator (ncclCommAbort returns at once)
+// and fails the pending works with the PeerLostError; reform() creates a new communicator, its
+// unique id exchanged under the new generation's prefix. Compiled everywhere; it runs only on a
+// machine with a GPU (tests/comm_nccl, skipped elsewhere), multi-GPU on none of this project's.
 //
 // Thread-safety: group(), reform() and generation() are for the training thread; stale() and
 // lost_rank() may be called from any thread.
@@ -69,7 +70,7 @@ class PeersFinishedError : public Error {
 };
 
 struct RecoverableGroupOptions {
-  std::string backend = "cpu";  // cpu (one host) or gloo
+  std::string backend = "cpu";  // cpu (one host), gloo, or nccl (the device of LOCAL_RANK)
   // Bounds forming a generation (every rank, the restarted one included, must join) and every
   // collective of the groups.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};

@@ -119,6 +119,19 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
     watchdog_->fail_all(message);
   }
 
+  // In-place recovery (RecoverableGroup's watcher): the communicator is aborted (it is
+  // non-blocking, so the abort returns at once) and every pending and later operation fails
+  // with `cause` itself, a PeerLostError, which StepManager takes for the announced loss.
+  void notify_peer_lost(const PeerLostError& cause) override {
+    {
+      std::lock_guard<std::mutex> guard(peer_lost_mutex_);
+      if (peer_lost_) return;  // the first cause wins
+      peer_lost_ = std::make_exception_ptr(cause);
+    }
+    abort_communicator(cause.what());
+    watchdog_->fail_all(peer_lost());
+  }
+
   WorkPtr all_reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
     const std::string what =
         fmt::format("all_reduce({}, {} x {})", to_string(op), to_string(dtype), count);
@@ -349,6 +362,7 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
   WorkPtr launch(const std::string& what, bool block_host, std::optional<CollectiveRecordInfo> info,
                  Body&& body) {
     std::lock_guard<std::mutex> guard(launch_mutex_);
+    if (const std::exception_ptr lost = peer_lost()) std::rethrow_exception(lost);
     communicator_->throw_if_aborting();
     DeviceGuard device(device_, rank_);
     auto state =
@@ -372,6 +386,11 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
   }
 
   void nccl(ncclResult_t result, const std::string& label) { communicator_->check(result, label); }
+
+  std::exception_ptr peer_lost() {
+    std::lock_guard<std::mutex> guard(peer_lost_mutex_);
+    return peer_lost_;
+  }
 
   // ncclGroupStart/End around `calls`; the group is closed even when a call throws.
   template <class Calls>
@@ -526,6 +545,8 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
   std::shared_ptr<FlightRecorder> recorder_;  // null: DDP_FLIGHT_RECORDER_ENTRIES=0
   uint64_t signals_seen_ = 0;
   std::atomic<bool> dumped_{false};
+  std::mutex peer_lost_mutex_;
+  std::exception_ptr peer_lost_;  // under peer_lost_mutex_: notify_peer_lost's cause
 };
 
 int visible_devices(int rank) {

@@ -52,6 +52,15 @@ void NcclWatchdog::fail_all(const std::string& reason) {
   }
 }
 
+void NcclWatchdog::fail_all(std::exception_ptr error) {
+  std::deque<CollectiveStatePtr> failing;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    failing.swap(pending_);
+  }
+  for (auto& state : failing) state->fail(error);
+}
+
 void NcclWatchdog::run() {
   // Events and NCCL calls belong to the group's device.
   cudaSetDevice(device_);

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -39,6 +40,8 @@ class NcclWatchdog {
 
   // Fails every pending collective with `reason` (the group was aborted).
   void fail_all(const std::string& reason);
+  // The same with the error itself (notify_peer_lost's PeerLostError).
+  void fail_all(std::exception_ptr error);
 
  private:
   void run();
