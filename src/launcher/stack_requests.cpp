@@ -150,8 +150,8 @@ bool StackRequestChannel::abandoned() {
   if (missing_since_ == kNotMissing) missing_since_ = now;
   if (now - missing_since_ < kAbandonedRequest) return false;
   warn(fmt::format(
-      "stack request {} was never posted (its asker stopped between taking the id and posting "
-      "it); serving the later ones",
+      "stack request {} is not in the store (its asker stopped before posting it, or stopped "
+      "waiting and removed it before this node answered); serving the later ones",
       next_));
   missing_since_ = kNotMissing;
   return true;

@@ -5,7 +5,8 @@
 // Keys under `prefix` (one per run and generation): `seq` hands out request ids (add); an asker
 // takes id N and sets `req/N` to "<its node rank> <milliseconds it waits>"; every other node
 // answers with `resp/N/<its node rank>` (encode_stacks). Requests are served in id order; an id
-// taken but never posted (its asker died in between) is passed over after kAbandonedRequest.
+// taken but never posted (its asker died in between), or removed by its asker before this node
+// answered (the asker's deadline passed), is passed over after kAbandonedRequest.
 // A node whose worker failed takes its id before it ends the round (reserve_request_id): a node
 // that sees the round end then knows a request is coming and answers it before it leaves
 // (drain). A reserved id that is not asked with is cancelled (req/N = "-1 0": passed over).

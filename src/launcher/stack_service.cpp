@@ -169,7 +169,7 @@ struct StackService::State {
   bool capturing = false;                // under mutex
   uint64_t captures_finished = 0;        // under mutex
   std::vector<RankStacks> last_capture;  // under mutex: the result of the last one
-  Clock::time_point last_capture_at;     // under mutex: when it finished
+  Clock::time_point last_capture_at;     // under mutex: when it finished (reset: workers changed)
   std::condition_variable capture_done;
 
   // Another node's request: answered with the last capture when it is younger than
@@ -480,6 +480,7 @@ StackService::~StackService() {
 void StackService::set_workers(std::vector<StackTarget> workers) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->workers = std::move(workers);
+  state_->last_capture_at = Clock::time_point{};  // the last capture was of other workers
 }
 
 std::vector<RankStacks> StackService::capture_local(Clock::time_point deadline) {
