@@ -16,6 +16,8 @@
 
 #include "ddp/util/error.hpp"
 
+extern char** environ;
+
 namespace ddp::launcher {
 
 UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
@@ -145,6 +147,25 @@ SpawnedProcess spawn_process(const SpawnOptions& options) {
   spawned.stdout_read = std::move(out.read);
   spawned.stderr_read = std::move(err.read);
   return spawned;
+}
+
+int spawn_with_default_signals(pid_t* pid, const std::string& path,
+                               const posix_spawn_file_actions_t* actions,
+                               const std::vector<std::string>& argv) {
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t empty, all;
+  sigemptyset(&empty);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attr, &empty);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const int rc = ::posix_spawn(pid, path.c_str(), actions, &attr, args.data(), environ);
+  posix_spawnattr_destroy(&attr);
+  return rc;
 }
 
 ExitStatus ExitStatus::from_wait_status(int status) {

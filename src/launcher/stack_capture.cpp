@@ -196,22 +196,8 @@ bool spawn_tool(Job& job, const std::vector<std::string>& argv, const UniqueFd* 
     posix_spawn_file_actions_adddup2(&actions, file->get(), file->get());
     exec_path = fmt::format("/proc/self/fd/{}", file->get());
   }
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  // ddprun blocks the signals it reads through signalfd; the tool must get default ones.
-  sigset_t empty, all;
-  sigemptyset(&empty);
-  sigfillset(&all);
-  posix_spawnattr_setsigmask(&attr, &empty);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const int rc =
-      ::posix_spawn(&job.child, exec_path.c_str(), &actions, &attr, args.data(), environ);
+  const int rc = spawn_with_default_signals(&job.child, exec_path, &actions, argv);
   posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
   ::close(out_pipe[1]);
   ::close(err_pipe[1]);
   if (rc != 0) {

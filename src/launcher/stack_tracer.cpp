@@ -18,8 +18,6 @@
 
 #include "ddp/util/error.hpp"
 
-extern char** environ;
-
 namespace ddp::launcher {
 
 namespace {
@@ -142,17 +140,6 @@ std::shared_ptr<StackTracer> StackTracer::start(const StackTools& tools, std::st
     if (fd >= 0) posix_spawn_file_actions_adddup2(&actions, fd, fd);
   }
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t empty, all;
-  sigemptyset(&empty);
-  sigfillset(&all);
-  posix_spawnattr_setsigmask(&attr, &empty);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
   // The helper forks once and its first process exits: it must not stay a child of this agent,
   // whose attempts end when it has no children left and which stops whatever it adopted. The
   // agent is a child subreaper; while it waits for that first process it is not, so the helper
@@ -162,9 +149,8 @@ std::shared_ptr<StackTracer> StackTracer::start(const StackTools& tools, std::st
   if (subreaper != 0) ::prctl(PR_SET_CHILD_SUBREAPER, 0);
   pid_t first = -1;
   // This executable (ddprun), whatever path started it.
-  const int rc = ::posix_spawn(&first, "/proc/self/exe", &actions, &attr, args.data(), environ);
+  const int rc = spawn_with_default_signals(&first, "/proc/self/exe", &actions, argv);
   posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
   theirs.reset();
   bool reaped = false;
   if (rc == 0) {

@@ -56,4 +56,12 @@ inline int visible_gpus() {
   return count;
 }
 
+// A test that needs a visible GPU: skipped, saying why, on a machine without one.
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (visible_gpus() == 0) GTEST_SKIP() << "no CUDA device visible: NCCL tests need a GPU";
+  }
+};
+
 }  // namespace ddp::test

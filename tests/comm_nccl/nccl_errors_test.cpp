@@ -55,12 +55,7 @@ TEST(NcclErrors, NoVisibleGpuIsAUsageErrorNamingTheFix) {
                               {"no CUDA device is visible", "cpu backend"}));
 }
 
-class NcclGpuErrors : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (visible_gpus() == 0) GTEST_SKIP() << "no CUDA device visible: NCCL tests need a GPU";
-  }
-};
+using NcclGpuErrors = GpuTest;
 
 TEST_F(NcclGpuErrors, InvisibleDeviceIsAUsageError) {
   auto store = std::make_shared<HashStore>();

@@ -41,12 +41,7 @@ size_t free_gpu_bytes() {
   return free;
 }
 
-class NcclRecovery : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (visible_gpus() == 0) GTEST_SKIP() << "no CUDA device visible: NCCL tests need a GPU";
-  }
-};
+using NcclRecovery = GpuTest;
 
 TEST_F(NcclRecovery, NotifyPeerLostFailsEveryLaterCallWithThePeerLostError) {
   auto store = std::make_shared<HashStore>();

@@ -434,6 +434,18 @@ bool ask_node0_as_node1(HashStore& store, const std::string& prefix, int64_t id,
   }
 }
 
+// Node 0 serves the requests after the id it read when its round thread started: asks until
+// one is answered (every one posted from then on is, in order). False after 20 tries.
+bool node0_serves(HashStore& store, const std::string& prefix) {
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    if (ask_node0_as_node1(store, prefix, store.add(prefix + "seq", 1),
+                           std::chrono::milliseconds(1000))) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // Issue 49, finding 5: an asker that took a request id and died before posting it no longer
 // stops the round's later requests. Node 0's service answers request 1 (node 1's, posted here
 // by hand as the service would), then passes over id 2, never posted, once id 3 exists and id
@@ -446,21 +458,10 @@ TEST_F(StacksWithTools, ARequestIdNeverPostedDoesNotStopTheLaterOnes) {
   auto store = std::make_shared<HashStore>();
   const std::string prefix = "ddprun_stacks/jam/0/";
   node0.join_round(store, 0, 0, 2);
-  auto ask = [&](int64_t id, std::chrono::milliseconds limit) {
-    return ask_node0_as_node1(*store, prefix, id, limit);
-  };
-  // Node 0 serves the requests after the id it read when its round thread started: ask until
-  // one is answered (every one posted from then on is, in order).
-  int64_t id = 0;
-  bool serving = false;
-  for (int attempt = 0; attempt < 20 && !serving; ++attempt) {
-    id = store->add(prefix + "seq", 1);
-    serving = ask(id, std::chrono::milliseconds(1000));
-  }
-  ASSERT_TRUE(serving) << "node 0 answered none of 20 requests";
-  store->add(prefix + "seq", 1);  // id + 1: its asker died before posting it
+  ASSERT_TRUE(node0_serves(*store, prefix)) << "node 0 answered none of 20 requests";
+  store->add(prefix + "seq", 1);  // the next id: its asker died before posting it
   const int64_t later = store->add(prefix + "seq", 1);
-  EXPECT_TRUE(ask(later, std::chrono::seconds(20)))
+  EXPECT_TRUE(ask_node0_as_node1(*store, prefix, later, std::chrono::seconds(20)))
       << "node 0 never answered request " << later << " behind the abandoned " << later - 1;
   node0.leave_round();
 }
@@ -477,12 +478,7 @@ TEST_F(StacksWithTools, ARequestReservedBeforeTheRoundEndedIsAnsweredBeforeLeavi
   auto store = std::make_shared<HashStore>();
   const std::string prefix = "ddprun_stacks/late/0/";
   node0.join_round(store, 0, 0, 2);
-  bool serving = false;
-  for (int attempt = 0; attempt < 20 && !serving; ++attempt) {
-    serving = ask_node0_as_node1(*store, prefix, store->add(prefix + "seq", 1),
-                                 std::chrono::milliseconds(1000));
-  }
-  ASSERT_TRUE(serving) << "node 0 answered none of 20 requests";
+  ASSERT_TRUE(node0_serves(*store, prefix)) << "node 0 answered none of 20 requests";
   const int64_t reserved = store->add(prefix + "seq", 1);  // node 1: reserve_request()
   std::thread leaving([&] { node0.leave_round(); });       // node 0 sees the round end
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -534,12 +530,7 @@ TEST_F(StacksWithTools, RequestsInALoopPauseTheWorkersAtMostOncePerInterval) {
   auto store = std::make_shared<HashStore>();
   const std::string prefix = "ddprun_stacks/loop/0/";
   node0.join_round(store, 0, 0, 2);
-  bool serving = false;
-  for (int attempt = 0; attempt < 20 && !serving; ++attempt) {
-    serving = ask_node0_as_node1(*store, prefix, store->add(prefix + "seq", 1),
-                                 std::chrono::milliseconds(1000));
-  }
-  ASSERT_TRUE(serving) << "node 0 answered none of 20 requests";
+  ASSERT_TRUE(node0_serves(*store, prefix)) << "node 0 answered none of 20 requests";
   const auto started = std::chrono::steady_clock::now();
   const int runs_before = count_lines(dir_ + "/runs");
   for (int i = 0; i < 8; ++i) {

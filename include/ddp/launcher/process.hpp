@@ -13,6 +13,7 @@
 // - The launcher must be single-threaded while it forks (only async-signal-safe calls run in
 //   the child, but the parent prepares everything before fork).
 
+#include <spawn.h>
 #include <sys/types.h>
 
 #include <string>
@@ -60,6 +61,13 @@ struct SpawnedProcess {
 
 // Throws ddp::Error (naming the program and errno) when pipes or fork fail.
 SpawnedProcess spawn_process(const SpawnOptions& options);
+
+// posix_spawn of `path` with `argv` and this process's environment, every signal unblocked and
+// at its default disposition in the child (ddprun blocks the signals it reads through a
+// signalfd; a helper it runs must not inherit that). Returns posix_spawn's error (0: started).
+int spawn_with_default_signals(pid_t* pid, const std::string& path,
+                               const posix_spawn_file_actions_t* actions,
+                               const std::vector<std::string>& argv);
 
 // How a process ended, decoded from a wait status.
 struct ExitStatus {
