@@ -57,16 +57,26 @@ std::vector<std::string> StackRequestChannel::ask(Clock::time_point deadline,
   for (int n = 0; n < nodes_; ++n) {
     if (n != me_) keys.push_back(fmt::format("{}resp/{}/{}", prefix_, id, n));
   }
-  while (!keys.empty()) {
-    serve_posted();
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) break;
-    try {
-      store_.wait(keys, std::min(left, slice));
-      break;
-    } catch (const TimeoutError&) {
+  try {
+    while (!keys.empty()) {
+      serve_posted();
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) break;
+      try {
+        store_.wait(keys, std::min(left, slice));
+        break;
+      } catch (const TimeoutError&) {
+      }
     }
+  } catch (const TimeoutError&) {
+    // A store call answered late (serving another node's request): this ask is lost; its
+    // request goes, so the other nodes leave no answers to it behind.
+    try {
+      store_.delete_key(fmt::format("{}req/{}", prefix_, id));
+    } catch (const Error&) {
+    }
+    throw;
   }
   // The request goes first: a node that answers from now on sees it gone and deletes its own
   // late answer (serve_request), so no key of this request outlives it.
@@ -124,20 +134,21 @@ bool StackRequestChannel::serve_request(std::chrono::milliseconds wait) {
       std::clamp<int64_t>(space == std::string::npos ? 5000 : std::atoll(value.c_str() + space + 1),
                           100, StackService::kMaxCapture.count());
   if (from == me_ || from < 0) return true;  // this node's own, or cancelled
+  // Only the store's errors end the round (they propagate); a capture or an encoding that
+  // fails loses this answer, not the service.
+  std::string encoded;
   try {
     // Answer a little before the asker stops waiting.
-    const auto stacks = capture_(Clock::now() + std::chrono::milliseconds(budget_ms * 8 / 10));
-    const std::string answer = fmt::format("{}resp/{}/{}", prefix_, next_, me_);
-    store_.set(answer, encode_stacks(stacks));
-    // The asker deletes its request when it stops waiting, then the answers it finds: one
-    // written after that would stay in the store for the round.
-    if (!store_.check({key})) store_.delete_key(answer);
-  } catch (const Error&) {
-    throw;  // the store: the round is over
+    encoded = encode_stacks(capture_(Clock::now() + std::chrono::milliseconds(budget_ms * 8 / 10)));
   } catch (const std::exception& e) {
-    // Anything else (an encoding, memory) loses this answer, not the service.
     warn(fmt::format("request {} from node rank {} failed: {}", next_, from, e.what()));
+    return true;
   }
+  const std::string answer = fmt::format("{}resp/{}/{}", prefix_, next_, me_);
+  store_.set(answer, encoded);
+  // The asker deletes its request when it stops waiting, then the answers it finds: one
+  // written after that would stay in the store for the round.
+  if (!store_.check({key})) store_.delete_key(answer);
   return true;
 }
 

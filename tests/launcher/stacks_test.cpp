@@ -24,11 +24,13 @@
 #include "ddp/launcher/stack_service.hpp"
 #include "ddp/launcher/stacks.hpp"
 #include "ddp/launcher/torch_progress.hpp"
-#include "ddp/store/hash_store.hpp"
 #include "ddp/util/error.hpp"
+#include "stacks_with_tools.hpp"
 
 namespace ddp::launcher {
 namespace {
+
+using testing::StacksWithTools;
 
 RankStacks python_rank(int rank, const std::string& top, int top_line) {
   RankStacks s;
@@ -260,35 +262,6 @@ TEST(RootCause, ATemporaryStacksFileIsNotNamed) {
   EXPECT_NE(text.find("every stack: " + r.stacks_file), std::string::npos) << text;
 }
 
-// A folder of the test's own, removed at the end; fake stack tools are written into it.
-class StacksWithTools : public ::testing::Test {
- protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/ddp-stacks-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    const char* old = std::getenv("DDPRUN_RUNTIME_DIR");
-    if (old) old_runtime_dir_ = old;
-    ::setenv("DDPRUN_RUNTIME_DIR", (dir_ + "/rt").c_str(), 1);
-  }
-  void TearDown() override {
-    if (old_runtime_dir_) {
-      ::setenv("DDPRUN_RUNTIME_DIR", old_runtime_dir_->c_str(), 1);
-    } else {
-      ::unsetenv("DDPRUN_RUNTIME_DIR");
-    }
-    (void)!::system(("rm -rf " + dir_).c_str());
-  }
-  std::string tool(const std::string& name, const std::string& script) {
-    const std::string path = dir_ + "/" + name;
-    std::ofstream(path) << "#!/bin/sh\n" << script << "\n";
-    ::chmod(path.c_str(), 0755);
-    return path;
-  }
-  std::string dir_;
-  std::optional<std::string> old_runtime_dir_;
-};
-
 // The tool printed a line and then hangs: the capture still ends at its deadline, kills the
 // tool and says so (a blocking pipe used to hold it until the tool exited, 60 s here).
 TEST_F(StacksWithTools, AToolThatPrintsThenHangsIsStoppedAtTheDeadline) {
@@ -419,153 +392,6 @@ TEST_F(StacksWithTools, OtherNodesWithoutAStoreAreCountedAndExplained) {
   EXPECT_EQ(answer["nodes"], 4);
   EXPECT_EQ(answer["answered"], nlohmann::json::array({0}));
   EXPECT_EQ(answer["notes"], nlohmann::json::array({"the other nodes cannot be asked: etcd"}));
-}
-
-// Posts request `id` to the round under `prefix` as node 1's service would; whether node 0
-// answered it within `limit`.
-bool ask_node0_as_node1(HashStore& store, const std::string& prefix, int64_t id,
-                        std::chrono::milliseconds limit) {
-  store.set(prefix + "req/" + std::to_string(id), "1 5000");  // "<asking node> <ms>"
-  try {
-    store.wait({prefix + "resp/" + std::to_string(id) + "/0"}, limit);
-    return true;
-  } catch (const TimeoutError&) {
-    return false;
-  }
-}
-
-// Node 0 serves the requests after the id it read when its round thread started: asks until
-// one is answered (every one posted from then on is, in order). False after 20 tries.
-bool node0_serves(HashStore& store, const std::string& prefix) {
-  for (int attempt = 0; attempt < 20; ++attempt) {
-    if (ask_node0_as_node1(store, prefix, store.add(prefix + "seq", 1),
-                           std::chrono::milliseconds(1000))) {
-      return true;
-    }
-  }
-  return false;
-}
-
-// Issue 49, finding 5: an asker that took a request id and died before posting it no longer
-// stops the round's later requests. Node 0's service answers request 1 (node 1's, posted here
-// by hand as the service would), then passes over id 2, never posted, once id 3 exists and id
-// 2 stayed missing for 2 s, and answers request 3. Before, it waited for request 2 forever.
-TEST_F(StacksWithTools, ARequestIdNeverPostedDoesNotStopTheLaterOnes) {
-  StackServiceOptions so;
-  so.run_id = "jam";
-  so.host = "node";
-  StackService node0(so);
-  auto store = std::make_shared<HashStore>();
-  const std::string prefix = "ddprun_stacks/jam/0/";
-  node0.join_round(store, 0, 0, 2);
-  ASSERT_TRUE(node0_serves(*store, prefix)) << "node 0 answered none of 20 requests";
-  store->add(prefix + "seq", 1);  // the next id: its asker died before posting it
-  const int64_t later = store->add(prefix + "seq", 1);
-  EXPECT_TRUE(ask_node0_as_node1(*store, prefix, later, std::chrono::seconds(20)))
-      << "node 0 never answered request " << later << " behind the abandoned " << later - 1;
-  node0.leave_round();
-}
-
-// The failing node takes its request id before it ends the round; a node that sees the round
-// end answers that request before it leaves, even when the request is posted after it began
-// to leave. A loaded CI run once had node 0 leave between answering its own report's question
-// and node 1's asking: node 1's report lacked node 0's ranks ("did not answer within 20 s").
-TEST_F(StacksWithTools, ARequestReservedBeforeTheRoundEndedIsAnsweredBeforeLeaving) {
-  StackServiceOptions so;
-  so.run_id = "late";
-  so.host = "node";
-  StackService node0(so);
-  auto store = std::make_shared<HashStore>();
-  const std::string prefix = "ddprun_stacks/late/0/";
-  node0.join_round(store, 0, 0, 2);
-  ASSERT_TRUE(node0_serves(*store, prefix)) << "node 0 answered none of 20 requests";
-  const int64_t reserved = store->add(prefix + "seq", 1);  // node 1: reserve_request()
-  std::thread leaving([&] { node0.leave_round(); });       // node 0 sees the round end
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  EXPECT_TRUE(ask_node0_as_node1(*store, prefix, reserved, std::chrono::seconds(10)))
-      << "node 0 left the round without answering the request reserved before it ended";
-  leaving.join();
-}
-
-// A reserved id that no report asked with is posted as cancelled when the round is left, so
-// the other nodes pass over it at once instead of waiting for it.
-TEST_F(StacksWithTools, AReservedIdNotAskedWithIsCancelledOnLeaving) {
-  StackServiceOptions so;
-  so.run_id = "cancel";
-  so.host = "node";
-  StackService node0(so);
-  auto store = std::make_shared<HashStore>();
-  const std::string prefix = "ddprun_stacks/cancel/0/";
-  node0.join_round(store, 0, 0, 2);
-  const int64_t before = store->add(prefix + "seq", 0);
-  node0.reserve_request();
-  EXPECT_EQ(store->add(prefix + "seq", 0), before + 1);
-  node0.leave_round();
-  const std::string key = prefix + "req/" + std::to_string(before + 1);
-  ASSERT_TRUE(store->check({key}));
-  EXPECT_EQ(store->get(key), "-1 0");
-}
-
-// Lines in the file at `path` (0 when it does not exist).
-int count_lines(const std::string& path) {
-  std::ifstream in(path);
-  int n = 0;
-  for (std::string line; std::getline(in, line);) ++n;
-  return n;
-}
-
-// Issue 49, finding 5: a token holder asking in a loop pauses a node's workers (each capture
-// ptrace-attaches) at most once per kRequestCaptureInterval: requests in between get the last
-// capture. Eight requests answered back to back run the tool about once per second, not 8 times.
-TEST_F(StacksWithTools, RequestsInALoopPauseTheWorkersAtMostOncePerInterval) {
-  StackServiceOptions so;
-  so.run_id = "loop";
-  so.host = "node";
-  so.tools.eu_stack = tool("eu-stack", "echo run >>" + dir_ +
-                                           "/runs\n"
-                                           "echo \"PID $2 - process\"; echo \"TID $2:\"; "
-                                           "echo \"#0  0x00007f38b2aed545 wait_here\"");
-  StackService node0(so);
-  node0.set_workers({{0, ::getpid()}});
-  auto store = std::make_shared<HashStore>();
-  const std::string prefix = "ddprun_stacks/loop/0/";
-  node0.join_round(store, 0, 0, 2);
-  ASSERT_TRUE(node0_serves(*store, prefix)) << "node 0 answered none of 20 requests";
-  const auto started = std::chrono::steady_clock::now();
-  const int runs_before = count_lines(dir_ + "/runs");
-  for (int i = 0; i < 8; ++i) {
-    ASSERT_TRUE(
-        ask_node0_as_node1(*store, prefix, store->add(prefix + "seq", 1), std::chrono::seconds(10)))
-        << "request " << i << " of the loop was not answered";
-  }
-  const double took_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  const int runs = count_lines(dir_ + "/runs") - runs_before;
-  EXPECT_LE(runs, 1 + static_cast<int>(took_s)) << "8 requests in " << took_s << " s";
-  node0.leave_round();
-}
-
-// Issue 49, finding 5: the keys of a request do not outlive it. Node 1 asks node 0 (both
-// services of this process, one store); afterwards only the round's id counter is left.
-TEST_F(StacksWithTools, ARequestLeavesNoKeysBehind) {
-  StackServiceOptions so;
-  so.run_id = "clean";
-  so.host = "node";
-  so.tools.eu_stack = tool("eu-stack",
-                           "echo \"PID $2 - process\"; echo \"TID $2:\"; "
-                           "echo \"#0  0x00007f38b2aed545 wait_here\"");
-  StackService node0(so), node1(so);
-  node0.set_workers({{0, ::getpid()}});
-  node1.set_workers({{1, ::getpid()}});
-  auto store = std::make_shared<HashStore>();
-  node0.join_round(store, 0, 0, 2);
-  node1.join_round(store, 0, 1, 2);
-  const auto got =
-      node1.capture_all_nodes(std::chrono::steady_clock::now() + std::chrono::seconds(10));
-  EXPECT_EQ(got.answered, (std::vector<int>{1, 0})) << ::testing::PrintToString(got.notes);
-  node0.leave_round();
-  node1.leave_round();
-  EXPECT_EQ(store->num_keys(), 1) << "only ddprun_stacks/clean/0/seq should be left";
 }
 
 RankProgress progress(int rank, int64_t completed, int64_t open_since_us) {
