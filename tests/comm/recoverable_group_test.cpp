@@ -523,10 +523,12 @@ TEST(RecoveryNotice, AFinishedSlotStaysFinishedUntilALaterRecordNamesIt) {
   EXPECT_THROW(recovery_notice::finished_slots(store, {5}), ProtocolError);
 }
 
-// Far beyond how long the refusal may take (a hang detector, not a timing check), and short of
-// the group timeout, which the replacement waited out before it knew of finished peers.
-constexpr auto kFastRefusal = std::chrono::seconds(5);
+// The replacement's group timeout, and a hang guard past it. The tests tell a refusal from a
+// replacement that waited out its group timeout by what it throws (PeersFinishedError naming
+// the finished ranks, or a TimeoutError naming the ranks that never joined), not by the clock:
+// a loaded CI run (TSan) once took longer than the 5 s this test allowed for the refusal.
 constexpr auto kLongGroupTimeout = std::chrono::seconds(20);
+constexpr auto kAnswerGuard = kLongGroupTimeout + std::chrono::seconds(30);
 
 // Ranks as threads, each with its own connections to a real TcpStore (as processes have).
 struct TcpJob {
@@ -576,7 +578,6 @@ TEST(RecoverableGroup, AReplacementWhosePeersFinishedRefusesAtOnce) {
   peers[0].reset();                     // ranks 0 and 2 finish
   peers[2].reset();
   EXPECT_EQ(recovery_notice::publish_lost_rank(*job.server, 1), 1);
-  const auto start = std::chrono::steady_clock::now();
   try {
     RecoverableGroup replacement(job.options(1, kLongGroupTimeout));
     FAIL() << "the replacement formed a generation without its finished peers";
@@ -588,7 +589,6 @@ TEST(RecoverableGroup, AReplacementWhosePeersFinishedRefusesAtOnce) {
         << what;
     EXPECT_NE(what.find("no live peer is left to heal it from"), std::string::npos) << what;
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, kFastRefusal);
 }
 
 // The same when the peers finish while the replacement already waits for them.
@@ -610,14 +610,12 @@ TEST(RecoverableGroup, AWaitingReplacementRefusesOnceItsPeersFinish) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   ASSERT_EQ(replacement.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
       << "the replacement did not wait for its peers: " << replacement.get();
-  const auto finished_at = std::chrono::steady_clock::now();
   peers[0].reset();  // they finish: their last step is done
   peers[2].reset();
-  ASSERT_EQ(replacement.wait_for(kFastRefusal), std::future_status::ready)
+  ASSERT_EQ(replacement.wait_for(kAnswerGuard), std::future_status::ready)
       << "the replacement still waits for its finished peers";
   const std::string what = replacement.get();
   EXPECT_NE(what.find("ranks 0 and 2 already finished"), std::string::npos) << what;
-  EXPECT_LT(std::chrono::steady_clock::now() - finished_at, kFastRefusal);
 }
 
 // A normal in-place recovery is not taken for finished peers: each rank formed its group a
