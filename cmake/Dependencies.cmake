@@ -1,5 +1,6 @@
 # Dependencies: Debian packages, and torch from the package index in a virtual environment
 # (scripts/install-deps.sh installs both).
+include(${CMAKE_CURRENT_LIST_DIR}/TorchIncludeLink.cmake)
 find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)
 find_package(spdlog REQUIRED)
@@ -92,6 +93,13 @@ if(DDP_WITH_TORCH)
   file(MAKE_DIRECTORY ${DDP_FMT_SHIM_DIR})
   file(CREATE_LINK ${ddp_fmt_include}/fmt ${DDP_FMT_SHIM_DIR}/fmt SYMBOLIC)
   include_directories(BEFORE SYSTEM ${DDP_FMT_SHIM_DIR})
+  # Every target includes LibTorch's headers through a link in the build folder, torch-include,
+  # instead of their place in some environment: ccache (CCACHE_BASEDIR, CMakeLists.txt) then
+  # sees the same command line in every build folder whichever environment holds the torch, so
+  # a build against another copy of the same torch (the pip test's `pip install` into a fresh
+  # venv, with build isolation) reuses this build's objects; the headers' contents still decide
+  # each hit. Before, that build compiled all of ddp's torch layer again (issue 47).
+  ddp_include_torch_through_link(${PROJECT_BINARY_DIR}/torch-include)
   # TorchConfig.cmake of CUDA builds adds c10_cuda (and the CUDA libraries) to
   # TORCH_CUDA_LIBRARIES; 2.x also imports the torch_cuda target. CPU builds have neither.
   if(TORCH_CUDA_LIBRARIES OR TARGET torch_cuda)

@@ -1,0 +1,38 @@
+# ddp_include_torch_through_link(LINK): makes LINK a symbolic link to LibTorch's include folder
+# and points the include directories of LibTorch's imported targets (from find_package(Torch))
+# through it. A compiler command line then names LINK, never the environment that holds torch.
+# Only this build's view of the imported targets changes: ddp's installed CMake package links
+# `torch` by name, and a consumer's find_package(Torch) gives its own paths.
+function(ddp_include_torch_through_link link)
+  file(REAL_PATH "${TORCH_INSTALL_PREFIX}/include" torch_include)
+  if(NOT IS_DIRECTORY "${torch_include}")
+    return()  # a LibTorch laid out otherwise keeps its paths
+  endif()
+  file(CREATE_LINK "${torch_include}" "${link}" SYMBOLIC)
+  foreach(target headeronly c10 torch_cpu torch c10_cuda torch_cuda)
+    if(NOT TARGET ${target})
+      continue()
+    endif()
+    foreach(property INTERFACE_INCLUDE_DIRECTORIES INTERFACE_SYSTEM_INCLUDE_DIRECTORIES)
+      get_target_property(dirs ${target} ${property})
+      if(NOT dirs)
+        continue()
+      endif()
+      set(linked)
+      foreach(dir IN LISTS dirs)
+        # Generator expressions and folders outside torch's include folder stay as they are.
+        if(NOT dir MATCHES "^\\$<" AND IS_DIRECTORY "${dir}")
+          file(REAL_PATH "${dir}" real)
+          string(FIND "${real}/" "${torch_include}/" at)
+          if(at EQUAL 0)
+            file(RELATIVE_PATH below "${torch_include}" "${real}")
+            set(dir "${link}/${below}")
+            string(REGEX REPLACE "/$" "" dir "${dir}")
+          endif()
+        endif()
+        list(APPEND linked "${dir}")
+      endforeach()
+      set_target_properties(${target} PROPERTIES ${property} "${linked}")
+    endforeach()
+  endforeach()
+endfunction()
