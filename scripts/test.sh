@@ -14,7 +14,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir="${DDP_BUILD_DIR:-build}"
 started=$SECONDS
-took() { echo "=== test.sh: $1 took $((SECONDS - $2)) s (total $((SECONDS - started)) s)"; }
+# The machine's busy CPU time so far, in seconds (/proc/stat: every core's user, nice, system,
+# irq and softirq time): each stage prints how much of the cores it kept busy, which says
+# whether a slow stage needs less work or more overlap (issue 47).
+busy_cpu_s() { awk -v hz="$(getconf CLK_TCK)" '/^cpu /{print int(($2 + $3 + $4 + $7 + $8) / hz)}' /proc/stat; }
+stage_cpu_start=$(busy_cpu_s)
+took() {
+  local busy now=$(busy_cpu_s) wall=$((SECONDS - $2))
+  busy=$((now - stage_cpu_start))
+  stage_cpu_start=$now
+  echo "=== test.sh: $1 took $wall s (total $((SECONDS - started)) s; the cores busy for $busy s of $((wall * $(nproc))) s)"
+}
 
 t=$SECONDS
 scripts/install-deps.sh test
