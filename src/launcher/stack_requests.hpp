@@ -34,7 +34,8 @@ class StackRequestChannel {
   static constexpr std::chrono::milliseconds kAbandonedRequest{2000};
 
   // Starts after the requests already posted (they were for earlier members of the round).
-  // Store errors propagate from every call: the round is over.
+  // Store errors propagate from every call; the caller (StackService's round thread) takes a
+  // TimeoutError for a late reply and tries again, any other for the end of the round.
   StackRequestChannel(Store& store, std::string prefix, int node_rank, int num_nodes,
                       Capture capture);
 
