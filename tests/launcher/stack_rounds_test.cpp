@@ -21,6 +21,15 @@ namespace {
 
 using testing::StacksWithTools;
 
+// A node of run `run_id` whose workers' stacks come from `eu_stack` ("": no tool).
+StackServiceOptions node_options(const std::string& run_id, const std::string& eu_stack = "") {
+  StackServiceOptions so;
+  so.run_id = run_id;
+  so.host = "node";
+  so.tools.eu_stack = eu_stack;
+  return so;
+}
+
 // Posts request `id` to the round under `prefix` as node 1's service would; whether node 0
 // answered it within `limit`.
 bool ask_node0_as_node1(HashStore& store, const std::string& prefix, int64_t id,
@@ -51,10 +60,7 @@ bool node0_serves(HashStore& store, const std::string& prefix) {
 // by hand as the service would), then passes over id 2, never posted, once id 3 exists and id
 // 2 stayed missing for 2 s, and answers request 3. Before, it waited for request 2 forever.
 TEST_F(StacksWithTools, ARequestIdNeverPostedDoesNotStopTheLaterOnes) {
-  StackServiceOptions so;
-  so.run_id = "jam";
-  so.host = "node";
-  StackService node0(so);
+  StackService node0(node_options("jam"));
   auto store = std::make_shared<HashStore>();
   const std::string prefix = "ddprun_stacks/jam/0/";
   node0.join_round(store, 0, 0, 2);
@@ -71,10 +77,7 @@ TEST_F(StacksWithTools, ARequestIdNeverPostedDoesNotStopTheLaterOnes) {
 // to leave. A loaded CI run once had node 0 leave between answering its own report's question
 // and node 1's asking: node 1's report lacked node 0's ranks ("did not answer within 20 s").
 TEST_F(StacksWithTools, ARequestReservedBeforeTheRoundEndedIsAnsweredBeforeLeaving) {
-  StackServiceOptions so;
-  so.run_id = "late";
-  so.host = "node";
-  StackService node0(so);
+  StackService node0(node_options("late"));
   auto store = std::make_shared<HashStore>();
   const std::string prefix = "ddprun_stacks/late/0/";
   node0.join_round(store, 0, 0, 2);
@@ -90,10 +93,7 @@ TEST_F(StacksWithTools, ARequestReservedBeforeTheRoundEndedIsAnsweredBeforeLeavi
 // A reserved id that no report asked with is posted as cancelled when the round is left, so
 // the other nodes pass over it at once instead of waiting for it.
 TEST_F(StacksWithTools, AReservedIdNotAskedWithIsCancelledOnLeaving) {
-  StackServiceOptions so;
-  so.run_id = "cancel";
-  so.host = "node";
-  StackService node0(so);
+  StackService node0(node_options("cancel"));
   auto store = std::make_shared<HashStore>();
   const std::string prefix = "ddprun_stacks/cancel/0/";
   node0.join_round(store, 0, 0, 2);
@@ -118,14 +118,7 @@ int count_lines(const std::string& path) {
 // ptrace-attaches) at most once per kRequestCaptureInterval: requests in between get the last
 // capture. Eight requests answered back to back run the tool about once per second, not 8 times.
 TEST_F(StacksWithTools, RequestsInALoopPauseTheWorkersAtMostOncePerInterval) {
-  StackServiceOptions so;
-  so.run_id = "loop";
-  so.host = "node";
-  so.tools.eu_stack = tool("eu-stack", "echo run >>" + dir_ +
-                                           "/runs\n"
-                                           "echo \"PID $2 - process\"; echo \"TID $2:\"; "
-                                           "echo \"#0  0x00007f38b2aed545 wait_here\"");
-  StackService node0(so);
+  StackService node0(node_options("loop", one_frame_eu_stack("echo run >>" + dir_ + "/runs\n")));
   node0.set_workers({{0, ::getpid()}});
   auto store = std::make_shared<HashStore>();
   const std::string prefix = "ddprun_stacks/loop/0/";
@@ -148,12 +141,7 @@ TEST_F(StacksWithTools, RequestsInALoopPauseTheWorkersAtMostOncePerInterval) {
 // Issue 49, finding 5: the keys of a request do not outlive it. Node 1 asks node 0 (both
 // services of this process, one store); afterwards only the round's id counter is left.
 TEST_F(StacksWithTools, ARequestLeavesNoKeysBehind) {
-  StackServiceOptions so;
-  so.run_id = "clean";
-  so.host = "node";
-  so.tools.eu_stack = tool("eu-stack",
-                           "echo \"PID $2 - process\"; echo \"TID $2:\"; "
-                           "echo \"#0  0x00007f38b2aed545 wait_here\"");
+  const StackServiceOptions so = node_options("clean", one_frame_eu_stack());
   StackService node0(so), node1(so);
   node0.set_workers({{0, ::getpid()}});
   node1.set_workers({{1, ::getpid()}});
@@ -226,24 +214,13 @@ class UnreliableStore : public Store {
   std::shared_ptr<Store> inner_;
 };
 
-// A node of run `run_id` whose workers' stacks come from the fake `eu_stack`.
-StackServiceOptions node_options(const std::string& run_id, const std::string& eu_stack) {
-  StackServiceOptions so;
-  so.run_id = run_id;
-  so.host = "node";
-  so.tools.eu_stack = eu_stack;
-  return so;
-}
-
 // A store call of node 1's round thread that times out (a loaded host: CI's ASan stage) costs
 // at most the request at hand, not the round. Before, it ended node 1's round thread without
 // a word, and every later `ddprun stacks` on node 1 had node 1's ranks only, with no note
 // (CI, DdprunStacks.NativeStacksOfTwoAgentsFold).
 TEST_F(StacksWithTools, AStoreCallAnsweredLateCostsTheRequestNotTheRound) {
-  const std::string eu = tool("eu-stack",
-                              "echo \"PID $2 - process\"; echo \"TID $2:\"; "
-                              "echo \"#0  0x00007f38b2aed545 wait_here\"");
-  StackService node0(node_options("late", eu)), node1(node_options("late", eu));
+  const std::string eu = one_frame_eu_stack();
+  StackService node0(node_options("slow", eu)), node1(node_options("slow", eu));
   node0.set_workers({{0, ::getpid()}});
   node1.set_workers({{1, ::getpid()}});
   auto store = std::make_shared<HashStore>();
@@ -266,9 +243,7 @@ TEST_F(StacksWithTools, AStoreCallAnsweredLateCostsTheRequestNotTheRound) {
 // When node 1 loses the store, a request names that at once and counts node 0 as not asked,
 // instead of answering with node 1's ranks and nothing said of node 0.
 TEST_F(StacksWithTools, ALostStoreIsNamedInTheAnswer) {
-  const std::string eu = tool("eu-stack",
-                              "echo \"PID $2 - process\"; echo \"TID $2:\"; "
-                              "echo \"#0  0x00007f38b2aed545 wait_here\"");
+  const std::string eu = one_frame_eu_stack();
   StackService node1(node_options("gone", eu));
   node1.set_workers({{1, ::getpid()}});
   auto node1_store = std::make_shared<UnreliableStore>(std::make_shared<HashStore>());

@@ -37,6 +37,13 @@ class StacksWithTools : public ::testing::Test {
     ::chmod(path.c_str(), 0755);
     return path;
   }
+  // A fake eu-stack that prints one frame, `wait_here`, for the pid it is given; `before`: shell
+  // lines it runs first.
+  std::string one_frame_eu_stack(const std::string& before = "") {
+    return tool("eu-stack", before +
+                                "echo \"PID $2 - process\"; echo \"TID $2:\"; "
+                                "echo \"#0  0x00007f38b2aed545 wait_here\"");
+  }
   std::string dir_;
   std::optional<std::string> old_runtime_dir_;
 };
