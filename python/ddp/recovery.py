@@ -1,4 +1,5 @@
-"""In-place recovery for PyTorch's DistributedDataParallel on the ddp backend.
+"""In-place recovery for PyTorch's DistributedDataParallel: on the ddp backend, and on
+PyTorch's own gloo and nccl (torch_generations.py).
 
 Under ``ddprun --recovery step`` a worker that dies is restarted alone; the survivors drop the
 step they were in, re-form the default process group in the same processes, hand the
@@ -38,6 +39,10 @@ What ddp does for it:
   and ``world_size`` follow the current generation: pick each step's data from those, as the
   default group's operations take ranks in those terms. A node that takes the lost one's place
   brings its ranks back.
+- PyTorch's backends (``init_process_group("gloo")``, ``"nccl"``, ``"cpu:gloo,cuda:nccl"``):
+  the same, except that a torch.distributed group of theirs cannot re-form, so each membership
+  generation gets a group of its own (``StepManager.group``), which the manager hands to DDP;
+  the default group keeps the launch's members (see torch_generations.py).
 - Healing: every rank, the restarted one included, takes parameters, buffers, optimizer state,
   the step counter and those generators' states from the rank with the most committed steps
   (the lowest such rank), by broadcasts over the group. So seed the generators the same on
@@ -85,14 +90,60 @@ def _env_rendezvous_over_job_store(url, timeout=timedelta(minutes=30), **kwargs)
     raise RuntimeError("Unable to perform re-rendezvous using env:// method")
 
 
-def _ddp_backend(group=None):
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    backend = pg._get_backend(torch.device("cpu"))
-    if not _C._recoverable(backend):
+class _DdpBackendGroups:
+    """The ddp backend's default group, which re-forms in place: one c10d object for every
+    generation (its backend a ddp RecoverableGroup). Same interface as
+    torch_generations.TorchGenerations, the groups of PyTorch's own backends."""
+
+    def __init__(self, default_group):
+        self.group = default_group
+        self._backend = default_group._get_backend(torch.device("cpu"))
+        if not _C._recoverable(self._backend):
+            raise RuntimeError(
+                "ddp.StepManager needs 'ddprun --recovery step' (the default group of the 'ddp' "
+                "backend re-forms only there)")
+
+    @property
+    def generation(self):
+        return _C._generation(self._backend)
+
+    @property
+    def rank(self):
+        return _C._group_rank(self._backend)
+
+    @property
+    def world_size(self):
+        return _C._group_size(self._backend)
+
+    def stale(self):
+        return _C._stale(self._backend)
+
+    def reform(self):
+        _C._reform(self._backend)
+
+    def loss(self):
+        return ""  # the failed collective's PeerLostError says it
+
+    # ddp's RecoverableGroup ends the collectives in flight itself at the notice.
+    def bound(self, future):
+        return future
+
+    def wait(self, work):
+        work.wait()
+
+
+def _step_groups(default_group):
+    """The groups StepManager runs on: the ddp backend's, or each generation's of PyTorch's
+    gloo and nccl (torch_generations.py)."""
+    if dist.get_backend(default_group) == "ddp":
+        return _DdpBackendGroups(default_group)
+    if not recovery_enabled():
         raise RuntimeError(
-            "ddp.StepManager needs the default process group of the 'ddp' backend under "
-            "'ddprun --recovery step' (init_process_group(\"ddp\") after import ddp)")
-    return backend
+            f"ddp.StepManager needs 'ddprun --recovery step' (this process was not started by "
+            f"it; backend {dist.get_backend(default_group)})")
+    from .torch_generations import TorchGenerations
+
+    return TorchGenerations(default_group)
 
 
 def _host_rng_states():
@@ -119,9 +170,11 @@ def _set_host_rng_states(states):
 class StepManager:
     """Runs training steps that survive the loss of a rank (see the module's docstring).
 
-    model: a torch.nn.parallel.DistributedDataParallel over the default 'ddp' group, made with
-        init_sync=False. optimizer: over its parameters. notice_wait: how long a failed
-        collective waits for ddprun's notice of a lost rank before it counts as an ordinary
+    model: a torch.nn.parallel.DistributedDataParallel over the default group, made with
+        init_sync=False: the 'ddp' backend, or PyTorch's 'gloo', 'nccl' or a mix of them
+        ("cpu:gloo,cuda:nccl"; then each generation gets a group of its own, ``group``).
+        optimizer: over its parameters. notice_wait: how long a failed collective waits for
+        ddprun's notice of a lost rank before it counts as an ordinary
         error (re-raised), in seconds; None: ddprun's DDP_RECOVERY_NOTICE_WAIT_MS (set on
         several nodes, long enough for a lost node's missed heartbeats), else 5.
     """
@@ -135,11 +188,14 @@ class StepManager:
         self.step = 0
         self.recoveries = 0  # re-forms of the group this process took part in
         self.dropped = 0  # attempts dropped because a rank was lost
-        self._backend = _ddp_backend()
-        if getattr(model, "process_group", None) is not dist.distributed_c10d._get_default_group():
+        default_group = dist.distributed_c10d._get_default_group()
+        if getattr(model, "process_group", None) is not default_group:
             raise RuntimeError(
                 "ddp.StepManager: the model must be a DistributedDataParallel over the default "
                 "process group (DistributedDataParallel(module, init_sync=False))")
+        self._groups = _step_groups(default_group)
+        # Where the heal's own small tensors live: nccl takes only the model's device's.
+        self._device = next(model.parameters()).device
         self._world = self.world_size  # what the comm hook divides by (the current generation's)
         self._hook_error = None
         model.register_comm_hook(self, StepManager._average_hook)
@@ -152,20 +208,28 @@ class StepManager:
     @property
     def generation(self):
         """The membership generation of the current group (0 until a rank is lost)."""
-        return _C._generation(self._backend)
+        return self._groups.generation
 
     @property
     def rank(self):
         """This rank in the current generation's group. Equal to ``slot`` until a node is lost:
         the survivors are then renumbered 0..world_size-1 in the order of their slots."""
-        return _C._group_rank(self._backend)
+        return self._groups.rank
 
     @property
     def world_size(self):
         """The number of ranks in the current generation (fewer than ``launch_world_size`` after
         a lost node). ``torch.distributed.get_world_size()`` keeps saying the launch's: a
         torch.distributed group's size is fixed for its lifetime."""
-        return _C._group_size(self._backend)
+        return self._groups.world_size
+
+    @property
+    def group(self):
+        """The torch.distributed group of the current generation, for the program's own
+        collectives in a step (ranks of this generation). On the 'ddp' backend it is the default
+        group, which re-forms in place; on PyTorch's backends a new group per generation (the
+        default group keeps the launch's members, and is broken once a rank was lost)."""
+        return self._groups.group
 
     @property
     def slot(self):
@@ -186,7 +250,7 @@ class StepManager:
     def _average_hook(self, bucket):
         buffer = bucket.buffer()
         try:
-            fut = dist.all_reduce(buffer, async_op=True).get_future()
+            fut = self._groups.bound(self._groups.group.allreduce([buffer]).get_future())
         except RuntimeError as e:
             self._hook_error = self._hook_error or e
             done = torch.futures.Future()
@@ -210,7 +274,7 @@ class StepManager:
         rank had committed this one), so fn must read ``step`` itself to pick its batch.
         Returns fn's loss of the committed attempt."""
         while True:
-            if _C._stale(self._backend):
+            if self._groups.stale():
                 self._recover()
             rng = torch.get_rng_state()
             host_rngs = _host_rng_states()
@@ -230,7 +294,7 @@ class StepManager:
                 raise error
             self.dropped += 1
             print(f"ddp.StepManager: rank {self.slot} dropped step {self.step} and "
-                  f"re-forms the group: {error}", file=sys.stderr, flush=True)
+                  f"re-forms the group: {self._why(error)}", file=sys.stderr, flush=True)
             torch.set_rng_state(rng)
             _set_host_rng_states(host_rngs)
             self.optimizer.zero_grad(set_to_none=False)
@@ -240,14 +304,20 @@ class StepManager:
         # A collective that failed because a peer died fails before or after ddprun's notice
         # (the peer's sockets close first): wait a little for the notice.
         deadline = time.monotonic() + self.notice_wait
-        while not _C._stale(self._backend):
+        while not self._groups.stale():
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.02)
         return True
 
+    def _why(self, error):
+        """The failed collective's error, led by ddprun's notice of the loss where the error does
+        not say it (PyTorch's backends only see a closed connection)."""
+        loss = self._groups.loss()
+        return f"{loss}; the failed collective: {error}" if loss else str(error)
+
     def _recover(self):
-        _C._reform(self._backend)
+        self._groups.reform()
         self.recoveries += 1
         self._heal_until_done()
 
@@ -262,8 +332,8 @@ class StepManager:
                 if not self._lost_peer():
                     raise
                 print(f"ddp.StepManager: rank {self.slot} lost a peer while healing and "
-                      f"re-forms the group: {e}", file=sys.stderr, flush=True)
-            _C._reform(self._backend)
+                      f"re-forms the group: {self._why(e)}", file=sys.stderr, flush=True)
+            self._groups.reform()
             self.recoveries += 1
 
     def _same_buckets(self):
@@ -274,7 +344,7 @@ class StepManager:
         # sizes match). So on every rank, at the start and at every heal, DDP rebuilds its
         # buckets now, in parameter order, rank 0's layout broadcast (a collective), and never
         # again: every rank, and every run, sums in the same layout.
-        self.model._update_process_group(dist.distributed_c10d._get_default_group())
+        self.model._update_process_group(self._groups.group)
         self.model.reducer._push_all_rebuilt_params()
         self.model.reducer._rebuild_buckets()
 
@@ -285,19 +355,20 @@ class StepManager:
         generation's (collectives on the default group take them; a lost node renumbers)."""
         self._same_buckets()
         rank, self._world = self.rank, self.world_size
-        key = torch.tensor([self.step * self._world + (self._world - 1 - rank)], dtype=torch.int64)
-        dist.all_reduce(key, op=dist.ReduceOp.MAX)
+        key = torch.tensor([self.step * self._world + (self._world - 1 - rank)], dtype=torch.int64,
+                           device=self._device)
+        self._all_reduce_max(key)
         src = self._world - 1 - int(key.item()) % self._world
         self.step = int(key.item()) // self._world
         with torch.no_grad():
             for t in self.model.module.state_dict(keep_vars=True).values():
-                dist.broadcast(t.data if t.requires_grad else t, src)
+                self._broadcast(t.data if t.requires_grad else t, src)
         state = self._broadcast_object(self.optimizer.state_dict() if rank == src else None, src)
         if rank != src:
             self.optimizer.load_state_dict(state)
-        rng = torch.get_rng_state()
-        dist.broadcast(rng, src)
-        torch.set_rng_state(rng)
+        rng = torch.get_rng_state().to(self._device)
+        self._broadcast(rng, src)
+        torch.set_rng_state(rng.cpu())
         _set_host_rng_states(self._broadcast_object(_host_rng_states() if rank == src else None,
                                                     src))
 
@@ -307,11 +378,25 @@ class StepManager:
         that function tells the source by torch.distributed.get_rank(), the launch's rank)."""
         if self.rank == src:
             payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-            size = torch.tensor([payload.numel()], dtype=torch.int64)
+            payload = payload.to(self._device)
+            size = torch.tensor([payload.numel()], dtype=torch.int64, device=self._device)
         else:
-            size = torch.zeros(1, dtype=torch.int64)
-        dist.broadcast(size, src)
+            size = torch.zeros(1, dtype=torch.int64, device=self._device)
+        self._broadcast(size, src)
         if self.rank != src:
-            payload = torch.empty(int(size.item()), dtype=torch.uint8)
-        dist.broadcast(payload, src)
-        return obj if self.rank == src else pickle.loads(tensor_bytes(payload))
+            payload = torch.empty(int(size.item()), dtype=torch.uint8, device=self._device)
+        self._broadcast(payload, src)
+        return obj if self.rank == src else pickle.loads(tensor_bytes(payload.cpu()))
+
+    # The heal's collectives, on the current generation's group in its ranks (the group's own
+    # calls: torch.distributed's functions take global ranks, and on PyTorch's backends that
+    # group is not one of torch.distributed's registered groups).
+    def _broadcast(self, tensor, src):
+        options = dist.BroadcastOptions()
+        options.rootRank = src
+        self._groups.wait(self._groups.group.broadcast([tensor], options))
+
+    def _all_reduce_max(self, tensor):
+        options = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp.MAX
+        self._groups.wait(self._groups.group.allreduce([tensor], options))

@@ -8,6 +8,7 @@
 #include "ddp/util/error.hpp"
 #include "job_store.hpp"
 #include "process_group_ddp.hpp"
+#include "recovery_membership.hpp"
 #include "work_ddp.hpp"
 
 namespace py = pybind11;
@@ -73,6 +74,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       [](const c10::intrusive_ptr<ddp::python::ProcessGroupBase>& b) { ddp_backend(b).reform(); },
       py::call_guard<py::gil_scoped_release>(),
       "Joins the newest membership generation (collective; blocks up to the group timeout).");
+  ddp::python::bind_recovery_membership(m);
   m.def(
       "_quiesce_for_exit",
       [](double limit_s) {

@@ -156,6 +156,7 @@ RecoverableGroup::~RecoverableGroup() {
     stop_ = true;
   }
   cv_.notify_all();
+  announced_cv_.notify_all();
   if (watcher_.joinable()) watcher_.join();
   // Unwinding: this process is failing, and ddprun may restart its slot (that restart's record
   // would make the finish stale anyway); the others keep waiting for it as before.
@@ -246,6 +247,7 @@ void RecoverableGroup::watch_loop() {
     if (g <= announced_.load()) continue;
     lost_ = lost;
     announced_.store(g, std::memory_order_release);
+    announced_cv_.notify_all();
     // The group of an older generation gives up its collective in flight now.
     if (current_) current_->notify_peer_lost(lost_error(g, lost));
   }
@@ -286,18 +288,29 @@ ProcessGroupPtr RecoverableGroup::form(int64_t generation) {
     for (int i = 0; i < initial_world_size_; ++i) all[static_cast<size_t>(i)] = i;
     await_members(generation, all);
   }
-  InitOptions init;
-  init.backend = options_.backend;
-  init.timeout = options_.timeout;
-  init.rank = rank;
-  init.world_size = world_size;
-  init.store = connect_ ? connect_() : store_;
-  init.group_name = fmt::format("{}/g{}", options_.group_name, generation);
-  ProcessGroupPtr group = init_process_group(init);
+  ProcessGroupPtr group;
+  if (!options_.membership_only) {
+    InitOptions init;
+    init.backend = options_.backend;
+    init.timeout = options_.timeout;
+    init.rank = rank;
+    init.world_size = world_size;
+    init.store = connect_ ? connect_() : store_;
+    init.group_name = fmt::format("{}/g{}", options_.group_name, generation);
+    group = init_process_group(init);
+  }
   rank_ = rank;
   world_size_ = world_size;
   if (!first_generation_) first_generation_ = generation;
   return group;
+}
+
+bool RecoverableGroup::wait_announced_after(int64_t generation,
+                                            std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return announced_cv_.wait_for(lock, timeout, [&] {
+    return stop_ || announced_.load(std::memory_order_acquire) > generation;
+  }) && announced_.load() > generation;
 }
 
 void RecoverableGroup::await_members(int64_t generation, const std::vector<int>& slots) {
@@ -401,7 +414,9 @@ const ProcessGroupPtr& RecoverableGroup::reform() {
     std::lock_guard<std::mutex> lock(mutex_);
     current_ = group_;
     if (announced_.load() < g) announced_.store(g);
-    if (announced_.load() > g) current_->notify_peer_lost(lost_error(announced_.load(), lost_));
+    if (announced_.load() > g && current_) {
+      current_->notify_peer_lost(lost_error(announced_.load(), lost_));
+    }
     return group_;
   }
 }

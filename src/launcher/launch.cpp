@@ -146,6 +146,12 @@ int launch(const LaunchOptions& options, const EnvLookup& env) {
     step.notice_fd = a.notice_fd;
     a.step_recovery = step;
     set_env_entry(a.base_env, kRecoveryEnvVar, "step");
+    // PyTorch's gloo connects every pair of ranks in init_process_group; a replacement's
+    // peers re-formed long ago and never answer there (ddp.StepManager gives each generation a
+    // group of its own: python/ddp/torch_generations.py). Lazily, a group connects when used.
+    bool lazy_set = false;
+    for (const auto& entry : a.base_env) lazy_set |= entry.rfind("TORCH_GLOO_LAZY_INIT=", 0) == 0;
+    if (!lazy_set) set_env_entry(a.base_env, "TORCH_GLOO_LAZY_INIT", "1");
   }
 
   std::unique_ptr<Membership> membership;

@@ -1,8 +1,8 @@
 """The Python twin of tests/torch/recovery/recovery_worker.cpp: PyTorch's DDP on the ddp backend
-under ddprun --recovery step, trained with ddp.StepManager (a small MLP with dropout, Adam,
-synthetic data that is a pure function of the step, augmented with draws from Python's and
-NumPy's global generators), with the same fault injection and the same
-outputs, so tests/torch/recovery/recovery_test.py checks both.
+(DDP_TEST_BACKEND=gloo: on PyTorch's gloo) under ddprun --recovery step, trained with
+ddp.StepManager (a small MLP with dropout, Adam, synthetic data that is a pure function of the
+step, augmented with draws from Python's and NumPy's global generators), with the same fault
+injection and the same outputs, so tests/torch/recovery/recovery_test.py checks both.
 
   recovery_worker.py --steps N --out DIR
 
@@ -14,6 +14,9 @@ with momentum instead of Adam; DDP_TEST_STEP_SLEEP_MS=T: sleep T ms after each c
 DDP_TEST_KILL_AT_STEP=S, DDP_TEST_KILL_RANK=R, DDP_TEST_KILL_PHASE=forward|backward|between:
 rank R of the first incarnation SIGKILLs itself at step S (lists: several failures);
 DDP_TEST_KILL_IN_HEAL=1: the first replacement dies after joining, before it is healed.
+DDP_TEST_KILL_SILENT=1: a rank about to die at step S first forks a child that keeps its
+sockets open until a survivor committed step S + 2 (at most 120 s): its peers' connections do
+not close, as with a lost host's, so only ddprun's notice can end their collective in flight.
 DDP_TEST_KILL_NODE_AT_STEP=S: after step S the worker SIGKILLs its agent (its node's other
 workers die with it) and itself. DDP_TEST_QUICK_EXIT=1: after its outputs the worker ends with
 os._exit(0), without destroying its process group (ddprun's agent records its finish).
@@ -61,6 +64,28 @@ def batch_for(step, rank, world, launch_world):
     return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
 
 
+def keep_sockets_open(commits_path, step):
+    """Forks a child that holds this process's descriptors (its group's sockets) until
+    `commits_path` (a survivor's) records step `step` (they went on without this rank) or 120 s
+    passed, with its standard streams on /dev/null (ddprun's output pipes must not wait for it).
+    """
+    if os.fork() != 0:
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with open(commits_path) as f:
+                if any(int(line.split()[1]) >= step for line in f if line.strip()):
+                    break
+        except OSError:
+            pass
+        time.sleep(0.1)
+    os._exit(0)
+
+
 def ints(text):
     return [int(v) for v in text.split(",")] if text else []
 
@@ -71,7 +96,7 @@ def main():
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
 
-    dist.init_process_group("ddp")
+    dist.init_process_group(os.environ.get("DDP_TEST_BACKEND", "ddp"))
     torch.set_num_threads(1)
     slot = dist.get_rank()  # the launch rank: names the files and the kill orders
     torch.manual_seed(0)
@@ -96,6 +121,9 @@ def main():
             return
         for s, r in zip(kill_steps, kill_ranks):
             if slot == r and steps.step == s:
+                if os.environ.get("DDP_TEST_KILL_SILENT") == "1":
+                    survivor = 0 if slot != 0 else 1
+                    keep_sockets_open(os.path.join(args.out, f"rank{survivor}.commits"), s + 2)
                 os.kill(os.getpid(), signal.SIGKILL)
 
     def forward():

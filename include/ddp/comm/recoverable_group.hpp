@@ -92,6 +92,11 @@ struct RecoverableGroupOptions {
   // client from the environment, or `store` itself when `store` was given.
   std::shared_ptr<Store> watch_store;
   std::string group_name = "recovery";
+  // The caller forms each generation's group itself (ddp.StepManager on PyTorch's gloo and
+  // nccl, python/ddp/torch_generations.py): group() stays null and no process group of ddp's is
+  // made. Everything else is the same: the watcher and stale(), the membership of every
+  // generation (rank(), world_size()) and reform()'s wait until every member arrived at it.
+  bool membership_only = false;
 };
 
 class RecoverableGroup {
@@ -125,8 +130,14 @@ class RecoverableGroup {
   // slots are 0 .. this - 1; a node that grew the job later added slots from this on.
   int launch_world_size() const { return initial_world_size_; }
 
+  // The newest generation the watcher saw announced (generation() until a loss).
+  int64_t announced_generation() const { return announced_.load(std::memory_order_acquire); }
   // Whether a newer generation than group()'s was announced. No store round trip.
   bool stale() const { return announced_.load(std::memory_order_acquire) > generation_; }
+  // Blocks until the watcher saw a generation newer than `generation` (true) or `timeout`
+  // passed (false). For a thread that must act on a loss at once, e.g. abort a group the
+  // caller formed itself (membership_only), whose collectives this object cannot end.
+  bool wait_announced_after(int64_t generation, std::chrono::milliseconds timeout) const;
 
   // The rank slot whose loss opened the newest generation seen (nullopt before any loss).
   std::optional<int> lost_rank() const;
@@ -135,7 +146,8 @@ class RecoverableGroup {
   std::string loss_description() const;
 
   // Aborts the current group (if the watcher has not yet), destroys it and joins the newest
-  // generation. Collective over the live ranks and the restarted one. Returns the new group.
+  // generation. Collective over the live ranks and the restarted one. Returns the new group
+  // (null with membership_only).
   // Throws RemovedFromJobError when this rank's slot left the job (its node was declared lost
   // while this process still ran, e.g. a network split).
   const ProcessGroupPtr& reform();
@@ -175,6 +187,7 @@ class RecoverableGroup {
   Loss lost_;
   ProcessGroupPtr current_;
   std::condition_variable cv_;
+  mutable std::condition_variable announced_cv_;  // notified when announced_ grows
   bool stop_ = false;
   bool store_unreachable_ = false;  // the watcher's last read failed (warned once)
   std::thread watcher_;

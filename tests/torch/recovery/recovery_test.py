@@ -274,7 +274,8 @@ def lost_node(ddprun, worker, tmp):
     if "restarting the worker group" in err0 or timeouts:
         fail(f"{what}: a group restart or a timeout\n{err}")
     expect_reports(out, 2, STEPS, 1, what, err)
-    if EXTRA_ENV and "both the owner and the replica" in err0:
+    zero = "DDP_TEST_OPTIMIZER" in EXTRA_ENV
+    if zero and "both the owner and the replica" in err0:
         fail(f"{what}: ZeRO lost a shard's optimizer state with the node (its replica must live "
              f"on the other node)\n{err}")
     for slot in range(2):
@@ -291,7 +292,7 @@ def lost_node(ddprun, worker, tmp):
         expected = [4] * LOST_NODE_KILL_STEP + [2] * (STEPS - LOST_NODE_KILL_STEP)
         rolled = [4] * (LOST_NODE_KILL_STEP - 1) + [2] * (STEPS - LOST_NODE_KILL_STEP + 1)
         cut = f"rank {slot}: step {LOST_NODE_KILL_STEP - 1} cut in the optimizer step"
-        if worlds != expected and not (EXTRA_ENV and worlds == rolled and cut in err0):
+        if worlds != expected and not (zero and worlds == rolled and cut in err0):
             fail(f"{what}: rank {slot}'s world sizes per step {worlds}\n{err}")
     drift = expect_equal_params_near(out, 2, reference[0], what, err)
     print(f"ok: {what}: node 0 exits 0, ranks 0-1 went on at world size 2 from step "
@@ -902,6 +903,29 @@ def killed_after_last_step(ddprun, worker, tmp, quick_exit=False):
     print(f"ok: {what}: exit {p.returncode} after {took:.1f} s; {how}")
 
 
+def silent_peer(ddprun, worker, tmp, reference):
+    """PyTorch's gloo: a killed rank whose sockets stay open (a child holds them, as a lost
+    host's stay open for its peers) ends no collective by a closed connection: the survivors'
+    waits must end at ddprun's notice (the message StepManager fails them with), and the job
+    must end as without the failure."""
+    what = "silent peer (rank 1 killed at step 7, its sockets kept open)"
+    out = os.path.join(tmp, "silent_peer")
+    os.makedirs(out)
+    p = run(ddprun, worker, out, "step", {
+        "DDP_TEST_KILL_AT_STEP": "7", "DDP_TEST_KILL_RANK": "1",
+        "DDP_TEST_KILL_PHASE": "backward", "DDP_TEST_KILL_SILENT": "1"})
+    if p.returncode != 0:
+        fail(f"{what}: ddprun exited {p.returncode}", p)
+    notice = f"the failed collective: rank 1 of {WORLD} was lost (membership generation 1"
+    if p.stderr.count(notice) < WORLD - 1:
+        fail(f"{what}: the survivors' collective did not end at ddprun's notice", p)
+    params = read_params(out)
+    if len(set(params)) != 1 or params[0] != reference:
+        fail(f"{what}: parameters differ between ranks or from the reference", p)
+    print(f"ok: {what}: the survivors' collective ended at ddprun's notice; parameters bitwise "
+          f"equal to the reference")
+
+
 def run(ddprun, worker, out, recovery, env_extra):
     """worker: the command (a list) that runs one rank."""
     env = dict(os.environ)
@@ -938,6 +962,9 @@ def main():
     ap.add_argument("--worker", help="the C++ recovery_worker")
     ap.add_argument("--python", help="the interpreter for --python-worker")
     ap.add_argument("--python-worker", help="tests/python/recovery_worker.py")
+    ap.add_argument("--backend", choices=["ddp", "gloo"], default="ddp",
+                    help="--python-worker: the torch.distributed backend of its default group "
+                         "(gloo: PyTorch's own, each generation a group of StepManager's)")
     ap.add_argument("--two-nodes", action="store_true",
                     help="two agents (simulated hosts) x 2 ranks instead of one x 3")
     ap.add_argument("--lost-node", action="store_true",
@@ -959,6 +986,10 @@ def main():
     if args.zero:
         EXTRA_ENV["DDP_TEST_OPTIMIZER"] = "zero_adam"
     python = args.python_worker is not None
+    if args.backend != "ddp":
+        if not python:
+            ap.error("--backend is for --python-worker (the C++ worker: DDP_TEST_BACKEND)")
+        EXTRA_ENV["DDP_TEST_BACKEND"] = args.backend
     if python == (args.worker is not None) or (python and not args.python):
         ap.error("give --worker, or --python and --python-worker")
     args.worker = [args.python, args.python_worker] if python else [args.worker]
@@ -1060,6 +1091,8 @@ def main():
         print(f"ok: {name}: exit 0, generation {generations}, parameters bitwise equal to the "
               f"reference")
 
+    if python and args.backend == "gloo":
+        silent_peer(args.ddprun, args.worker, tmp, reference[0])
     if python:
         print("PASS")
         return

@@ -1,0 +1,76 @@
+// RecoverableGroup with membership_only (ddp.StepManager on PyTorch's own backends forms each
+// generation's group itself): no group of ddp's, the same generations, ranks and waits. Ranks
+// are threads on one HashStore, as in recoverable_group_test.cpp.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "ddp/comm/recoverable_group.hpp"
+#include "ddp/store/hash_store.hpp"
+#include "ddp/store/recovery_notice.hpp"
+
+namespace ddp {
+namespace {
+
+RecoverableGroupOptions membership_options(int slot, const std::shared_ptr<Store>& store) {
+  RecoverableGroupOptions o;
+  o.rank = slot;
+  o.world_size = 4;
+  o.store = store;
+  o.timeout = std::chrono::minutes(5);  // far beyond the test: nothing may wait it out
+  o.watch_interval = std::chrono::milliseconds(20);
+  o.membership_only = true;
+  return o;
+}
+
+// Slots 1 and 2 of 4 are lost with their node: the survivors' waiters wake at the notice
+// (wait_announced_after), no group of ddp's exists in any generation, and reform() renumbers
+// the survivors 0 and 1 of 2, as for a RecoverableGroup with its own group.
+TEST(RecoverableMembership, TheSurvivorsOfALostNodeWakeAndReformRenumberedWithoutAGroup) {
+  auto store = std::make_shared<HashStore>();
+  store->set_timeout(std::chrono::minutes(5));
+  std::array<int, 4> ranks{-1, -1, -1, -1}, sizes{}, generations{};
+  std::array<bool, 4> woke{}, group_null{}, stale_after{};
+  std::atomic<int> formed{0};
+  std::vector<std::thread> threads;
+  for (int slot = 0; slot < 4; ++slot) {
+    threads.emplace_back([&, slot] {
+      RecoverableGroup membership(membership_options(slot, store));
+      group_null[slot] = membership.group() == nullptr;
+      ++formed;
+      if (slot == 1 || slot == 2) return;  // the lost node's ranks
+      // Before any loss the wait ends by its timeout (false), then at the notice (true).
+      EXPECT_FALSE(membership.wait_announced_after(0, std::chrono::milliseconds(1)));
+      woke[slot] = membership.wait_announced_after(0, std::chrono::minutes(5));
+      stale_after[slot] = membership.stale();
+      EXPECT_EQ(membership.reform(), nullptr);
+      ranks[slot] = membership.rank();
+      sizes[slot] = membership.world_size();
+      generations[slot] = static_cast<int>(membership.generation());
+    });
+  }
+  while (formed.load() < 4) std::this_thread::yield();
+  threads[1].join();
+  threads[2].join();
+  EXPECT_EQ(recovery_notice::publish_lost_node(*store, {1, 2}), 1);
+  threads[0].join();
+  threads[3].join();
+
+  for (int slot = 0; slot < 4; ++slot) EXPECT_TRUE(group_null[slot]) << "slot " << slot;
+  for (int slot : {0, 3}) {
+    EXPECT_TRUE(woke[slot]) << "slot " << slot << " was not woken by the notice";
+    EXPECT_TRUE(stale_after[slot]) << "slot " << slot;
+    EXPECT_EQ(sizes[slot], 2) << "slot " << slot;
+    EXPECT_EQ(generations[slot], 1) << "slot " << slot;
+  }
+  EXPECT_EQ(ranks[0], 0);
+  EXPECT_EQ(ranks[3], 1);
+}
+
+}  // namespace
+}  // namespace ddp
