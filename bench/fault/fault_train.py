@@ -33,6 +33,8 @@ the (s % steps_per_epoch)-th batch of this rank's indices.
   re-form and heal it from a live peer; docs/recovery.md):
     ddprun --standalone --nproc-per-node 3 --recovery step --max-restarts 1 .venv/bin/python \
         fault_train.py ddp_step --total-steps 624 --loss-log /tmp/loss.log
+  With --backend gloo the same on PyTorch's own gloo (StepManager makes each membership
+  generation's gloo group).
 """
 import argparse
 import os
@@ -216,7 +218,9 @@ def run_ddp_step(args):
     import ddp
     from torch.nn.parallel import DistributedDataParallel
 
-    dist.init_process_group("ddp")  # env:// gives the store ddprun hosts (import ddp)
+    # env:// gives the store ddprun hosts (import ddp); --backend gloo: PyTorch's own gloo, a
+    # group of StepManager's per membership generation (python/ddp/torch_generations.py).
+    dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     images, labels, _ = load_data()
     data = StepData(images, labels, world, rank)
@@ -252,6 +256,8 @@ def main():
     p.add_argument("--total-steps", type=int, default=624)
     p.add_argument("--min-replicas", type=int, default=1)
     p.add_argument("--loss-log", default="")
+    p.add_argument("--backend", default="ddp", choices=["ddp", "gloo"],
+                   help="ddp_step: the default group's backend (PyTorch's gloo or ddp's)")
     p.add_argument("--fix-comm-hook", action="store_true",
                    help="torchft: work around torchft 0.2.0's comm-hook assertion (see above)")
     args = p.parse_args()

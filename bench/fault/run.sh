@@ -18,7 +18,7 @@
 # without. Prints each run's JSON line, then one fault_summary line per system and a last
 # fault_targets line (targets of issue 26). Keys: bench/fault/README.md.
 #
-#   bench/fault/run.sh [BUILD_DIR]        SYSTEMS=ddp_step,ddp_step_python,ddp_group,torchrun,torchft (default)
+#   bench/fault/run.sh [BUILD_DIR]        SYSTEMS=ddp_step,ddp_step_python,ddp_step_python_gloo,ddp_group,torchrun,torchft (default)
 #   (NODES=2 WORLD=4: two hosts x 2 ranks through bench/fault/nodes.sh, c10d rendezvous,
 #   victim rank WORLD-1 on the second node. FAULT_HOSTS=simulated (default): simulated hosts
 #   on this machine's network stack, torchft as with one node (its replica groups talk TCP to
@@ -47,7 +47,7 @@ EPOCHS=2
 TOTAL=$((EPOCHS * SPE))
 KILL_AT=${KILL_AT:-$((SPE + SPE / 2))}
 REPEAT=${REPEAT:-1}
-SYSTEMS=${SYSTEMS:-ddp_step,ddp_step_python,ddp_group,torchrun,torchft}
+SYSTEMS=${SYSTEMS:-ddp_step,ddp_step_python,ddp_step_python_gloo,ddp_group,torchrun,torchft}
 ddprun=$build/apps/ddprun/ddprun
 mnist=$build/examples/mnist/mnist
 for b in "$ddprun" "$mnist"; do
@@ -99,11 +99,13 @@ run() {
       cmd=("${prefix[@]}" --max-restarts 1
            "$mnist" --batch-size "$BATCH" --epochs "$EPOCHS" --snapshot "$dir/snapshot.pt"
            --loss-log "$dir/loss.log") ;;
-    ddp_step_python)
+    ddp_step_python | ddp_step_python_gloo)
       launch "$ddprun"
+      backend=ddp
+      [[ $system == ddp_step_python_gloo ]] && backend=gloo
       cmd=("${prefix[@]}" --recovery step --max-restarts 1
            --no-python env "PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$here/fault_train.py"
-           ddp_step --total-steps "$TOTAL" --loss-log "$dir/loss.log") ;;
+           ddp_step --backend "$backend" --total-steps "$TOTAL" --loss-log "$dir/loss.log") ;;
     torchrun)
       launch "$TORCHRUN"
       cmd=("${prefix[@]}" --max-restarts 1
@@ -186,15 +188,27 @@ if "ddp_step" in summary:
     for peer in ("torchft", "torchft_fixed_hook"):
         if peer in summary and summary[peer]["lost_s"] is not None and d["lost_s"] is not None:
             t[f"less_than_{peer}"] = d["lost_s"] < summary[peer]["lost_s"]
-if "ddp_step_python" in summary:
-    d = summary["ddp_step_python"]
-    t["ddp_step_python_lost_s"] = d["lost_s"]
-    t["ddp_step_python_stall_s"] = d["stall_s"]
+for mine in ("ddp_step_python", "ddp_step_python_gloo"):
+    if mine not in summary:
+        continue
+    d = summary[mine]
+    t[f"{mine}_lost_s"] = d["lost_s"]
+    t[f"{mine}_stall_s"] = d["stall_s"]
     if d["lost_s"] is not None:
-        t["ddp_step_python_under_1s_plus_one_step"] = d["lost_s"] < 1 + d["step_s"]
+        t[f"{mine}_under_1s_plus_one_step"] = d["lost_s"] < 1 + d["step_s"]
     for peer in ("torchrun", "torchft", "torchft_fixed_hook"):
         if peer in summary and summary[peer]["lost_s"] is not None and d["lost_s"]:
-            t[f"{peer}_over_ddp_step_python"] = round(summary[peer]["lost_s"] / d["lost_s"], 1)
+            t[f"{peer}_over_{mine}"] = round(summary[peer]["lost_s"] / d["lost_s"], 1)
+        if peer.startswith("torchft") and peer in summary and d["lost_s"] is not None \
+                and summary[peer]["lost_s"] is not None:
+            t[f"{mine}_less_than_{peer}"] = d["lost_s"] < summary[peer]["lost_s"]
+# StepManager's cost without a failure on PyTorch's gloo: the same Cnn, batch and gloo as the
+# torchrun recipe, whose median step (rank 0's log intervals) has no StepManager in it.
+if "ddp_step_python_gloo" in summary and "torchrun" in summary:
+    mine, plain = summary["ddp_step_python_gloo"]["step_s"], summary["torchrun"]["step_s"]
+    if mine and plain:
+        t["ddp_step_python_gloo_overhead_pct"] = round(100 * (mine / plain - 1), 1)
+        t["ddp_step_python_gloo_overhead_under_2pct"] = mine / plain - 1 < 0.02
 print(json.dumps(t), flush=True)
 PYEOF
 echo "bench/fault: done; uptime: $(uptime)" >&2
