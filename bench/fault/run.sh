@@ -18,7 +18,7 @@
 # without. Prints each run's JSON line, then one fault_summary line per system and a last
 # fault_targets line (targets of issue 26). Keys: bench/fault/README.md.
 #
-#   bench/fault/run.sh [BUILD_DIR]        SYSTEMS=ddp_step,ddp_step_python,ddp_step_python_gloo,ddp_group,torchrun,torchft (default)
+#   bench/fault/run.sh [BUILD_DIR]        SYSTEMS=ddp_step,ddp_shrink,ddp_step_python,ddp_step_python_gloo,ddp_group,torchrun,torchft (default)
 #   (NODES=2 WORLD=4: two hosts x 2 ranks through bench/fault/nodes.sh, c10d rendezvous,
 #   victim rank WORLD-1 on the second node. FAULT_HOSTS=simulated (default): simulated hosts
 #   on this machine's network stack, torchft as with one node (its replica groups talk TCP to
@@ -47,7 +47,7 @@ EPOCHS=2
 TOTAL=$((EPOCHS * SPE))
 KILL_AT=${KILL_AT:-$((SPE + SPE / 2))}
 REPEAT=${REPEAT:-1}
-SYSTEMS=${SYSTEMS:-ddp_step,ddp_step_python,ddp_step_python_gloo,ddp_group,torchrun,torchft}
+SYSTEMS=${SYSTEMS:-ddp_step,ddp_shrink,ddp_step_python,ddp_step_python_gloo,ddp_group,torchrun,torchft}
 ddprun=$build/apps/ddprun/ddprun
 mnist=$build/examples/mnist/mnist
 for b in "$ddprun" "$mnist"; do
@@ -89,9 +89,11 @@ run() {
   rm -rf "$dir"
   mkdir -p "$dir"
   case $system in
-    ddp_step)
+    ddp_step | ddp_shrink)
       launch "$ddprun"
-      cmd=("${prefix[@]}" --recovery step --max-restarts 1
+      mode=step
+      [[ $system == ddp_shrink ]] && mode=shrink
+      cmd=("${prefix[@]}" --recovery "$mode" --max-restarts 1
            "$mnist" --recovery step --batch-size "$BATCH" --total-steps "$TOTAL"
            --loss-log "$dir/loss.log") ;;
     ddp_group)
@@ -202,6 +204,15 @@ for mine in ("ddp_step_python", "ddp_step_python_gloo"):
         if peer.startswith("torchft") and peer in summary and d["lost_s"] is not None \
                 and summary[peer]["lost_s"] is not None:
             t[f"{mine}_less_than_{peer}"] = d["lost_s"] < summary[peer]["lost_s"]
+# --recovery shrink: the survivors go on at once (issue 48's target: under 0.2 s lost).
+if "ddp_shrink" in summary:
+    d = summary["ddp_shrink"]
+    t["ddp_shrink_lost_s"] = d["lost_s"]
+    t["ddp_shrink_stall_s"] = d["stall_s"]
+    if d["lost_s"] is not None:
+        t["ddp_shrink_under_0.2s"] = d["lost_s"] < 0.2
+    if "ddp_step" in summary and d["lost_s"] and summary["ddp_step"]["lost_s"]:
+        t["ddp_step_over_ddp_shrink"] = round(summary["ddp_step"]["lost_s"] / d["lost_s"], 1)
 # StepManager's cost without a failure on PyTorch's gloo: the same Cnn, batch and gloo as the
 # torchrun recipe, whose median step (rank 0's log intervals) has no StepManager in it.
 if "ddp_step_python_gloo" in summary and "torchrun" in summary:

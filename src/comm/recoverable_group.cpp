@@ -128,6 +128,11 @@ RecoverableGroup::RecoverableGroup(RecoverableGroupOptions options) : options_(s
   // rank lost while this one forms it (two failures at once, on two nodes): the others have
   // moved on to a newer generation, so this one does too, as reform() does.
   int64_t g = recovery_notice::read_generation(*store_);
+  // --recovery shrink: the others went on without this slot's lost process; this replacement,
+  // now running, claims the slot back (they make room at the generation it opens).
+  if (g > 0 && recovery_notice::awaits_return(*store_, slot_, g)) {
+    g = recovery_notice::publish_rank_back(*store_, slot_);
+  }
   for (;;) {
     try {
       group_ = form(g);
@@ -182,6 +187,23 @@ std::string RecoverableGroup::loss_description() const {
 
 RecoverableGroup::Loss RecoverableGroup::read_loss(Store& store, int64_t generation) const {
   Loss loss;
+  const auto kind = recovery_notice::read_record_kind(store, generation);
+  if (kind == recovery_notice::RecordKind::kRankLeft) {
+    loss.first = recovery_notice::read_lost_rank(store, generation);
+    loss.description = fmt::format(
+        "rank {} of {} was lost; the others go on without it until its replacement is back "
+        "(ddprun --recovery shrink)",
+        loss.first.value_or(-1), initial_world_size_);
+    return loss;
+  }
+  if (kind == recovery_notice::RecordKind::kRankBack) {
+    // Not a loss: the replacement of a rank lost under --recovery shrink came back.
+    loss.description = fmt::format(
+        "rank {} of {} is back (its replacement joins and is healed from a live peer; ddprun "
+        "--recovery shrink)",
+        recovery_notice::read_lost_rank(store, generation).value_or(-1), initial_world_size_);
+    return loss;
+  }
   const std::vector<int> removed = recovery_notice::read_removed_slots(store, generation);
   if (!removed.empty()) {
     loss.first = removed.front();

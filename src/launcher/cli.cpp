@@ -175,9 +175,10 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
              "Seconds the workers get to exit after SIGTERM before SIGKILL (default: "
              "DDPRUN_TERM_GRACE_S, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, or 30)");
   value_flag("recovery", "--recovery", "PET_RECOVERY",
-             "After a worker fails: group (stop every worker, restart the group) or step (restart "
+             "After a worker fails: group (stop every worker, restart the group), step (restart "
              "only that worker; the others, on every node, drop the step in flight and go on; "
-             "docs/recovery.md) (default group)");
+             "docs/recovery.md) or shrink (as step, and the others go on without it at once "
+             "until it is back) (default group)");
   value_flag("hang_timeout", "--hang-timeout,--hang_timeout", "PET_HANG_TIMEOUT",
              "End the job when no collective completed for this many seconds while one waited "
              "(PyTorch workers' flight recorder; docs/ddprun.md, 'My job is stuck') (default off)");
@@ -463,7 +464,9 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
   }
   o.rdzv_progress_interval = env_seconds(env, "DDPRUN_RDZV_PROGRESS_S", Seconds::kPositive);
   if (auto s = value_of(v["recovery"], env)) {
-    o.recovery_step = parse_recovery_mode(s->value, s->source) == RecoveryMode::kStep;
+    const RecoveryMode mode = parse_recovery_mode(s->value, s->source);
+    o.recovery_step = mode != RecoveryMode::kGroup;
+    o.recovery_shrink = mode == RecoveryMode::kShrink;
   }
 
   ParsedCommandLine result;

@@ -144,6 +144,7 @@ int launch(const LaunchOptions& options, const EnvLookup& env) {
     step.port = static_cast<uint16_t>(o.standalone ? 0 : o.master_port);
     step.max_restarts = o.max_restarts;
     step.notice_fd = a.notice_fd;
+    step.shrink = o.recovery_shrink;
     a.step_recovery = step;
     set_env_entry(a.base_env, kRecoveryEnvVar, "step");
     // PyTorch's gloo connects every pair of ranks in init_process_group; a replacement's

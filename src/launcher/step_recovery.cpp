@@ -21,10 +21,12 @@ constexpr const char* kServedByAgentKey = "ddp/recovery/served_by_agent";
 RecoveryMode parse_recovery_mode(const std::string& value, const std::string& source) {
   if (value == "group") return RecoveryMode::kGroup;
   if (value == "step") return RecoveryMode::kStep;
+  if (value == "shrink") return RecoveryMode::kShrink;
   throw UsageError(fmt::format(
       "{} '{}': unknown recovery mode; use 'group' (stop every worker and restart the group, "
-      "the default) or 'step' (restart only the failed worker; the others drop the step in "
-      "flight and go on, see docs/recovery.md)",
+      "the default), 'step' (restart only the failed worker; the others drop the step in "
+      "flight and go on, see docs/recovery.md) or 'shrink' (as step, and the others go on "
+      "without it at once until its replacement is back)",
       source, value));
 }
 
@@ -32,7 +34,8 @@ StepRecovery::StepRecovery(const StepRecoveryOptions& options)
     : world_size_(options.world_size),
       max_restarts_(options.max_restarts),
       notice_fd_(options.notice_fd),
-      restarts_(options.restarts_used) {
+      restarts_(options.restarts_used),
+      shrink_(options.shrink) {
   TcpStoreOptions o;
   // A server's client side talks to it over loopback; it binds every interface.
   o.host = options.serve ? "127.0.0.1" : options.host;
@@ -117,9 +120,11 @@ bool StepRecovery::still_a_member(int rank) {
   try {
     const int64_t now = recovery_notice::read_generation(*store_);
     const std::vector<int> members = recovery_notice::members(*store_, now, world_size_);
-    // A node that took this node's place has these ranks now, not this agent.
-    return std::find(members.begin(), members.end(), rank) != members.end() &&
-           !recovery_notice::removed_between(*store_, rank, start_generation_, now);
+    // A node that took this node's place has these ranks now, not this agent. A rank that
+    // left for its replacement (--recovery shrink) is still this agent's.
+    const bool member =
+        std::find(members.begin(), members.end(), rank) != members.end() || left_.count(rank) > 0;
+    return member && !recovery_notice::removed_between(*store_, rank, start_generation_, now);
   } catch (const Error&) {
     return true;  // the store's error shows where it matters (publishing the restart)
   }
@@ -157,6 +162,17 @@ std::optional<int> StepRecovery::on_worker_failed(const WorkerFailure& failure) 
         "StepManager in the training loop: docs/recovery.md)\n",
         what, failure.global_rank));
     return std::nullopt;
+  }
+  if (shrink_) {
+    const int64_t generation = recovery_notice::publish_rank_left(*store_, failure.global_rank);
+    left_.insert(failure.global_rank);
+    ++restarts_;
+    say(fmt::format(
+        "ddprun: {}; restarting only rank {} (--recovery shrink, restart {} of {}, membership "
+        "generation {}); the other workers go on without it at once, and it rejoins once its "
+        "process runs\n",
+        what, failure.global_rank, restarts_, max_restarts_, generation));
+    return restarts_;
   }
   const int64_t generation = recovery_notice::publish_lost_rank(*store_, failure.global_rank);
   ++restarts_;

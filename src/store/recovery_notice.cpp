@@ -14,9 +14,12 @@ namespace ddp::recovery_notice {
 namespace {
 
 // The record of a lost node's ranks: "node:<slot>,<slot>,...", of a joined node's ones:
-// "join:<slot>,<slot>,...".
+// "join:<slot>,<slot>,..."; under --recovery shrink a lost rank's "left:<slot>" and its
+// replacement's "back:<slot>".
 constexpr std::string_view kNodePrefix = "node:";
 constexpr std::string_view kJoinPrefix = "join:";
+constexpr std::string_view kLeftPrefix = "left:";
+constexpr std::string_view kBackPrefix = "back:";
 
 std::string generation_key() {
   return std::string(kRecoveryPrefix) + "generation";
@@ -35,9 +38,13 @@ std::string finish_count_key() {
 }
 
 struct Record {
-  enum class Kind { kRestart, kNodeLost, kNodeJoined };
+  using Kind = RecordKind;
   std::vector<int> slots;  // the ranks' slots, at least one
   Kind kind = Kind::kRestart;
+  // The slots leave the membership (a lost node's, a lost rank's under --recovery shrink) or
+  // come in (a joined node's, a replacement that is back).
+  bool removes() const { return kind == Kind::kNodeLost || kind == Kind::kRankLeft; }
+  bool adds() const { return kind == Kind::kNodeJoined || kind == Kind::kRankBack; }
 };
 
 int parse_slot(const std::string& key, const std::string& value, const std::string& text) {
@@ -50,7 +57,8 @@ int parse_slot(const std::string& key, const std::string& value, const std::stri
   if (slot < 0 || used != text.size()) {
     throw ProtocolError(
         "store key " + key + " holds '" + value +
-        "', not a rank, 'node:<ranks>' or 'join:<ranks>'; only ddprun --recovery step may "
+        "', not a rank, 'node:<ranks>', 'join:<ranks>', 'left:<rank>' or 'back:<rank>'; only "
+        "ddprun --recovery step may "
         "write under " +
         kRecoveryPrefix);
   }
@@ -63,12 +71,15 @@ std::optional<Record> read_record(Store& store, int64_t generation) {
   const std::string value = store.get(key);
   Record record;
   std::string list = value;
-  if (value.compare(0, kNodePrefix.size(), kNodePrefix) == 0) {
-    record.kind = Record::Kind::kNodeLost;
-    list = value.substr(kNodePrefix.size());
-  } else if (value.compare(0, kJoinPrefix.size(), kJoinPrefix) == 0) {
-    record.kind = Record::Kind::kNodeJoined;
-    list = value.substr(kJoinPrefix.size());
+  for (const auto& [prefix, kind] : {std::pair{kNodePrefix, Record::Kind::kNodeLost},
+                                     {kJoinPrefix, Record::Kind::kNodeJoined},
+                                     {kLeftPrefix, Record::Kind::kRankLeft},
+                                     {kBackPrefix, Record::Kind::kRankBack}}) {
+    if (value.compare(0, prefix.size(), prefix) == 0) {
+      record.kind = kind;
+      list = value.substr(prefix.size());
+      break;
+    }
   }
   size_t at = 0;
   for (;;) {
@@ -103,15 +114,21 @@ std::optional<int> read_lost_rank(Store& store, int64_t generation) {
   return record->slots.front();
 }
 
+std::optional<RecordKind> read_record_kind(Store& store, int64_t generation) {
+  const std::optional<Record> record = read_record(store, generation);
+  if (!record) return std::nullopt;
+  return record->kind;
+}
+
 std::vector<int> read_removed_slots(Store& store, int64_t generation) {
   const std::optional<Record> record = read_record(store, generation);
-  if (!record || record->kind != Record::Kind::kNodeLost) return {};
+  if (!record || !record->removes()) return {};
   return record->slots;
 }
 
 std::vector<int> read_joined_slots(Store& store, int64_t generation) {
   const std::optional<Record> record = read_record(store, generation);
-  if (!record || record->kind != Record::Kind::kNodeJoined) return {};
+  if (!record || !record->adds()) return {};
   return record->slots;
 }
 
@@ -121,7 +138,7 @@ std::vector<int> members(Store& store, int64_t generation, int initial_world_siz
   for (int64_t g = 1; g <= generation; ++g) {
     const std::optional<Record> record = read_record(store, g);
     if (!record || record->kind == Record::Kind::kRestart) continue;
-    const bool lost = record->kind == Record::Kind::kNodeLost;
+    const bool lost = record->removes();
     for (int slot : record->slots) {
       if (slot < initial_world_size) {
         removed[static_cast<size_t>(slot)] = lost;
@@ -142,10 +159,25 @@ std::vector<int> members(Store& store, int64_t generation, int initial_world_siz
 
 bool removed_between(Store& store, int slot, int64_t after, int64_t upto) {
   for (int64_t g = std::max<int64_t>(after, 0) + 1; g <= upto; ++g) {
-    const std::vector<int> removed = read_removed_slots(store, g);
-    if (std::find(removed.begin(), removed.end(), slot) != removed.end()) return true;
+    const std::optional<Record> record = read_record(store, g);
+    if (record && record->kind == Record::Kind::kNodeLost &&
+        std::find(record->slots.begin(), record->slots.end(), slot) != record->slots.end()) {
+      return true;
+    }
   }
   return false;
+}
+
+bool awaits_return(Store& store, int slot, int64_t generation) {
+  std::optional<RecordKind> last;  // of the newest record naming the slot
+  for (int64_t g = 1; g <= generation; ++g) {
+    const std::optional<Record> record = read_record(store, g);
+    if (record &&
+        std::find(record->slots.begin(), record->slots.end(), slot) != record->slots.end()) {
+      last = record->kind;
+    }
+  }
+  return last == RecordKind::kRankLeft;
 }
 
 int64_t publish_lost_rank(Store& store, int rank) {
@@ -155,6 +187,14 @@ int64_t publish_lost_rank(Store& store, int rank) {
 int64_t publish_lost_node(Store& store, const std::vector<int>& slots) {
   if (slots.empty()) throw UsageError("recovery_notice::publish_lost_node: no rank given");
   return claim_generation(store, fmt::format("{}{}", kNodePrefix, fmt::join(slots, ",")));
+}
+
+int64_t publish_rank_left(Store& store, int rank) {
+  return claim_generation(store, fmt::format("{}{}", kLeftPrefix, rank));
+}
+
+int64_t publish_rank_back(Store& store, int rank) {
+  return claim_generation(store, fmt::format("{}{}", kBackPrefix, rank));
 }
 
 int64_t publish_joined_node(Store& store, const std::vector<int>& slots) {

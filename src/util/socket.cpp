@@ -16,7 +16,9 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <fstream>
 #include <memory>
+#include <random>
 
 #include "ddp/util/error.hpp"
 
@@ -152,7 +154,39 @@ uint16_t local_port(int fd) {
   return ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
 }
 
+namespace {
+
+// The lowest port of the kernel's ephemeral range (ip_local_port_range), where outgoing
+// connections and binds to port 0 get their ports; Linux's default when unreadable.
+int ephemeral_low() {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0, high = 0;
+  if (range >> low >> high && low > 0) return low;
+  return 32768;
+}
+
+}  // namespace
+
 uint16_t free_tcp_port(const std::string& host) {
+  // Below the ephemeral range, no outgoing connection can take the port before the server
+  // binds it (under load one did: "address already in use" for a --standalone job's rank 0).
+  // Ports 10000-19999, apart from the 20000-31999 that this project's tests pick for their own
+  // servers (tests/support/free_port_range.hpp).
+  constexpr int kLow = 10000;
+  const int high = std::min(ephemeral_low(), 20000);
+  if (high - kLow >= 1000) {
+    std::mt19937 random(std::random_device{}());
+    std::uniform_int_distribution<int> pick(kLow, high - 1);
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      const int port = pick(random);
+      try {
+        listen_tcp(host, static_cast<uint16_t>(port), 1);
+        return static_cast<uint16_t>(port);
+      } catch (const NetworkError&) {
+        // taken: another one
+      }
+    }
+  }
   Socket s = listen_tcp(host, 0, 1);
   return local_port(s.fd());
 }

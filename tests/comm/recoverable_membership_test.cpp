@@ -72,5 +72,79 @@ TEST(RecoverableMembership, TheSurvivorsOfALostNodeWakeAndReformRenumberedWithou
   EXPECT_EQ(ranks[3], 1);
 }
 
+// --recovery shrink's records: a "left:" rank is out of the membership (the survivors go on
+// without it) but not removed from the job, and its replacement claims the slot back.
+TEST(RecoveryNotice, ALeftRankIsOutUntilItsReplacementIsBack) {
+  HashStore store;
+  EXPECT_FALSE(recovery_notice::awaits_return(store, 1, 0));
+  const int64_t left = recovery_notice::publish_rank_left(store, 1);
+  EXPECT_EQ(left, 1);
+  EXPECT_EQ(recovery_notice::members(store, left, 3), (std::vector<int>{0, 2}));
+  EXPECT_EQ(recovery_notice::read_record_kind(store, left), recovery_notice::RecordKind::kRankLeft);
+  EXPECT_EQ(recovery_notice::read_removed_slots(store, left), (std::vector<int>{1}));
+  EXPECT_TRUE(recovery_notice::awaits_return(store, 1, left));
+  EXPECT_FALSE(recovery_notice::awaits_return(store, 0, left));
+  // Not a lost node: the slot's later processes are not zombies of the job.
+  EXPECT_FALSE(recovery_notice::removed_between(store, 1, 0, left));
+  const int64_t back = recovery_notice::publish_rank_back(store, 1);
+  EXPECT_EQ(back, 2);
+  EXPECT_EQ(recovery_notice::members(store, back, 3), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(recovery_notice::read_joined_slots(store, back), (std::vector<int>{1}));
+  EXPECT_FALSE(recovery_notice::awaits_return(store, 1, back));
+}
+
+// The survivors of a rank lost under --recovery shrink re-form without it at once (ranks 0 and
+// 1 of 2); its replacement's RecoverableGroup claims the slot back when constructed, and all
+// three form that generation with their launch ranks.
+TEST(RecoverableMembership, AReplacementOfARankThatLeftClaimsItsSlotBack) {
+  auto store = std::make_shared<HashStore>();
+  store->set_timeout(std::chrono::minutes(5));
+  auto options = [&](int slot) {
+    RecoverableGroupOptions o = membership_options(slot, store);
+    o.world_size = 3;
+    return o;
+  };
+  std::array<int, 3> shrunk_ranks{-1, -1, -1}, ranks{-1, -1, -1}, sizes{}, generations{};
+  std::atomic<int> formed{0}, shrunk{0};
+  std::vector<std::thread> threads;
+  for (int slot : {0, 2}) {  // the survivors
+    threads.emplace_back([&, slot] {
+      RecoverableGroup membership(options(slot));
+      ++formed;
+      EXPECT_TRUE(membership.wait_announced_after(0, std::chrono::minutes(5)));
+      membership.reform();  // without slot 1
+      shrunk_ranks[slot] = membership.rank();
+      EXPECT_EQ(membership.world_size(), 2);
+      ++shrunk;
+      EXPECT_TRUE(
+          membership.wait_announced_after(membership.generation(), std::chrono::minutes(5)));
+      membership.reform();  // slot 1 is back
+      ranks[slot] = membership.rank();
+      sizes[slot] = membership.world_size();
+      generations[slot] = static_cast<int>(membership.generation());
+    });
+  }
+  {
+    RecoverableGroup doomed(options(1));  // the first process of slot 1: formed, then lost
+    ++formed;
+  }
+  while (formed.load() < 3) std::this_thread::yield();
+  EXPECT_EQ(recovery_notice::publish_rank_left(*store, 1), 1);  // ddprun --recovery shrink
+  while (shrunk.load() < 2) std::this_thread::yield();
+  RecoverableGroup replacement(options(1));
+  for (auto& t : threads) t.join();
+
+  EXPECT_EQ(shrunk_ranks[0], 0);
+  EXPECT_EQ(shrunk_ranks[2], 1);
+  EXPECT_EQ(replacement.generation(), 2);
+  EXPECT_EQ(replacement.rank(), 1);
+  EXPECT_EQ(replacement.world_size(), 3);
+  for (int slot : {0, 2}) {
+    EXPECT_EQ(ranks[slot], slot) << "slot " << slot;
+    EXPECT_EQ(sizes[slot], 3) << "slot " << slot;
+    EXPECT_EQ(generations[slot], 2) << "slot " << slot;
+  }
+}
+
 }  // namespace
 }  // namespace ddp

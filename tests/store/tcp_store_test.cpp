@@ -2,10 +2,13 @@
 // and their messages, waits woken or abandoned, the in-process server.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <fstream>
 #include <thread>
 
 #include "ddp/util/error.hpp"
+#include "ddp/util/socket.hpp"
 #include "store_test_util.hpp"
 
 namespace ddp::test {
@@ -19,6 +22,22 @@ uint16_t unused_port() {
 
 std::string endpoint_of(uint16_t port) {
   return "127.0.0.1:" + std::to_string(port);
+}
+
+// ddprun --standalone's store port: below the ephemeral range, where no outgoing connection
+// can take it before the store binds it, and free.
+TEST(FreeTcpPort, IsBelowTheEphemeralRangeAndFree) {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0, high = 0;
+  ASSERT_TRUE(range >> low >> high) << "no /proc/sys/net/ipv4/ip_local_port_range";
+  for (int i = 0; i < 20; ++i) {
+    const uint16_t port = net::free_tcp_port("");
+    if (low - 10000 >= 1000) {
+      EXPECT_GE(port, 10000);
+      EXPECT_LT(port, std::min(low, 20000));
+    }
+    EXPECT_NO_THROW(net::listen_tcp("", port, 1)) << "port " << port;
+  }
 }
 
 TEST(TcpStoreTest, GetTimeoutMessageNamesEndpointKeyAndLimit) {

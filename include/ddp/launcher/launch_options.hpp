@@ -85,9 +85,10 @@ struct LaunchOptions {
   // the agent's final torchelastic event as a JSON line on stderr.
   std::string event_log_handler = "null";
 
-  // --recovery group|step (step_recovery.hpp, docs/recovery.md): "step" restarts only a failed
-  // worker, single node only.
-  bool recovery_step = false;
+  // --recovery group|step|shrink (step_recovery.hpp, docs/recovery.md): "step" restarts only a
+  // failed worker; "shrink" too, and the others go on without it until it is back.
+  bool recovery_step = false;  // step or shrink
+  bool recovery_shrink = false;
 
   // --hang-timeout SECONDS: the no-progress watchdog (hang_watchdog.hpp); unset: off.
   std::optional<std::chrono::milliseconds> hang_timeout;

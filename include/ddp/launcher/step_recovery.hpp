@@ -11,6 +11,12 @@
 // an elastic job (its agent missed its heartbeats, or left) is recorded the same way by the
 // survivor that saw it: its ranks leave the job, and the others go on with fewer ranks.
 //
+// --recovery shrink is step with one difference: the lost rank leaves the membership at once,
+// so the others go on at the smaller size instead of waiting for its replacement's process to
+// start, and the replacement, once it runs, claims its slot back and is healed (as a lost
+// node's ranks leave and a joining node's come). It changes the global batch of the steps
+// between, unless the program splits the launch's batch over the current ranks.
+//
 // --recovery group (the default) is the whole-group restart the agent always did.
 
 #include <chrono>
@@ -18,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "ddp/launcher/membership.hpp"
@@ -31,9 +38,10 @@ struct TcpStoreOptions;
 
 namespace ddp::launcher {
 
-enum class RecoveryMode { kGroup, kStep };
+enum class RecoveryMode { kGroup, kStep, kShrink };
 
-// "group" or "step"; anything else is a UsageError naming `source` (the flag or variable).
+// "group", "step" or "shrink"; anything else is a UsageError naming `source` (the flag or
+// variable).
 RecoveryMode parse_recovery_mode(const std::string& value, const std::string& source);
 
 // The variable that tells workers ddprun hosts their store and publishes losses.
@@ -64,6 +72,9 @@ struct StepRecoveryOptions {
   std::string local_addr;  // this node's address as the others reach it
   // This node takes the place of a node the running round lost.
   bool took_lost_slot = false;
+  // --recovery shrink: a lost rank leaves the membership at once ("left:"), so the others go on
+  // without waiting for its replacement, which claims the slot back once it runs ("back:").
+  bool shrink = false;
 };
 
 class StepRecovery {
@@ -144,6 +155,10 @@ class StepRecovery {
   int restarts_;
   bool removed_from_job_ = false;
   bool group_restart_ = false;
+  bool shrink_ = false;
+  // --recovery shrink: this agent's ranks that left the membership for their replacement
+  // (members again once it is back; until then still this agent's to restart).
+  std::set<int> left_;
 };
 
 }  // namespace ddp::launcher

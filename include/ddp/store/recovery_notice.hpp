@@ -16,6 +16,12 @@
 //                                        earlier one (it grew the job beyond its launch
 //                                        size): its new workers come in them (healed from a
 //                                        peer), the others make room.
+//                       "left:<r>"       --recovery shrink: rank slot r was lost and is
+//                                        restarted; the others go on without it at once
+//                                        (a removal, as "node:", until...)
+//                       "back:<r>"       ...its replacement, started and ready, claims the
+//                                        slot back (an addition, as "join:"; written by that
+//                                        worker's RecoverableGroup, not by a launcher).
 //   finished/<r>      the process in rank slot r closed its group without an error (its
 //                     training is over) while a member of generation "<g>", the value; it
 //                     never joins a later generation. Written by that process
@@ -76,10 +82,23 @@ int64_t read_generation(Store& store);
 // (generation 0).
 std::optional<int> read_lost_rank(Store& store, int64_t generation);
 
-// The slots lost with their node that `generation` removed (empty for an in-place restart).
+// What opened a generation's record (lost/<g>).
+enum class RecordKind {
+  kRestart,     // "<r>": restarted in place
+  kNodeLost,    // "node:..."
+  kNodeJoined,  // "join:..."
+  kRankLeft,    // "left:<r>" (--recovery shrink)
+  kRankBack,    // "back:<r>" (--recovery shrink)
+};
+// nullopt for generation 0 or a record not written yet.
+std::optional<RecordKind> read_record_kind(Store& store, int64_t generation);
+
+// The slots that `generation` removed: lost with their node, or a lost rank under --recovery
+// shrink (empty for an in-place restart).
 std::vector<int> read_removed_slots(Store& store, int64_t generation);
 
-// The slots a joining node took back at `generation` (empty unless a "join:" record opened it).
+// The slots that came in at `generation`: a joining node's, or a replacement back under
+// --recovery shrink (empty otherwise).
 std::vector<int> read_joined_slots(Store& store, int64_t generation);
 
 // The rank slots of `generation`, in rank order: slot members(...)[i] has rank i. Reads the
@@ -94,6 +113,9 @@ std::vector<int> members(Store& store, int64_t generation, int initial_world_siz
 // "join:" record gave the slot back: to a new node's processes, not to it.
 bool removed_between(Store& store, int slot, int64_t after, int64_t upto);
 
+// Whether the newest record up to `generation` that names `slot` is a "left:" one: a rank lost
+// under --recovery shrink, whose replacement (this process, when it asks) claims it back.
+bool awaits_return(Store& store, int slot, int64_t generation);
 // Launcher side: records that `rank` was lost and opens the next generation, which it returns
 // (the generation whose lost/<g> key it claimed; the counter may already be higher when
 // another node's agent recorded a loss at the same time).
@@ -102,6 +124,12 @@ int64_t publish_lost_rank(Store& store, int rank);
 // Launcher side: records that the ranks `slots` (non-empty) were lost with their node and
 // leave the job; returns the generation it opened, as publish_lost_rank.
 int64_t publish_lost_node(Store& store, const std::vector<int>& slots);
+
+// --recovery shrink. Launcher side: records that `rank` was lost and leaves the membership at
+// once (the survivors go on without it); its replacement, worker side, once it runs: records
+// that `rank` is back. Each returns the generation it opened, as publish_lost_rank.
+int64_t publish_rank_left(Store& store, int rank);
+int64_t publish_rank_back(Store& store, int rank);
 
 // Launcher side (the joining node's agent, before it starts its workers): records that the
 // slots `slots` (non-empty; each removed by an earlier "node:" record, or past every slot the

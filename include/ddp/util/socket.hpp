@@ -58,9 +58,11 @@ uint16_t local_port(int fd);
 // likely fix (e.g. "address already in use: choose another port").
 Socket listen_tcp(const std::string& host, uint16_t port, int backlog);
 
-// A TCP port that was free on `host` (as for listen_tcp) a moment ago: bound to port 0, read,
-// released. For a server that another process starts next; something else may take the port
-// in between, so a server that can should bind port 0 itself. Throws NetworkError.
+// A TCP port that was free on `host` (as for listen_tcp) a moment ago: bound, released. For a
+// server that another process starts next. Picked at random in 10000-19999, below the
+// kernel's ephemeral range, so no outgoing connection can take it in between (only a process
+// that binds it on purpose); where that range starts lower, a port-0 bind's. A server that can
+// should still bind port 0 itself. Throws NetworkError.
 uint16_t free_tcp_port(const std::string& host);
 
 // One attempt to connect to host:port, bounded by deadline. The returned socket is

@@ -926,12 +926,64 @@ def silent_peer(ddprun, worker, tmp, reference):
           f"equal to the reference")
 
 
-def run(ddprun, worker, out, recovery, env_extra):
+def shrink(ddprun, worker, tmp):
+    """--recovery shrink, 2 ranks: rank 1 killed at step 10; rank 0 goes on at once alone (its
+    replacement joins only after rank 0 committed a step without it:
+    DDP_TEST_REJOIN_AFTER_SHRUNK), then makes room for it; each step committed once by rank 0,
+    both ranks end at STEPS with bitwise equal parameters, within float rounding of a run
+    without a failure (rank 0 alone trains on both shares, the same samples; no dropout and
+    SGD, as for a lost node, so that rounding stays rounding: with 3 ranks the survivors would
+    weigh the shares unevenly, 2 on one rank and 1 on the other)."""
+    what = "--recovery shrink (2 ranks, rank 1 killed at step 10)"
+    plain = {"DDP_TEST_DROPOUT": "0", "DDP_TEST_OPTIMIZER": "sgd"}
+    ref_dir = os.path.join(tmp, "shrink_reference")
+    os.makedirs(ref_dir)
+    p = run(ddprun, worker, ref_dir, "shrink", plain, world=2)
+    if p.returncode != 0:
+        fail(f"{what}: the run without a failure exited {p.returncode}", p)
+    reference = read_params(ref_dir, 2)[0]
+    out = os.path.join(tmp, "shrink")
+    os.makedirs(out)
+    p = run(ddprun, worker, out, "shrink", dict(
+        plain, **{"DDP_TEST_KILL_AT_STEP": "10", "DDP_TEST_KILL_RANK": "1",
+                  "DDP_TEST_KILL_PHASE": "backward", "DDP_TEST_REJOIN_AFTER_SHRUNK": "1",
+                  # The 19 steps after the kill last about 6 s: the replacement (a C++ process
+                  # starting LibTorch, well under a second) rejoins long before rank 0 finishes.
+                  "DDP_TEST_STEP_SLEEP_MS": "300"}), world=2)
+    if p.returncode != 0:
+        fail(f"{what}: ddprun exited {p.returncode}", p)
+    if "restarting only rank 1 (--recovery shrink" not in p.stderr or \
+            "restarting the worker group" in p.stderr:
+        fail(f"{what}: rank 1 was not restarted alone under shrink", p)
+    reports = read_reports(out, 2)
+    if any(r["step"] != STEPS or r["generation"] != 2 for r in reports):
+        fail(f"{what}: reports {reports} (both ranks at {STEPS} steps, generation 2: left, back)",
+             p)
+    commits = read_commits(out, 0)
+    steps = [step for _, step, _ in commits]
+    worlds = [world for _, _, world in commits]
+    if steps != list(range(1, STEPS + 1)) or len({pid for pid, _, _ in commits}) != 1:
+        fail(f"{what}: rank 0 committed {commits}", p)
+    if 1 not in worlds or worlds[-1] != 2 or worlds[:10] != [2] * 10:
+        fail(f"{what}: rank 0's world sizes per step {worlds}: expected 2 up to step 10, then 1 "
+             f"(without rank 1), then 2 again", p)
+    params = read_params(out, 2)
+    if len(set(params)) != 1:
+        fail(f"{what}: parameters differ between ranks", p)
+    drift = relative_error(params[0], reference)
+    if drift > LOST_NODE_TOLERANCE:
+        fail(f"{what}: parameters {drift:.3g} (relative) from the run without a failure", p)
+    print(f"ok: {what}: exit 0, rank 0 committed {worlds.count(1)} steps alone before rank 1 "
+          f"was back, parameters bitwise equal on both ranks and {drift:.2g} (relative) from "
+          f"the run without a failure")
+
+
+def run(ddprun, worker, out, recovery, env_extra, world=WORLD):
     """worker: the command (a list) that runs one rank."""
     env = dict(os.environ)
     env.update(EXTRA_ENV)
     env.update(env_extra)
-    cmd = [ddprun, "--standalone", "--nproc-per-node", str(WORLD), "--max-restarts", "2"]
+    cmd = [ddprun, "--standalone", "--nproc-per-node", str(world), "--max-restarts", "2"]
     if recovery:
         cmd += ["--recovery", recovery]
     cmd += ["--no-python"] + worker + ["--steps", str(STEPS), "--out", out]
@@ -1099,6 +1151,7 @@ def main():
 
     killed_after_last_step(args.ddprun, args.worker, tmp)
     killed_after_last_step(args.ddprun, args.worker, tmp, quick_exit=True)
+    shrink(args.ddprun, args.worker, tmp)
 
     # The gloo backend: the collective in flight ends on the dead peer's socket, the notice
     # confirms the loss. Its own reference (gloo sums in another order than cpu).

@@ -20,7 +20,9 @@
 // DDP_TEST_QUICK_EXIT=1: after its outputs the worker ends with _Exit(0), skipping every
 // destructor (its group records no finish: ddprun's agent must, seeing it exit 0).
 // DDP_TEST_STEP_SLEEP_MS=T: sleep T ms after each committed step (a job that runs long enough
-// for a node to join it).
+// for a node to join it). DDP_TEST_REJOIN_AFTER_SHRUNK=1 (--recovery shrink): a replacement
+// waits, before it joins, until another rank committed a step without it (at a world size
+// below the launch's, at most 60 s), so the survivors' going on is seen whatever the load.
 //
 // At the end each rank writes DIR/rank<R>.params (every parameter's bytes, in order) and
 // DIR/rank<R>.json (rank and world size at the end, committed steps, attempts dropped,
@@ -116,7 +118,30 @@ std::pair<torch::Tensor, torch::Tensor> batch_for(int64_t step, int rank, int wo
   return {torch::cat(xs), torch::cat(ys)};
 }
 
+// DDP_TEST_REJOIN_AFTER_SHRUNK (above): the first commit of another slot at a world size below
+// the launch's, read from DIR/rank<R>.commits.
+void wait_for_a_shrunk_commit(const std::string& out) {
+  const int slot = std::stoi(env_or("RANK", "0"));
+  const int world = std::stoi(env_or("WORLD_SIZE", "1"));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (int r = 0; r < world; ++r) {
+      if (r == slot) continue;
+      std::ifstream commits(fmt::format("{}/rank{}.commits", out, r));
+      long pid = 0, step = 0, size = 0;
+      while (commits >> pid >> step >> size) {
+        if (size < world) return;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 int run(int64_t steps, const std::string& out) {
+  if (env_or("DDP_TEST_REJOIN_AFTER_SHRUNK", "0") == "1" &&
+      env_or("TORCHELASTIC_RESTART_COUNT", "0") != "0") {
+    wait_for_a_shrunk_commit(out);
+  }
   ddp::StepManagerOptions options;
   options.group.timeout = std::chrono::seconds(60);
   options.group.backend = env_or("DDP_TEST_BACKEND", "cpu");
