@@ -43,6 +43,15 @@ if mode == "usage":
     dist.all_reduce(t)
     assert torch.equal(t, torch.full((3,), float(n))), t
 
+    # ddp.StepManager outside `ddprun --recovery step` (this test's ddprun has none): refused
+    # with the fix, before it touches the model.
+    import ddp
+    from torch.nn.parallel import DistributedDataParallel
+    model = DistributedDataParallel(torch.nn.Linear(2, 2), init_sync=False)
+    expect_error("StepManager without --recovery step",
+                 lambda: ddp.StepManager(model, torch.optim.SGD(model.parameters(), lr=0.1)),
+                 "ddp.StepManager needs 'ddprun --recovery step'")
+
     # Timeout: the last rank never joins this all_reduce; the others are told who is missing,
     # from wait() and from the future alike. A group of its own with a short timeout (the
     # default group keeps a long one so that joining survives a loaded machine).
