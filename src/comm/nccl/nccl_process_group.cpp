@@ -30,20 +30,6 @@
 
 namespace ddp {
 
-NcclOptions NcclOptions::from_env(std::chrono::milliseconds timeout) {
-  NcclOptions options;
-  options.timeout = timeout;
-  options.blocking_wait = env::get_bool("DDP_NCCL_BLOCKING_WAIT", options.blocking_wait);
-  if (const auto interval = env::get_int("DDP_NCCL_WATCHDOG_INTERVAL_MS")) {
-    if (*interval <= 0) {
-      throw UsageError(fmt::format(
-          "DDP_NCCL_WATCHDOG_INTERVAL_MS={} must be a positive number of milliseconds", *interval));
-    }
-    options.watchdog_interval = std::chrono::milliseconds(*interval);
-  }
-  return options;
-}
-
 namespace nccl_detail {
 namespace {
 
