@@ -278,22 +278,32 @@ def lost_node(ddprun, worker, tmp):
     if zero and "both the owner and the replica" in err0:
         fail(f"{what}: ZeRO lost a shard's optimizer state with the node (its replica must live "
              f"on the other node)\n{err}")
-    for slot in range(2):
-        commits = read_commits(out, slot)
+    survivors = {slot: read_commits(out, slot) for slot in range(2)}
+    for slot, commits in survivors.items():
         steps = [step for _, step, _ in commits]
-        worlds = [world for _, _, world in commits]
-        if steps != list(range(1, STEPS + 1)) or len({pid for pid, _, _ in commits}) != 1:
+        # A step the loss completed on the other survivor only (PyTorch's gloo: the dying
+        # node's last bytes to this rank can be lost with its sockets; ddp's shared memory
+        # completes a step on both or neither): this rank dropped it and healed it in from that
+        # peer. Any other missing step was lost.
+        others = {step for other, c in survivors.items() if other != slot for _, step, _ in c}
+        missing = sorted(set(range(1, STEPS + 1)) - set(steps))
+        if steps != sorted(set(steps)) or steps[-1:] != [STEPS] or \
+                len({pid for pid, _, _ in commits}) != 1 or any(m not in others for m in missing):
             fail(f"{what}: rank {slot} committed {commits}\n{err}")
+        if missing:
+            print(f"rank {slot} healed step(s) {missing} in from the survivor that committed them")
         # Steps 1..KILL at world size 4, every later one at 2 (step KILL + 1 was dropped and
         # redone by the survivors). With ZeRO, the loss can also cut step KILL inside the
         # optimizer step (node 1 committed it, node 0's parameter all-gather lacked the dying
         # node's part): the survivors roll it forward after re-forming, so it is logged at
         # world size 2, and this rank says so.
-        expected = [4] * LOST_NODE_KILL_STEP + [2] * (STEPS - LOST_NODE_KILL_STEP)
-        rolled = [4] * (LOST_NODE_KILL_STEP - 1) + [2] * (STEPS - LOST_NODE_KILL_STEP + 1)
         cut = f"rank {slot}: step {LOST_NODE_KILL_STEP - 1} cut in the optimizer step"
-        if worlds != expected and not (zero and worlds == rolled and cut in err0):
-            fail(f"{what}: rank {slot}'s world sizes per step {worlds}\n{err}")
+        rolled = zero and cut in err0
+        for _, step, world in commits:
+            want = 4 if step <= LOST_NODE_KILL_STEP else 2
+            if world != want and not (rolled and step == LOST_NODE_KILL_STEP and world == 2):
+                fail(f"{what}: rank {slot}'s world sizes per step "
+                     f"{[(st, w) for _, st, w in commits]}\n{err}")
     drift = expect_equal_params_near(out, 2, reference[0], what, err)
     print(f"ok: {what}: node 0 exits 0, ranks 0-1 went on at world size 2 from step "
           f"{LOST_NODE_KILL_STEP + 1}, each step committed once, parameters bitwise equal on "
