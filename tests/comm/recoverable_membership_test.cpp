@@ -36,7 +36,7 @@ TEST(RecoverableMembership, TheSurvivorsOfALostNodeWakeAndReformRenumberedWithou
   store->set_timeout(std::chrono::minutes(5));
   std::array<int, 4> ranks{-1, -1, -1, -1}, sizes{}, generations{};
   std::array<bool, 4> woke{}, group_null{}, stale_after{};
-  std::atomic<int> formed{0};
+  std::atomic<int> formed{0}, checked{0};
   std::vector<std::thread> threads;
   for (int slot = 0; slot < 4; ++slot) {
     threads.emplace_back([&, slot] {
@@ -46,6 +46,7 @@ TEST(RecoverableMembership, TheSurvivorsOfALostNodeWakeAndReformRenumberedWithou
       if (slot == 1 || slot == 2) return;  // the lost node's ranks
       // Before any loss the wait ends by its timeout (false), then at the notice (true).
       EXPECT_FALSE(membership.wait_announced_after(0, std::chrono::milliseconds(1)));
+      ++checked;  // the loss is published only after this
       woke[slot] = membership.wait_announced_after(0, std::chrono::minutes(5));
       stale_after[slot] = membership.stale();
       EXPECT_EQ(membership.reform(), nullptr);
@@ -54,7 +55,7 @@ TEST(RecoverableMembership, TheSurvivorsOfALostNodeWakeAndReformRenumberedWithou
       generations[slot] = static_cast<int>(membership.generation());
     });
   }
-  while (formed.load() < 4) std::this_thread::yield();
+  while (formed.load() < 4 || checked.load() < 2) std::this_thread::yield();
   threads[1].join();
   threads[2].join();
   EXPECT_EQ(recovery_notice::publish_lost_node(*store, {1, 2}), 1);
