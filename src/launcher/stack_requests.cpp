@@ -16,6 +16,10 @@ namespace {
 constexpr StackRequestChannel::Clock::time_point kNotMissing =
     StackRequestChannel::Clock::time_point::max();
 
+// What an asker leaves in an answer slot that had no answer when it stopped waiting (never a
+// valid encode_stacks text).
+const std::string kClosed = "closed";
+
 void warn(const std::string& text) {
   ddp::log::get("ddp.launcher")->warn("ddprun stacks: {}", text);
 }
@@ -55,7 +59,7 @@ std::vector<std::string> StackRequestChannel::ask(Clock::time_point deadline,
              fmt::format("{} {}", me_, std::max<int64_t>(budget.count(), 100)));
   std::vector<std::string> keys;
   for (int n = 0; n < nodes_; ++n) {
-    if (n != me_) keys.push_back(fmt::format("{}resp/{}/{}", prefix_, id, n));
+    if (n != me_) keys.push_back(answer_key(id, n));
   }
   try {
     while (!keys.empty()) {
@@ -78,16 +82,21 @@ std::vector<std::string> StackRequestChannel::ask(Clock::time_point deadline,
     }
     throw;
   }
-  // The request goes first: a node that answers from now on sees it gone and deletes its own
-  // late answer (serve_request), so no key of this request outlives it.
-  store_.delete_key(fmt::format("{}req/{}", prefix_, id));
+  // Each answer slot is closed atomically (compare_set: the answer, or kClosed where none came
+  // yet), then the request goes, then the slots. An answer is thus either taken here or seen
+  // by its writer as late (a closed slot, or the request gone after it wrote): it deletes it
+  // itself (serve_request), so no key of this request outlives it. Deleting the request first
+  // lost answers: an answerer that wrote just before it and checked just after deleted an
+  // answer not read yet (CI, StacksWithTools.AStoreCallAnsweredLateCostsTheRequestNotTheRound).
   std::vector<std::string> answers(nodes_);
   for (int n = 0; n < nodes_; ++n) {
-    const std::string key = fmt::format("{}resp/{}/{}", prefix_, id, n);
-    if (n != me_ && store_.check({key})) {
-      answers[n] = store_.get(key);
-      store_.delete_key(key);
-    }
+    if (n == me_) continue;
+    const std::string got = store_.compare_set(answer_key(id, n), "", kClosed);
+    if (got != kClosed) answers[n] = got;
+  }
+  store_.delete_key(fmt::format("{}req/{}", prefix_, id));
+  for (int n = 0; n < nodes_; ++n) {
+    if (n != me_) store_.delete_key(answer_key(id, n));
   }
   return answers;
 }
@@ -144,12 +153,18 @@ bool StackRequestChannel::serve_request(std::chrono::milliseconds wait) {
     warn(fmt::format("request {} from node rank {} failed: {}", next_, from, e.what()));
     return true;
   }
-  const std::string answer = fmt::format("{}resp/{}/{}", prefix_, next_, me_);
-  store_.set(answer, encoded);
-  // The asker deletes its request when it stops waiting, then the answers it finds: one
-  // written after that would stay in the store for the round.
-  if (!store_.check({key})) store_.delete_key(answer);
+  const std::string answer = answer_key(next_, me_);
+  // The asker closes the answer slots when it stops waiting, then deletes its request, then
+  // the slots (ask). A slot found closed, or an answer written after the request went, is
+  // late: it would stay in the store for the round.
+  if (store_.compare_set(answer, "", encoded) != encoded || !store_.check({key})) {
+    store_.delete_key(answer);
+  }
   return true;
+}
+
+std::string StackRequestChannel::answer_key(int64_t id, int node) const {
+  return fmt::format("{}resp/{}/{}", prefix_, id, node);
 }
 
 bool StackRequestChannel::abandoned() {

@@ -6,7 +6,10 @@
 // takes id N and sets `req/N` to "<its node rank> <milliseconds it waits>"; every other node
 // answers with `resp/N/<its node rank>` (encode_stacks). Requests are served in id order; an id
 // taken but never posted (its asker died in between), or removed by its asker before this node
-// answered (the asker's deadline passed), is passed over after kAbandonedRequest.
+// answered (the asker's deadline passed), is passed over after kAbandonedRequest. When the
+// asker stops waiting it closes every answer slot atomically (taking what is there), then
+// removes the request and the slots; an answer that finds its slot closed or the request gone
+// is late and removed by its writer.
 // A node whose worker failed takes its id before it ends the round (reserve_request_id): a node
 // that sees the round end then knows a request is coming and answers it before it leaves
 // (drain). A reserved id that is not asked with is cancelled (req/N = "-1 0": passed over).
@@ -69,6 +72,8 @@ class StackRequestChannel {
   bool abandoned();
   // Serves the requests that are there now, in order, passing over abandoned ids.
   void serve_posted();
+  // Where node `node` answers request `id`.
+  std::string answer_key(int64_t id, int node) const;
 
   Store& store_;
   std::string prefix_;

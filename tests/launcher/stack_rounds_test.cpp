@@ -156,6 +156,80 @@ TEST_F(StacksWithTools, ARequestLeavesNoKeysBehind) {
   EXPECT_EQ(store->num_keys(), 1) << "only ddprun_stacks/clean/0/seq should be left";
 }
 
+// A node's view of the round's store that forces one interleaving: an answer written by this
+// node waits (up to 5 s) until its request is gone before the node goes on, and the asker's
+// removal of a request is followed by a pause before the asker's next call. The answer's
+// writer thus checks for the request after the asker removed it, and acts on that before the
+// asker reads the answers.
+class InterleavingStore : public Store {
+ public:
+  InterleavingStore(std::shared_ptr<Store> inner, bool answers_wait_for_request_removal,
+                    bool asker_pauses_after_removal)
+      : inner_(std::move(inner)),
+        answers_wait_(answers_wait_for_request_removal),
+        asker_pauses_(asker_pauses_after_removal) {}
+
+  void set(const std::string& k, const std::string& v) override {
+    inner_->set(k, v);
+    after_write(k);
+  }
+  std::string get(const std::string& k) override { return inner_->get(k); }
+  int64_t add(const std::string& k, int64_t d) override { return inner_->add(k, d); }
+  std::string compare_set(const std::string& k, const std::string& e,
+                          const std::string& d) override {
+    std::string got = inner_->compare_set(k, e, d);
+    after_write(k);
+    return got;
+  }
+  bool delete_key(const std::string& k) override {
+    const bool existed = inner_->delete_key(k);
+    if (asker_pauses_ && k.find("/req/") != std::string::npos) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    return existed;
+  }
+  int64_t num_keys() override { return inner_->num_keys(); }
+  bool check(const std::vector<std::string>& keys) override { return inner_->check(keys); }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds t) override {
+    inner_->wait(keys, t);
+  }
+
+ private:
+  // After node 0 wrote its answer resp/<id>/0: until req/<id> is gone.
+  void after_write(const std::string& key) {
+    const size_t at = key.find("/resp/");
+    if (!answers_wait_ || at == std::string::npos) return;
+    const std::string id = key.substr(at + 6, key.find('/', at + 6) - (at + 6));
+    const std::string request = key.substr(0, at) + "/req/" + id;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (inner_->check({request}) && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  std::shared_ptr<Store> inner_;
+  bool answers_wait_, asker_pauses_;
+};
+
+// An answer written just before the asker stopped waiting is taken, whatever its writer sees
+// afterwards. Before, the asker removed its request first and read the answers after: a writer
+// that checked for the request in between took its own answer for late and deleted it unread
+// (CI's ASan stage, StacksWithTools.AStoreCallAnsweredLateCostsTheRequestNotTheRound).
+TEST_F(StacksWithTools, AnAnswerWrittenAsTheAskerStopsWaitingIsTaken) {
+  const StackServiceOptions so = node_options("edge", one_frame_eu_stack());
+  StackService node0(so), node1(so);
+  node0.set_workers({{0, ::getpid()}});
+  node1.set_workers({{1, ::getpid()}});
+  auto store = std::make_shared<HashStore>();
+  node0.join_round(std::make_shared<InterleavingStore>(store, true, false), 0, 0, 2);
+  node1.join_round(std::make_shared<InterleavingStore>(store, false, true), 0, 1, 2);
+  const auto got =
+      node1.capture_all_nodes(std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  EXPECT_EQ(got.answered, (std::vector<int>{1, 0})) << ::testing::PrintToString(got.notes);
+  node0.leave_round();
+  node1.leave_round();
+  EXPECT_EQ(store->num_keys(), 1) << "only ddprun_stacks/edge/0/seq should be left";
+}
+
 // A node's connection to the round's store that can answer late (its add, check and set throw
 // TimeoutError, as a TcpStore does when the server's reply comes after the limit) or be gone
 // (every call throws NetworkError). Everything else goes to `inner`.
