@@ -4,10 +4,17 @@
 # scripts/requirements.txt (torch 2.13.0 from the package index; its LibTorch is the one the C++
 # build uses). The test profile adds the training frameworks of scripts/requirements-frameworks.txt
 # (tests/frameworks/), installed after torch. Idempotent: when everything is present it touches
-# neither the network, dpkg nor pip. Usage: install-deps.sh [main|test]
+# neither the network, dpkg nor pip. Usage: install-deps.sh [main|test] [system|python]
+# The second argument does one part only: `system` the Debian packages, `python` the virtual
+# environment (scripts/test.sh builds the sanitizer trees, which need no Python, while pip runs).
 set -euo pipefail
 
 profile="${1:-main}"
+part="${2:-all}"
+case "$profile/$part" in
+  main/all | main/system | main/python | test/all | test/system | test/python) ;;
+  *) echo "install-deps: usage: install-deps.sh [main|test] [system|python] (got: $*)" >&2; exit 2 ;;
+esac
 root="$(cd "$(dirname "$0")/.." && pwd)"
 venv="${DDP_VENV:-$root/.venv}"
 requirements="$root/scripts/requirements.txt"
@@ -50,13 +57,16 @@ if [[ ! -x "$venv/bin/python" ]] && ! usable_base "$base_python"; then
 fi
 
 missing=()
+[[ "$part" == python ]] && packages=()
 for pkg in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$pkg")
   fi
 done
 
-if ((${#missing[@]} == 0)); then
+if [[ "$part" == python ]]; then
+  :
+elif ((${#missing[@]} == 0)); then
   echo "install-deps: all ${#packages[@]} packages present"
 else
   echo "install-deps: installing ${missing[*]}"
@@ -69,6 +79,8 @@ else
   $SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq
   $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+[[ "$part" == system ]] && exit 0
 
 # The venv records the requirements it was made from; the same file again installs nothing.
 stamp="$venv/.ddp-requirements.txt"

@@ -47,13 +47,25 @@ for stage in "${stages[@]}"; do
   if [[ "$phase" != test ]]; then
     start=$SECONDS
     echo "=== sanitizer stage: $stage: building ${targets[*]} (build-$stage)"
-    cmake --preset "$stage" >/dev/null
+    # DDP_PYTHON: the interpreter the trees' Python-using tests run (scripts/test.sh names the
+    # virtual environment it is still making); else the build's default (cmake/Dependencies.cmake).
+    configure_args=()
+    [[ -n "${DDP_PYTHON:-}" ]] && configure_args+=("-DDDP_PYTHON=$DDP_PYTHON")
+    cmake --preset "$stage" "${configure_args[@]}" >/dev/null
     build_args=()
     for t in "${targets[@]}"; do build_args+=(--target "$t"); done
     cmake --build --preset "$stage" -j "$jobs" "${build_args[@]}"
     echo "=== sanitizer stage: $stage: built in $((SECONDS - start)) s"
   fi
   [[ "$phase" == build ]] && continue
+  # A fresh tree has no cost data: ctest would start the tests in the order they were added,
+  # the multi-host ones (one at a time: RESOURCE_LOCK) last, and the stage would end on them
+  # alone with the cores idle. tests/sanitizers/ctest_costs_<stage>.txt seeds it.
+  costs="build-$stage/Testing/Temporary/CTestCostData.txt"
+  if [[ ! -s "$costs" ]]; then
+    mkdir -p "$(dirname "$costs")"
+    grep -v '^#' "tests/sanitizers/ctest_costs_$stage.txt" >"$costs"
+  fi
   start=$SECONDS
   echo "=== sanitizer stage: $stage: ctest --preset $stage (label sanitize)"
   test_jobs=$((2 * $(nproc)))

@@ -3,10 +3,11 @@
 # sanitizer stage (scripts/sanitizer-tests.sh: ASan+UBSan and TSan trees, label "sanitize").
 # DDP_SANITIZERS=0 skips that stage; a failure in either stage fails the script.
 #
-# The sanitizer trees are built in the background, at the lowest CPU priority (nice 19), while
-# the main ctest run goes on: most of its tests wait on processes, sockets and timeouts, and the
-# build takes only the CPU they leave idle. Their tests run after the main run, the two trees'
-# side by side.
+# The sanitizer trees are built in the background, at the lowest CPU priority (nice 19), from
+# the moment the Debian packages are there: while pip fills the virtual environment (one core),
+# the main build and the main ctest run, they take only the CPU those leave idle. Their tests
+# run after the main run, the two trees' side by side, each tree's longest first (their cost
+# data is seeded as the main tree's is).
 #
 # Each stage prints its duration ("=== test.sh: <stage> took N s"), so a change that makes one
 # slower shows in every run (README: "How long the tests take").
@@ -27,21 +28,30 @@ took() {
 }
 
 t=$SECONDS
-scripts/install-deps.sh test
-took "install-deps" "$t"
+scripts/install-deps.sh test system
+took "install-deps (Debian packages)" "$t"
 
-t=$SECONDS
-scripts/build.sh -DDDP_BUILD_TESTS=ON
-took "build" "$t"
-
+# The sanitizer trees need no Python: they build from here on, at the lowest CPU priority, on
+# the core pip leaves idle (it runs on one) and on what the build and the main ctest run leave.
 status=0
 sanitizer_build_pid=""
 sanitizer_log="$build_dir/sanitizer-build.log"
 if [[ "${DDP_SANITIZERS:-1}" != 0 ]]; then
+  mkdir -p "$build_dir"
   echo "=== sanitizer stage: building the asan and tsan trees in the background ($sanitizer_log)"
-  DDP_SANITIZER_PHASE=build nice -n 19 scripts/sanitizer-tests.sh >"$sanitizer_log" 2>&1 &
+  # The interpreter the trees' Python-using tests run: the one the next step makes.
+  DDP_PYTHON="${DDP_VENV:-$PWD/.venv}/bin/python" DDP_SANITIZER_PHASE=build \
+    nice -n 19 scripts/sanitizer-tests.sh >"$sanitizer_log" 2>&1 &
   sanitizer_build_pid=$!
 fi
+
+t=$SECONDS
+scripts/install-deps.sh test python
+took "install-deps (Python environment)" "$t"
+
+t=$SECONDS
+scripts/build.sh -DDDP_BUILD_TESTS=ON
+took "build" "$t"
 
 # ctest runs up to DDP_TEST_JOBS tests at once (default: twice the cores); a test that keeps a
 # core busy for long says so with PROCESSORS 2 (tests/CMakeLists.txt, "Scheduling"), so the
