@@ -24,6 +24,7 @@ stages=("$@")
 # <name>_NOT_BUILT, "Not Run", a failure.
 targets_asan=(store_tests launcher_unit_test launcher_e2e_test launcher_test_worker ddprun
               launcher_stacks_test comm_tests comm_worker comm_multiprocess_tests comm_mpi_worker
+              comm_mpi_plugin_worker
               recoverable_group_tests rdzv_tests etcd_tests flight_recorder_tests
               flight_recorder_e2e_tests hang_worker launcher_parse_dump)
 # TSan skips the flight recorder's ddprun runs (process-level concurrency, like the launcher

@@ -15,8 +15,7 @@
 #include "host_topology.hpp"
 
 #ifdef DDP_HAVE_MPI_BACKEND
-#include "ddp/comm/mpi_process_group.hpp"
-#include "mpi/mpi_bootstrap.hpp"
+#include "mpi_plugin.hpp"
 #endif
 #ifdef DDP_HAVE_NCCL_BACKEND
 #include "ddp/comm/nccl_process_group.hpp"
@@ -86,7 +85,7 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   // MPI knows its own rank and size from mpirun; no store needed.
   if (backend == "mpi") {
     warn_debug_collectives_unchecked(options, backend);
-    return make_mpi_process_group(options.timeout);
+    return mpi_detail::mpi_plugin().make_process_group(options.timeout);
   }
 #endif
 
@@ -164,7 +163,7 @@ std::shared_ptr<Store> store_from_env(int rank, int world_size, const WorldInfo&
       (world.source == "default" && env::get("OMPI_COMM_WORLD_SIZE").has_value());
 #ifdef DDP_HAVE_MPI_BACKEND
   if (started_by_mpirun && !port) {
-    return mpi_detail::bootstrap_store_over_mpi(rank, world_size, timeout);
+    return mpi_detail::mpi_plugin().bootstrap_store(rank, world_size, timeout);
   }
 #endif
   if (!addr || addr->empty() || !port) {

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# ddp for a Python user: `pip wheel` and `pip install <checkout>` into a fresh virtual
+# ddp for a Python user: the wheel of scripts/wheel.sh and `pip install <checkout>` into a fresh virtual
 # environment that holds only torch, then a 2-rank job with the environment's own ddprun and
 # `import ddp`, as the user runs it (the environment's bin/ first on PATH, as after `activate`).
 #
-#   1. pip wheel --no-build-isolation, run by the build's interpreter (PYTHON, the .venv with
-#      torch and scikit-build-core): the wheel installs into the fresh environment (same torch).
+#   1. scripts/wheel.sh: pip wheel --no-build-isolation by the build's interpreter (PYTHON, the
+#      .venv with torch and scikit-build-core), then auditwheel repair: a manylinux wheel that
+#      carries the libraries it loads (Gloo, curl, spdlog, fmt, ..., with their licenses) but no
+#      MPI; it installs into the fresh environment (same torch), whose ddprun and ddp._C load
+#      those libraries from the wheel.
 #   2. pip uninstall, then pip install SOURCE_DIR into the fresh environment with pip's build
 #      isolation (scikit-build-core from the package index): the build finds the environment's
 #      torch, not the .venv's.
@@ -57,20 +60,43 @@ run_job() {
   done
 }
 
-echo "== pip wheel (built by $PYTHON, without build isolation)"
-"$PYTHON" -m pip wheel --no-build-isolation --no-deps -w "$WORK/wheels" \
-  --config-settings=build-dir="$PIP_BUILD.wheel" "$SOURCE" >"$WORK/wheel.log" 2>&1 ||
-  { tail -n 60 "$WORK/wheel.log"; fail "pip wheel"; }
-wheel="$(ls "$WORK"/wheels/ddp-*.whl)"
-echo "wheel: $(basename "$wheel")"
+echo "== scripts/wheel.sh (pip wheel by $PYTHON, then auditwheel repair)"
+DDP_PYTHON="$PYTHON" DDP_WHEEL_BUILD_DIR="$PIP_BUILD.wheel" \
+  DDP_WHEEL_TOOLS_VENV="$BUILD/wheel-tools-venv" "$SOURCE/scripts/wheel.sh" "$WORK/wheels" \
+  >"$WORK/wheel.log" 2>&1 || { tail -n 60 "$WORK/wheel.log"; fail "scripts/wheel.sh"; }
+wheel="$(tail -n 1 "$WORK/wheel.log")"
+[[ -f "$wheel" ]] || { cat "$WORK/wheel.log"; fail "scripts/wheel.sh did not name its wheel last"; }
+echo "wheel: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
+# The platform tag auditwheel gives only to a wheel whose every other library is inside it.
+[[ "$(basename "$wheel")" == *-manylinux_2_*_x86_64.whl ]] ||
+  fail "the wheel's platform tag is not manylinux: $(basename "$wheel")"
 "$PYTHON" -m zipfile -l "$wheel" | awk '{print $1}' >"$WORK/wheel.files"
 for f in ddp/__init__.py ddp/_build_info.py ddp_torch_plugin/__init__.py \
-  ddp-0.1.0.data/scripts/ddprun; do
+  ddp-0.1.0.data/scripts/ddprun ddp/libddp_comm_mpi.so \
+  ddp-0.1.0.dist-info/licenses/ddp.libs/libgloo0.copyright \
+  ddp-0.1.0.dist-info/licenses/ddp.libs/libcurl4.copyright; do
   grep -qx "$f" "$WORK/wheel.files" || { cat "$WORK/wheel.files"; fail "the wheel lacks $f"; }
 done
 grep -q '^ddp/_C\..*\.so$' "$WORK/wheel.files" || fail "the wheel lacks the extension ddp/_C"
+for lib in libgloo libcurl libspdlog libfmt; do
+  grep -q "^ddp.libs/$lib-" "$WORK/wheel.files" || fail "the wheel does not carry $lib"
+done
+# MPI is the cluster's own, loaded by the mpi backend only when asked for: never in the wheel.
+if grep -q '^ddp.libs/lib\(mpi\|open-pal\|open-rte\)' "$WORK/wheel.files"; then
+  fail "the wheel carries an MPI library: $(grep 'ddp.libs/lib\(mpi\|open-\)' "$WORK/wheel.files")"
+fi
 "$WORK/venv/bin/python" -m pip install -q --no-deps "$wheel" || fail "installing the wheel"
-run_job "pip wheel"
+run_job "the wheel of scripts/wheel.sh"
+# ddprun and ddp._C of the installed wheel load the libraries inside it, not the machine's.
+site="$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("platlib"))')"
+for elf in "$site"/ddp.scripts/ddprun "$site"/ddp/_C.*.so; do
+  deps="$(LD_LIBRARY_PATH= ldd "$elf")"
+  for lib in libgloo libcurl libspdlog libfmt libmpi; do
+    line="$(grep "$lib[.-]" <<<"$deps" || true)"
+    [[ -z "$line" || "$line" == *"=> $site/"*"ddp.libs/$lib-"* ]] ||
+      fail "$(basename "$elf") loads $lib from outside the wheel: $line"
+  done
+done
 
 # No `import ddp`: the environment registers the backend through torch's plugin entry point,
 # under ddprun, under --recovery step (the script imports ddp only after init_process_group and
