@@ -10,6 +10,8 @@
 #      (the user's torch provides them), CUDA's and NCCL's (torch's nvidia-* packages), and MPI
 #      (the cluster's own: the mpi backend is a plugin loaded only when asked for).
 #   3. The license of every copied library goes into the wheel (scripts/wheel_licenses.py).
+#   4. The wheel's version gets the torch it was built for as its local label
+#      (ddp-0.1.0+torch2.13.0.cpu-...: scripts/wheel_torch_label.py).
 #
 # Usage: scripts/wheel.sh [OUT_DIR]   (default dist/; prints the wheel's path last)
 # DDP_PYTHON: the interpreter with torch (default: the checkout's .venv, as install-deps.sh
@@ -49,5 +51,8 @@ PATH="$tools/bin:$PATH" auditwheel repair -w "$work/repaired" "${excludes[@]}" "
   >"$work/repair.log" 2>&1 || { cat "$work/repair.log" >&2; exit 1; }
 wheel="$(ls "$work"/repaired/ddp-*.whl)"
 "$tools/bin/python" "$root/scripts/wheel_licenses.py" "$wheel"
+# The name says which torch the wheel is for: ddp-0.1.0+torch2.13.0.cpu-cp311-...
+torch_version="$("$python" -I -c 'import torch; print(torch.__version__)')"
+wheel="$("$tools/bin/python" "$root/scripts/wheel_torch_label.py" "$wheel" "$torch_version")"
 mv -f "$wheel" "$out/"
 echo "$out/$(basename "$wheel")"

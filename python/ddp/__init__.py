@@ -22,7 +22,9 @@ def _check_torch_version():
     if found != _BUILT_FOR_TORCH:
         raise ImportError(
             f"ddp was built against torch {_BUILT_FOR_TORCH}, but this environment has torch "
-            f"{torch.__version__} ({torch.__file__}); rebuild ddp for it: pip install "
+            f"{torch.__version__} ({torch.__file__}); install the ddp wheel made for torch "
+            f"{found} (its name says: ddp-<version>+torch{found}...; scripts/wheel.sh makes one "
+            f"against this environment's torch), or rebuild ddp for it: pip install "
             f"--force-reinstall --no-deps <ddp checkout> (or scripts/build.sh in the checkout)")
 
 

@@ -67,14 +67,19 @@ DDP_PYTHON="$PYTHON" DDP_WHEEL_BUILD_DIR="$PIP_BUILD.wheel" \
 wheel="$(tail -n 1 "$WORK/wheel.log")"
 [[ -f "$wheel" ]] || { cat "$WORK/wheel.log"; fail "scripts/wheel.sh did not name its wheel last"; }
 echo "wheel: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
-# The platform tag auditwheel gives only to a wheel whose every other library is inside it.
+# The platform tag auditwheel gives only to a wheel whose every other library is inside it, and
+# the torch it was built for in its version.
 [[ "$(basename "$wheel")" == *-manylinux_2_*_x86_64.whl ]] ||
   fail "the wheel's platform tag is not manylinux: $(basename "$wheel")"
+torch_version="$("$PYTHON" -I -c 'import torch; print(torch.__version__.replace("+", "."))')"
+dist="ddp-0.1.0+torch$torch_version"
+[[ "$(basename "$wheel")" == "$dist"-* ]] ||
+  fail "the wheel's name does not say torch $torch_version: $(basename "$wheel")"
 "$PYTHON" -m zipfile -l "$wheel" | awk '{print $1}' >"$WORK/wheel.files"
 for f in ddp/__init__.py ddp/_build_info.py ddp_torch_plugin/__init__.py \
-  ddp-0.1.0.data/scripts/ddprun ddp/libddp_comm_mpi.so \
-  ddp-0.1.0.dist-info/licenses/ddp.libs/libgloo0.copyright \
-  ddp-0.1.0.dist-info/licenses/ddp.libs/libcurl4.copyright; do
+  "$dist.data/scripts/ddprun" ddp/libddp_comm_mpi.so \
+  "$dist.dist-info/licenses/ddp.libs/libgloo0.copyright" \
+  "$dist.dist-info/licenses/ddp.libs/libcurl4.copyright"; do
   grep -qx "$f" "$WORK/wheel.files" || { cat "$WORK/wheel.files"; fail "the wheel lacks $f"; }
 done
 grep -q '^ddp/_C\..*\.so$' "$WORK/wheel.files" || fail "the wheel lacks the extension ddp/_C"
@@ -112,7 +117,7 @@ no_import_job() {
   grep "no import ddp" <<<"$out"
   for rank in 0 1; do
     grep -q "rank $rank of 2: no import ddp, $expected\$" <<<"$out" ||
-      fail "no import ddp, $what: rank $rank did not report '$expected'"
+      { echo "$out"; fail "no import ddp, $what: rank $rank did not report '$expected'"; }
   done
 }
 no_import_job ddprun "all_reduce ok" "$WORK/venv/bin/ddprun"
