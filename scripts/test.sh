@@ -43,6 +43,8 @@ if [[ "${DDP_SANITIZERS:-1}" != 0 ]]; then
   DDP_PYTHON="${DDP_VENV:-$PWD/.venv}/bin/python" DDP_SANITIZER_PHASE=build \
     nice -n 19 scripts/sanitizer-tests.sh >"$sanitizer_log" 2>&1 &
   sanitizer_build_pid=$!
+  # A step below that fails ends this script (set -e): the build must not outlive it.
+  trap '[[ -n "$sanitizer_build_pid" ]] && kill -- "$sanitizer_build_pid" 2>/dev/null; true' EXIT
 fi
 
 t=$SECONDS
@@ -72,7 +74,10 @@ took "main stage (ctest)" "$t"
 
 if [[ -n "$sanitizer_build_pid" ]]; then
   t=$SECONDS
-  if wait "$sanitizer_build_pid"; then
+  build_ok=0
+  wait "$sanitizer_build_pid" || build_ok=$?
+  sanitizer_build_pid=""
+  if ((build_ok == 0)); then
     grep '^=== sanitizer stage' "$sanitizer_log" || true
     took "waiting for the sanitizer trees' build" "$t"
     # The two trees' tests run side by side (they mostly wait on processes and sockets: the
