@@ -67,36 +67,43 @@ LoadedMpiPlugin load_mpi_plugin() {
 #endif
     candidates.push_back(kMpiPluginFile);  // the dynamic loader's search
   }
-  std::vector<std::string> tried;
+  // The first copy found is the one: when it cannot be loaded (its MPI library is missing),
+  // another copy of the same plugin would not be either.
+  std::vector<std::string> looked_in;
+  std::string failed;
   for (const std::string& path : candidates) {
     const bool by_name = path.find('/') == std::string::npos;
     std::error_code ec;
     if (!by_name && !std::filesystem::exists(path, ec)) {
-      tried.push_back(path + ": no such file");
+      looked_in.push_back(path);
       continue;
     }
     void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!handle) {
       const char* why = ::dlerror();
-      // Found but unloadable (its MPI library is missing) says more than "not found".
-      if (!by_name || (why && std::string(why).find(kMpiPluginFile) == std::string::npos)) {
-        tried.push_back(why ? why : path + ": cannot be loaded");
-      } else {
-        tried.push_back(fmt::format("{} is not on the loader's path", kMpiPluginFile));
+      const std::string reason = why ? why : path + ": cannot be loaded";
+      if (by_name && reason.find(kMpiPluginFile) != std::string::npos) {
+        looked_in.push_back("the dynamic loader's path");  // not found there either
+        continue;
       }
-      continue;
+      failed = reason;
+      break;
     }
-    const std::string refused = take_mpi_plugin(handle, path, out);
-    if (refused.empty()) return out;  // stays loaded for the process
-    tried.push_back(refused);
+    failed = take_mpi_plugin(handle, path, out);
+    if (failed.empty()) return out;  // stays loaded for the process
     ::dlclose(handle);
+    break;
+  }
+  if (failed.empty()) {
+    failed =
+        fmt::format("{} was not found (looked in: {})", kMpiPluginFile, fmt::join(looked_in, ", "));
   }
   out.error = fmt::format(
       "the mpi backend could not be loaded: {}. It needs an MPI library (Open MPI 4 or 5: "
       "libmpi.so.40): load your cluster's MPI (e.g. `module load openmpi`) or install Open MPI "
       "(apt install openmpi-bin), or use backend \"gloo\" or \"cpu\"; DDP_MPI_PLUGIN names the "
       "plugin's file when it lies elsewhere",
-      fmt::join(tried, "; "));
+      failed);
   return out;
 }
 
