@@ -35,8 +35,14 @@ trap 'rm -rf "$work"' EXIT
 echo "wheel.sh: pip wheel (built by $python)"
 # build-dir: at the main build's depth below the checkout, so ccache gives back its objects
 # (tests/package/pip_install_test.sh says why).
-"$python" -m pip wheel -q --no-build-isolation --no-deps -w "$work/raw" \
-  --config-settings=build-dir="${DDP_WHEEL_BUILD_DIR:-$root/build-wheel}" "$root"
+settings=(--config-settings=build-dir="${DDP_WHEEL_BUILD_DIR:-$root/build-wheel}")
+# A CPU torch has no CUDA tensors for the nccl backend to carry: its wheel leaves the backend
+# out, and with it the need for NCCL's library (which the wheel never carries: a CUDA torch
+# brings it, pip's nvidia-nccl-cu* package).
+if [[ -z "$("$python" -I -c 'import torch; print(torch.version.cuda or "")')" ]]; then
+  settings+=(--config-settings=cmake.define.DDP_WITH_NCCL=OFF)
+fi
+"$python" -m pip wheel -q --no-build-isolation --no-deps -w "$work/raw" "${settings[@]}" "$root"
 raw="$(ls "$work"/raw/ddp-*.whl)"
 
 echo "wheel.sh: auditwheel repair"

@@ -96,6 +96,10 @@ run_job "the wheel of scripts/wheel.sh"
 site="$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("platlib"))')"
 for elf in "$site"/ddp.scripts/ddprun "$site"/ddp/_C.*.so; do
   deps="$(LD_LIBRARY_PATH= ldd "$elf")"
+  # Every library found (torch's: _C's RUNPATH reaches the environment's torch/lib).
+  if grep -q "not found" <<<"$deps"; then
+    fail "$(basename "$elf") of the installed wheel lacks libraries: $(grep "not found" <<<"$deps")"
+  fi
   for lib in libgloo libcurl libspdlog libfmt libmpi; do
     line="$(grep "$lib[.-]" <<<"$deps" || true)"
     [[ -z "$line" || "$line" == *"=> $site/"*"ddp.libs/$lib-"* ]] ||
