@@ -59,14 +59,6 @@ for stage in "${stages[@]}"; do
     echo "=== sanitizer stage: $stage: built in $((SECONDS - start)) s"
   fi
   [[ "$phase" == build ]] && continue
-  # A fresh tree has no cost data: ctest would start the tests in the order they were added,
-  # the multi-host ones (one at a time: RESOURCE_LOCK) last, and the stage would end on them
-  # alone with the cores idle. tests/sanitizers/ctest_costs_<stage>.txt seeds it.
-  costs="build-$stage/Testing/Temporary/CTestCostData.txt"
-  if [[ ! -s "$costs" ]]; then
-    mkdir -p "$(dirname "$costs")"
-    grep -v '^#' "tests/sanitizers/ctest_costs_$stage.txt" >"$costs"
-  fi
   start=$SECONDS
   echo "=== sanitizer stage: $stage: ctest --preset $stage (label sanitize)"
   test_jobs=$((2 * $(nproc)))
