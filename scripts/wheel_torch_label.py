@@ -6,17 +6,12 @@ dist-info and data folders, METADATA's Version and RECORD follow). torch stays o
 wheel's requirements on purpose: pip must never replace the user's torch for ddp.
 Usage: wheel_torch_label.py WHEEL TORCH_VERSION (e.g. 2.13.0+cpu); prints the new wheel's path.
 """
-import base64
-import hashlib
 import os
 import re
 import sys
 import zipfile
 
-
-def record_line(name, data):
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"{name},sha256={digest},{len(data)}"
+from wheel_licenses import record_line  # RECORD's line for one file (this script's folder)
 
 
 def local_label(torch_version):
