@@ -32,9 +32,9 @@ inline constexpr const char* kMpiPluginFile = "libddp_comm_mpi.so";
 // this order: the process already holding it (a program linked with ddp::comm_mpi); then
 // only the file named by $DDP_MPI_PLUGIN when set; else kMpiPluginFile beside the object that
 // holds ddp_comm (ddp's Python extension, a program) and in ../lib from there, the build tree's
-// copy, then the dynamic loader's own search (LD_LIBRARY_PATH, the program's RUNPATH). Throws
-// UsageError naming every place tried and why each failed (most often: no libmpi.so.40, i.e. no MPI
-// on the machine).
+// copy, then the dynamic loader's own search (LD_LIBRARY_PATH, the program's RUNPATH). The
+// first copy found is the one. Throws UsageError saying why it could not be loaded (most often:
+// no libmpi.so.40, i.e. no MPI on the machine) or where it was looked for.
 const MpiPluginV1& mpi_plugin();
 
 }  // namespace ddp::mpi_detail
