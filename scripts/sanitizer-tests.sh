@@ -52,6 +52,10 @@ for stage in "${stages[@]}"; do
     # virtual environment it is still making); else the build's default (cmake/Dependencies.cmake).
     configure_args=()
     [[ -n "${DDP_PYTHON:-}" ]] && configure_args+=("-DDDP_PYTHON=$DDP_PYTHON")
+    # DDP_SANITIZER_CCACHE: the tree's DDP_CCACHE (CMakeLists.txt), set only on a fresh tree
+    # (changing it later would recompile everything); scripts/test.sh says off on a cold cache.
+    [[ -n "${DDP_SANITIZER_CCACHE:-}" && ! -f "build-$stage/CMakeCache.txt" ]] &&
+      configure_args+=("-DDDP_CCACHE=$DDP_SANITIZER_CCACHE")
     cmake --preset "$stage" "${configure_args[@]}" >/dev/null
     build_args=()
     for t in "${targets[@]}"; do build_args+=(--target "$t"); done

@@ -2,11 +2,14 @@
 # Builds the libFuzzer targets with clang in their own build dir and runs each for a short,
 # bounded time: a regression check that the parsers of network and disk bytes still survive
 # random input. Long campaigns: run the binaries by hand with -max_total_time.
-# Usage: run_fuzzers.sh SOURCE_DIR BUILD_DIR SECONDS_PER_TARGET
+# Usage: run_fuzzers.sh SOURCE_DIR BUILD_DIR SECONDS_PER_TARGET [with-torch]
+# with-torch: the calling build has LibTorch, so snapshot_pickle_fuzz must build and run here
+# too (its absence fails the test instead of skipping the target).
 set -euo pipefail
 src="$1"
 build="$2"
 seconds="$3"
+torch_required=$([[ "${4:-}" == with-torch ]] && echo 1 || echo 0)
 
 if ! command -v clang++-14 >/dev/null; then
   echo "SKIP: clang++-14 is not installed (scripts/install-deps.sh test installs it)"
@@ -20,8 +23,16 @@ CC=clang-14 CXX=clang++-14 cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TY
   -DDDP_BUILD_FUZZERS=ON -DDDP_BUILD_TESTS=OFF -DDDP_BUILD_BENCH=OFF -DDDP_WITH_TORCH=ON \
   >/dev/null
 targets=(store_frame_fuzz idx_fuzz etcd_reply_fuzz dcp_metadata_fuzz)
-if cmake --build "$build" --target help | grep -q '^snapshot_pickle_fuzz:'; then
+# The list first, then the search: `grep -q` in a pipe stops reading at its match, ninja dies of
+# SIGPIPE, and under pipefail the target looked absent (it was skipped in every run until
+# 2026-11-29).
+build_targets="$(cmake --build "$build" --target help)"
+if grep -q '^snapshot_pickle_fuzz:' <<<"$build_targets"; then
   targets+=(snapshot_pickle_fuzz)
+elif ((torch_required)); then
+  echo "FAIL: the fuzz build has no snapshot_pickle_fuzz target, but the build that runs this" \
+    "test has LibTorch (see cmake's warning above)"
+  exit 1
 else
   echo "SKIP snapshot_pickle_fuzz: LibTorch was not found by the fuzz build (see cmake's warning" \
     "above; scripts/install-deps.sh makes .venv/ with torch)"

@@ -38,7 +38,11 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 echo "== a fresh virtual environment with only $TORCH_PIN"
 base="$("$PYTHON" -c 'import sys; print(sys._base_executable)')"
 "$base" -m venv "$WORK/venv"
-"$WORK/venv/bin/python" -m pip install -q "$TORCH_PIN" >"$WORK/torch.log" 2>&1 ||
+# torch's modules become bytecode as the jobs import them, not all of them at install (pip's
+# default compiles every module, about 25 s of CPU, most of which no job here imports); so this
+# script's Python processes may write bytecode, whatever the caller's PYTHONDONTWRITEBYTECODE.
+unset PYTHONDONTWRITEBYTECODE
+"$WORK/venv/bin/python" -m pip install -q --no-compile "$TORCH_PIN" >"$WORK/torch.log" 2>&1 ||
   { cat "$WORK/torch.log"; fail "installing $TORCH_PIN"; }
 installed="$("$WORK/venv/bin/python" -m pip list --format=freeze 2>/dev/null | cut -d= -f1 | sort | tr '\n' ' ')"
 echo "packages: $installed"
