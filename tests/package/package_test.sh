@@ -15,23 +15,31 @@ WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
-# Builds the consumer against PREFIX and runs it under PREFIX's ddprun at 2 ranks.
+# Builds the consumer against PREFIX and runs it under PREFIX's ddprun at 2 ranks. PREFIX is
+# TOP/usr and the consumer builds in TOP/build, so with ccache (when installed) and TOP as its
+# base folder the compiler's command line is the same for the install prefix and the .deb's
+# contents: the second compile of the same file against the same headers is a cache hit (the
+# headers' contents are hashed), not 25 s of CPU again; it still configures, links and runs
+# against that prefix.
 build_and_run_consumer() {
-  local prefix="$1" name="$2"
+  local prefix="$1" name="$2" launcher=()
+  local top="${prefix%/usr}"
   echo "== consumer against $name ($prefix)"
+  command -v ccache >/dev/null &&
+    launcher=("-DCMAKE_CXX_COMPILER_LAUNCHER=env;CCACHE_BASEDIR=$top;ccache")
   # As a user whose virtual environment holds torch: its python3 first on PATH, through which
   # find_package(ddp) finds the wheel's LibTorch.
   PATH="$(dirname "$PYTHON"):$PATH" \
-  cmake -S "$SOURCE/tests/package/consumer" -B "$WORK/consumer-$name" -G Ninja \
+  cmake -S "$SOURCE/tests/package/consumer" -B "$top/build" -G Ninja "${launcher[@]}" \
         -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" >"$WORK/configure-$name.log" 2>&1 ||
     { cat "$WORK/configure-$name.log"; fail "configuring the consumer against $name"; }
   grep -q "ddp $VERSION from $prefix" "$WORK/configure-$name.log" ||
     { cat "$WORK/configure-$name.log"; fail "find_package(ddp) did not find $name's ddp $VERSION"; }
-  cmake --build "$WORK/consumer-$name" -j 2 >"$WORK/build-$name.log" 2>&1 ||
+  cmake --build "$top/build" -j 2 >"$WORK/build-$name.log" 2>&1 ||
     { cat "$WORK/build-$name.log"; fail "building the consumer against $name"; }
   local out
   out=$(timeout 120 "$prefix/bin/ddprun" --standalone --nproc-per-node 2 \
-          "$WORK/consumer-$name/consumer" 2>&1) || { echo "$out"; fail "consumer under $name's ddprun"; }
+          "$top/build/consumer" 2>&1) || { echo "$out"; fail "consumer under $name's ddprun"; }
   echo "$out"
   for rank in 0 1; do
     grep -q "consumer rank $rank of 2: ddp $VERSION, 8 steps, parameters equal across ranks" <<<"$out" ||
@@ -83,11 +91,11 @@ check_tree() {
 }
 
 echo "== cmake --install into a fresh prefix"
-cmake --install "$BUILD" --prefix "$WORK/prefix" >"$WORK/install.log" 2>&1 ||
+cmake --install "$BUILD" --prefix "$WORK/install/usr" >"$WORK/install.log" 2>&1 ||
   { cat "$WORK/install.log"; fail "cmake --install"; }
-check_tree "$WORK/prefix" "install prefix"
-check_python "$WORK/prefix" "install prefix"
-build_and_run_consumer "$WORK/prefix" install
+check_tree "$WORK/install/usr" "install prefix"
+check_python "$WORK/install/usr" "install prefix"
+build_and_run_consumer "$WORK/install/usr" install
 
 echo "== cpack -G DEB"
 (cd "$BUILD" && cpack -G DEB -B "$WORK/deb" >"$WORK/cpack.log" 2>&1) ||
@@ -106,8 +114,8 @@ grep -q "^ Depends: .*libstdc++6 (>= " <<<"$info" || fail "no shlibdeps-computed
 for dep in libgloo-dev libfmt-dev libspdlog-dev; do
   grep -q "^ Depends: .*$dep" <<<"$info" || fail "Depends lacks $dep"
 done
-dpkg-deb -x "$deb" "$WORK/root"
-check_tree "$WORK/root/usr" ".deb"
-check_python "$WORK/root/usr" ".deb"
-build_and_run_consumer "$WORK/root/usr" deb
+dpkg-deb -x "$deb" "$WORK/deb-root"
+check_tree "$WORK/deb-root/usr" ".deb"
+check_python "$WORK/deb-root/usr" ".deb"
+build_and_run_consumer "$WORK/deb-root/usr" deb
 echo "PASS: installed and packaged ddp build and run a find_package(ddp) trainer at 2 ranks"
