@@ -14,7 +14,8 @@ fail() { echo "FAIL: $*"; echo "---- output"; echo "$out"; exit 1; }
 
 unset MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK
 out=$(timeout 240 mpirun -np 2 --allow-run-as-root --oversubscribe --tag-output \
-        "$MNIST" --epochs 1 --max-steps 30 2>&1) || fail "mpirun exited non-zero or ran over 240 s"
+        "$MNIST" --epochs 1 --max-steps 30 --test-images 1000 2>&1) ||
+  fail "mpirun exited non-zero or ran over 240 s"
 echo "$out"
 [[ $(grep -c 'started by mpirun without MASTER_ADDR/MASTER_PORT: rank 0 hosts the store at 127.0.0.1:[0-9]* and sent that address to the 2 ranks over MPI' <<<"$out") -eq 1 ]] ||
   fail "expected rank 0's one log line about the MPI bootstrap"
