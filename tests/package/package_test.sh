@@ -82,11 +82,14 @@ check_tree() {
   fi
   [[ "$("$prefix/bin/ddprun" --version)" == "ddprun (ddp) $VERSION" ]] ||
     fail "$name: ddprun --version says '$("$prefix/bin/ddprun" --version)'"
-  gzip -dc "$prefix/share/man/man1/ddprun.1.gz" | grep -q "^\.TH DDPRUN 1 .*ddp $VERSION" ||
+  # Read once, then searched: `gzip -dc | grep -q` fails under pipefail once the page outgrows
+  # the pipe's buffer (grep exits at its match, gzip dies of SIGPIPE).
+  local man
+  man="$(gzip -dc "$prefix/share/man/man1/ddprun.1.gz")" || fail "$name: the man page is unreadable"
+  grep -q "^\.TH DDPRUN 1 .*ddp $VERSION" <<<"$man" ||
     fail "$name: the man page does not carry version $VERSION"
   for sub in doctor trace; do
-    gzip -dc "$prefix/share/man/man1/ddprun.1.gz" | grep -q "^\.B ddprun $sub" ||
-      fail "$name: the man page's synopsis lacks 'ddprun $sub'"
+    grep -q "^\.B ddprun $sub" <<<"$man" || fail "$name: the man page's synopsis lacks 'ddprun $sub'"
   done
 }
 
