@@ -125,8 +125,8 @@ class _DdpBackendGroups:
         return ""  # the failed collective's PeerLostError says it
 
     # ddp's RecoverableGroup ends the collectives in flight itself at the notice.
-    def bound(self, future):
-        return future
+    def bound(self, work):
+        return work.get_future()
 
     def wait(self, work):
         work.wait()
@@ -250,7 +250,7 @@ class StepManager:
     def _average_hook(self, bucket):
         buffer = bucket.buffer()
         try:
-            fut = self._groups.bound(self._groups.group.allreduce([buffer]).get_future())
+            fut = self._groups.bound(self._groups.group.allreduce([buffer]))
         except RuntimeError as e:
             self._hook_error = self._hook_error or e
             done = torch.futures.Future()

@@ -100,38 +100,32 @@ def make_group(store, prefix, rank, size, spec, timeout):
 
 
 class PendingWaits:
-    """Futures of one generation's collectives that its loss must end at once:
-    ``bound(future)`` gives a future that completes as `future` does, or fails with the loss's
-    message when ``fail_all`` comes first (the collective itself may go on: what waits for it no
-    longer does). Generations keep a late ``fail_all`` of an older one from failing a newer
-    one's waits."""
+    """Waits on one generation's collectives that its loss must end at once: ``bound(work)``
+    gives a future that completes as `work`'s does, or fails with the loss's message when
+    ``fail_all`` comes first (the collective itself may go on: what waits for it no longer
+    does). Generations keep a late ``fail_all`` of an older one from failing a newer one's waits.
+
+    The binding is ddp._C's (python/src/bound_work.hpp): `work`'s completion runs no Python, so
+    a lost generation's collective that ends late, even while the interpreter finalizes, takes
+    no GIL (a Python callback there aborted the exiting worker)."""
 
     def __init__(self, generation=0):
         self._lock = threading.Lock()
-        self._pending = set()
+        self._pending = []  # bound Works not known to be completed
         self._generation = generation
         self._failed = None  # fail_all()'s message for this generation
 
-    def bound(self, future):
-        out = torch.futures.Future()
+    def bound(self, work):
+        bound = _C._bind_work(work)
         with self._lock:
-            if self._failed is not None:
-                out.set_exception(RuntimeError(self._failed))
-                return out
-            self._pending.add(out)
-
-        def forward(done):
-            with self._lock:
-                if out not in self._pending:
-                    return  # failed by the notice already
-                self._pending.discard(out)
-            try:
-                out.set_result(done.value())
-            except RuntimeError as e:  # the collective's own error
-                out.set_exception(e)
-
-        future.add_done_callback(forward)
-        return out
+            # Completed ones are dropped here (no callback of the source's removes them).
+            self._pending = [w for w in self._pending if not w.is_completed()]
+            failed = self._failed
+            if failed is None:
+                self._pending.append(bound)
+        if failed is not None:
+            _C._fail_bound_work(bound, failed)
+        return bound.get_future()
 
     def fail_all(self, message, generation):
         """Fails every pending wait of `generation`, and every later one until reopen(), with
@@ -140,9 +134,9 @@ class PendingWaits:
             if generation != self._generation:
                 return
             self._failed = message
-            pending, self._pending = self._pending, set()
-        for out in pending:
-            out.set_exception(RuntimeError(message))
+            pending, self._pending = self._pending, []
+        for bound in pending:
+            _C._fail_bound_work(bound, message)
 
     def reopen(self, generation):
         """The waits of `generation` begin: none fails until its own fail_all()."""
@@ -190,13 +184,14 @@ class TorchGenerations:
         ...)"); "" while none is announced."""
         return self._membership.loss()
 
-    def bound(self, future):
-        """`future` (of a collective on ``group``), ended at once by a loss (PendingWaits)."""
-        return self._waits.bound(future)
+    def bound(self, work):
+        """The future of `work` (a collective on ``group``), ended at once by a loss
+        (PendingWaits)."""
+        return self._waits.bound(work)
 
     def wait(self, work):
         """Waits for `work` of ``group``; RuntimeError when it fails or a loss is announced."""
-        return self.bound(work.get_future()).wait()
+        return self.bound(work).wait()
 
     def reform(self):
         """Aborts the current group, joins the newest generation with every member, and makes

@@ -4,6 +4,7 @@
 #include <pybind11/chrono.h>
 #include <torch/extension.h>
 
+#include "bound_work.hpp"
 #include "ddp/comm/types.hpp"
 #include "ddp/util/error.hpp"
 #include "job_store.hpp"
@@ -75,6 +76,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::call_guard<py::gil_scoped_release>(),
       "Joins the newest membership generation (collective; blocks up to the group timeout).");
   ddp::python::bind_recovery_membership(m);
+  // StepManager's waits on PyTorch's backends (python/ddp/torch_generations.py: PendingWaits).
+  m.def(
+      "_bind_work",
+      [](const c10::intrusive_ptr<c10d::Work>& source) -> c10::intrusive_ptr<c10d::Work> {
+        return c10::make_intrusive<ddp::python::BoundWork>(source);
+      },
+      py::arg("source"),
+      "A Work whose future completes as `source`'s does, or fails first by _fail_bound_work; "
+      "`source`'s completion runs no Python (python/src/bound_work.hpp).");
+  m.def(
+      "_fail_bound_work",
+      [](const c10::intrusive_ptr<c10d::Work>& work, const std::string& message) {
+        auto* bound = dynamic_cast<ddp::python::BoundWork*>(work.get());
+        if (bound == nullptr) {
+          throw ddp::UsageError("_fail_bound_work: not a Work of _bind_work");
+        }
+        return bound->fail(message);
+      },
+      py::arg("work"), py::arg("message"),
+      "Fails the bound Work's future with `message` (a RuntimeError) unless it completed; "
+      "True when this call ended it.");
   m.def(
       "_quiesce_for_exit",
       [](double limit_s) {
