@@ -20,11 +20,11 @@ constexpr StackRequestChannel::Clock::time_point kNotMissing =
 // valid encode_stacks text).
 const std::string kClosed = "closed";
 
-void warn(const std::string& text) {
+}  // namespace
+
+void warn_stacks(const std::string& text) {
   ddp::log::get("ddp.launcher")->warn("ddprun stacks: {}", text);
 }
-
-}  // namespace
 
 StackRequestChannel::StackRequestChannel(Store& store, std::string prefix, int node_rank,
                                          int num_nodes, Capture capture)
@@ -150,7 +150,7 @@ bool StackRequestChannel::serve_request(std::chrono::milliseconds wait) {
     // Answer a little before the asker stops waiting.
     encoded = encode_stacks(capture_(Clock::now() + std::chrono::milliseconds(budget_ms * 8 / 10)));
   } catch (const std::exception& e) {
-    warn(fmt::format("request {} from node rank {} failed: {}", next_, from, e.what()));
+    warn_stacks(fmt::format("request {} from node rank {} failed: {}", next_, from, e.what()));
     return true;
   }
   const std::string answer = answer_key(next_, me_);
@@ -175,7 +175,7 @@ bool StackRequestChannel::abandoned() {
   const auto now = Clock::now();
   if (missing_since_ == kNotMissing) missing_since_ = now;
   if (now - missing_since_ < kAbandonedRequest) return false;
-  warn(fmt::format(
+  warn_stacks(fmt::format(
       "stack request {} is not in the store (its asker stopped before posting it, or stopped "
       "waiting and removed it before this node answered); serving the later ones",
       next_));

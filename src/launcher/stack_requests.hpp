@@ -83,4 +83,7 @@ class StackRequestChannel {
   Clock::time_point missing_since_;  // since when request next_ has been seen missing
 };
 
+// Logs `text` as a warning of `ddprun stacks` (logger "ddp.launcher").
+void warn_stacks(const std::string& text);
+
 }  // namespace ddp::launcher::detail

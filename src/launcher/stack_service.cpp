@@ -43,10 +43,6 @@ constexpr std::chrono::milliseconds kClientSendLimit{2000};
 // arrives; one that does not must not hold the service).
 constexpr std::chrono::milliseconds kClientReadLimit{5000};
 
-void warn(const std::string& text) {
-  ddp::log::get("ddp.launcher")->warn("ddprun stacks: {}", text);
-}
-
 // Writes all of `data` to the non-blocking socket `fd` by `deadline`; false when the peer went
 // away or did not read in time.
 bool write_until(int fd, const std::string& data, Clock::time_point deadline) {
@@ -363,8 +359,9 @@ struct StackService::State {
     answer["run_id"] = options.run_id;
     const std::string text = answer.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
     if (!write_until(fd, text, Clock::now() + kClientReadLimit)) {
-      warn(fmt::format("a client did not take the answer ({} bytes) within {} s; dropped it",
-                       text.size(), kClientReadLimit.count() / 1000));
+      detail::warn_stacks(
+          fmt::format("a client did not take the answer ({} bytes) within {} s; dropped it",
+                      text.size(), kClientReadLimit.count() / 1000));
     }
   }
 
@@ -382,7 +379,7 @@ struct StackService::State {
         serve_client(client.get());
       } catch (const std::exception& e) {
         // A client that went away, a store that broke: the next request starts afresh.
-        warn(fmt::format("a request failed: {}", e.what()));
+        detail::warn_stacks(fmt::format("a request failed: {}", e.what()));
       }
     }
   }
@@ -418,7 +415,8 @@ struct StackService::State {
           answers = channel->ask(mine->deadline, kSlice, mine->reserved);
         } catch (const TimeoutError& e) {
           if (!std::exchange(warned, true)) {
-            warn(fmt::format("the job's store answered late ({}); trying again", e.what()));
+            detail::warn_stacks(
+                fmt::format("the job's store answered late ({}); trying again", e.what()));
           }
         }
         if (mine) {
@@ -441,7 +439,7 @@ struct StackService::State {
       ended = fmt::format("this node lost the job's store ({})", e.what());
     } catch (const std::exception& e) {
       ended = fmt::format("stack requests of other nodes are off for this round: {}", e.what());
-      warn(ended);
+      detail::warn_stacks(ended);
     }
     // Whoever waits for this thread's answers gets what there is.
     std::lock_guard<std::mutex> lock(mutex);
