@@ -6,9 +6,10 @@
 # The sanitizer trees are built in the background, at the lowest CPU priority (nice 19), from
 # the moment the Debian packages are there: while pip fills the virtual environment (one core),
 # the main build and the main ctest run, they take only the CPU those leave idle. Their tests
-# run after the main run, the two trees' side by side, in the order they were added (started
-# longest first, both trees' heaviest tests ran at once and load-sensitive ones failed: a TSan
-# TcpRing test past its 120 s timeout, an ASan stack-service test; 2026-11-29).
+# run after the main run, the two trees' side by side, in the order they were added but for the
+# asan tree's rendezvous scripts, which start first (tests/sanitizers/asan_ctest_costs.txt).
+# Started longest first, both trees' heaviest tests ran at once and load-sensitive ones failed
+# (a TSan TcpRing test past its 120 s timeout, an ASan stack-service test; 2026-11-29).
 #
 # Each stage prints its duration ("=== test.sh: <stage> took N s"), so a change that makes one
 # slower shows in every run (README: "How long the tests take").
