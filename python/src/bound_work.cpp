@@ -37,18 +37,6 @@ bool BoundWork::isCompleted() {
   return state_->future->completed();
 }
 
-bool BoundWork::isSuccess() const {
-  return state_->future->completed() && !state_->future->hasError();
-}
-
-std::exception_ptr BoundWork::exception() const {
-  return state_->future->completed() ? state_->future->exception_ptr() : nullptr;
-}
-
-std::vector<at::Tensor> BoundWork::result() {
-  return state_->future->value().toTensorVector();
-}
-
 bool BoundWork::wait(std::chrono::milliseconds /*timeout*/) {
   state_->future->waitAndThrow();
   return true;

@@ -14,9 +14,7 @@
 
 #include <atomic>
 #include <chrono>
-#include <exception>
 #include <string>
-#include <vector>
 
 namespace ddp::python {
 
@@ -29,11 +27,9 @@ class BoundWork : public c10d::Work {
   // first; true when this call ended it. Runs the future's callbacks on the calling thread.
   bool fail(const std::string& message);
 
+  // What PendingWaits uses: the future, and whether it completed (to drop finished bindings).
+  // The rest of Work's interface keeps its defaults.
   bool isCompleted() override;
-  bool isSuccess() const override;
-  std::exception_ptr exception() const override;
-  std::vector<at::Tensor> result() override;
-  void synchronize() override {}
   // Waits for the future (the timeout is the source's: it ends by itself or by fail()).
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return state_->future; }
