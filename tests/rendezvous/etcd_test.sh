@@ -58,22 +58,30 @@ fail() {
   exit 1
 }
 
-# free_ports N: the first of N consecutive free loopback ports below the ephemeral range.
+# free_ports N: sets FREE_PORT to the first of N consecutive free loopback ports in 20000-32000
+# (below the ephemeral range), each claimed for this script's lifetime with the lock files of
+# tests/support/free_ports.py: a port only probed free was taken by a concurrent test's server
+# before etcd bound it ("bind: address already in use", CI). Not in $(...): a subshell's claim
+# would end with it.
 free_ports() {
-  "$PY" - "$1" <<'PY'
-import os, socket, sys
-n = int(sys.argv[1])
-for p in range(20000 + os.getpid() % 9000, 32000 - n):
-    socks = []
-    try:
-        for k in range(n):
-            s = socket.socket(); s.bind(("127.0.0.1", p + k)); socks.append(s)
-        print(p); break
-    except OSError:
-        pass
-    finally:
-        for s in socks: s.close()
-PY
+  local n=$1 base k fd claimed
+  mkdir -p -m 1777 /tmp/ddp-test-ports 2>/dev/null
+  for ((base = 20000 + $$ % 10000 / n * n; base + n <= 32000; base += n)); do
+    claimed=1
+    for ((k = 0; k < n && claimed; k++)); do
+      exec {fd}>>"/tmp/ddp-test-ports/$((base + k)).lock" || { claimed=0; break; }
+      flock -n "$fd" || { exec {fd}>&-; claimed=0; }
+    done
+    ((claimed)) || continue
+    if "$PY" -c 'import socket, sys
+for p in sys.argv[1:]: socket.socket().bind(("127.0.0.1", int(p)))' \
+      $(seq "$base" $((base + n - 1))) 2>/dev/null; then
+      FREE_PORT=$base
+      return 0
+    fi
+  done
+  echo "FAIL: no $n consecutive free ports in 20000-32000" >&2
+  exit 1
 }
 
 # start_etcd NAME MEMBERS SCHEME [EXTRA ARGS...]: an etcd cluster; client ports in ETCD_PORTS,
@@ -82,7 +90,8 @@ start_etcd() {
   local name=$1 members=$2 scheme=$3
   shift 3
   local base peers=() i
-  base=$(free_ports $((2 * members)))
+  free_ports $((2 * members))
+  base=$FREE_PORT
   ETCD_PORTS=()
   ETCD_PIDS=()
   for ((i = 0; i < members; i++)); do
@@ -270,7 +279,8 @@ tls)
   [[ $? -ne 0 ]] || fail "plain HTTP to an HTTPS etcd was accepted"
   expect_in "$T/plain.log" "as an etcd that serves HTTPS does to plain HTTP: pass --rdzv-conf protocol=https"
 
-  dead=$(free_ports 1)
+  free_ports 1
+  dead=$FREE_PORT
   job=(--nnodes 1 --nproc-per-node 1 --rdzv-backend etcd --rdzv-endpoint "127.0.0.1:$dead" --rdzv-id tls1)
   run_job unreachable "connect_timeout=1"
   [[ $? -ne 0 ]] || fail "an unreachable endpoint did not fail"
@@ -308,7 +318,8 @@ doctor)
   grep -q '^\[ ok \] etcd-write          wrote, read back and deleted the probe key /ddprun/doctor/' \
     "$T/healthy.log" || fail "healthy.log lacks the timed write"
 
-  dead=$(free_ports 1)
+  free_ports 1
+  dead=$FREE_PORT
   peer="127.0.0.1:$((ETCD_PORTS[0] + 1))"
   doctor broken "$EP,127.0.0.1:$dead,$peer" && fail "doctor passed a refused port and a peer port"
   expect_in "$T/broken.log" "[FAIL] etcd 127.0.0.1:$dead cannot reach etcd"
