@@ -5,6 +5,7 @@
 #include "ddp/torch/ddp/stream_order.hpp"
 #include "ddp/torch/ddp/tensor_adapter.hpp"
 #include "ddp/util/error.hpp"
+#include "host_staging.hpp"
 
 namespace ddp {
 
@@ -66,10 +67,23 @@ class DoneReduction : public BucketReduction {
   void finish(std::chrono::milliseconds) override {}
 };
 
+// The flight recorder's name of a bucket's collective (the Reducer's, for the staging thread).
+std::string bucket_tag(const BucketInfo& info) {
+  return fmt::format("DDP bucket {}, iteration {}", info.index, info.iteration + 1);
+}
+
 class AllReduceHook : public CommHook {
  public:
   explicit AllReduceHook(bool even_alone) : even_alone_(even_alone) {}
   std::string name() const override { return even_alone_ ? "always_allreduce" : "allreduce"; }
+  std::unique_ptr<BucketReduction> launch(ProcessGroup& pg, const torch::Tensor& bucket,
+                                          const BucketInfo& info) override {
+    if (pg.size() == 1 && !even_alone_) return std::make_unique<DoneReduction>();
+    if (needs_host_staging(bucket, pg) && overlapped_host_staging()) {
+      return launch_staged_all_reduce(pg, bucket, bucket, ReduceOp::kAvg, bucket_tag(info));
+    }
+    return launch(pg, bucket);
+  }
   std::unique_ptr<BucketReduction> launch(ProcessGroup& pg, const torch::Tensor& bucket) override {
     if (pg.size() == 1 && !even_alone_) return std::make_unique<DoneReduction>();
     torch::Tensor wire = needs_host_staging(bucket, pg) ? pinned_host_copy(bucket) : bucket;
@@ -85,16 +99,29 @@ class CompressHook : public CommHook {
  public:
   CompressHook(c10::ScalarType type, std::string name) : type_(type), name_(std::move(name)) {}
   std::string name() const override { return name_; }
+  std::unique_ptr<BucketReduction> launch(ProcessGroup& pg, const torch::Tensor& bucket,
+                                          const BucketInfo& info) override {
+    if (pg.size() == 1) return std::make_unique<DoneReduction>();
+    if (needs_host_staging(bucket, pg) && overlapped_host_staging()) {
+      return launch_staged_all_reduce(pg, bucket, compressed(pg, bucket), ReduceOp::kSum,
+                                      bucket_tag(info));
+    }
+    return launch(pg, bucket);
+  }
   std::unique_ptr<BucketReduction> launch(ProcessGroup& pg, const torch::Tensor& bucket) override {
     if (pg.size() == 1) return std::make_unique<DoneReduction>();
-    // Dividing before the cast keeps the float16 sum of size() ranks inside its range.
-    torch::Tensor wire = bucket.div(pg.size()).to(type_);
+    torch::Tensor wire = compressed(pg, bucket);
     if (needs_host_staging(wire, pg)) wire = pinned_host_copy(wire);
     WorkPtr work = all_reduce(pg, wire, ReduceOp::kSum);
     return std::make_unique<WireReduction>(pg, bucket, wire, std::move(work));
   }
 
  private:
+  // Dividing before the cast keeps the float16 sum of size() ranks inside its range.
+  torch::Tensor compressed(const ProcessGroup& pg, const torch::Tensor& bucket) const {
+    return bucket.div(pg.size()).to(type_);
+  }
+
   c10::ScalarType type_;
   std::string name_;
 };

@@ -128,6 +128,8 @@ void Reducer::abandon_iteration_locked() {
     if (!bucket.reduction) continue;
     bool done = false;
     try {
+      // A staged launch still queued would issue its collective after this iteration ended.
+      bucket.reduction->wait_launched(config_.timeout);
       done = bucket.reduction->is_completed();
     } catch (...) {
     }

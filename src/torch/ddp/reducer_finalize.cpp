@@ -57,6 +57,16 @@ void Reducer::finalize_locked() {
   // Which parameters some rank used: every iteration with find_unused_parameters; with
   // static_graph once, in the first iteration, then remembered.
   if (static_graph_ ? counting : config_.find_unused_parameters) {
+    // After the buckets' all-reduces on every rank, including those still being staged.
+    size_t staged = 0;
+    try {
+      for (; staged < buckets_.size(); ++staged) {
+        buckets_[staged].reduction->wait_launched(config_.timeout);
+      }
+    } catch (...) {
+      abandon_iteration_locked();
+      rethrow_with_iteration_context(fmt::format("bucket {}'s all-reduce", staged));
+    }
     // On the group's device (the GPU for nccl); read back on the host after the wait.
     global_used = torch::tensor(locally_used_, torch::kInt32).to(comm_device(*pg_));
     FlightRecorder::ScopedThreadTag tag(

@@ -50,6 +50,8 @@ void Reducer::shadow_backward_for_join() {
     // changed graph instead of desynchronizing the collectives).
     const bool counting = static_graph_ && static_graph_->counting();
     if (static_graph_ ? counting : config_.find_unused_parameters) {
+      // After the buckets' all-reduces, including those still being staged (as finalize).
+      for (auto& reduction : reductions) reduction->wait_launched(config_.timeout);
       unused =
           torch::zeros({static_cast<int64_t>(params_.size())}, torch::kInt32).to(comm_device(*pg_));
       used_work = all_reduce(*pg_, unused, ReduceOp::kSum);

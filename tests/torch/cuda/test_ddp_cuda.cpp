@@ -232,10 +232,14 @@ TEST(CudaDdp, NcclWorld2MatchesOneProcessWithTheWholeBatch) {
 // CUDA tensors over a host backend go through host copies (needs_host_staging).
 constexpr int kCpuBackendSteps = 3, kCpuBackendRowsPerRank = 3;
 
-// One rank of CpuBackendWithCudaTensorsWorld2, in its own process (torchrun's environment set
-// by the test): trains its share on cuda:0 over the cpu backend, saves its parameters to
-// DIR/rank<r>.pt.
-int cpu_backend_worker_main(const std::string& dir) {
+// One rank of the CpuBackendWithCudaTensors tests, in its own process (torchrun's environment
+// set by the test): trains its share on cuda:0 over the cpu backend, saves its parameters to
+// DIR/rank<r>.pt. MODE: "overlap" (the default staging: copies on a side stream, all-reduces
+// issued by the staging thread), "sync" (DDP_HOST_STAGING=sync: the synchronous copies),
+// "unused" (overlap with find_unused_parameters: the used-parameter all-reduce must follow
+// the staged ones on every rank).
+int cpu_backend_worker_main(const std::string& dir, const std::string& mode) {
+  if (mode == "sync") ::setenv("DDP_HOST_STAGING", "sync", 1);
   ddp::InitOptions init;
   init.backend = "cpu";
   init.timeout = kTimeout;
@@ -246,7 +250,8 @@ int cpu_backend_worker_main(const std::string& dir) {
   torch::manual_seed(7);
   Cnn net;
   net->to(cuda);
-  DistributedDataParallel model(net, pg);
+  DistributedDataParallel model(
+      net, pg, DistributedDataParallelOptions().find_unused_parameters(mode == "unused"));
   train_rank(model, d, rank, kCpuBackendRowsPerRank, cuda);
   std::vector<torch::Tensor> params;
   for (const auto& p : net->parameters()) params.push_back(p.detach().cpu());
@@ -255,7 +260,8 @@ int cpu_backend_worker_main(const std::string& dir) {
 }
 
 // Starts this binary as rank `rank` of `world` with torchrun's variables; its pid.
-pid_t spawn_cpu_backend_worker(int rank, int world, int port, const std::string& dir) {
+pid_t spawn_cpu_backend_worker(int rank, int world, int port, const std::string& dir,
+                               const std::string& mode) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     const std::string kv(*e);
@@ -275,8 +281,8 @@ pid_t spawn_cpu_backend_worker(int rank, int world, int port, const std::string&
   std::vector<char*> envp;
   for (auto& kv : env) envp.push_back(kv.data());
   envp.push_back(nullptr);
-  std::string arg0 = "test_ddp_cuda", arg1 = "--cpu-backend-worker", arg2 = dir;
-  char* argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
+  std::string arg0 = "test_ddp_cuda", arg1 = "--cpu-backend-worker", arg2 = dir, arg3 = mode;
+  char* argv[] = {arg0.data(), arg1.data(), arg2.data(), arg3.data(), nullptr};
   pid_t pid = -1;
   if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) != 0) return -1;
   return pid;
@@ -284,8 +290,9 @@ pid_t spawn_cpu_backend_worker(int rank, int world, int port, const std::string&
 
 using ddp::test::wait_or_kill;
 
-TEST(CudaDdp, CpuBackendWithCudaTensorsWorld2) {
-  SKIP_WITHOUT_GPUS(1);
+// Two ranks on cuda:0 over the cpu backend (worker MODE above) match one process training on
+// the whole batch.
+void cpu_backend_world2_matches(const std::string& mode) {
   const int world = 2;
   const torch::Device cuda(torch::kCUDA, 0);
   namespace fs = std::filesystem;
@@ -296,7 +303,9 @@ TEST(CudaDdp, CpuBackendWithCudaTensorsWorld2) {
   // outgoing connection before rank 0's store binds it ("address already in use").
   const int port = ddp::test::free_ports_below_ephemeral_range();
   std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) pids.push_back(spawn_cpu_backend_worker(r, world, port, dir));
+  for (int r = 0; r < world; ++r) {
+    pids.push_back(spawn_cpu_backend_worker(r, world, port, dir, mode));
+  }
   const auto deadline = std::chrono::steady_clock::now() + kTimeout + std::chrono::seconds(30);
   for (int r = 0; r < world; ++r) {
     ASSERT_GT(pids[r], 0) << "posix_spawn failed for rank " << r;
@@ -323,6 +332,21 @@ TEST(CudaDdp, CpuBackendWithCudaTensorsWorld2) {
   ddp::remove_tree(dir);
 }
 
+TEST(CudaDdp, CpuBackendWithCudaTensorsWorld2) {
+  SKIP_WITHOUT_GPUS(1);
+  cpu_backend_world2_matches("overlap");
+}
+
+TEST(CudaDdp, CpuBackendWithCudaTensorsWorld2SynchronousStaging) {
+  SKIP_WITHOUT_GPUS(1);
+  cpu_backend_world2_matches("sync");
+}
+
+TEST(CudaDdp, CpuBackendWithCudaTensorsWorld2FindUnusedParameters) {
+  SKIP_WITHOUT_GPUS(1);
+  cpu_backend_world2_matches("unused");
+}
+
 TEST(CudaDdp, NcclRejectsAModelOnTheCpu) {
   SKIP_WITHOUT_GPUS(1);
   SKIP_WITHOUT_NCCL();
@@ -346,9 +370,9 @@ int main(int argc, char** argv) {
   // over ranks picks other algorithms than the whole batch: plain float32 keeps the comparison
   // with the one-process reference at kTolerance (seen on an H100: 4e-4 with TF32).
   at::globalContext().setAllowTF32CuDNN(false);
-  if (argc == 3 && std::string(argv[1]) == "--cpu-backend-worker") {
+  if (argc == 4 && std::string(argv[1]) == "--cpu-backend-worker") {
     try {
-      return cpu_backend_worker_main(argv[2]);
+      return cpu_backend_worker_main(argv[2], argv[3]);
     } catch (const std::exception& e) {
       std::cerr << "cpu backend worker: " << e.what() << "\n";
       return 1;

@@ -30,6 +30,12 @@ class BucketReduction {
   virtual bool is_completed() = 0;
   // Waits (bounded by timeout) and leaves the average in the bucket.
   virtual void finish(std::chrono::milliseconds timeout) = 0;
+  // Returns once every collective of this reduction was issued to the group (bounded by
+  // timeout). Most reductions issue them in launch(); a host-staged CUDA bucket issues its
+  // all-reduce later, on the staging thread, once its copy to the host completed
+  // (host_staging.hpp). DDP calls this before it issues a collective of its own in the same
+  // iteration, so every rank issues them in the same order.
+  virtual void wait_launched(std::chrono::milliseconds timeout) { (void)timeout; }
 };
 
 // What DDP tells a hook about a bucket besides its flat buffer, like PyTorch's GradBucket:
