@@ -10,6 +10,10 @@ The global batch is the launch world's (one share of 32 a launch rank); after a 
 live ranks split it (StepManager.rank and world_size: torch.distributed's rank and world size stay
 the launch's). DDP_TEST_DROPOUT=P sets the dropout (default 0.2); DDP_TEST_OPTIMIZER=sgd: SGD
 with momentum instead of Adam; DDP_TEST_STEP_SLEEP_MS=T: sleep T ms after each committed step.
+DDP_TEST_DEVICE=D (default cpu; e.g. cuda:0, which all ranks may share): the model lives on D
+(DDP with device_ids=[D's index]); each batch is built on the CPU as always, then moved to D and
+augmented there, so dropout draws from D's generator (ddp.StepManager rewinds and heals the
+current CUDA device's generator too). The parameters are written from a CPU copy.
 
 DDP_TEST_KILL_AT_STEP=S, DDP_TEST_KILL_RANK=R, DDP_TEST_KILL_PHASE=forward|backward|between:
 rank R of the first incarnation SIGKILLs itself at step S (lists: several failures);
@@ -102,7 +106,18 @@ def main():
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)
-    model = DDP(Net(float(os.environ.get("DDP_TEST_DROPOUT", "0.2"))), init_sync=False)
+    device = torch.device(os.environ.get("DDP_TEST_DEVICE", "cpu"))
+    device_ids = None
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        # As PyTorch programs do: torch.cuda's generator calls (StepManager's rewind and heal)
+        # take the current device's, which must be the model's.
+        torch.cuda.set_device(device)
+        device_ids = [device.index]
+    # Initialized on the CPU (the same values whatever the device), then moved before wrapping.
+    net = Net(float(os.environ.get("DDP_TEST_DROPOUT", "0.2"))).to(device)
+    model = DDP(net, device_ids=device_ids, init_sync=False)
     if os.environ.get("DDP_TEST_OPTIMIZER", "adam") == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     else:
@@ -131,11 +146,12 @@ def main():
         # The step being run (a redo may run a later one), split over the current ranks.
         x, y = batch_for(steps.step, steps.rank, steps.world_size,
                          max(steps.launch_world_size, steps.world_size))
+        x, y = x.to(device), y.to(device)
         # Augmentation from Python's and NumPy's global generators (seeded alike on every
         # rank): a redo must draw what the dropped attempt drew, and a replacement must go on
         # from its peers' states, or the parameters differ from a run without the failure.
         x = x * (1.0 + 0.1 * random.random()) + torch.from_numpy(
-            np.random.normal(0.0, 0.1, size=16).astype(np.float32))
+            np.random.normal(0.0, 0.1, size=16).astype(np.float32)).to(device)
         loss = torch.nn.functional.cross_entropy(model(x), y)
         maybe_die("backward")
         return loss
@@ -156,7 +172,7 @@ def main():
 
     with open(os.path.join(args.out, f"rank{slot}.params"), "wb") as f:
         for p in model.parameters():
-            f.write(p.detach().contiguous().numpy().tobytes())
+            f.write(p.detach().cpu().contiguous().numpy().tobytes())
     with open(os.path.join(args.out, f"rank{slot}.json"), "w") as f:
         json.dump({"rank": steps.rank, "slot": slot, "world_size": steps.world_size,
                    "step": steps.step, "dropped": steps.dropped,

@@ -23,6 +23,12 @@ seeds, a failure in the first step, two in a row, a replacement killed while bei
 --two-nodes, --lost-node, --replaced-node as for C++) run PyTorch's DistributedDataParallel on
 the ddp backend with ddp.StepManager.
 
+--device DEV (e.g. cuda:0; DDP_TEST_DEVICE of the workers): the model on DEV, every rank on the
+same one, so dropout draws from its generator, which recovery must rewind and heal. Then the
+default scenario runs 2 ranks and 2 seeds (rank 0 killed in the forward, rank 1 in the
+backward, each at a random step) against its reference, and nothing more (--world, --seeds:
+the same choice on the CPU; at any world but 3 only the reference and the seeds run).
+
 --lost-store-host: three agents x 2 ranks on a real etcd that the test starts on loopback (exit
 77, skipped, where etcd is not installed); the round's node 0, whose agent hosts the workers'
 step store, is lost, and the other two go on with 4 ranks as for any lost node (compared with
@@ -988,8 +994,9 @@ def shrink(ddprun, worker, tmp):
           f"the run without a failure")
 
 
-def run(ddprun, worker, out, recovery, env_extra, world=WORLD):
-    """worker: the command (a list) that runs one rank."""
+def run(ddprun, worker, out, recovery, env_extra, world=None):
+    """worker: the command (a list) that runs one rank; world: WORLD when None."""
+    world = world or WORLD
     env = dict(os.environ)
     env.update(EXTRA_ENV)
     env.update(env_extra)
@@ -1002,11 +1009,13 @@ def run(ddprun, worker, out, recovery, env_extra, world=WORLD):
     return p
 
 
-def read_params(out, world=WORLD):
+def read_params(out, world=None):
+    world = world or WORLD
     return [open(os.path.join(out, f"rank{r}.params"), "rb").read() for r in range(world)]
 
 
-def read_reports(out, world=WORLD):
+def read_reports(out, world=None):
+    world = world or WORLD
     return [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(world)]
 
 
@@ -1019,6 +1028,7 @@ def fail(msg, p=None):
 
 
 def main():
+    global WORLD
     ap = argparse.ArgumentParser()
     ap.add_argument("--ddprun", required=True)
     ap.add_argument("--worker", help="the C++ recovery_worker")
@@ -1044,7 +1054,30 @@ def main():
     ap.add_argument("--rdzv-backend", default="etcd", choices=["etcd", "c10d"],
                     help="--lost-store-host: the rendezvous backend (c10d: node 0 also serves "
                          "the rendezvous store)")
+    ap.add_argument("--device", default="cpu",
+                    help="the workers' device (DDP_TEST_DEVICE), every rank on it, e.g. cuda:0; "
+                         "other than cpu the defaults are --world 2 --seeds 2")
+    ap.add_argument("--world", type=int,
+                    help="the default scenario's ranks (default 3, 2 with --device other than "
+                         "cpu); at any but 3 only the reference and the seeds run")
+    ap.add_argument("--seeds", type=int,
+                    help="the default scenario's kills (default 5, Python 3, 2 with --device "
+                         "other than cpu)")
     args = ap.parse_args()
+    on_cpu = args.device == "cpu"
+    if (args.world is not None or args.seeds is not None) and (
+            args.two_nodes or args.lost_node or args.replaced_node or args.grown_node or
+            args.lost_store_host):
+        ap.error("--world and --seeds are for the default scenario")
+    if args.world is not None and args.world < 2:
+        ap.error("--world: at least 2 ranks")
+    # A device other than the CPU: 2 ranks (sharing it) and 2 kills, to keep its time short.
+    WORLD = args.world or (WORLD if on_cpu else 2)
+    seeds = args.seeds
+    if seeds is None:
+        seeds = 2 if not on_cpu else 3 if args.python_worker is not None else 5
+    if not on_cpu:
+        EXTRA_ENV["DDP_TEST_DEVICE"] = args.device
     if args.zero:
         EXTRA_ENV["DDP_TEST_OPTIMIZER"] = "zero_adam"
     python = args.python_worker is not None
@@ -1086,7 +1119,7 @@ def main():
     phases = ["forward", "backward", "between"]
     if args.zero:
         phases = ["optimizer", "forward", "backward", "between"]
-    for seed in range(3 if python else 5):
+    for seed in range(seeds):
         rnd = random.Random(seed)
         kill_rank = seed % WORLD  # rank 0 too: the store lives in ddprun, not in rank 0
         kill_step = rnd.randrange(1, STEPS - 1)
@@ -1129,6 +1162,10 @@ def main():
         print(f"ok: {what}: exit 0, {STEPS} steps on every rank, parameters bitwise equal "
               f"to each other and to the reference; survivors dropped "
               f"{[r['dropped'] for r in survivors]} attempts")
+    if WORLD != 3 or not on_cpu:
+        # The scenarios below name ranks of 3 (and a device's run is kept short).
+        print("PASS")
+        return
 
     # A failure in the first step, two failures in a row (the second rank dies after the first
     # one was healed; --max-restarts 2 covers both), and

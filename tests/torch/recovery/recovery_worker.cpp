@@ -6,6 +6,10 @@
 // The global batch is the launch world's (one share of 32 a launch rank); after a lost node the
 // live ranks split it; a node that grew the job adds a share per rank (one share a rank while
 // there are more ranks than the launch's). DDP_TEST_DROPOUT=P sets the dropout (default 0.2).
+// DDP_TEST_DEVICE=D (default cpu; e.g. cuda:0, which all ranks may share): the model lives on D
+// (the cpu backend stages CUDA buckets through the host); each batch is built on the CPU as
+// always, then moved to D, so dropout draws from D's generator (StepManager rewinds and heals the
+// module's CUDA generator too). The parameters are written from a CPU copy.
 //
 // Fault injection (this program only, not the library): DDP_TEST_KILL_AT_STEP=S,
 // DDP_TEST_KILL_RANK=R and DDP_TEST_KILL_PHASE=forward|backward|between make rank R of the
@@ -153,6 +157,9 @@ int run(int64_t steps, const std::string& out) {
   const int launch_world = manager.launch_world_size();
   torch::manual_seed(0);
   auto net = std::make_shared<Net>(std::stod(env_or("DDP_TEST_DROPOUT", "0.2")));
+  // Initialized on the CPU (the same values whatever the device), then moved before wrapping.
+  const torch::Device device(env_or("DDP_TEST_DEVICE", "cpu"));
+  net->to(device);
   ddp::DistributedDataParallel model(net, manager.process_group(),
                                      ddp::DistributedDataParallelOptions().init_sync(false));
   // DDP_TEST_OPTIMIZER=sgd: SGD with momentum instead of Adam. Adam divides by the gradients'
@@ -206,7 +213,7 @@ int run(int64_t steps, const std::string& out) {
       // The step being run: a redo after healing may run a later one.
       const auto [x, y] = batch_for(manager.step(), manager.rank(), manager.world_size(),
                                     std::max(launch_world, manager.world_size()));
-      auto loss = torch::cross_entropy_loss(model(x), y);
+      auto loss = torch::cross_entropy_loss(model(x.to(device)), y.to(device));
       maybe_die("backward");
       loss.backward();
       return loss;
@@ -223,7 +230,7 @@ int run(int64_t steps, const std::string& out) {
 
   std::ofstream params(fmt::format("{}/rank{}.params", out, slot), std::ios::binary);
   for (const auto& p : model.parameters()) {
-    auto c = p.detach().contiguous();
+    auto c = p.detach().to(torch::kCPU).contiguous();
     params.write(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
   }
   std::ofstream(fmt::format("{}/rank{}.json", out, slot)) << fmt::format(
