@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -138,22 +139,26 @@ int run(const Args& args) {
     std::vector<double> sorted = ms;
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted[sorted.size() / 2];
-    nlohmann::json out = {{"bench", "gpu_step"},
-                          {"impl", args.mode == "data_parallel" ? "libtorch-data_parallel"
-                                   : args.mode != "ddp"         ? "libtorch"
-                                   : args.always_allreduce      ? "ddp-allreduce"
-                                                                : "ddp"},
-                          {"mode", args.mode},
-                          {"model", args.model},
-                          {"parameters", parameters},
-                          {"world", world},
-                          {"batch", batch},
-                          {"device", device.str()},
-                          {"gpus", device.is_cuda() ? torch::cuda::device_count() : 0},
-                          {"backend", backend},
-                          {"ms_per_step", median},
-                          {"ms_per_step_blocks", ms},
-                          {"samples_per_s", 1000.0 * static_cast<double>(batch * world) / median}};
+    nlohmann::json out = {
+        {"bench", "gpu_step"},
+        {"impl", args.mode == "data_parallel" ? "libtorch-data_parallel"
+                 : args.mode != "ddp"         ? "libtorch"
+                 : args.always_allreduce      ? "ddp-allreduce"
+                                              : "ddp"},
+        {"mode", args.mode},
+        {"model", args.model},
+        {"parameters", parameters},
+        {"world", world},
+        {"batch", batch},
+        {"device", device.str()},
+        {"gpus", device.is_cuda() ? torch::cuda::device_count() : 0},
+        {"backend", backend},
+        // How CUDA buckets reach a host backend (src/torch/ddp/host_staging.hpp).
+        {"host_staging",
+         std::getenv("DDP_HOST_STAGING") != nullptr ? std::getenv("DDP_HOST_STAGING") : "overlap"},
+        {"ms_per_step", median},
+        {"ms_per_step_blocks", ms},
+        {"samples_per_s", 1000.0 * static_cast<double>(batch * world) / median}};
     std::cout << out.dump() << std::endl;
   }
   return 0;

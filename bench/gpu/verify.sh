@@ -13,7 +13,7 @@
 # STEP_ARGS (extra arguments of both step benchmarks, e.g. "--steps 5 --blocks 3"), DEPS_DIR
 # (default <repo>/.gpu-deps when present: the Debian packages bench/gpu/pack_deps.sh unpacked,
 # for a machine without them and without a registry), SKIP (sections left out, of: probe tests
-# example step one_gpu data_parallel python cpu), MULTIRANK_FILTER / PROCESSES_FILTER /
+# recovery example step one_gpu data_parallel python cpu), MULTIRANK_FILTER / PROCESSES_FILTER /
 # CUDA_FILTER (gtest filters of test_ddp_multirank / test_ddp_processes / test_ddp_cuda in a
 # TARGETS run), PYTHON_PARTS (verify_python.sh's parts: cuda tutorial frameworks).
 #
@@ -25,6 +25,8 @@
 #              (remove_all_probe.sh) and the DT_NEEDED order of the test programs
 #   tests      comm_nccl_test (collectives at world 1, and 2/4 with that many GPUs),
 #              test_ddp_cuda (DDP equivalence on CUDA), the whole ddp suite (ctest -L ddp)
+#   recovery   ddprun --recovery step, world 2 on GPU 0, a rank killed: bitwise equal to a run
+#              without the kill (C++ worker on ddp's cpu backend, Python worker on PyTorch's gloo)
 #   example    mnist --device cuda under ddprun (1 rank; accuracy line)
 #   step       step time, CNN and ResNet-18, world 1 (and all GPUs when more than one):
 #              ddp DDP, plain LibTorch, PyTorch DDP (torchrun, nccl), plain PyTorch; ROUNDS
@@ -78,7 +80,8 @@ PY
 keep_json() { sed -u 's/^\[default[0-9]*\]://' | grep --line-buffered '^{' | tee -a "$RESULTS"; }
 
 have() { command -v "$1" >/dev/null 2>&1; }
-# want SECTION: false when SKIP names it (probe tests example step one_gpu data_parallel python cpu).
+# want SECTION: false when SKIP names it (probe tests recovery example step one_gpu data_parallel python
+# cpu).
 want() { [[ " ${SKIP:-} " != *" $1 "* ]]; }
 free_port() { "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -174,7 +177,7 @@ fi
 
 # ---------------------------------------------------------------- build
 targets=(comm_nccl_test test_ddp_cuda test_ddp_units test_ddp_multirank test_ddp_processes
-         bench_gpu_step bench_ddp allreduce_bench ddprun mnist gpt ddp_python_ext)
+         bench_gpu_step bench_ddp allreduce_bench ddprun mnist gpt ddp_python_ext recovery_worker)
 [ -n "${TARGETS:-}" ] && read -ra targets <<<"$TARGETS"  # a subset, for a short run
 built=()
 # Read once: `cmake ... | grep -q` would fail under pipefail when grep exits early (SIGPIPE).
@@ -242,6 +245,29 @@ elif is_built test_ddp_multirank && is_built test_ddp_processes; then
   else
     record tests failed test="ctest -L ddp" log=logs/ctest-ddp.log summary="$(grep -E 'tests passed' "$LOGS/ctest-ddp.log")"
   fi
+fi
+
+# ---------------------------------------------------------------- recovery with CUDA state
+# ddprun --recovery step at world 2 on the one GPU, a rank killed mid-run: every rank's
+# parameters bitwise equal to a run without the kill, the CUDA generator (dropout) rewound and
+# healed (tests/torch/recovery/recovery_test.py --device): the C++ worker on ddp's cpu backend
+# with CUDA tensors (host staging), the Python worker on PyTorch's gloo with CUDA tensors.
+recovery_run() {  # name recovery_test.py arguments...
+  local name=$1 start rc
+  shift
+  start=$(date +%s)
+  PYTHONPATH="$BUILD/python:$ROOT/tests/python${PYTHONPATH:+:$PYTHONPATH}" timeout 900 "$PYTHON" \
+    "$ROOT/tests/torch/recovery/recovery_test.py" --ddprun "$(bin ddprun)" --device cuda:0 "$@" \
+    >"$LOGS/recovery-$name.log" 2>&1
+  rc=$?
+  record recovery "$([ $rc = 0 ] && echo ok || echo failed)" test="$name" exit="$rc" \
+    seconds=$(($(date +%s) - start)) log="logs/recovery-$name.log" \
+    result="$(grep -a -E '^(PASS|FAIL|reference)' "$LOGS/recovery-$name.log" | tail -4 | tr '\n' ' ')"
+}
+if want recovery && is_built ddprun && [ "$GPUS" -ge 1 ]; then
+  is_built recovery_worker && recovery_run cpp_cpu_backend --worker "$(bin recovery_worker)"
+  is_built ddp_python_ext && recovery_run python_gloo --python "$(command -v "$PYTHON")" \
+    --python-worker "$ROOT/tests/python/recovery_worker.py" --backend gloo
 fi
 
 # ---------------------------------------------------------------- example
@@ -326,13 +352,35 @@ fi
 if want one_gpu && is_built bench_gpu_step && is_built ddprun && [ "$GPUS" = 1 ]; then
   for ((round = 0; round < ROUNDS; ++round)); do
     for model in cnn resnet18; do
-      timeout 300 "$(bin ddprun)" --standalone --nproc-per-node 2 "$(bin bench_gpu_step)" --model "$model" \
-        --device cuda:0 --backend cpu $STEP_ARGS 2>>"$LOGS/one_gpu.log" | keep_json
+      # ddp's staging both ways (host_staging.hpp): overlapped (the default), synchronous.
+      for staging in overlap sync; do
+        DDP_HOST_STAGING=$staging timeout 300 "$(bin ddprun)" --standalone --nproc-per-node 2 \
+          "$(bin bench_gpu_step)" --model "$model" --device cuda:0 --backend cpu $STEP_ARGS \
+          2>>"$LOGS/one_gpu.log" | keep_json
+      done
       timeout 300 "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 2 \
         "$ROOT/bench/gpu/torch_step.py" --model "$model" --device cuda:0 --backend gloo \
         $STEP_ARGS 2>>"$LOGS/one_gpu.log" | keep_json
     done
   done
+  "$PYTHON" - "$RESULTS" <<'PY' | tee -a "$RESULTS"
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+runs = {}
+for r in rows:
+    if r.get("bench") == "gpu_step" and r.get("world") == 2 and r.get("device") == "cuda:0":
+        impl = r["impl"] + ("/" + r["host_staging"] if r["impl"] == "ddp" else "")
+        runs.setdefault((r["model"], impl), []).append(r["ms_per_step"])
+out = {"bench": "one_gpu_summary", "ms_per_step_median": {f"{m}/{i}": statistics.median(v) for (m, i), v in sorted(runs.items())}}
+for m in ("cnn", "resnet18"):
+    gloo = runs.get((m, "pytorch"))
+    for staging in ("overlap", "sync"):
+        ddp = runs.get((m, "ddp/" + staging))
+        if gloo and ddp:
+            out[f"{m}_ddp_{staging}_over_gloo_time"] = statistics.median(ddp) / statistics.median(gloo)
+out["note"] = "world 2 on one GPU: ddp's cpu backend vs PyTorch's gloo; < 1: ddp faster"
+print(json.dumps(out))
+PY
   # Two ranks on one GPU over NCCL: expected to fail at once with NCCL's duplicate-GPU error.
   for impl in ddp pytorch; do
     if [ $impl = ddp ]; then
