@@ -146,25 +146,27 @@ def _step_groups(default_group):
     return TorchGenerations(default_group)
 
 
-def _host_rng_states():
+def _host_rng_states(device):
     """The global generators besides torch's CPU one: Python's ``random``, NumPy's
     ``numpy.random`` when the program imported it (never imported here: NumPy is the program's
-    choice), and the current CUDA device's when the program initialized CUDA (dropout on the
-    GPU draws there; never initialized here)."""
+    choice), and the CUDA generator of the model's device (`device`) when the program
+    initialized CUDA (dropout on the GPU draws there; never initialized here). The model's
+    device, not the current one: a model on cuda:1 in a program that never called
+    ``torch.cuda.set_device`` draws from cuda:1's generator."""
     numpy = sys.modules.get("numpy")
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    cuda = device.type == "cuda" and torch.cuda.is_initialized()
     return {"random": random.getstate(),
             "numpy": numpy.random.get_state() if numpy is not None else None,
-            "cuda": torch.cuda.get_rng_state() if cuda else None}
+            "cuda": torch.cuda.get_rng_state(device) if cuda else None}
 
 
-def _set_host_rng_states(states):
+def _set_host_rng_states(states, device):
     random.setstate(states["random"])
     numpy = sys.modules.get("numpy")
     if numpy is not None and states["numpy"] is not None:
         numpy.random.set_state(states["numpy"])
-    if states.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(states["cuda"])
+    if states.get("cuda") is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(states["cuda"], device)
 
 
 class StepManager:
@@ -277,7 +279,7 @@ class StepManager:
             if self._groups.stale():
                 self._recover()
             rng = torch.get_rng_state()
-            host_rngs = _host_rng_states()
+            host_rngs = _host_rng_states(self._device)
             self.optimizer.zero_grad(set_to_none=False)
             self._hook_error = None
             try:
@@ -296,7 +298,7 @@ class StepManager:
             print(f"ddp.StepManager: rank {self.slot} dropped step {self.step} and "
                   f"re-forms the group: {self._why(error)}", file=sys.stderr, flush=True)
             torch.set_rng_state(rng)
-            _set_host_rng_states(host_rngs)
+            _set_host_rng_states(host_rngs, self._device)
             self.optimizer.zero_grad(set_to_none=False)
             self._recover()
 
@@ -369,8 +371,8 @@ class StepManager:
         rng = torch.get_rng_state().to(self._device)
         self._broadcast(rng, src)
         torch.set_rng_state(rng.cpu())
-        _set_host_rng_states(self._broadcast_object(_host_rng_states() if rank == src else None,
-                                                    src))
+        states = _host_rng_states(self._device) if rank == src else None
+        _set_host_rng_states(self._broadcast_object(states, src), self._device)
 
     def _broadcast_object(self, obj, src):
         """`obj` of the current generation's rank `src`, pickled, on every rank (what
