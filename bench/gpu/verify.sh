@@ -358,9 +358,14 @@ if want one_gpu && is_built bench_gpu_step && is_built ddprun && [ "$GPUS" = 1 ]
           "$(bin bench_gpu_step)" --model "$model" --device cuda:0 --backend cpu $STEP_ARGS \
           2>>"$LOGS/one_gpu.log" | keep_json
       done
-      timeout 300 "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 2 \
-        "$ROOT/bench/gpu/torch_step.py" --model "$model" --device cuda:0 --backend gloo \
-        $STEP_ARGS 2>>"$LOGS/one_gpu.log" | keep_json
+      # PyTorch's DDP on gloo, and on the ddp package's backend (CUDA tensors staged by it).
+      for backend in gloo ddp; do
+        [ $backend = ddp ] && ! is_built ddp_python_ext && continue
+        PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" timeout 300 "$PYTHON" \
+          -m torch.distributed.run --standalone --nproc_per_node 2 "$ROOT/bench/gpu/torch_step.py" \
+          --model "$model" --device cuda:0 --backend $backend $STEP_ARGS 2>>"$LOGS/one_gpu.log" |
+          keep_json
+      done
     done
   done
   "$PYTHON" - "$RESULTS" <<'PY' | tee -a "$RESULTS"
@@ -369,16 +374,19 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 runs = {}
 for r in rows:
     if r.get("bench") == "gpu_step" and r.get("world") == 2 and r.get("device") == "cuda:0":
-        impl = r["impl"] + ("/" + r["host_staging"] if r["impl"] == "ddp" else "")
+        impl = r["impl"] + "/" + (r["host_staging"] if r["impl"] == "ddp" else r["backend"])
         runs.setdefault((r["model"], impl), []).append(r["ms_per_step"])
 out = {"bench": "one_gpu_summary", "ms_per_step_median": {f"{m}/{i}": statistics.median(v) for (m, i), v in sorted(runs.items())}}
 for m in ("cnn", "resnet18"):
-    gloo = runs.get((m, "pytorch"))
-    for staging in ("overlap", "sync"):
-        ddp = runs.get((m, "ddp/" + staging))
-        if gloo and ddp:
-            out[f"{m}_ddp_{staging}_over_gloo_time"] = statistics.median(ddp) / statistics.median(gloo)
-out["note"] = "world 2 on one GPU: ddp's cpu backend vs PyTorch's gloo; < 1: ddp faster"
+    gloo = runs.get((m, "pytorch/gloo"))
+    for name, impl in (("ddp_overlap", "ddp/overlap"), ("ddp_sync", "ddp/sync"),
+                       ("pytorch_on_ddp_backend", "pytorch/ddp")):
+        mine = runs.get((m, impl))
+        if gloo and mine:
+            out[f"{m}_{name}_over_gloo_time"] = statistics.median(mine) / statistics.median(gloo)
+out["note"] = ("world 2 on one GPU, ms per step: ddp's C++ DDP on its cpu backend (host staging "
+               "overlapped or synchronous) and PyTorch's DDP on the ddp backend, each over "
+               "PyTorch's DDP on gloo; < 1: faster than gloo")
 print(json.dumps(out))
 PY
   # Two ranks on one GPU over NCCL: expected to fail at once with NCCL's duplicate-GPU error.
