@@ -11,6 +11,12 @@
 # (Ubuntu 24.04 and later). Also copied, when present: Fashion-MNIST (DEST/fashion-mnist, for
 # the mnist example) and the PyTorch tutorials (DEST/seeds, SEEDS_DIR, default ../shared/seeds)
 # whose GPU scripts verify.sh runs under ddprun unmodified.
+#
+# WHEELS_PYTHON=3.12 (the GPU machine's Python, X.Y; default none): also the wheels tutorial
+# 004's scripts need beyond torch, for that Python, in DEST/wheels (about 12 MB): torchvision
+# TORCHVISION_VERSION (default 0.26.0, the one made for PyTorch 2.11: PyPI's links CUDA 13) and
+# pillow. verify_python.sh installs them into a temporary folder only when its Python lacks
+# torchvision. Mind the size: what travels to the lent GPU machine is limited to 64 MiB.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -62,5 +68,12 @@ if [ -d "$MNIST_DIR" ]; then
 fi
 if [ -d "$SEEDS_DIR" ]; then
   mkdir -p "$DEST/seeds" && cp "$SEEDS_DIR"/* "$DEST/seeds/"
+fi
+rm -rf "$DEST/wheels"
+if [ -n "${WHEELS_PYTHON:-}" ]; then
+  mkdir -p "$DEST/wheels"
+  "${PYTHON:-python3}" -m pip download -q --no-deps --only-binary=:all: \
+    --python-version "$WHEELS_PYTHON" --platform manylinux_2_28_x86_64 -d "$DEST/wheels" \
+    "torchvision==${TORCHVISION_VERSION:-0.26.0}" pillow
 fi
 du -sh "$DEST" | awk '{print "pack_deps: " $1 " in " $2}'

@@ -16,7 +16,9 @@ aborting PyTorch's gloo does not end a collective in flight (measured with 2.13)
 of StepManager's goes through ``bound``: when ddprun announces a loss, a thread fails each
 pending one with the notice (and aborts the backends, which ends nccl's), and the training
 thread goes on at once. A collective left hanging keeps its group alive (``_retired``) until it
-ends by itself, so no destructor waits for it.
+ends by itself, so no destructor waits for it; a lost generation's backends whose collectives
+all ended are let go at the next re-form (their threads and sockets with them: a process that
+re-forms many times does not grow).
 
 The default group itself keeps the launch's members: after the first loss, collectives of the
 program's own belong on ``StepManager.group``. Under --recovery step ddprun starts workers
@@ -157,7 +159,10 @@ class TorchGenerations:
         self._lock = threading.Lock()  # guards _backends and _formed (the abort thread reads)
         self._closing = False
         self._waits = None  # made by _form()
-        self._retired = []  # earlier generations' backends (a collective may still hang there)
+        # Earlier generations' [(backends, their collectives)] with a collective that may still
+        # hang; the current generation's collectives that may not have ended yet (bound()).
+        self._retired = []
+        self._works = []
         self._form()
         self._aborter = threading.Thread(target=self._abort_on_notice, daemon=True,
                                          name="ddp-abort-on-loss")
@@ -187,6 +192,9 @@ class TorchGenerations:
     def bound(self, work):
         """The future of `work` (a collective on ``group``), ended at once by a loss
         (PendingWaits)."""
+        with self._lock:
+            self._works = [w for w in self._works if not _ended(w)]
+            self._works.append(work)
         return self._waits.bound(work)
 
     def wait(self, work):
@@ -197,12 +205,15 @@ class TorchGenerations:
         """Aborts the current group, joins the newest generation with every member, and makes
         its group."""
         with self._lock:
-            old = self._backends
-            self._backends = []
+            old, works = self._backends, self._works
+            self._backends, self._works = [], []
         self._waits.fail_all(self.loss() or "the group is re-formed", self._formed)
         for backend in old:
             _abort(backend)
-        self._retired.extend(old)
+        # Kept only while one of their collectives has not ended (dropped here, they go once the
+        # old group and DDP let go of them).
+        self._retired = [(backends, ws) for backends, ws in self._retired + [(old, works)]
+                         if not all(_ended(w) for w in ws)]
         self._membership.reform()
         self._form()
 
@@ -243,8 +254,19 @@ class TorchGenerations:
         # A lost generation's group may still wait for a peer that never answers; its
         # destructor would wait as long (gloo joins its threads). The process is ending: those
         # objects are never destroyed (one reference more than anyone holds).
-        for backend in self._retired:
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(backend))
+        for backends, _ in self._retired:
+            for backend in backends:
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(backend))
+
+
+def _ended(work):
+    """Whether `work`, a collective of a group's backend, ended (completed or failed). Its future
+    completes first (gloo marks the Work completed after it, on its own thread): a collective
+    whose result StepManager had counts as ended."""
+    try:
+        return work.is_completed() or work.get_future().done()
+    except RuntimeError:  # it failed
+        return True
 
 
 def _abort(backend):
