@@ -219,7 +219,9 @@ AgentResult run_single_node(const AgentOptions& options) {
     if (step) world.master_port = step->port();
     AttemptSpec spec = make_spec(options, world, run_dir, restart, restart, diagnostics);
     if (step) {
-      spec.replace_failed = [&step](const WorkerFailure& f) { return step->on_worker_failed(f); };
+      spec.replace_failed = [&step](const WorkerFailure& f, bool a_peer_finished) {
+        return step->on_worker_failed(f, a_peer_finished);
+      };
       spec.on_worker_succeeded = [&step](int rank) { step->on_worker_succeeded(rank); };
     }
     AttemptResult attempt = run_attempt(spec, signals);
@@ -421,7 +423,9 @@ AgentResult run_multi_node(const AgentOptions& options) {
         m.shut_down(why);
         throw Error(why);
       }
-      spec.replace_failed = [&step](const WorkerFailure& f) { return step->on_worker_failed(f); };
+      spec.replace_failed = [&step](const WorkerFailure& f, bool a_peer_finished) {
+        return step->on_worker_failed(f, a_peer_finished);
+      };
       spec.on_worker_succeeded = [&step](int rank) { step->on_worker_succeeded(rank); };
     }
     // --recovery group: the round ends as soon as this node has a root cause, before its other

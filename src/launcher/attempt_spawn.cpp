@@ -183,12 +183,12 @@ std::unique_ptr<Worker> AttemptRunner::spawn_worker(const WorkerIdentity& id, in
 
 bool AttemptRunner::replace_in_place(Worker& w) {
   if (!spec_.replace_failed || phase_ != Phase::kRunning || root_cause_ != nullptr) return false;
-  // A peer that already finished cannot heal the replacement: fail as with --recovery group.
-  for (const auto& other : workers_) {
-    if (other.get() != &w && other->exited) return false;
-  }
-  std::optional<int> restart_count = spec_.replace_failed(failure_of(w));
-  if (!restart_count) return false;
+  // A peer that already finished cannot heal a replacement; replace_failed is asked all the
+  // same: a job without a StepManager then gets its group restart, as with --recovery group.
+  bool a_peer_finished = false;
+  for (const auto& other : workers_) a_peer_finished |= other.get() != &w && other->exited;
+  std::optional<int> restart_count = spec_.replace_failed(failure_of(w), a_peer_finished);
+  if (!restart_count || a_peer_finished) return false;
   for (int s = 0; s < 2; ++s) {
     while (w.fds[s].valid() && read_stream(w, s)) {
     }

@@ -130,7 +130,8 @@ bool StepRecovery::still_a_member(int rank) {
   }
 }
 
-std::optional<int> StepRecovery::on_worker_failed(const WorkerFailure& failure) {
+std::optional<int> StepRecovery::on_worker_failed(const WorkerFailure& failure,
+                                                  bool a_peer_finished) {
   std::lock_guard<std::mutex> lock(mutex_);
   const std::string what = describe_failure(failure);
   if (world_size_ > 0 && !still_a_member(failure.global_rank)) {
@@ -160,6 +161,14 @@ std::optional<int> StepRecovery::on_worker_failed(const WorkerFailure& failure) 
         "ddp.StepManager), so nothing would redo the other workers' step: restarting the whole "
         "group instead of rank {} alone, as --recovery group does (--recovery step needs a "
         "StepManager in the training loop: docs/recovery.md)\n",
+        what, failure.global_rank));
+    return std::nullopt;
+  }
+  if (a_peer_finished) {
+    say(fmt::format(
+        "ddprun: {}; another worker already finished its training loop, so no running peer "
+        "could heal a replacement of rank {}: stopping the job (--recovery step restarts a rank "
+        "only while its peers run)\n",
         what, failure.global_rank));
     return std::nullopt;
   }

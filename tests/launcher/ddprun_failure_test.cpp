@@ -76,6 +76,21 @@ TEST_F(DdprunFailure, RecoveryStepWithoutAStepManagerRestartsTheWholeGroup) {
   EXPECT_EQ(r.err.find("restarting only rank 1"), std::string::npos) << r.err;
 }
 
+// Rank 0 finishes before rank 1 fails: no peer runs that could heal a replacement, and none
+// runs a StepManager, so the whole group restarts as with --recovery group (it used to end the
+// job: the StepManager check was skipped once a peer had exited).
+TEST_F(DdprunFailure, RecoveryStepWithoutAStepManagerRestartsTheGroupAfterAPeerFinished) {
+  RunResult r = run({"--nproc-per-node", "2", "--recovery", "step", "--max-restarts", "1", worker(),
+                     "env", "ready", dir(), "await-peers", dir(), "await-exit-of-rank", "0", dir(),
+                     "fail-if-rank", "1", "3", "1"},
+                    {}, 90);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count(r.out, "TORCHELASTIC_RESTART_COUNT=0 "), 2) << r.out;
+  EXPECT_EQ(count(r.out, "TORCHELASTIC_RESTART_COUNT=1 "), 2) << r.out;  // both again
+  EXPECT_NE(r.err.find("restarting the whole group instead of rank 1 alone"), std::string::npos)
+      << r.err;
+}
+
 TEST_F(DdprunFailure, ExhaustedRestartsReportTheRootCause) {
   RunResult r = run({"--nproc-per-node", "2", "--max-restarts", "1", worker(), "stderr-lines", "50",
                      "error-file-if-rank", "1", "ValueError: bad batch 17", "fail-if-rank", "1",

@@ -109,8 +109,10 @@ class StepRecovery {
   // true, saying why; the agent then restarts the whole group as --recovery group does (and
   // charges that restart).
   // A worker whose rank left the job with its node (this node was declared lost while it
-  // still ran) is not restarted either: removed_from_job() then says so.
-  std::optional<int> on_worker_failed(const WorkerFailure& failure);
+  // still ran) is not restarted either: removed_from_job() then says so. Nor one that failed
+  // after a peer finished (`a_peer_finished`: no live peer could heal it): the job then ends,
+  // saying why, unless it is not recovery-aware (the group restart above).
+  std::optional<int> on_worker_failed(const WorkerFailure& failure, bool a_peer_finished);
 
   // AttemptSpec::on_worker_succeeded: records in the store that global rank `rank` finished
   // (recovery_notice::publish_finished at the current generation), as its group's destructor

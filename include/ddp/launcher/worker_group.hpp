@@ -20,9 +20,10 @@
 //   failure, with the rank in no collective (else the lowest waiting one) as the root cause
 // - stop_fd turns readable (membership change in a multi-node run) -> the same stop ->
 //   kStopped, unless a worker had already failed (kFailed)
-// - --recovery step (replace_failed set): a worker that fails while the others run is offered
-//   to replace_failed first; when it answers a restart count, only that worker is started
-//   again (same rank, its logs appended) and the attempt goes on; otherwise as above
+// - --recovery step (replace_failed set): the first worker that fails is offered to
+//   replace_failed first; when it answers a restart count (only while the others run), only
+//   that worker is started again (same rank, its logs appended) and the attempt goes on;
+//   otherwise as above
 
 #include <chrono>
 #include <functional>
@@ -92,10 +93,12 @@ struct AttemptSpec {
   // progress hook from `python_hook_dir` (torch_progress.hpp).
   std::optional<std::chrono::milliseconds> hang_timeout;
   std::string python_hook_dir;
-  // --recovery step (step_recovery.hpp): called when a worker failed while every other one
-  // runs. Returns the restarted worker's TORCHELASTIC_RESTART_COUNT to restart only it, or
-  // nullopt to fail the attempt as usual. Unset: never called (--recovery group).
-  std::function<std::optional<int>(const WorkerFailure&)> replace_failed;
+  // --recovery step (step_recovery.hpp): called when a worker failed first (no root cause
+  // yet); `a_peer_finished`: another worker of the attempt already exited. Returns the
+  // restarted worker's TORCHELASTIC_RESTART_COUNT to restart only it (never when a peer
+  // finished: none could heal it), or nullopt to fail the attempt as usual. Unset: never
+  // called (--recovery group).
+  std::function<std::optional<int>(const WorkerFailure&, bool a_peer_finished)> replace_failed;
   // --recovery step: called when a worker exited 0 while the attempt runs (its global rank),
   // so the others learn it finished even if it skipped its destructors. Must not throw.
   std::function<void(int global_rank)> on_worker_succeeded;

@@ -7,6 +7,9 @@
 //   ignore-term                  ignore SIGTERM
 //   ready DIR                    write this pid into DIR/ready.<rank>.<restart>
 //   await-peers DIR              wait (up to 30 s) until every rank of this attempt is ready
+//   await-exit-of-rank R DIR     on the other ranks, wait (up to 30 s) until rank R's process
+//                                of this attempt (its pid in DIR/ready.R.<restart>) is gone:
+//                                ddprun has reaped it
 //   grandchild                   fork a process that leaves the group (setsid), ignores
 //                                SIGTERM and sleeps for 600 s
 //   sleep SECONDS                sleep, resuming after handled signals
@@ -120,6 +123,18 @@ int main(int argc, char** argv) {
           sleep_for(0.002);
           waited_ms += 2;
         }
+      }
+    } else if (step == "await-exit-of-rank") {
+      const int of = std::atoi(arg().c_str());
+      const std::string path =
+          arg() + "/ready." + std::to_string(of) + "." + std::to_string(restart_count());
+      for (int waited_ms = 0; of != rank() && waited_ms < 30000; waited_ms += 2) {
+        FILE* f = std::fopen(path.c_str(), "r");
+        long pid = 0;
+        const bool read = f != nullptr && std::fscanf(f, "%ld", &pid) == 1;
+        if (f != nullptr) std::fclose(f);
+        if (read && pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) break;
+        sleep_for(0.002);
       }
     } else if (step == "grandchild") {
       std::fflush(nullptr);
