@@ -82,6 +82,10 @@ class AllReduceHook : public CommHook {
     if (needs_host_staging(bucket, pg) && overlapped_host_staging()) {
       return launch_staged_all_reduce(pg, bucket, bucket, ReduceOp::kAvg, bucket_tag(info));
     }
+    if (!needs_host_staging(bucket, pg) && !bucket.is_cuda()) {
+      auto queued = launch_behind_staged(pg, bucket, bucket, ReduceOp::kAvg, bucket_tag(info));
+      if (queued) return queued;
+    }
     return launch(pg, bucket);
   }
   std::unique_ptr<BucketReduction> launch(ProcessGroup& pg, const torch::Tensor& bucket) override {
@@ -105,6 +109,11 @@ class CompressHook : public CommHook {
     if (needs_host_staging(bucket, pg) && overlapped_host_staging()) {
       return launch_staged_all_reduce(pg, bucket, compressed(pg, bucket), ReduceOp::kSum,
                                       bucket_tag(info));
+    }
+    if (!needs_host_staging(bucket, pg) && !bucket.is_cuda()) {
+      auto queued = launch_behind_staged(pg, bucket, compressed(pg, bucket), ReduceOp::kSum,
+                                         bucket_tag(info));
+      if (queued) return queued;
     }
     return launch(pg, bucket);
   }

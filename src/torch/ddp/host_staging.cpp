@@ -7,6 +7,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -22,6 +23,9 @@
 namespace ddp {
 namespace {
 
+// Launches queued or running on the staging thread (below), readable without starting it.
+std::atomic<size_t> g_unfinished_launches{0};
+
 // One thread for the whole process runs the staged launches in the order they were queued:
 // every rank queues its buckets in the same order, so the all-reduces reach the groups in the
 // same order too. Never joined: it sleeps on its queue until the process exits.
@@ -36,6 +40,7 @@ class StagingThread {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       jobs_.push_back(std::move(job));
+      ++g_unfinished_launches;
     }
     ready_.notify_one();
   }
@@ -52,7 +57,8 @@ class StagingThread {
         job = std::move(jobs_.front());
         jobs_.pop_front();
       }
-      job();  // never throws: a launch records its own error
+      job();                    // never throws: a launch records its own error
+      --g_unfinished_launches;  // after the job issued its collective
     }
   }
 
@@ -105,7 +111,7 @@ class StagedReduction : public BucketReduction {
     launch_->work->wait(timeout);
     // From pinned memory on the current stream: queued, not waited for; the caching host
     // allocator keeps host_'s block until the copy ran, even when host_ is freed first.
-    bucket_.copy_(host_, /*non_blocking=*/true);
+    if (!host_.is_same(bucket_)) bucket_.copy_(host_, /*non_blocking=*/true);
   }
 
  private:
@@ -113,6 +119,14 @@ class StagedReduction : public BucketReduction {
   torch::Tensor host_;
   std::shared_ptr<Launch> launch_;
 };
+
+// Queues the all-reduce of `host` (a host tensor, `bucket` itself or its staging copy) on the
+// staging thread, after `copied` (the copy into it; null: nothing to wait for); its result goes
+// into `bucket` at finish().
+std::unique_ptr<BucketReduction> queue_launch(ProcessGroup& pg, const torch::Tensor& bucket,
+                                              torch::Tensor host,
+                                              std::shared_ptr<c10::Event> copied, ReduceOp op,
+                                              std::string tag);
 
 }  // namespace
 
@@ -150,12 +164,29 @@ std::unique_ptr<BucketReduction> launch_staged_all_reduce(ProcessGroup& pg,
     copied->record(side);
   }
 
+  return queue_launch(pg, bucket, std::move(host), std::move(copied), op, std::move(tag));
+}
+
+std::unique_ptr<BucketReduction> launch_behind_staged(ProcessGroup& pg, const torch::Tensor& bucket,
+                                                      const torch::Tensor& wire, ReduceOp op,
+                                                      std::string tag) {
+  // A launch still queued or running must issue its collective first.
+  if (g_unfinished_launches.load() == 0) return nullptr;
+  return queue_launch(pg, bucket, wire, nullptr, op, std::move(tag));
+}
+
+namespace {
+
+std::unique_ptr<BucketReduction> queue_launch(ProcessGroup& pg, const torch::Tensor& bucket,
+                                              torch::Tensor host,
+                                              std::shared_ptr<c10::Event> copied, ReduceOp op,
+                                              std::string tag) {
   auto launch = std::make_shared<Launch>();
   StagingThread::instance().submit([&pg, host, copied, launch, op, tag = std::move(tag)] {
     WorkPtr work;
     std::exception_ptr error;
     try {
-      copied->synchronize();
+      if (copied) copied->synchronize();
       FlightRecorder::ScopedThreadTag scoped(tag);
       work = all_reduce(pg, host, op);
     } catch (...) {
@@ -172,4 +203,5 @@ std::unique_ptr<BucketReduction> launch_staged_all_reduce(ProcessGroup& pg,
   return std::make_unique<StagedReduction>(bucket, std::move(host), std::move(launch));
 }
 
+}  // namespace
 }  // namespace ddp

@@ -37,4 +37,12 @@ std::unique_ptr<BucketReduction> launch_staged_all_reduce(ProcessGroup& pg,
                                                           const torch::Tensor& device_wire,
                                                           ReduceOp op, std::string tag);
 
+// Order keeping for a bucket that needs no staging (a CPU bucket beside CUDA ones, or a host
+// tensor the hook made): while staged launches are still queued, its all-reduce of `wire` (a
+// host tensor; its result goes into `bucket` at finish()) is queued behind them, so every rank
+// issues the collectives in launch order. Null when nothing is queued: launch it directly.
+std::unique_ptr<BucketReduction> launch_behind_staged(ProcessGroup& pg, const torch::Tensor& bucket,
+                                                      const torch::Tensor& wire, ReduceOp op,
+                                                      std::string tag);
+
 }  // namespace ddp
