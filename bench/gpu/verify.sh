@@ -15,7 +15,7 @@
 # for a machine without them and without a registry), SKIP (sections left out, of: probe tests
 # recovery example step one_gpu data_parallel python cpu), MULTIRANK_FILTER / PROCESSES_FILTER /
 # CUDA_FILTER (gtest filters of test_ddp_multirank / test_ddp_processes / test_ddp_cuda in a
-# TARGETS run), PYTHON_PARTS (verify_python.sh's parts: cuda tutorial frameworks).
+# TARGETS run), PYTHON_PARTS (verify_python.sh's parts: cuda tutorial frameworks reform).
 #
 # Steps (each one JSON status line in results.jsonl, "status": ok | failed | skipped + reason):
 #   env        GPU, driver, torch/CUDA/NCCL versions, ABI of the wheel
@@ -424,7 +424,7 @@ fi
 # ---------------------------------------------------------------- Python and frameworks
 if want python && [ "$GPUS" -ge 1 ] && is_built ddprun; then
   PYTHON="$PYTHON" DDPRUN="$(bin ddprun)" DDP_PYTHONPATH="$BUILD/python" SEEDS="${DEPS_DIR:+$DEPS_DIR/seeds}" \
-    PARTS="${PYTHON_PARTS:-cuda tutorial frameworks}" \
+    PARTS="${PYTHON_PARTS:-cuda tutorial frameworks reform}" \
     "$ROOT/bench/gpu/verify_python.sh" "$OUT_DIR" 2>>"$LOGS/python.log" | tee -a "$RESULTS"
   grep -q '"step": "python", "status": "failed"' "$RESULTS" && FAILED=1
 fi
