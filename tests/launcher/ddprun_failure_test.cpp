@@ -62,9 +62,29 @@ TEST_F(DdprunFailure, FailureKillsTheGroupAndRestartsIt) {
 // --recovery group would: restarting rank 1 alone left ranks 0 and 2 waiting in their
 // collective (here: a sleep of 60 s) for ever.
 TEST_F(DdprunFailure, RecoveryStepWithoutAStepManagerRestartsTheWholeGroup) {
-  RunResult r = run({"--nproc-per-node", "3", "--recovery", "step", "--max-restarts", "1", worker(),
-                     "env", "ready", dir(), "await-peers", dir(), "fail-if-rank", "1", "3", "1",
-                     "sleep-if-restart-below", "1", "60"},
+  // --recovery step: ddprun hosts the store on the master port (29500 may be another test's).
+  const std::string port = std::to_string(ddp::test::free_ports_below_ephemeral_range());
+  RunResult r = run({"--nproc-per-node",
+                     "3",
+                     "--master-port",
+                     port,
+                     "--recovery",
+                     "step",
+                     "--max-restarts",
+                     "1",
+                     worker(),
+                     "env",
+                     "ready",
+                     dir(),
+                     "await-peers",
+                     dir(),
+                     "fail-if-rank",
+                     "1",
+                     "3",
+                     "1",
+                     "sleep-if-restart-below",
+                     "1",
+                     "60"},
                     {}, 90);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(count(r.out, "TORCHELASTIC_RESTART_COUNT=0 "), 3) << r.out;
@@ -80,9 +100,28 @@ TEST_F(DdprunFailure, RecoveryStepWithoutAStepManagerRestartsTheWholeGroup) {
 // runs a StepManager, so the whole group restarts as with --recovery group (it used to end the
 // job: the StepManager check was skipped once a peer had exited).
 TEST_F(DdprunFailure, RecoveryStepWithoutAStepManagerRestartsTheGroupAfterAPeerFinished) {
-  RunResult r = run({"--nproc-per-node", "2", "--recovery", "step", "--max-restarts", "1", worker(),
-                     "env", "ready", dir(), "await-peers", dir(), "await-exit-of-rank", "0", dir(),
-                     "fail-if-rank", "1", "3", "1"},
+  const std::string port = std::to_string(ddp::test::free_ports_below_ephemeral_range());
+  RunResult r = run({"--nproc-per-node",
+                     "2",
+                     "--master-port",
+                     port,
+                     "--recovery",
+                     "step",
+                     "--max-restarts",
+                     "1",
+                     worker(),
+                     "env",
+                     "ready",
+                     dir(),
+                     "await-peers",
+                     dir(),
+                     "await-exit-of-rank",
+                     "0",
+                     dir(),
+                     "fail-if-rank",
+                     "1",
+                     "3",
+                     "1"},
                     {}, 90);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(count(r.out, "TORCHELASTIC_RESTART_COUNT=0 "), 2) << r.out;
