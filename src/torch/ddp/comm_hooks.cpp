@@ -82,7 +82,7 @@ class AllReduceHook : public CommHook {
     if (needs_host_staging(bucket, pg) && overlapped_host_staging()) {
       return launch_staged_all_reduce(pg, bucket, bucket, ReduceOp::kAvg, bucket_tag(info));
     }
-    if (!needs_host_staging(bucket, pg) && !bucket.is_cuda()) {
+    if (!bucket.is_cuda()) {
       auto queued = launch_behind_staged(pg, bucket, bucket, ReduceOp::kAvg, bucket_tag(info));
       if (queued) return queued;
     }
@@ -106,26 +106,30 @@ class CompressHook : public CommHook {
   std::unique_ptr<BucketReduction> launch(ProcessGroup& pg, const torch::Tensor& bucket,
                                           const BucketInfo& info) override {
     if (pg.size() == 1) return std::make_unique<DoneReduction>();
-    if (needs_host_staging(bucket, pg) && overlapped_host_staging()) {
-      return launch_staged_all_reduce(pg, bucket, compressed(pg, bucket), ReduceOp::kSum,
-                                      bucket_tag(info));
+    torch::Tensor wire = compressed(pg, bucket);
+    if (needs_host_staging(wire, pg) && overlapped_host_staging()) {
+      return launch_staged_all_reduce(pg, bucket, wire, ReduceOp::kSum, bucket_tag(info));
     }
-    if (!needs_host_staging(bucket, pg) && !bucket.is_cuda()) {
-      auto queued = launch_behind_staged(pg, bucket, compressed(pg, bucket), ReduceOp::kSum,
-                                         bucket_tag(info));
+    if (!wire.is_cuda()) {
+      auto queued = launch_behind_staged(pg, bucket, wire, ReduceOp::kSum, bucket_tag(info));
       if (queued) return queued;
     }
-    return launch(pg, bucket);
+    return reduce(pg, bucket, std::move(wire));
   }
   std::unique_ptr<BucketReduction> launch(ProcessGroup& pg, const torch::Tensor& bucket) override {
     if (pg.size() == 1) return std::make_unique<DoneReduction>();
-    torch::Tensor wire = compressed(pg, bucket);
+    return reduce(pg, bucket, compressed(pg, bucket));
+  }
+
+ private:
+  // All-reduces `wire` (the compressed bucket; through a pinned host copy on a host backend).
+  static std::unique_ptr<BucketReduction> reduce(ProcessGroup& pg, const torch::Tensor& bucket,
+                                                 torch::Tensor wire) {
     if (needs_host_staging(wire, pg)) wire = pinned_host_copy(wire);
     WorkPtr work = all_reduce(pg, wire, ReduceOp::kSum);
     return std::make_unique<WireReduction>(pg, bucket, wire, std::move(work));
   }
 
- private:
   // Dividing before the cast keeps the float16 sum of size() ranks inside its range.
   torch::Tensor compressed(const ProcessGroup& pg, const torch::Tensor& bucket) const {
     return bucket.div(pg.size()).to(type_);
