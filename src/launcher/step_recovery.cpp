@@ -16,6 +16,19 @@ namespace ddp::launcher {
 namespace {
 // Set by the agent serving the step store, so the other nodes' agents know it is one.
 constexpr const char* kServedByAgentKey = "ddp/recovery/served_by_agent";
+
+// Whether the worker died because its torch.distributed tried to serve a TCPStore on `port`,
+// the store this agent serves ("... port: P, ... EADDRINUSE ..." in its stderr): its env://
+// rendezvous was torch's own, not ddp's, which joins this store instead.
+bool tried_to_serve_the_job_store(const WorkerFailure& failure, uint16_t port) {
+  const std::string at = fmt::format("port: {},", port);
+  for (const std::string& line : failure.stderr_tail) {
+    if (line.find("EADDRINUSE") != std::string::npos && line.find(at) != std::string::npos) {
+      return true;
+    }
+  }
+  return false;
+}
 }  // namespace
 
 RecoveryMode parse_recovery_mode(const std::string& value, const std::string& source) {
@@ -134,6 +147,16 @@ std::optional<int> StepRecovery::on_worker_failed(const WorkerFailure& failure,
                                                   bool a_peer_finished) {
   std::lock_guard<std::mutex> lock(mutex_);
   const std::string what = describe_failure(failure);
+  if (tried_to_serve_the_job_store(failure, store_->port())) {
+    say(fmt::format(
+        "ddprun: rank {} could not serve torch.distributed's store on port {} (EADDRINUSE): "
+        "under --recovery step ddprun serves the job's store on MASTER_PORT itself, and a "
+        "worker joins it through the ddp package's env:// rendezvous, which this worker did not "
+        "have: its Python cannot import ddp (install the ddp package into the environment that "
+        "runs the script), or its torch did not load ddp's backend plugin (add `import ddp` "
+        "before init_process_group); or run with --recovery group\n",
+        failure.global_rank, store_->port()));
+  }
   if (world_size_ > 0 && !still_a_member(failure.global_rank)) {
     removed_from_job_ = true;
     say(fmt::format(

@@ -130,6 +130,25 @@ TEST_F(DdprunFailure, RecoveryStepWithoutAStepManagerRestartsTheGroupAfterAPeerF
       << r.err;
 }
 
+// A worker whose torch.distributed tried to serve its own store on MASTER_PORT (ddp not
+// importable: torch's env:// rendezvous) fails with PyTorch's EADDRINUSE: ddprun says why.
+TEST_F(DdprunFailure, RecoveryStepNamesAWorkerThatTriedToServeTheJobStore) {
+  const std::string port = std::to_string(ddp::test::free_ports_below_ephemeral_range());
+  const std::string torch_error =
+      "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+      "network address. port: " +
+      port + ", useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use";
+  RunResult r = run({"--nproc-per-node", "1", "--master-port", port, "--recovery", "step",
+                     "--max-restarts", "0", worker(), "eprint", torch_error, "exit", "1"},
+                    {}, 90);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("ddprun: rank 0 could not serve torch.distributed's store on port " + port +
+                       " (EADDRINUSE): under --recovery step ddprun serves the job's store"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("its Python cannot import ddp"), std::string::npos) << r.err;
+}
+
 TEST_F(DdprunFailure, ExhaustedRestartsReportTheRootCause) {
   RunResult r = run({"--nproc-per-node", "2", "--max-restarts", "1", worker(), "stderr-lines", "50",
                      "error-file-if-rank", "1", "ValueError: bad batch 17", "fail-if-rank", "1",
