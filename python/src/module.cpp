@@ -52,6 +52,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
       "A torch.distributed Store over the store ddprun hosts (MASTER_ADDR:MASTER_PORT).");
+  m.def(
+      "_publish_lost_rank",
+      [](int rank, std::chrono::duration<double> timeout) {
+        return ddp::python::publish_lost_rank(
+            rank, std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+      },
+      py::arg("rank"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
+      "Announces in the job's store that `rank` was lost, as ddprun does; returns the "
+      "membership generation it opened.");
   m.def("_recoverable", [](const c10::intrusive_ptr<ddp::python::ProcessGroupBase>& b) {
     return ddp_backend(b).recoverable();
   });
