@@ -18,6 +18,22 @@ namespace {
 
 using DdprunFailure = LauncherTest;
 
+// ddprun's arguments for `nproc` workers under --recovery step on master port `port` (ddprun
+// then hosts the job's store there: give each test a claimed port, 29500 may be another
+// test's), then `command` (the worker and its steps).
+std::vector<std::string> under_recovery_step(const std::string& port, int nproc, int max_restarts,
+                                             const std::vector<std::string>& command) {
+  std::vector<std::string> args = {
+      "--nproc-per-node", std::to_string(nproc),       "--master-port", port, "--recovery", "step",
+      "--max-restarts",   std::to_string(max_restarts)};
+  args.insert(args.end(), command.begin(), command.end());
+  return args;
+}
+
+std::string claimed_port() {
+  return std::to_string(ddp::test::free_ports_below_ephemeral_range());
+}
+
 int count(const std::string& text, const std::string& needle) {
   return static_cast<int>(lines_with(text, needle).size());
 }
@@ -62,30 +78,11 @@ TEST_F(DdprunFailure, FailureKillsTheGroupAndRestartsIt) {
 // --recovery group would: restarting rank 1 alone left ranks 0 and 2 waiting in their
 // collective (here: a sleep of 60 s) for ever.
 TEST_F(DdprunFailure, RecoveryStepWithoutAStepManagerRestartsTheWholeGroup) {
-  // --recovery step: ddprun hosts the store on the master port (29500 may be another test's).
-  const std::string port = std::to_string(ddp::test::free_ports_below_ephemeral_range());
-  RunResult r = run({"--nproc-per-node",
-                     "3",
-                     "--master-port",
-                     port,
-                     "--recovery",
-                     "step",
-                     "--max-restarts",
-                     "1",
-                     worker(),
-                     "env",
-                     "ready",
-                     dir(),
-                     "await-peers",
-                     dir(),
-                     "fail-if-rank",
-                     "1",
-                     "3",
-                     "1",
-                     "sleep-if-restart-below",
-                     "1",
-                     "60"},
-                    {}, 90);
+  RunResult r =
+      run(under_recovery_step(claimed_port(), 3, 1,
+                              {worker(), "env", "ready", dir(), "await-peers", dir(),
+                               "fail-if-rank", "1", "3", "1", "sleep-if-restart-below", "1", "60"}),
+          {}, 90);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(count(r.out, "TORCHELASTIC_RESTART_COUNT=0 "), 3) << r.out;
   EXPECT_EQ(count(r.out, "TORCHELASTIC_RESTART_COUNT=1 "), 3) << r.out;  // all three again
@@ -100,29 +97,11 @@ TEST_F(DdprunFailure, RecoveryStepWithoutAStepManagerRestartsTheWholeGroup) {
 // runs a StepManager, so the whole group restarts as with --recovery group (it used to end the
 // job: the StepManager check was skipped once a peer had exited).
 TEST_F(DdprunFailure, RecoveryStepWithoutAStepManagerRestartsTheGroupAfterAPeerFinished) {
-  const std::string port = std::to_string(ddp::test::free_ports_below_ephemeral_range());
-  RunResult r = run({"--nproc-per-node",
-                     "2",
-                     "--master-port",
-                     port,
-                     "--recovery",
-                     "step",
-                     "--max-restarts",
-                     "1",
-                     worker(),
-                     "env",
-                     "ready",
-                     dir(),
-                     "await-peers",
-                     dir(),
-                     "await-exit-of-rank",
-                     "0",
-                     dir(),
-                     "fail-if-rank",
-                     "1",
-                     "3",
-                     "1"},
-                    {}, 90);
+  RunResult r =
+      run(under_recovery_step(claimed_port(), 2, 1,
+                              {worker(), "env", "ready", dir(), "await-peers", dir(),
+                               "await-exit-of-rank", "0", dir(), "fail-if-rank", "1", "3", "1"}),
+          {}, 90);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(count(r.out, "TORCHELASTIC_RESTART_COUNT=0 "), 2) << r.out;
   EXPECT_EQ(count(r.out, "TORCHELASTIC_RESTART_COUNT=1 "), 2) << r.out;  // both again
@@ -133,14 +112,13 @@ TEST_F(DdprunFailure, RecoveryStepWithoutAStepManagerRestartsTheGroupAfterAPeerF
 // A worker whose torch.distributed tried to serve its own store on MASTER_PORT (ddp not
 // importable: torch's env:// rendezvous) fails with PyTorch's EADDRINUSE: ddprun says why.
 TEST_F(DdprunFailure, RecoveryStepNamesAWorkerThatTriedToServeTheJobStore) {
-  const std::string port = std::to_string(ddp::test::free_ports_below_ephemeral_range());
+  const std::string port = claimed_port();
   const std::string torch_error =
       "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
       "network address. port: " +
       port + ", useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use";
-  RunResult r = run({"--nproc-per-node", "1", "--master-port", port, "--recovery", "step",
-                     "--max-restarts", "0", worker(), "eprint", torch_error, "exit", "1"},
-                    {}, 90);
+  RunResult r =
+      run(under_recovery_step(port, 1, 0, {worker(), "eprint", torch_error, "exit", "1"}), {}, 90);
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("ddprun: rank 0 could not serve torch.distributed's store on port " + port +
                        " (EADDRINUSE): under --recovery step ddprun serves the job's store"),
