@@ -3,6 +3,7 @@
 #include <cstring>
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define DDP_HAVE_F16C_PATH 1
 #endif
@@ -90,6 +91,19 @@ uint16_t float_to_bfloat16(float f) {
 namespace {
 
 #ifdef DDP_HAVE_F16C_PATH
+// Whether this CPU converts with F16C: CPUID leaf 1 has AVX and F16C, and the OS saves the AVX
+// registers (OSXSAVE, and XCR0's SSE and AVX state bits). Read from CPUID itself because clang
+// 14's __builtin_cpu_supports does not know "f16c".
+bool cpu_has_avx_and_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+  const unsigned needed = bit_OSXSAVE | bit_AVX | bit_F16C;
+  if ((ecx & needed) != needed) return false;
+  unsigned xcr0_low = 0, xcr0_high = 0;
+  __asm__("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
+  return (xcr0_low & 0x6u) == 0x6u;
+}
+
 // Eight elements per instruction; the tail goes through the scalar conversion.
 __attribute__((target("avx,f16c"))) void halves_to_floats_f16c(const uint16_t* in, float* out,
                                                                size_t n) {
@@ -117,7 +131,7 @@ __attribute__((target("avx,f16c"))) void floats_to_halves_f16c(const float* in, 
 
 bool half_conversions_use_f16c() {
 #ifdef DDP_HAVE_F16C_PATH
-  static const bool f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  static const bool f16c = cpu_has_avx_and_f16c();
   return f16c;
 #else
   return false;

@@ -200,8 +200,9 @@ GroupResult analyze_group(const std::string& group, const std::vector<const Flig
   for (const auto& [seq, calls] : by_seq) {
     std::vector<std::pair<const FlightEntry*, std::vector<int>>> kinds;
     for (const auto& [rank, e] : calls) {
+      const FlightEntry* entry = e;  // C++17 lambdas cannot capture a structured binding
       auto it = std::find_if(kinds.begin(), kinds.end(),
-                             [&](const auto& k) { return same_call(*k.first, *e); });
+                             [&](const auto& k) { return same_call(*k.first, *entry); });
       if (it == kinds.end()) {
         kinds.push_back({e, {rank}});
       } else {

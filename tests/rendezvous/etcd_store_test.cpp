@@ -619,9 +619,11 @@ void expect_slow_cluster_budget(
     const std::vector<std::tuple<std::string, int, std::string>>& refusals, Check check) {
   std::vector<std::unique_ptr<FakeHttpServer>> members;
   etcd::HttpOptions o;
-  for (const auto& [status, code, message] : refusals) {
-    members.push_back(std::make_unique<FakeHttpServer>(
-        [=](const std::string&) { return etcd_refusal(status.c_str(), code, message); }));
+  for (const auto& refusal : refusals) {
+    members.push_back(std::make_unique<FakeHttpServer>([refusal](const std::string&) {
+      const auto& [status, code, message] = refusal;
+      return etcd_refusal(status.c_str(), code, message);
+    }));
     o.endpoints.push_back({"127.0.0.1", members.back()->port()});
   }
   o.retry_for = 200ms;
