@@ -159,9 +159,28 @@ def _is_local(host):
 
 
 def _free_port():
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+    """The job's store port: MASTER_PORT when the caller exported one (a port it reserved, as
+    for torchrun's --master-port), else a free one found by binding port 0 whose next port is
+    free too (ddprun's static rendezvous serves its store on --master-port + 1)."""
+    chosen = os.environ.get("MASTER_PORT", "")
+    if chosen:
+        if not chosen.isdigit() or not 0 < int(chosen) < 65535:
+            raise UsageError(f"MASTER_PORT={chosen!r} is not a port number: export a port in "
+                             "1-65534, or unset it and horovodrun picks a free one")
+        return int(chosen)
+    for _ in range(100):
+        with socket.socket() as s, socket.socket() as after:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+            if port >= 65535:
+                continue
+            try:
+                after.bind(("", port + 1))
+            except OSError:
+                continue
+            return port
+    raise UsageError("no two consecutive free ports found for the job's stores: export "
+                     "MASTER_PORT (a free port whose next port is free too)")
 
 
 def _tool(name, env_var):

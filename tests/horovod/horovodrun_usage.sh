@@ -14,5 +14,8 @@ expect_usage "needs 4 slots but the hosts have 2" -np 4 -H a:1,b:1 python x.py
 expect_usage "--jsrun is not supported" -np 2 --jsrun python x.py
 expect_usage "no training command given" -np 2
 expect_usage "same number of processes on every host" -np 3 -H a:2,b:2 python x.py
+export MASTER_PORT=http
+expect_usage "MASTER_PORT='http' is not a port number" -np 4 -H a:2,b:2 python x.py
+unset MASTER_PORT
 "$py" -m ddp.horovodrun -cb | grep -q '\[X\] PyTorch' || { echo "-cb does not list PyTorch"; exit 1; }
 echo "horovodrun usage errors ok"
