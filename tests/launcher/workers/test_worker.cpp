@@ -33,6 +33,7 @@
 #include <cstring>
 #include <ctime>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -185,10 +186,14 @@ int main(int argc, char** argv) {
     } else if (step == "allocate") {
       const long mib = std::atol(arg().c_str());
       std::fflush(nullptr);
+      // The blocks stay reachable from a static list: a compiler may remove a malloc and
+      // memset whose block nothing reads (clang does), and then nothing is allocated.
+      static std::vector<char*> kept;
       for (long done = 0; done < mib; done += 4) {
         char* block = static_cast<char*>(std::malloc(4 << 20));
         if (block == nullptr) break;
         std::memset(block, 1, 4 << 20);
+        kept.push_back(block);
       }
     } else if (step == "vfork-sleep-if-rank") {
       const int r = std::atoi(arg().c_str());

@@ -17,14 +17,16 @@ long minor_faults() {
 }
 
 // One "training step": 8 blocks of 4 MiB (32 MiB, like a step's activations), each page
-// written, then all freed.
+// written, then all freed. The writes are volatile: a compiler may otherwise remove a malloc,
+// stores and free that nothing reads (clang does), and the step would fault no page at all.
 void step() {
   constexpr size_t kBlock = 4 << 20;
   std::vector<char*> blocks;
   for (int i = 0; i < 8; ++i) {
     auto* p = static_cast<char*>(std::malloc(kBlock));
     ASSERT_NE(p, nullptr);
-    for (size_t off = 0; off < kBlock; off += 4096) p[off] = static_cast<char>(off);
+    volatile char* pages = p;
+    for (size_t off = 0; off < kBlock; off += 4096) pages[off] = static_cast<char>(off);
     blocks.push_back(p);
   }
   for (char* p : blocks) std::free(p);
