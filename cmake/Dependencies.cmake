@@ -1,6 +1,7 @@
 # Dependencies: Debian packages, and torch from the package index in a virtual environment
 # (scripts/install-deps.sh installs both).
 include(${CMAKE_CURRENT_LIST_DIR}/TorchIncludeLink.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/TorchCuda.cmake)
 find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)
 find_package(spdlog REQUIRED)
@@ -52,6 +53,11 @@ if(DDP_WITH_TORCH AND NOT Torch_DIR AND DDP_PYTHON)
     list(APPEND CMAKE_PREFIX_PATH "${ddp_torch_prefix}")
   endif()
 endif()
+# A CUDA build of torch: its TorchConfig.cmake must find CUDA (cmake/TorchCuda.cmake). Also on
+# a configure again, when Torch_DIR is cached from the first.
+if(DDP_WITH_TORCH AND DDP_PYTHON)
+  ddp_prepare_cuda_torch(${DDP_PYTHON})
+endif()
 set(DDP_TORCH_CUDA OFF)
 if(DDP_WITH_TORCH)
   find_package(Torch QUIET)
@@ -100,6 +106,18 @@ if(DDP_WITH_TORCH)
   # venv, with build isolation) reuses this build's objects; the headers' contents still decide
   # each hit. Before, that build compiled all of ddp's torch layer again (issue 47).
   ddp_include_torch_through_link(${PROJECT_BINARY_DIR}/torch-include)
+  # LibTorch 2.14's headers need C++20 (`requires`, string_view::starts_with). Its
+  # TorchConfig.cmake says so only as the CXX_STANDARD of its imported `torch` target, which
+  # CMake does not pass on to the targets linking it. As a compile feature of that target it
+  # does: what includes LibTorch compiles as C++20, the LibTorch-free layers stay C++17 (and
+  # keep their ccache entries across builds against different torches).
+  get_target_property(ddp_torch_cxx_standard torch CXX_STANDARD)
+  if(ddp_torch_cxx_standard AND ddp_torch_cxx_standard GREATER CMAKE_CXX_STANDARD)
+    message(STATUS "ddp: C++${ddp_torch_cxx_standard} where LibTorch ${Torch_VERSION} is used, "
+                   "as it requires")
+    set_property(TARGET torch APPEND PROPERTY INTERFACE_COMPILE_FEATURES
+                                             cxx_std_${ddp_torch_cxx_standard})
+  endif()
   # TorchConfig.cmake of CUDA builds adds c10_cuda (and the CUDA libraries) to
   # TORCH_CUDA_LIBRARIES; 2.x also imports the torch_cuda target. CPU builds have neither.
   if(TORCH_CUDA_LIBRARIES OR TARGET torch_cuda)
@@ -126,6 +144,9 @@ endif()
 
 message(STATUS "ddp: gloo=${DDP_HAVE_GLOO} mpi=${DDP_HAVE_MPI} torch=${DDP_WITH_TORCH} "
                "torch_cuda=${DDP_TORCH_CUDA} tests=${DDP_BUILD_TESTS}")
+if(DDP_TORCH_CUDA_RUNTIME)
+  message(STATUS "ddp: CUDA for the CUDA LibTorch from the ${DDP_TORCH_CUDA_RUNTIME}")
+endif()
 
 # Gives a LibTorch-using target (test, example, bench) the torch layer's precompiled header.
 # The header is built for a static library (-fPIC); an executable would get -fPIE and GCC

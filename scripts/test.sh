@@ -66,6 +66,13 @@ took "install-deps (Python environment)" "$t"
 t=$SECONDS
 scripts/build.sh -DDDP_BUILD_TESTS=ON "${main_ccache[@]}"
 took "build" "$t"
+# The package tests' pip builds compile with the main tree's compiler (scripts/build.sh chose
+# it): only then does ccache give them the main build's objects. The sanitizer trees, started
+# above, keep the system's c++.
+CC="$(sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' "$build_dir/CMakeCache.txt")"
+CXX="$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build_dir/CMakeCache.txt")"
+export CC CXX
+echo "=== main stage: compiled with $CXX"
 
 # ctest runs up to DDP_TEST_JOBS tests at once (default: twice the cores); a test that keeps a
 # core busy for long says so with PROCESSORS 2 (tests/CMakeLists.txt, "Scheduling"), so the
