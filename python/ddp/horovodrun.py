@@ -335,7 +335,13 @@ def main(argv=None):
         print(_version())
         return 0
     if args.check_build:
-        check_build()
+        try:
+            check_build()
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # The reader stopped early (`horovodrun -cb | grep -q ...`): not this program's error,
+            # and no traceback; stdout goes to /dev/null so the exit's flush cannot fail again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     try:
         commands = build_commands(args)

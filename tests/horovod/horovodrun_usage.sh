@@ -17,5 +17,12 @@ expect_usage "same number of processes on every host" -np 3 -H a:2,b:2 python x.
 export MASTER_PORT=http
 expect_usage "MASTER_PORT='http' is not a port number" -np 4 -H a:2,b:2 python x.py
 unset MASTER_PORT
-"$py" -m ddp.horovodrun -cb | grep -q '\[X\] PyTorch' || { echo "-cb does not list PyTorch"; exit 1; }
+cb=$("$py" -m ddp.horovodrun -cb 2>&1) || { echo "-cb failed: $cb"; exit 1; }
+case "$cb" in *"[X] PyTorch"*) ;; *) echo "-cb does not list PyTorch: $cb"; exit 1;; esac
+# Its reader gone before it writes (as `| head -1`, `| grep -q` can be): no BrokenPipeError
+# traceback.
+cb_err=$(mktemp)
+"$py" -m ddp.horovodrun -cb 2>"$cb_err" | true
+if [ -s "$cb_err" ]; then echo "-cb into a closed pipe wrote to stderr: $(cat "$cb_err")"; rm -f "$cb_err"; exit 1; fi
+rm -f "$cb_err"
 echo "horovodrun usage errors ok"
