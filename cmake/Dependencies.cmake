@@ -106,17 +106,16 @@ if(DDP_WITH_TORCH)
   # venv, with build isolation) reuses this build's objects; the headers' contents still decide
   # each hit. Before, that build compiled all of ddp's torch layer again (issue 47).
   ddp_include_torch_through_link(${PROJECT_BINARY_DIR}/torch-include)
-  # LibTorch 2.14's headers need C++20 (`requires`, string_view::starts_with). Its
-  # TorchConfig.cmake says so only as the CXX_STANDARD of its imported `torch` target, which
-  # CMake does not pass on to the targets linking it. As a compile feature of that target it
-  # does: what includes LibTorch compiles as C++20, the LibTorch-free layers stay C++17 (and
-  # keep their ccache entries across builds against different torches).
-  get_target_property(ddp_torch_cxx_standard torch CXX_STANDARD)
-  if(ddp_torch_cxx_standard AND ddp_torch_cxx_standard GREATER CMAKE_CXX_STANDARD)
-    message(STATUS "ddp: C++${ddp_torch_cxx_standard} where LibTorch ${Torch_VERSION} is used, "
-                   "as it requires")
-    set_property(TARGET torch APPEND PROPERTY INTERFACE_COMPILE_FEATURES
-                                             cxx_std_${ddp_torch_cxx_standard})
+  # LibTorch 2.14's headers need C++20 (`requires`, string_view::starts_with). The CXX_STANDARD
+  # its TorchConfig.cmake puts on the imported `torch` target says 20 from 2.13 on, whose headers
+  # still compile as C++17, and CMake does not pass that property on anyway. From 2.14 on, the
+  # standard is a compile feature of that target, which CMake does pass on: what includes
+  # LibTorch compiles as C++20, the LibTorch-free layers stay C++17 (and keep their ccache
+  # entries across builds against different torches). C++20 is not asked of older LibTorch:
+  # it costs compile time (libstdc++'s C++20 headers are heavier).
+  if(Torch_VERSION VERSION_GREATER_EQUAL 2.14)
+    message(STATUS "ddp: C++20 where LibTorch ${Torch_VERSION} is used, as its headers require")
+    set_property(TARGET torch APPEND PROPERTY INTERFACE_COMPILE_FEATURES cxx_std_20)
   endif()
   # TorchConfig.cmake of CUDA builds adds c10_cuda (and the CUDA libraries) to
   # TORCH_CUDA_LIBRARIES; 2.x also imports the torch_cuda target. CPU builds have neither.

@@ -66,9 +66,9 @@ took "install-deps (Python environment)" "$t"
 t=$SECONDS
 scripts/build.sh -DDDP_BUILD_TESTS=ON "${main_ccache[@]}"
 took "build" "$t"
-# The package tests' pip builds compile with the main tree's compiler (scripts/build.sh chose
-# it): only then does ccache give them the main build's objects. The sanitizer trees, started
-# above, keep the system's c++.
+# Tests that compile (the package tests' consumer builds) use the main tree's compiler, which
+# scripts/build.sh chose; the pip builds in them pick it from the tree themselves, for ccache.
+# The sanitizer trees, started above, keep the system's c++.
 CC="$(sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' "$build_dir/CMakeCache.txt")"
 CXX="$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build_dir/CMakeCache.txt")"
 export CC CXX

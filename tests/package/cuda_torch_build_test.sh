@@ -104,18 +104,7 @@ CXX="$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt")"
 export CC CXX
 pip_build="$BUILD-cuda-torch"
 
-run_job() {
-  local what="$1" out
-  echo "== 2 CPU ranks with the environment's ddprun and ddp ($what)"
-  out=$(cd "$WORK" && PATH="$venv/bin:$PATH" timeout 180 ddprun --standalone \
-          --nproc-per-node 2 "$SOURCE/tests/package/pip/job.py" "$venv" 2>&1) ||
-    { echo "$out"; fail "$what: the 2-rank job"; }
-  echo "$out"
-  for rank in 0 1; do
-    grep -q "rank $rank of 2: ddp from the environment, all_reduce and DDP ok" <<<"$out" ||
-      fail "$what: rank $rank did not report success"
-  done
-}
+source "$SOURCE/tests/package/pip/run_job.sh"  # run_job VENV WHAT
 
 echo "== scripts/wheel.sh by $venv/bin/python, CUDA from torch's nvidia packages"
 DDP_PYTHON="$venv/bin/python" DDP_WHEEL_BUILD_DIR="$pip_build.wheel" \
@@ -127,7 +116,7 @@ echo "wheel: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
 [[ "$(basename "$wheel")" == "ddp-0.1.0+torch${torch_version/+/.}-"*-manylinux_2_*_x86_64.whl ]] ||
   fail "the wheel's name does not say torch $torch_version and manylinux: $(basename "$wheel")"
 "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel" || fail "installing the wheel"
-run_job "the wheel of scripts/wheel.sh"
+run_job "$venv" "the wheel of scripts/wheel.sh"
 
 echo "== pip install $SOURCE (with pip's build isolation)"
 "$venv/bin/python" -m pip uninstall -q -y ddp
@@ -135,6 +124,6 @@ echo "== pip install $SOURCE (with pip's build isolation)"
   >"$WORK/install.log" 2>&1 || { tail -n 60 "$WORK/install.log"; fail "pip install"; }
 grep -q "ddp: CUDA for the CUDA LibTorch from the wheel " "$WORK/install.log" ||
   { grep "ddp" "$WORK/install.log" | head -n 20; fail "pip install did not take CUDA from torch's nvidia packages"; }
-run_job "pip install"
+run_job "$venv" "pip install"
 "$venv/bin/python" -m pip uninstall -q -y ddp
 echo "PASS: ddp against $TORCH_PIN ($torch_version): configured with the CUDA toolkit, built without it (wheel and pip install); 2 CPU ranks ran"

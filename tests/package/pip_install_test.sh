@@ -49,20 +49,8 @@ echo "packages: $installed"
 [[ " $installed " == *" torch "* ]] || fail "torch is not in the fresh environment"
 [[ " $installed " != *" ddp "* ]] || fail "ddp is already in the fresh environment"
 
-# The job: the environment's ddprun, its python3 (first on PATH), its ddp.
-run_job() {
-  local what="$1" out
-  echo "== 2 ranks with the environment's ddprun and ddp ($what)"
-  [[ -x "$WORK/venv/bin/ddprun" ]] || fail "$what: no ddprun in the environment's bin/"
-  out=$(cd "$WORK" && PATH="$WORK/venv/bin:$PATH" timeout 120 ddprun --standalone \
-          --nproc-per-node 2 "$SOURCE/tests/package/pip/job.py" "$WORK/venv" 2>&1) ||
-    { echo "$out"; fail "$what: the 2-rank job"; }
-  echo "$out"
-  for rank in 0 1; do
-    grep -q "rank $rank of 2: ddp from the environment, all_reduce and DDP ok" <<<"$out" ||
-      fail "$what: rank $rank did not report success"
-  done
-}
+# The job: the environment's ddprun, its python3, its ddp (run_job VENV WHAT).
+source "$SOURCE/tests/package/pip/run_job.sh"
 
 echo "== scripts/wheel.sh (pip wheel by $PYTHON, then auditwheel repair)"
 DDP_PYTHON="$PYTHON" DDP_WHEEL_BUILD_DIR="$PIP_BUILD.wheel" \
@@ -95,7 +83,7 @@ if grep -q '^ddp.libs/lib\(mpi\|open-pal\|open-rte\)' "$WORK/wheel.files"; then
   fail "the wheel carries an MPI library: $(grep 'ddp.libs/lib\(mpi\|open-\)' "$WORK/wheel.files")"
 fi
 "$WORK/venv/bin/python" -m pip install -q --no-deps "$wheel" || fail "installing the wheel"
-run_job "the wheel of scripts/wheel.sh"
+run_job "$WORK/venv" "the wheel of scripts/wheel.sh"
 # ddprun and ddp._C of the installed wheel load the libraries inside it, not the machine's.
 site="$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("platlib"))')"
 for elf in "$site"/ddp.scripts/ddprun "$site"/ddp/_C.*.so; do
@@ -139,5 +127,5 @@ echo "== pip install $SOURCE (with pip's build isolation)"
   "$SOURCE" >"$WORK/install.log" 2>&1 || { tail -n 60 "$WORK/install.log"; fail "pip install"; }
 grep -q "ddp python: building the 'ddp' torch.distributed backend for $WORK/venv/bin/python" \
   "$WORK/install.log" || { grep "ddp python" "$WORK/install.log"; fail "pip install did not build for the environment's own Python"; }
-run_job "pip install"
+run_job "$WORK/venv" "pip install"
 echo "PASS: pip wheel and pip install put ddprun and ddp into a fresh environment; 2 ranks ran"
