@@ -104,15 +104,10 @@ CXX="$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt")"
 export CC CXX
 pip_build="$BUILD-cuda-torch"
 
-source "$SOURCE/tests/package/pip/run_job.sh"  # run_job VENV WHAT
+source "$SOURCE/tests/package/pip/steps.sh"  # build_wheel, run_job
 
 echo "== scripts/wheel.sh by $venv/bin/python, CUDA from torch's nvidia packages"
-DDP_PYTHON="$venv/bin/python" DDP_WHEEL_BUILD_DIR="$pip_build.wheel" \
-  DDP_WHEEL_TOOLS_VENV="$BUILD/wheel-tools-venv" "$SOURCE/scripts/wheel.sh" "$WORK/wheels" \
-  >"$WORK/wheel.log" 2>&1 || { tail -n 60 "$WORK/wheel.log"; fail "scripts/wheel.sh"; }
-wheel="$(tail -n 1 "$WORK/wheel.log")"
-[[ -f "$wheel" ]] || { cat "$WORK/wheel.log"; fail "scripts/wheel.sh did not name its wheel last"; }
-echo "wheel: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
+build_wheel "$venv/bin/python" "$pip_build.wheel"
 [[ "$(basename "$wheel")" == "ddp-0.1.0+torch${torch_version/+/.}-"*-manylinux_2_*_x86_64.whl ]] ||
   fail "the wheel's name does not say torch $torch_version and manylinux: $(basename "$wheel")"
 "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel" || fail "installing the wheel"

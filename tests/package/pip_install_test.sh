@@ -49,16 +49,11 @@ echo "packages: $installed"
 [[ " $installed " == *" torch "* ]] || fail "torch is not in the fresh environment"
 [[ " $installed " != *" ddp "* ]] || fail "ddp is already in the fresh environment"
 
-# The job: the environment's ddprun, its python3, its ddp (run_job VENV WHAT).
-source "$SOURCE/tests/package/pip/run_job.sh"
+# The wheel and the job: build_wheel PYTHON BUILD_DIR, run_job VENV WHAT.
+source "$SOURCE/tests/package/pip/steps.sh"
 
 echo "== scripts/wheel.sh (pip wheel by $PYTHON, then auditwheel repair)"
-DDP_PYTHON="$PYTHON" DDP_WHEEL_BUILD_DIR="$PIP_BUILD.wheel" \
-  DDP_WHEEL_TOOLS_VENV="$BUILD/wheel-tools-venv" "$SOURCE/scripts/wheel.sh" "$WORK/wheels" \
-  >"$WORK/wheel.log" 2>&1 || { tail -n 60 "$WORK/wheel.log"; fail "scripts/wheel.sh"; }
-wheel="$(tail -n 1 "$WORK/wheel.log")"
-[[ -f "$wheel" ]] || { cat "$WORK/wheel.log"; fail "scripts/wheel.sh did not name its wheel last"; }
-echo "wheel: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
+build_wheel "$PYTHON" "$PIP_BUILD.wheel"
 # The platform tag auditwheel gives only to a wheel whose every other library is inside it, and
 # the torch it was built for in its version.
 [[ "$(basename "$wheel")" == *-manylinux_2_*_x86_64.whl ]] ||

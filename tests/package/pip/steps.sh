@@ -1,0 +1,30 @@
+# Steps the package tests share (sourced; they use the caller's SOURCE, BUILD, WORK and fail()).
+
+# build_wheel PYTHON BUILD_DIR: scripts/wheel.sh by PYTHON (pip wheel, auditwheel repair) in
+# BUILD_DIR, into WORK/wheels; sets `wheel` to the wheel's path and prints its name and size.
+build_wheel() {
+  local python="$1" build_dir="$2"
+  DDP_PYTHON="$python" DDP_WHEEL_BUILD_DIR="$build_dir" \
+    DDP_WHEEL_TOOLS_VENV="$BUILD/wheel-tools-venv" "$SOURCE/scripts/wheel.sh" "$WORK/wheels" \
+    >"$WORK/wheel.log" 2>&1 || { tail -n 60 "$WORK/wheel.log"; fail "scripts/wheel.sh"; }
+  wheel="$(tail -n 1 "$WORK/wheel.log")"
+  [[ -f "$wheel" ]] || { cat "$WORK/wheel.log"; fail "scripts/wheel.sh did not name its wheel last"; }
+  echo "wheel: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
+}
+
+# run_job VENV WHAT: tests/package/pip/job.py at 2 ranks with VENV's own ddprun and python3
+# (its bin/ first on PATH, as after `activate`); each rank must report ddp from VENV,
+# all_reduce and DDP.
+run_job() {
+  local venv="$1" what="$2" out
+  echo "== 2 ranks with the environment's ddprun and ddp ($what)"
+  [[ -x "$venv/bin/ddprun" ]] || fail "$what: no ddprun in the environment's bin/"
+  out=$(cd "$WORK" && PATH="$venv/bin:$PATH" timeout 180 ddprun --standalone \
+          --nproc-per-node 2 "$SOURCE/tests/package/pip/job.py" "$venv" 2>&1) ||
+    { echo "$out"; fail "$what: the 2-rank job"; }
+  echo "$out"
+  for rank in 0 1; do
+    grep -q "rank $rank of 2: ddp from the environment, all_reduce and DDP ok" <<<"$out" ||
+      fail "$what: rank $rank did not report success"
+  done
+}
