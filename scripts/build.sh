@@ -11,7 +11,7 @@ jobs="${DDP_JOBS:-$(nproc)}"
 # precompiled LibTorch header carries the template instantiations LibTorch's inline functions
 # need (CMake gives it -fpch-instantiate-templates); GCC instantiates them again in every
 # translation unit that uses its header, about 5 s of CPU each even for an empty one. The whole
-# build with tests took ~880 CPU-s with clang 14 and ~1,300 with GCC 12 (issue 47). An existing
+# build with tests took ~920 CPU-s with clang 14 and ~1,260 with GCC 12 (issue 47). An existing
 # tree keeps the compiler it was configured with.
 if [[ ! -f "$build_dir/CMakeCache.txt" && -z "${CC:-}${CXX:-}" ]] && command -v clang++ >/dev/null &&
   command -v clang >/dev/null; then
