@@ -22,7 +22,7 @@ if(DEFINED ENV{DDP_CUDA_RUNTIME_FROM})
   set(ddp_cuda_runtime_from_default "$ENV{DDP_CUDA_RUNTIME_FROM}")
 endif()
 set(DDP_CUDA_RUNTIME_FROM ${ddp_cuda_runtime_from_default} CACHE STRING
-    "CUDA for a CUDA LibTorch: auto (the toolkit if installed, else torch's nvidia wheels) or wheel")
+    "CUDA for a CUDA LibTorch: auto (the toolkit if installed, else torch's nvidia wheels), wheel")
 set_property(CACHE DDP_CUDA_RUNTIME_FROM PROPERTY STRINGS auto wheel)
 if(NOT DDP_CUDA_RUNTIME_FROM MATCHES "^(auto|wheel)$")
   message(FATAL_ERROR "DDP_CUDA_RUNTIME_FROM=${DDP_CUDA_RUNTIME_FROM}: expected auto or wheel")
