@@ -99,12 +99,9 @@ fi
 # toolkit; their folders sit at the main build's depth below the checkout (ccache: see
 # pip_install_test.sh), with the main build's compilers.
 export DDP_CUDA_RUNTIME_FROM=wheel
-CC="$(sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt")"
-CXX="$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt")"
-export CC CXX
+source "$SOURCE/tests/package/pip/steps.sh"  # use_main_build_compilers, build_wheel, run_job
+use_main_build_compilers
 pip_build="$BUILD-cuda-torch"
-
-source "$SOURCE/tests/package/pip/steps.sh"  # build_wheel, run_job
 
 echo "== scripts/wheel.sh by $venv/bin/python, CUDA from torch's nvidia packages"
 build_wheel "$venv/bin/python" "$pip_build.wheel"

@@ -28,11 +28,10 @@ TORCH_PIN="$(grep -m1 '^torch==' "$SOURCE/scripts/requirements.txt")"
 # sibling, "../../../include" from BUILD/pip-test/wheel), so ccache gives back the main build's
 # objects instead of compiling ddp twice more (issue 47: this test took 298 s).
 PIP_BUILD="$BUILD-pip-test"
-# ... and with the main build's compilers: ccache hashes the compiler's name, and CMake under pip
-# picks gcc/g++ where the main build has cc/c++ (the same compiler under other names).
-CC="$(sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt")"
-CXX="$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt")"
-export CC CXX
+# ... and with the main build's compilers (use_main_build_compilers, steps.sh).
+# build_wheel, run_job, use_main_build_compilers: the steps the package tests share.
+source "$SOURCE/tests/package/pip/steps.sh"
+use_main_build_compilers
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 echo "== a fresh virtual environment with only $TORCH_PIN"
@@ -48,9 +47,6 @@ installed="$("$WORK/venv/bin/python" -m pip list --format=freeze 2>/dev/null | c
 echo "packages: $installed"
 [[ " $installed " == *" torch "* ]] || fail "torch is not in the fresh environment"
 [[ " $installed " != *" ddp "* ]] || fail "ddp is already in the fresh environment"
-
-# The wheel and the job: build_wheel PYTHON BUILD_DIR, run_job VENV WHAT.
-source "$SOURCE/tests/package/pip/steps.sh"
 
 echo "== scripts/wheel.sh (pip wheel by $PYTHON, then auditwheel repair)"
 build_wheel "$PYTHON" "$PIP_BUILD.wheel"

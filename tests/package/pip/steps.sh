@@ -1,5 +1,15 @@
 # Steps the package tests share (sourced; they use the caller's SOURCE, BUILD, WORK and fail()).
 
+# use_main_build_compilers: CC and CXX exported as the main build tree (BUILD) has them. ccache
+# hashes the compiler's name, and CMake under pip would pick gcc/g++ where the main build has
+# cc/c++ (the same compiler under other names) or clang: only with the same names do pip's
+# builds get the main build's objects back.
+use_main_build_compilers() {
+  CC="$(sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt")"
+  CXX="$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt")"
+  export CC CXX
+}
+
 # build_wheel PYTHON BUILD_DIR: scripts/wheel.sh by PYTHON (pip wheel, auditwheel repair) in
 # BUILD_DIR, into WORK/wheels; sets `wheel` to the wheel's path and prints its name and size.
 build_wheel() {
