@@ -68,3 +68,28 @@ add_custom_command(OUTPUT ${DDP_MAN_PAGE}
                    COMMENT "Compressing the ddprun man page")
 add_custom_target(ddp_man_page ALL DEPENDS ${DDP_MAN_PAGE})
 install(FILES ${DDP_MAN_PAGE} DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
+
+# ddp_installable: everything `cmake --install` copies, and nothing else (no examples, tests or
+# benchmarks). scripts/cpp_package.sh builds it in the wheel's build tree, which then installs.
+add_custom_target(ddp_installable)
+add_dependencies(ddp_installable ddp_man_page)
+foreach(target ${DDP_EXPORTED_TARGETS} ddprun ddp_python_ext)
+  if(TARGET ${target})
+    add_dependencies(ddp_installable ${target})
+  endif()
+endforeach()
+
+# The shared libraries behind the imported targets that ddp's exported targets link, one per
+# line: "<target>|<library file>|<include folders>|<compile definitions>". scripts/cpp_package.sh
+# copies them (and what they load) into a relocatable package and defines these targets over the
+# copies (cpp_package_bundle.py), so find_package(ddp) needs none of Debian's -dev packages.
+set(ddp_bundled_dependencies)
+foreach(dep fmt::fmt spdlog::spdlog CURL::libcurl OpenSSL::Crypto ZLIB::ZLIB gloo)
+  if(TARGET ${dep})
+    string(APPEND ddp_bundled_dependencies
+           "${dep}|$<TARGET_FILE:${dep}>|$<TARGET_PROPERTY:${dep},INTERFACE_INCLUDE_DIRECTORIES>|"
+           "$<TARGET_PROPERTY:${dep},INTERFACE_COMPILE_DEFINITIONS>\n")
+  endif()
+endforeach()
+file(GENERATE OUTPUT ${PROJECT_BINARY_DIR}/ddp-bundled-dependencies.txt
+     CONTENT "${ddp_bundled_dependencies}")

@@ -33,6 +33,9 @@ if [[ "$profile" == "test" ]]; then
   # Multi-host tests (ip netns), the fuzz target, the SLURM cluster test. The sanitizer stage's
   # runtimes (libasan8, libubsan1, libtsan2) come with build-essential's g++-12.
   packages+=(iproute2 clang libclang-rt-14-dev procps psmisc slurm-wlm munge)
+  # The bare-system test of the wheel and the C++ package (tests/package/bare_root_test.sh)
+  # makes a minimal Debian root with debootstrap.
+  packages+=(debootstrap)
   # Debian's two BLAS builds, for the tests of ddp's BLAS check (`ddprun doctor`, DDP's warning
   # about the reference BLAS), which preload each. The PyTorch wheel's LibTorch carries its own
   # BLAS (MKL) and loads neither; a LibTorch linked against the system's libblas.so.3 does.

@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
-# ddp for a Python user: the wheel of scripts/wheel.sh and `pip install <checkout>` into a fresh virtual
-# environment that holds only torch, then a 2-rank job with the environment's own ddprun and
-# `import ddp`, as the user runs it (the environment's bin/ first on PATH, as after `activate`).
+# ddp for a Python user: `pip install <checkout>` into a fresh virtual environment that holds
+# only torch, then a 2-rank job with the environment's own ddprun and `import ddp`, as the user
+# runs it (the environment's bin/ first on PATH, as after `activate`).
 #
-#   1. scripts/wheel.sh: pip wheel --no-build-isolation by the build's interpreter (PYTHON, the
-#      .venv with torch and scikit-build-core), then auditwheel repair: a manylinux wheel that
-#      carries the libraries it loads (Gloo, curl, spdlog, fmt, ..., with their licenses) but no
-#      MPI; it installs into the fresh environment (same torch), whose ddprun and ddp._C load
-#      those libraries from the wheel.
-#   2. pip uninstall, then pip install SOURCE_DIR into the fresh environment with pip's build
-#      isolation (scikit-build-core from the package index): the build finds the environment's
-#      torch, not the .venv's.
+#   1. The wheel of package.dist (scripts/wheel.sh; its contents are checked there) and its jobs
+#      (tests/package/pip/wheel_jobs.sh: ddp and gloo jobs, no `import ddp` under ddprun,
+#      --recovery step and torchrun, a kill under --recovery step): here only where
+#      package.bare_root, which runs them on a bare Debian system, cannot run.
+#   2. pip install SOURCE_DIR into the fresh environment with pip's build isolation
+#      (scikit-build-core from the package index): the build finds the environment's torch, not
+#      the .venv's.
 #
 # Usage: pip_install_test.sh BUILD_DIR SOURCE_DIR PYTHON
 set -euo pipefail
@@ -48,75 +47,23 @@ echo "packages: $installed"
 [[ " $installed " == *" torch "* ]] || fail "torch is not in the fresh environment"
 [[ " $installed " != *" ddp "* ]] || fail "ddp is already in the fresh environment"
 
-echo "== scripts/wheel.sh (pip wheel by $PYTHON, then auditwheel repair)"
-build_wheel "$PYTHON" "$PIP_BUILD.wheel"
-# The platform tag auditwheel gives only to a wheel whose every other library is inside it, and
-# the torch it was built for in its version.
-[[ "$(basename "$wheel")" == *-manylinux_2_*_x86_64.whl ]] ||
-  fail "the wheel's platform tag is not manylinux: $(basename "$wheel")"
-torch_version="$("$PYTHON" -I -c 'import torch; print(torch.__version__.replace("+", "."))')"
-dist="ddp-0.1.0+torch$torch_version"
-[[ "$(basename "$wheel")" == "$dist"-* ]] ||
-  fail "the wheel's name does not say torch $torch_version: $(basename "$wheel")"
-"$PYTHON" -m zipfile -l "$wheel" | awk '{print $1}' >"$WORK/wheel.files"
-for f in ddp/__init__.py ddp/_build_info.py ddp_torch_plugin/__init__.py \
-  "$dist.data/scripts/ddprun" ddp/libddp_comm_mpi.so \
-  "$dist.dist-info/licenses/ddp.libs/libgloo0.copyright" \
-  "$dist.dist-info/licenses/ddp.libs/libcurl4.copyright"; do
-  grep -qx "$f" "$WORK/wheel.files" || { cat "$WORK/wheel.files"; fail "the wheel lacks $f"; }
-done
-grep -q '^ddp/_C\..*\.so$' "$WORK/wheel.files" || fail "the wheel lacks the extension ddp/_C"
-for lib in libgloo libcurl libspdlog libfmt; do
-  grep -q "^ddp.libs/$lib-" "$WORK/wheel.files" || fail "the wheel does not carry $lib"
-done
-# MPI is the cluster's own, loaded by the mpi backend only when asked for: never in the wheel.
-if grep -q '^ddp.libs/lib\(mpi\|open-pal\|open-rte\)' "$WORK/wheel.files"; then
-  fail "the wheel carries an MPI library: $(grep 'ddp.libs/lib\(mpi\|open-\)' "$WORK/wheel.files")"
+# The wheel of package.dist, installed and used as a user does (tests/package/pip/wheel_jobs.sh):
+# in package.bare_root, on a bare Debian system, where that test can run; else here.
+unavailable="$(bare_root_unavailable)"
+if [[ -z "$unavailable" ]]; then
+  echo "== the wheel's jobs run in package.bare_root (a bare Debian root), not here"
+else
+  echo "== the wheel of package.dist and its jobs here (package.bare_root cannot run: $unavailable)"
+  "$WORK/venv/bin/python" -m pip install -q --no-deps "$(dist_wheel)" || fail "installing the wheel"
+  mkdir -p "$WORK/jobs"
+  "$SOURCE/tests/package/pip/wheel_jobs.sh" "$WORK/venv" "$WORK/jobs" || fail "the wheel's jobs"
+  "$WORK/venv/bin/python" -m pip uninstall -q -y ddp
 fi
-"$WORK/venv/bin/python" -m pip install -q --no-deps "$wheel" || fail "installing the wheel"
-run_job "$WORK/venv" "the wheel of scripts/wheel.sh"
-# ddprun and ddp._C of the installed wheel load the libraries inside it, not the machine's.
-site="$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("platlib"))')"
-for elf in "$site"/ddp.scripts/ddprun "$site"/ddp/_C.*.so; do
-  deps="$(LD_LIBRARY_PATH= ldd "$elf")"
-  # Every library found (torch's: _C's RUNPATH reaches the environment's torch/lib).
-  if grep -q "not found" <<<"$deps"; then
-    fail "$(basename "$elf") of the installed wheel lacks libraries: $(grep "not found" <<<"$deps")"
-  fi
-  for lib in libgloo libcurl libspdlog libfmt libmpi; do
-    line="$(grep "$lib[.-]" <<<"$deps" || true)"
-    [[ -z "$line" || "$line" == *"=> $site/"*"ddp.libs/$lib-"* ]] ||
-      fail "$(basename "$elf") loads $lib from outside the wheel: $line"
-  done
-done
-
-# No `import ddp`: the environment registers the backend through torch's plugin entry point,
-# under ddprun, under --recovery step (the script imports ddp only after init_process_group and
-# must still get ddprun's store: StepManager refuses any other group), and under torchrun.
-# no_import_job WHAT EXPECTED LAUNCHER [FLAGS...]: each rank's line must end with EXPECTED.
-no_import_job() {
-  local what="$1" expected="$2" out
-  shift 2
-  echo "== init_process_group(\"ddp\") without import ddp ($what)"
-  out=$(cd "$WORK" && PATH="$WORK/venv/bin:$PATH" timeout 120 "$@" --standalone \
-          --nproc-per-node 2 "$SOURCE/tests/package/pip/no_import_job.py" "$WORK/venv" 2>&1) ||
-    { echo "$out"; fail "no import ddp, $what"; }
-  grep "no import ddp" <<<"$out"
-  for rank in 0 1; do
-    grep -q "rank $rank of 2: no import ddp, $expected\$" <<<"$out" ||
-      { echo "$out"; fail "no import ddp, $what: rank $rank did not report '$expected'"; }
-  done
-}
-no_import_job ddprun "all_reduce ok" "$WORK/venv/bin/ddprun"
-no_import_job "ddprun --recovery step" "all_reduce ok, ddp.StepManager on ddprun's store ok" \
-  "$WORK/venv/bin/ddprun" --recovery step
-no_import_job torchrun "all_reduce ok" "$WORK/venv/bin/torchrun"
 
 echo "== pip install $SOURCE (with pip's build isolation)"
-"$WORK/venv/bin/python" -m pip uninstall -q -y ddp
 "$WORK/venv/bin/python" -m pip install -v --config-settings=build-dir="$PIP_BUILD.install" \
   "$SOURCE" >"$WORK/install.log" 2>&1 || { tail -n 60 "$WORK/install.log"; fail "pip install"; }
 grep -q "ddp python: building the 'ddp' torch.distributed backend for $WORK/venv/bin/python" \
   "$WORK/install.log" || { grep "ddp python" "$WORK/install.log"; fail "pip install did not build for the environment's own Python"; }
 run_job "$WORK/venv" "pip install"
-echo "PASS: pip wheel and pip install put ddprun and ddp into a fresh environment; 2 ranks ran"
+echo "PASS: pip install put ddprun and ddp into a fresh environment; 2 ranks ran"

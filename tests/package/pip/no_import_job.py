@@ -1,4 +1,4 @@
-"""The no-import job of tests/package/pip_install_test.sh: a plain PyTorch script that never
+"""The no-import job of tests/package/pip/wheel_jobs.sh: a plain PyTorch script that never
 writes `import ddp` asks for the "ddp" backend, which the environment given as argv[1] registers
 through torch's plugin entry point (python/ddp_torch_plugin). Under `ddprun --recovery step`
 (DDP_RECOVERY=step) it imports ddp only after init_process_group and still gets ddprun's store

@@ -38,3 +38,21 @@ run_job() {
       fail "$what: rank $rank did not report success"
   done
 }
+
+# bare_root_unavailable: why package.bare_root cannot run on this machine (empty when it can):
+# debootstrap, chroot and the root's mounts need root and these tools.
+bare_root_unavailable() {
+  [[ "$(id -u)" == 0 ]] || { echo "debootstrap, chroot and the root's mounts need root (CI runs as root)"; return; }
+  local tool
+  for tool in debootstrap unshare chroot; do
+    command -v "$tool" >/dev/null || { echo "$tool is not installed (scripts/install-deps.sh test installs it)"; return; }
+  done
+}
+
+# dist_wheel: the wheel package.dist (tests/package/dist_test.sh) left in BUILD/package-dist.
+dist_wheel() {
+  local found
+  found="$(ls "$BUILD"/package-dist/ddp-*.whl 2>/dev/null | head -n 1)"
+  [[ -f "$found" ]] || fail "no wheel in $BUILD/package-dist: run package.dist first (ctest runs it as this test's fixture)"
+  echo "$found"
+}
