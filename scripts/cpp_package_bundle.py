@@ -66,14 +66,25 @@ def carried(name):
     return not PLATFORM.match(name) and not MPI.match(name)
 
 
-def debian_package(path):
-    """The Debian package that installed PATH (merged /usr: either spelling of the folder)."""
-    real = os.path.realpath(path)
-    for candidate in {path, real, re.sub(r"^/usr/lib/", "/lib/", real)}:
-        result = subprocess.run(["dpkg", "-S", candidate], capture_output=True, text=True)
-        if result.returncode == 0:
-            return result.stdout.split(":", 1)[0].strip()
-    fail(f"no Debian package owns {path}: its license cannot be carried")
+def debian_packages(paths):
+    """{path: the Debian package that installed it}, one dpkg query for all (merged /usr: a file
+    may be registered under /lib or /usr/lib, and by its real name or a link's)."""
+    spellings = {}
+    for path in paths:
+        real = os.path.realpath(path)
+        for candidate in (path, real, re.sub(r"^/usr/lib/", "/lib/", real),
+                          re.sub(r"^/usr/lib/", "/lib/", path)):
+            spellings.setdefault(candidate, path)
+    result = subprocess.run(["dpkg", "-S", *spellings], capture_output=True, text=True)
+    owners = {}
+    for line in result.stdout.splitlines():
+        package, _, registered = line.rpartition(": ")
+        if registered in spellings:
+            owners[spellings[registered]] = package.split(":", 1)[0].split(",")[0].strip()
+    missing = sorted(set(paths) - set(owners))
+    if missing:
+        fail(f"no Debian package owns {', '.join(missing)}: their licenses cannot be carried")
+    return owners
 
 
 def main():
@@ -109,15 +120,13 @@ def main():
                 wanted.update(loaded_libraries(everything[name]))
         patched.append((plugin, f"$ORIGIN/{LIBS}"))
 
-    packages = set()
-    for name, path in sorted(wanted.items()):
-        if not carried(name):
-            continue
+    carried_libraries = {name: path for name, path in sorted(wanted.items()) if carried(name)}
+    for name, path in carried_libraries.items():
         copy = os.path.join(libs_dir, name)
         shutil.copyfile(path, copy)
         os.chmod(copy, 0o755)
         run("patchelf", "--set-rpath", "$ORIGIN", copy)
-        packages.add(debian_package(path))
+    packages = set(debian_packages(list(carried_libraries.values())).values())
     for elf, rpath in patched:
         run("patchelf", "--set-rpath", rpath, elf)
 
@@ -143,9 +152,9 @@ def main():
     write_targets(cmake_dir, stage, libs_dir, third_party, targets)
     for python_dir in glob.glob(f"{lib_dir}/python3*"):
         shutil.rmtree(python_dir)
-    carried_names = sorted(n for n in wanted if carried(n))
-    print(f"cpp_package_bundle: {len(carried_names)} libraries in {os.path.relpath(libs_dir, stage)}"
-          f" ({' '.join(carried_names)}); licenses of {len(packages)} packages")
+    print(f"cpp_package_bundle: {len(carried_libraries)} libraries in "
+          f"{os.path.relpath(libs_dir, stage)} ({' '.join(carried_libraries)}); licenses of "
+          f"{len(packages)} packages")
 
 
 def write_targets(cmake_dir, stage, libs_dir, third_party, targets):
