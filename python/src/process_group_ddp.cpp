@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <memory>
+#include <mutex>
 
 #include "ddp/comm/init.hpp"
 #include "ddp/util/env.hpp"
@@ -17,6 +19,21 @@
 #include "store_bridge.hpp"
 
 namespace ddp::python {
+namespace {
+
+// The default group's RecoverableGroup under step recovery, which the process's new_group()s
+// follow (RecoverableSubgroup). A process has one default group at a time.
+std::mutex job_group_mutex;
+std::weak_ptr<RecoverableGroup> job_group;
+
+// The job's group a new_group() follows: under step recovery, once the default group exists.
+std::shared_ptr<RecoverableGroup> step_recovery_job_group() {
+  if (env::get("DDP_RECOVERY").value_or("") != "step") return nullptr;
+  std::lock_guard<std::mutex> lock(job_group_mutex);
+  return job_group.lock();
+}
+
+}  // namespace
 
 ProcessGroupDDP::ProcessGroupDDP(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                  std::chrono::milliseconds timeout, const std::string& group_name)
@@ -34,10 +51,22 @@ ProcessGroupDDP::ProcessGroupDDP(const c10::intrusive_ptr<c10d::Store>& store, i
     r.rank = rank;
     r.world_size = size;
     r.group_name = "python_recovery";
-    recoverable_ = std::make_unique<RecoverableGroup>(r);
+    recoverable_ = std::make_shared<RecoverableGroup>(r);
     // A replacement started after a lost node shrank the job joins a smaller group than the
     // launch's `size`: group_rank() and group_size() say where it stands.
     pg_ = recoverable_->group();
+    std::lock_guard<std::mutex> lock(job_group_mutex);
+    job_group = recoverable_;
+  } else if (auto parent = step_recovery_job_group(); parent) {
+    // A new_group() of a job under step recovery: its collectives end at ddprun's notice too,
+    // and it follows the default group into each new generation (recoverable_subgroup.hpp).
+    RecoverableSubgroupOptions o;
+    o.name = group_name;
+    o.rank = rank;
+    o.size = size;
+    o.timeout = timeout;
+    // Formed at its first operation (live() -> follow_job()).
+    subgroup_ = std::make_unique<RecoverableSubgroup>(std::move(parent), o);
   } else {
     InitOptions o;
     o.backend = "cpu";
@@ -58,6 +87,7 @@ ProcessGroupDDP::~ProcessGroupDDP() {
 }
 
 ProcessGroup* ProcessGroupDDP::live() const {
+  if (subgroup_) follow_job();
   std::lock_guard<std::mutex> lock(pg_mutex_);
   if (!pg_) {
     throw UsageError(
@@ -88,9 +118,7 @@ int ProcessGroupDDP::lost_rank() const {
   return recoverable_group().lost_rank().value_or(-1);
 }
 
-void ProcessGroupDDP::reform() {
-  RecoverableGroup& group = recoverable_group();
-  live();
+void ProcessGroupDDP::drain_in_flight() const {
   // Operations still queued or in flight belong to the aborted generation: let them fail
   // there (at once) rather than be issued on the next.
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
@@ -108,6 +136,18 @@ void ProcessGroupDDP::reform() {
       // Failed (aborted), as expected; a Work still running after the limit is left behind.
     }
   }
+}
+
+void ProcessGroupDDP::follow_job() const {
+  ProcessGroupPtr current = subgroup_->group([this] { drain_in_flight(); });
+  std::lock_guard<std::mutex> lock(pg_mutex_);
+  pg_ = std::move(current);
+}
+
+void ProcessGroupDDP::reform() {
+  RecoverableGroup& group = recoverable_group();
+  live();
+  drain_in_flight();
   ProcessGroupPtr next = group.reform();
   // A lost node renumbers the survivors (group_rank(), group_size()); c10d's rank and size stay
   // the launch's (getRank(), getSize()).
@@ -128,7 +168,7 @@ int ProcessGroupDDP::group_size() const {
 void ProcessGroupDDP::shutdown() {
   {
     std::lock_guard<std::mutex> lock(pg_mutex_);
-    if (!pg_) return;
+    if (!pg_ && !subgroup_) return;  // shut down already (a new_group's forms at first use)
   }
   // The completer may be running a future's callback that needs the GIL (a Python comm hook);
   // joining it while holding the GIL would deadlock.
@@ -145,6 +185,7 @@ void ProcessGroupDDP::shutdown() {
     pg.swap(pg_);
   }
   pg.reset();            // waits for the operations still queued (each bounded by the timeout)
+  subgroup_.reset();     // its aborting thread, and its own reference to the group
   recoverable_.reset();  // its watcher thread; the group itself went above
   if (saved) PyEval_RestoreThread(saved);
 }

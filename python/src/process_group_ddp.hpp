@@ -30,6 +30,7 @@
 
 #include "ddp/comm/process_group.hpp"
 #include "ddp/comm/recoverable_group.hpp"
+#include "ddp/comm/recoverable_subgroup.hpp"
 #include "work_ddp.hpp"
 
 namespace ddp::python {
@@ -100,8 +101,10 @@ class ProcessGroupDDP : public ProcessGroupBase {
   // (DDP_RECOVERY=step) the default group ("default_pg") runs on a ddp::RecoverableGroup:
   // the collectives of the current membership generation, which ddprun's notice of a lost
   // rank aborts (PeerLostError) and reform() replaces in this same object, so PyTorch's
-  // DistributedDataParallel keeps its process group. Other groups, and every group without
-  // step recovery, are plain: recoverable() is false and the calls below are UsageErrors.
+  // DistributedDataParallel keeps its process group. A new_group() of such a job follows it
+  // (ddp::RecoverableSubgroup): its collectives end at the notice too, and its first operation
+  // after the default group re-formed forms it again in the new generation; recoverable() is
+  // false for it. Groups without step recovery are plain: the calls below are UsageErrors.
   bool recoverable() const { return recoverable_ != nullptr; }
   int64_t generation() const;
   // A newer generation was announced (one atomic load).
@@ -155,18 +158,24 @@ class ProcessGroupDDP : public ProcessGroupBase {
   std::vector<WorkPtr> exchange(const std::vector<at::Tensor>& send_blocks,
                                 const std::vector<at::Tensor>& recv_blocks);
   void check_root(int64_t root, const char* op) const;
-  // The ddp group, or a UsageError once shutdown() ran.
+  // The ddp group, or a UsageError once shutdown() ran. A new_group() under step recovery
+  // first follows the default group into its current generation (follow_job()).
   ProcessGroup* live() const;
+  // Waits (bounded by the group timeout) until the operations handed to this group ended.
+  void drain_in_flight() const;
+  void follow_job() const;
   RecoverableGroup& recoverable_group() const;
 
   c10::intrusive_ptr<c10d::Store> store_;  // this group's (torch prefixes its keys per group)
   mutable std::mutex pg_mutex_;            // guards pg_ (reform() replaces it)
   ProcessGroupPtr pg_;
-  std::unique_ptr<RecoverableGroup> recoverable_;  // step recovery's default group, else null
+  std::shared_ptr<RecoverableGroup> recoverable_;  // step recovery's default group, else null
+  std::unique_ptr<RecoverableSubgroup> subgroup_;  // a new_group() under step recovery, else null
   std::shared_ptr<Completer> completer_;
   std::chrono::milliseconds timeout_;
-  std::mutex in_flight_mutex_;
-  std::deque<c10::intrusive_ptr<WorkDDP>> in_flight_;
+  // Mutable: live() (const) may drain them when a new_group() follows the job (follow_job).
+  mutable std::mutex in_flight_mutex_;
+  mutable std::deque<c10::intrusive_ptr<WorkDDP>> in_flight_;
   int64_t exchange_seq_ = 0;      // numbers the send/recv exchanges of uneven all_to_all
   int64_t monitored_seq_ = 0;     // numbers the monitored barriers (their tags)
   std::atomic<uint64_t> seq_{0};  // collectives issued (getSequenceNumberForGroup)

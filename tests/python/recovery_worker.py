@@ -22,7 +22,11 @@ DDP_TEST_KILL_SILENT=1: a rank about to die at step S first forks a child that k
 sockets open until a survivor committed step S + 2 (at most 120 s): its peers' connections do
 not close, as with a lost host's, so only ddprun's notice can end their collective in flight.
 DDP_TEST_KILL_NODE_AT_STEP=S: after step S the worker SIGKILLs its agent (its node's other
-workers die with it) and itself. DDP_TEST_QUICK_EXIT=1: after its outputs the worker ends with
+workers die with it) and itself. DDP_TEST_SUBGROUP=1: the first and the last launch rank also
+all-reduce the step number over a group of their own (dist.new_group) at the start of every
+forward, which must give twice the step: the group must end its collective at ddprun's notice
+when a member dies, and follow the default group into each new generation (a replacement makes
+it again). DDP_TEST_QUICK_EXIT=1: after its outputs the worker ends with
 os._exit(0), without destroying its process group (ddprun's agent records its finish).
 Writes DIR/rank<R>.params (every parameter's bytes, in order), DIR/rank<R>.json and appends
 "<pid> <step> <world size>" to DIR/rank<R>.commits per committed step; R is the launch rank."""
@@ -103,6 +107,12 @@ def main():
     dist.init_process_group(os.environ.get("DDP_TEST_BACKEND", "ddp"))
     torch.set_num_threads(1)
     slot = dist.get_rank()  # the launch rank: names the files and the kill orders
+    pair = None
+    if os.environ.get("DDP_TEST_SUBGROUP") == "1":
+        ends = [0, dist.get_world_size() - 1]
+        pair = dist.new_group(ends)  # every rank calls it; only the two are members
+        if slot not in ends:
+            pair = None
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)
@@ -143,6 +153,12 @@ def main():
 
     def forward():
         maybe_die("forward")
+        if pair is not None:
+            check = torch.tensor([float(steps.step)])
+            dist.all_reduce(check, group=pair)
+            if check.item() != 2.0 * steps.step:
+                raise AssertionError(f"the subgroup's all_reduce gave {check.item()} at step "
+                                     f"{steps.step}, not {2.0 * steps.step}")
         # The step being run (a redo may run a later one), split over the current ranks.
         x, y = batch_for(steps.step, steps.rank, steps.world_size,
                          max(steps.launch_world_size, steps.world_size))

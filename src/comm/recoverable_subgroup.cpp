@@ -1,0 +1,123 @@
+#include "ddp/comm/recoverable_subgroup.hpp"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "ddp/comm/init.hpp"
+#include "ddp/store/prefix_store.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp {
+namespace {
+
+// How often the aborting thread looks whether the subgroup is ending (between waits on the
+// parent's announcements, which wake it at once).
+constexpr std::chrono::milliseconds kAborterPoll{200};
+
+PeerLostError lost_error(const RecoverableGroup& parent, const std::string& name) {
+  const int64_t g = parent.announced_generation();
+  const std::string what = parent.loss_description();
+  return PeerLostError(
+      fmt::format("{} (membership generation {} announced by ddprun --recovery step); the "
+                  "collectives of group '{}' of generation {} are aborted: redo the step once "
+                  "the default group re-formed (the group follows it at its next operation)",
+                  what.empty() ? "a rank was lost" : what, g, name, g - 1),
+      parent.lost_rank().value_or(-1), g);
+}
+
+}  // namespace
+
+RecoverableSubgroup::RecoverableSubgroup(std::shared_ptr<RecoverableGroup> parent,
+                                         RecoverableSubgroupOptions options)
+    : parent_(std::move(parent)), options_(std::move(options)) {
+  if (!parent_ || !parent_->store()) {
+    throw UsageError(
+        "RecoverableSubgroup needs a RecoverableGroup with the job's store (ddprun --recovery "
+        "step)");
+  }
+  if (options_.name.empty() || options_.size < 1 || options_.rank < 0 ||
+      options_.rank >= options_.size) {
+    throw UsageError(fmt::format("RecoverableSubgroup: bad options (name '{}', rank {} of {})",
+                                 options_.name, options_.rank, options_.size));
+  }
+  parent_world_size_ = parent_->world_size();
+  aborter_ = std::thread([this] { abort_on_announcements(); });
+}
+
+RecoverableSubgroup::~RecoverableSubgroup() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  aborter_.join();
+}
+
+int64_t RecoverableSubgroup::generation() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return generation_;
+}
+
+ProcessGroupPtr RecoverableSubgroup::group(const std::function<void()>& before_reform) {
+  if (parent_->stale()) throw lost_error(*parent_, options_.name);
+  const int64_t current = parent_->generation();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (current == generation_) return group_;
+  }
+  if (parent_->world_size() != parent_world_size_) {
+    throw UsageError(fmt::format(
+        "group '{}' cannot follow the job into membership generation {}: the job's ranks changed "
+        "({} -> {} ranks: a node was lost or joined), so members of this group may be gone; make "
+        "the group again from the ranks of the new generation, or use the default group only",
+        options_.name, current, parent_world_size_, parent_->world_size()));
+  }
+  if (before_reform && generation_ >= 0) before_reform();
+  ProcessGroupPtr next = form(current);
+  ProcessGroupPtr old;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    old = std::exchange(group_, next);
+    generation_ = current;
+  }
+  changed_.notify_all();
+  old.reset();  // the aborted generation's group, outside the lock
+  return next;
+}
+
+ProcessGroupPtr RecoverableSubgroup::form(int64_t generation) const {
+  InitOptions o;
+  o.backend = options_.backend;
+  o.timeout = options_.timeout;
+  o.rank = options_.rank;
+  o.world_size = options_.size;
+  // Its own key space per generation: the replacement and the survivors meet there.
+  o.store = std::make_shared<PrefixStore>(fmt::format("{}/g{}", options_.name, generation),
+                                          parent_->store());
+  o.group_name = options_.name;
+  return init_process_group(o);
+}
+
+void RecoverableSubgroup::abort_on_announcements() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    const int64_t formed = generation_;
+    lock.unlock();
+    const bool announced = parent_->wait_announced_after(formed, kAborterPoll);
+    lock.lock();
+    if (stopping_ || !announced || generation_ != formed) continue;
+    if (group_) {
+      try {
+        group_->notify_peer_lost(lost_error(*parent_, options_.name));
+      } catch (const std::exception&) {
+        // A backend without an abort: its collectives end by the peer's closed sockets or the
+        // group timeout instead.
+      }
+    }
+    // Once per generation: until the training thread formed the next one, or the end.
+    changed_.wait(lock, [&] { return stopping_ || generation_ != formed; });
+  }
+}
+
+}  // namespace ddp
