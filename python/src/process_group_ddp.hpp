@@ -168,7 +168,7 @@ class ProcessGroupDDP : public ProcessGroupBase {
 
   c10::intrusive_ptr<c10d::Store> store_;  // this group's (torch prefixes its keys per group)
   mutable std::mutex pg_mutex_;            // guards pg_ (reform() replaces it)
-  ProcessGroupPtr pg_;
+  mutable ProcessGroupPtr pg_;             // mutable: live() of a new_group() re-points it
   std::shared_ptr<RecoverableGroup> recoverable_;  // step recovery's default group, else null
   std::unique_ptr<RecoverableSubgroup> subgroup_;  // a new_group() under step recovery, else null
   std::shared_ptr<Completer> completer_;

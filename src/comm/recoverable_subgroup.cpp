@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "ddp/comm/init.hpp"
 #include "ddp/store/prefix_store.hpp"
@@ -14,6 +17,8 @@ namespace {
 // How often the aborting thread looks whether the subgroup is ending (between waits on the
 // parent's announcements, which wake it at once).
 constexpr std::chrono::milliseconds kAborterPoll{200};
+// How often a member waiting for the others to arrive at a generation looks again.
+constexpr std::chrono::milliseconds kArrivalPoll{20};
 
 PeerLostError lost_error(const RecoverableGroup& parent, const std::string& name) {
   const int64_t g = parent.announced_generation();
@@ -86,7 +91,34 @@ ProcessGroupPtr RecoverableSubgroup::group(const std::function<void()>& before_r
   return next;
 }
 
+void RecoverableSubgroup::await_members(int64_t generation) const {
+  // Keys of this generation only. A member that died before arriving never sets its key: the
+  // wait ends at the parent's next announcement instead (init_process_group's own wait knows no
+  // notice and would last the whole timeout).
+  Store& store = *parent_->store();
+  const std::string base = fmt::format("{}/g{}/present/", options_.name, generation);
+  std::vector<std::string> keys;
+  for (int r = 0; r < options_.size; ++r) keys.push_back(base + std::to_string(r));
+  store.set(keys[options_.rank], "1");
+  const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+  for (;;) {
+    if (store.check(keys)) return;
+    if (parent_->announced_generation() > generation) throw lost_error(*parent_, options_.name);
+    if (std::chrono::steady_clock::now() >= deadline) {
+      int arrived = 0;
+      for (const auto& key : keys) arrived += store.check({key}) ? 1 : 0;
+      throw TimeoutError(fmt::format(
+          "group '{}' of membership generation {}: {} of its {} members arrived within {} ms "
+          "(each arrives at its first operation on the group in that generation); every member "
+          "must make the group (new_group) and use it",
+          options_.name, generation, arrived, options_.size, options_.timeout.count()));
+    }
+    std::this_thread::sleep_for(kArrivalPoll);
+  }
+}
+
 ProcessGroupPtr RecoverableSubgroup::form(int64_t generation) const {
+  await_members(generation);
   InitOptions o;
   o.backend = options_.backend;
   o.timeout = options_.timeout;

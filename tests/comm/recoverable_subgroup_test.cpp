@@ -2,7 +2,8 @@
 // HashStore, as recoverable_group_test.cpp does for the default group: a subgroup's collective
 // in flight ends with PeerLostError at the launcher's notice, the subgroup refuses while the
 // job's group is stale, and after the re-form it meets the replacement's subgroup in the next
-// generation; after a lost node it refuses with a UsageError instead of waiting for a member.
+// generation (also when a member died before the group's first operation); after a lost node it
+// refuses with a UsageError instead of waiting for a member.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -126,6 +127,51 @@ TEST(RecoverableSubgroup, LostMemberAbortsItsCollectiveAndItFollowsTheReformedJo
   }
   EXPECT_EQ(subgroup_sum_after, 30.0f);
   EXPECT_EQ(replacement_subgroup_sum, 30.0f);
+}
+
+// A member lost before the group's first operation never arrives: the others' first operation
+// (which forms the group) ends at the notice too, instead of waiting out the group timeout.
+TEST(RecoverableSubgroup, AMemberLostBeforeTheFirstOperationEndsTheFormingAtTheNotice) {
+  auto store = std::make_shared<HashStore>();
+  store->set_timeout(std::chrono::minutes(5));
+  std::optional<PeerLostError> forming_error;
+  float after = 0, replacement_after = 0;
+  std::atomic<int> made{0};
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] {
+    auto job = job_group(0, store);
+    auto pair = pair_of_0_and_2(job, 0);
+    ++made;
+    try {
+      pair->group();  // job rank 2 died before its first operation
+    } catch (const PeerLostError& e) {
+      forming_error = e;
+    }
+    job->reform();
+    after = all_reduce_one(pair->group(), 1.0f);
+  });
+  threads.emplace_back([&] {
+    auto job = job_group(1, store);
+    ++made;
+    while (!job->stale()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    job->reform();
+  });
+  {
+    auto job = job_group(2, store);
+    auto pair = pair_of_0_and_2(job, 1);
+    while (made.load() < 2) std::this_thread::yield();
+  }
+  EXPECT_EQ(recovery_notice::publish_lost_rank(*store, 2), 1);
+  threads.emplace_back([&] {
+    auto job = job_group(2, store);
+    auto pair = pair_of_0_and_2(job, 1);
+    replacement_after = all_reduce_one(pair->group(), 2.0f);
+  });
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(forming_error.has_value()) << "forming the group did not end at the notice";
+  EXPECT_EQ(forming_error->lost_rank(), 2);
+  EXPECT_EQ(after, 3.0f);
+  EXPECT_EQ(replacement_after, 3.0f);
 }
 
 TEST(RecoverableSubgroup, RefusesToFollowAJobThatLostANode) {

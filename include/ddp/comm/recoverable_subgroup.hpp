@@ -65,12 +65,15 @@ class RecoverableSubgroup {
   const RecoverableGroup& parent() const { return *parent_; }
 
  private:
+  // Waits until every member arrived at `generation` (PeerLostError as soon as the parent
+  // announces a newer one; TimeoutError after options.timeout), then forms its group.
+  void await_members(int64_t generation) const;
   ProcessGroupPtr form(int64_t generation) const;
   void abort_on_announcements();
 
   std::shared_ptr<RecoverableGroup> parent_;
   RecoverableSubgroupOptions options_;
-  int parent_world_size_;  // the parent's world size when this subgroup was made
+  int parent_world_size_;     // the parent's world size when this subgroup was made
   mutable std::mutex mutex_;  // guards group_, generation_, stopping_
   std::condition_variable changed_;
   ProcessGroupPtr group_;
