@@ -59,7 +59,7 @@ echo "from package.dist: $(basename "$wheel"), $(basename "$package")"
 
 # What the root's user installs from: the wheels, the package, the jobs and the consumer.
 in="$home/in"
-rm -rf "$home"/* && mkdir -p "$in/wheels"
+rm -rf "$home" && mkdir -p "$in/wheels"  # a fresh home: no cache or venv of an earlier run
 torch_pin="$(grep -m1 '^torch==' "$SOURCE/scripts/requirements.txt")"
 "$PYTHON" -m pip download -q --disable-pip-version-check -d "$BUILD/bare-root-wheels" "$torch_pin" \
   -r "$SOURCE/tests/package/bare/requirements.txt" >"$WORK/download.log" 2>&1 ||
