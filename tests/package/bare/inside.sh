@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs inside the bare Debian root of tests/package/bare_root_test.sh, as its user `trainer`
-# (not root), with no network: what a user on a machine without ddp's dependencies does.
+# (not root), installing from local files only (pip --no-index): what a user on a machine
+# without ddp's dependencies does.
 #   1. python3 -m venv; pip install torch, ddp's wheel, CMake and Ninja from IN/wheels only.
 #   2. tests/package/pip/wheel_jobs.sh: ddprun and ddp._C load every library from the wheel;
 #      2-rank jobs on the ddp backend and PyTorch's gloo, without `import ddp` (ddprun,
