@@ -1,6 +1,7 @@
 # Dependencies: Debian packages, and torch from the package index in a virtual environment
 # (scripts/install-deps.sh installs both).
 include(${CMAKE_CURRENT_LIST_DIR}/TorchIncludeLink.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/TorchWheel.cmake)
 include(${CMAKE_CURRENT_LIST_DIR}/TorchCuda.cmake)
 find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)
@@ -39,24 +40,22 @@ endif()
 set(DDP_PYTHON "${DDP_PYTHON_DEFAULT}" CACHE FILEPATH
     "Interpreter (with torch) the ddp Python package is built for and the tests run")
 
+# DDP_PYTHON's torch, asked once (cmake/TorchWheel.cmake): its version and CUDA, its CMake
+# folder, its site-packages (python/CMakeLists.txt checks the extension's match with them).
+set(DDP_TORCH_WHEEL_FOUND FALSE)
+if(DDP_WITH_TORCH AND DDP_PYTHON)
+  ddp_query_torch_wheel(${DDP_PYTHON})
+endif()
 # LibTorch: the one inside DDP_PYTHON's torch wheel (torch.utils.cmake_prefix_path), unless
 # Torch_DIR or CMAKE_PREFIX_PATH names another (a LibTorch archive, a CUDA build: docs/gpu.md).
 # A CUDA LibTorch turns on DDP_TORCH_CUDA.
-if(DDP_WITH_TORCH AND NOT Torch_DIR AND DDP_PYTHON)
-  # -I: the user's environment as it is, also inside pip's isolated build environment, which
-  # hides the site-packages that hold torch (pyproject.toml).
-  execute_process(
-    COMMAND ${DDP_PYTHON} -I -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
-    RESULT_VARIABLE ddp_torch_rc OUTPUT_VARIABLE ddp_torch_prefix ERROR_QUIET
-    OUTPUT_STRIP_TRAILING_WHITESPACE)
-  if(ddp_torch_rc EQUAL 0)
-    list(APPEND CMAKE_PREFIX_PATH "${ddp_torch_prefix}")
-  endif()
+if(DDP_TORCH_WHEEL_FOUND AND NOT Torch_DIR)
+  list(APPEND CMAKE_PREFIX_PATH "${DDP_TORCH_WHEEL_CMAKE_PREFIX}")
 endif()
 # A CUDA build of torch: its TorchConfig.cmake must find CUDA (cmake/TorchCuda.cmake). Also on
 # a configure again, when Torch_DIR is cached from the first.
-if(DDP_WITH_TORCH AND DDP_PYTHON)
-  ddp_prepare_cuda_torch(${DDP_PYTHON})
+if(DDP_TORCH_WHEEL_FOUND)
+  ddp_prepare_cuda_torch(${DDP_PYTHON} "${DDP_TORCH_WHEEL_CUDA}" "${DDP_TORCH_WHEEL_CUDA_RUNTIME}")
 endif()
 set(DDP_TORCH_CUDA OFF)
 if(DDP_WITH_TORCH)

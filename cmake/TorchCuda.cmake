@@ -1,4 +1,7 @@
-# ddp_prepare_cuda_torch(PYTHON): lets find_package(Torch) load a CUDA build of PyTorch's wheel.
+# ddp_prepare_cuda_torch(PYTHON CUDA_VERSION WHEEL_RUNTIME): lets find_package(Torch) load a
+# CUDA build of PyTorch's wheel. CUDA_VERSION is PYTHON's torch.version.cuda ("": a CPU build,
+# nothing to do), WHEEL_RUNTIME the folder of the nvidia CUDA runtime package pip installed with
+# it, or "" (both from ddp_query_torch_wheel, cmake/TorchWheel.cmake).
 #
 # The wheel's TorchConfig.cmake (public/cuda.cmake) insists on finding the CUDA toolkit with
 # CMake's old FindCUDA, which locates it through the `nvcc` on PATH; its absence is a
@@ -27,46 +30,10 @@ set_property(CACHE DDP_CUDA_RUNTIME_FROM PROPERTY STRINGS auto wheel)
 if(NOT DDP_CUDA_RUNTIME_FROM MATCHES "^(auto|wheel)$")
   message(FATAL_ERROR "DDP_CUDA_RUNTIME_FROM=${DDP_CUDA_RUNTIME_FROM}: expected auto or wheel")
 endif()
-function(ddp_prepare_cuda_torch python)
+function(ddp_prepare_cuda_torch python cuda_version wheel_runtime)
   set(DDP_TORCH_CUDA_RUNTIME "" PARENT_SCOPE)
-  if(NOT python OR TARGET torch::cudart)
-    return()
-  endif()
-  # The torch's CUDA version ("" for a CPU build) and, for a wheel whose CUDA runtime came from
-  # pip, the folder holding that runtime's include/ and lib/ (nvidia/cu13, or nvidia/cuda_runtime
-  # for the CUDA 12 wheels' layout).
-  execute_process(
-    COMMAND ${python} -I -c [=[
-import importlib.util, os, torch
-print(torch.version.cuda or "")
-major = (torch.version.cuda or "0").split(".")[0]
-for name in ("nvidia.cu" + major, "nvidia.cuda_runtime"):
-    try:
-        spec = importlib.util.find_spec(name)
-    except ImportError:
-        spec = None
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        if os.path.isfile(os.path.join(folder, "include", "cuda_runtime_api.h")):
-            print(folder)
-            raise SystemExit
-print("")
-]=]
-    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE)
-  if(NOT rc EQUAL 0)
-    return()
-  endif()
-  string(REPLACE "\n" ";" out "${out}")
-  list(LENGTH out fields)
-  if(fields LESS 1)
-    return()
-  endif()
-  list(GET out 0 cuda_version)
-  if(cuda_version STREQUAL "")
-    return()  # a CPU build of torch
-  endif()
-  set(wheel_runtime "")
-  if(fields GREATER 1)
-    list(GET out 1 wheel_runtime)
+  if(cuda_version STREQUAL "" OR TARGET torch::cudart)
+    return()  # a CPU build of torch, or prepared already
   endif()
 
   # A toolkit: CUDA_TOOLKIT_ROOT_DIR as given, else CUDA_HOME, CUDA_PATH, the folder of the real
