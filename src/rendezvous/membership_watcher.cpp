@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <condition_variable>
 
 #include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
@@ -240,7 +241,7 @@ void MembershipWatcher::peer_gone(int slot, const std::string& why) {
     } catch (const std::exception&) {
       // A round's rank keys hold decimals the rendezvous wrote: a store error ends the round.
     }
-    if (described && on_peer_lost_(peer)) {
+    if (described && take_loss_beating(peer)) {
       // A node that took this slot's place before is gone as well: the next may take it.
       store_->delete_key(k.took(slot));
       store_->set(k.hb(slot), keys::kLost);
@@ -257,12 +258,60 @@ void MembershipWatcher::peer_gone(int slot, const std::string& why) {
   report(store_->compare_set(k.changed(), "", why));
 }
 
+void MembershipWatcher::beat() {
+  keys::Round k(options_.run_id, round_.generation);
+  if (kept_alive_) {
+    kept_alive_->keep_alive(k.hb(round_.node_rank), keys::kAlive, liveness_ttl());
+  } else {
+    store_->set(k.hb(round_.node_rank), std::to_string(++beats_));
+  }
+}
+
+// The handler of a lost peer may take seconds (StepRecovery::on_node_lost promotes the job
+// store's standby and records the loss there, each call bounded but slow on a loaded machine).
+// This node must not fall silent meanwhile: the peer watching it took it for lost as well, and
+// the round ended (3 agents x 2 Python ranks under ctest -j4, recovery.python_step_lost_store_host,
+// 2026-11-30: the handler of node 0's loss held node 2's heartbeats for over 6 s). A thread of
+// its own beats on store_ every heartbeat until the handler returns; this thread makes no call
+// on store_ meanwhile, and the handler uses stores of its own.
+bool MembershipWatcher::take_loss_beating(const LostPeer& peer) {
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool done = false;
+  std::thread beater([&] {
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!wake.wait_for(lock, options_.conf.heartbeat, [&] { return done; })) {
+      lock.unlock();
+      try {
+        beat();
+      } catch (const std::exception&) {
+        return;  // the store failed: this thread's next call on it finds that out
+      }
+      lock.lock();
+    }
+  });
+  struct StopBeater {
+    std::mutex& mutex;
+    std::condition_variable& wake;
+    bool& done;
+    std::thread& beater;
+    ~StopBeater() {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        done = true;
+      }
+      wake.notify_one();
+      beater.join();
+    }
+  } stop_beater{mutex, wake, done, beater};
+  return on_peer_lost_(peer);
+}
+
 void MembershipWatcher::run() {
-  int64_t beat = 0;
   auto next_beat = Clock::now();
   for (;;) {
     try {
-      watch(beat, next_beat);
+      watch(next_beat);
       return;
     } catch (const Error& e) {
       if (stop_) return;
@@ -295,7 +344,7 @@ void MembershipWatcher::run() {
   }
 }
 
-void MembershipWatcher::watch(int64_t& beat, Clock::time_point& next_beat) {
+void MembershipWatcher::watch(Clock::time_point& next_beat) {
   keys::Round k(options_.run_id, round_.generation);
   // A store whose waits can be interrupted (the TCP store, etcd) is waited on until the next
   // heartbeat in one request: stop() and request_end() interrupt it. Otherwise in slices that
@@ -312,11 +361,7 @@ void MembershipWatcher::watch(int64_t& beat, Clock::time_point& next_beat) {
     if (stop_) return;
     auto now = Clock::now();
     if (now >= next_beat) {
-      if (kept_alive_) {
-        kept_alive_->keep_alive(k.hb(round_.node_rank), keys::kAlive, liveness_ttl());
-      } else {
-        store_->set(k.hb(round_.node_rank), std::to_string(++beat));
-      }
+      beat();
       next_beat = deadline_after(options_.conf.heartbeat, now);
       if (may_grow_) follow_growth();
       if (ring_.size() > 1) check_peers();

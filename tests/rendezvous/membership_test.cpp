@@ -152,6 +152,48 @@ TEST(RdzvMembership, ALostNodeTakenInPlaceDoesNotEndTheRound) {
   EXPECT_TRUE(host->rdzv->wait_for_peers_to_finish(Millis(200)));
 }
 
+// A handler that takes its time (StepRecovery promoting the job store's standby on a loaded
+// machine) does not silence its own node: the peer watching that node must not take it for
+// lost too. Round 0 -> 1 -> 2 -> 0: node 0 takes node 1's loss and is busy for twice the time
+// after which node 2 would give it up.
+TEST(RdzvMembership, ANodeBusyTakingALossKeepsItsHeartbeat) {
+  LoopbackStore store;
+  const Millis busy =
+      agent_options(store, "job", {1, 3}, 0, 2).conf.heartbeat * (2 * kMissedHeartbeats);
+  std::mutex mutex;
+  std::vector<LostPeer> taken;
+  auto nodes = form_round(store, {1, 3}, 3, [&](const LostPeer& p) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      taken.push_back(p);
+    }
+    std::this_thread::sleep_for(busy);
+    return true;
+  });
+  Node* victim = silence(nodes, 1);
+  ASSERT_NE(victim, nullptr);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  auto taken_now = [&] {
+    std::lock_guard<std::mutex> lock(mutex);
+    return taken;
+  };
+  while (taken_now().empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(taken_now().size(), 1u) << "the lost node was never taken";
+  // The handler's time and a few heartbeats more: still the one loss, and the round goes on.
+  std::this_thread::sleep_for(busy + victim->rdzv->options().conf.heartbeat * kMissedHeartbeats);
+  const std::vector<LostPeer> all = taken_now();
+  ASSERT_EQ(all.size(), 1u) << "node " << all.back().node_rank
+                            << " was taken as lost too: " << all.back().why;
+  EXPECT_EQ(all[0].node_rank, 1);
+  for (auto& n : nodes) {
+    if (n.get() == victim) continue;
+    EXPECT_FALSE(n->watcher->reason().has_value()) << *n->watcher->reason();
+    n->watcher->stop();
+  }
+}
+
 // Losses taken by several watchers at once count against the round's minimum together: with
 // --nnodes 3:4, nodes 1 and 3 lost at the same moment (watched by nodes 0 and 2), one loss is
 // taken in place and the other ends the round.

@@ -65,8 +65,9 @@ class MembershipWatcher {
   // survivors go on without that node: the watcher then marks its slot "lost" (every ring
   // skips it, nobody waits for it at the end, and this watcher ignores its heartbeats should
   // they resume) and watches the next peer, and the round does not end. false (or no handler):
-  // the round ends, as always. It must return promptly: heartbeats wait meanwhile. A peer that
-  // left (interrupted) ends the round itself.
+  // the round ends, as always. This node's heartbeats go on meanwhile from a thread of the
+  // watcher's, on the watcher's store: the handler must not use that store. A peer that left
+  // (interrupted) ends the round itself.
   using OnPeerLost = std::function<bool(const LostPeer&)>;
   // The store failed (its host died, say): returns the store to go on with in the same round
   // (a promoted standby holding a copy of it: --recovery step), or nullptr to end the watch as
@@ -98,7 +99,11 @@ class MembershipWatcher {
  private:
   void run();
   // One watch over store_ until a change, stop() or a store error (thrown).
-  void watch(int64_t& beat, std::chrono::steady_clock::time_point& next_beat);
+  void watch(std::chrono::steady_clock::time_point& next_beat);
+  // One heartbeat of this node on store_: its lease renewed (etcd), else its counter raised.
+  void beat();
+  // on_peer_lost_(peer), with this node's heartbeats going on from a thread of their own.
+  bool take_loss_beating(const LostPeer& peer);
   void report(const std::string& reason);
   void check_peers();
   // Lost slots another node took back (Rendezvous::take_lost_slot) are watched again.
@@ -135,6 +140,7 @@ class MembershipWatcher {
   int lost_peers_ = 0;         // slots this watcher marked "lost" (and not taken back)
   std::set<int> taken_;        // which
   std::set<int> passed_lost_;  // slots seen "lost" (by any watcher): a node may take one back
+  int64_t beats_ = 0;          // this node's heartbeat counter (stores without leases)
   std::atomic<bool> stop_{false};
   WaitInterrupter interrupter_;  // ends the watcher's wait on stop() and request_end()
   mutable std::mutex mutex_;
