@@ -272,8 +272,8 @@ void MembershipWatcher::beat() {
 // This node must not fall silent meanwhile: the peer watching it took it for lost as well, and
 // the round ended (3 agents x 2 Python ranks under ctest -j4, recovery.python_step_lost_store_host,
 // 2026-11-30: the handler of node 0's loss held node 2's heartbeats for over 6 s). A thread of
-// its own beats on store_ every heartbeat until the handler returns; this thread makes no call
-// on store_ meanwhile, and the handler uses stores of its own.
+// its own beats on store_ every heartbeat until the handler returns; the watcher's thread makes
+// no call on store_ meanwhile (it is in the handler), and the handler uses stores of its own.
 bool MembershipWatcher::take_loss_beating(const LostPeer& peer) {
   std::mutex mutex;
   std::condition_variable wake;
@@ -285,7 +285,7 @@ bool MembershipWatcher::take_loss_beating(const LostPeer& peer) {
       try {
         beat();
       } catch (const std::exception&) {
-        return;  // the store failed: this thread's next call on it finds that out
+        return;  // the store failed: the watcher's own next call on it finds that out
       }
       lock.lock();
     }
