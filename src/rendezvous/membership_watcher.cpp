@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <condition_variable>
+#include <future>
 
 #include "ddp/util/deadline.hpp"
 #include "ddp/util/error.hpp"
@@ -275,36 +275,29 @@ void MembershipWatcher::beat() {
 // its own beats on store_ every heartbeat until the handler returns; the watcher's thread makes
 // no call on store_ meanwhile (it is in the handler), and the handler uses stores of its own.
 bool MembershipWatcher::take_loss_beating(const LostPeer& peer) {
-  std::mutex mutex;
-  std::condition_variable wake;
-  bool done = false;
-  std::thread beater([&] {
-    std::unique_lock<std::mutex> lock(mutex);
-    while (!wake.wait_for(lock, options_.conf.heartbeat, [&] { return done; })) {
-      lock.unlock();
+  std::promise<void> handled;
+  std::thread beater([this, done = handled.get_future()] {
+    while (done.wait_for(options_.conf.heartbeat) == std::future_status::timeout) {
       try {
         beat();
       } catch (const std::exception&) {
         return;  // the store failed: the watcher's own next call on it finds that out
       }
-      lock.lock();
     }
   });
-  struct StopBeater {
-    std::mutex& mutex;
-    std::condition_variable& wake;
-    bool& done;
-    std::thread& beater;
-    ~StopBeater() {
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        done = true;
-      }
-      wake.notify_one();
-      beater.join();
-    }
-  } stop_beater{mutex, wake, done, beater};
-  return on_peer_lost_(peer);
+  auto stop_beating = [&] {
+    handled.set_value();
+    beater.join();
+  };
+  bool taken = false;
+  try {
+    taken = on_peer_lost_(peer);
+  } catch (...) {
+    stop_beating();
+    throw;
+  }
+  stop_beating();
+  return taken;
 }
 
 void MembershipWatcher::run() {
