@@ -266,7 +266,7 @@ void AsyncProcessGroup::worker_loop() {
 }
 
 void AsyncProcessGroup::notify_peer_lost(const PeerLostError& cause) {
-  abort_.raise(std::make_exception_ptr(cause));
+  if (abort_.raise(std::make_exception_ptr(cause))) end_running_operation();
 }
 
 void AsyncProcessGroup::execute(Job& job) {

@@ -84,8 +84,9 @@ class AsyncProcessGroup : public ProcessGroup {
 
   // In-place recovery: raises abort_signal(); queued and later operations fail with `cause`
   // at once, the running one when its backend's wait next polls the signal (cpu: shared
-  // memory waits, at least every 100 ms). No flight record is written for it (an expected
-  // event, and the store round trips of a dump would delay the survivors).
+  // memory waits and the leaders' ring, at least every 100 ms) or when
+  // end_running_operation() ends it (Gloo's calls). No flight record is written for it (an
+  // expected event, and the store round trips of a dump would delay the survivors).
   void notify_peer_lost(const PeerLostError& cause) override;
 
   // Writes this rank's flight record (once per group; later calls return "") and logs the
@@ -123,6 +124,11 @@ class AsyncProcessGroup : public ProcessGroup {
 
   // Builds a group of the same backend for a sub-group configuration.
   virtual ProcessGroupPtr make_same_backend(GroupConfig config) = 0;
+
+  // Called once by notify_peer_lost, after abort_signal() is raised, on the notifying thread
+  // (the worker may be inside an operation meanwhile): a backend whose blocking waits do not
+  // poll the signal ends them here, making them fail now; they then throw the abort's error.
+  virtual void end_running_operation() noexcept {}
 
   // Throws UsageError for a bad peer (out of range or this rank) or a null buffer.
   // UsageError "<op>: <name> is null but count is N; ..." for a null buffer of N > 0 elements.

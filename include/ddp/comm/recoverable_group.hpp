@@ -19,8 +19,10 @@
 // fewer ranks, renumbered in the order of their slots (the RANK each was launched with, slot()),
 // so rank() and world_size() may change at reform(). recovery_notice.hpp has the records.
 //
-// Backends: cpu on one host polls the abort in its shared-memory waits; gloo's waits do not,
-// but end as soon as the dead peer's sockets close (NetworkError), before or after the notice.
+// Backends: cpu polls the abort in its shared-memory waits and its leaders' ring; a Gloo call
+// (the gloo backend, a multi-host cpu group's other cross-host paths) is ended at the notice by
+// shutting its connections' sockets down (src/comm/gloo/connection_sockets.hpp), or earlier by
+// the dead peer's sockets closing (NetworkError, before the notice).
 // nccl: notify_peer_lost aborts its non-blocking communicator (ncclCommAbort returns at once)
 // and fails the pending works with the PeerLostError; reform() creates a new communicator, its
 // unique id exchanged under the new generation's prefix. Compiled everywhere; it runs only on a

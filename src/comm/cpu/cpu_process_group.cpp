@@ -137,9 +137,9 @@ CpuProcessGroup::CpuProcessGroup(GroupConfig config, std::string host_id)
   if (topo_.num_hosts() > 1) {
     if (topo_.is_leader()) {
       const auto leaders = topo_.leaders();
-      leaders_ =
-          std::make_unique<GlooComm>(config_.store, config_.prefix + "gloo_leaders/", topo_.my_host,
-                                     topo_.num_hosts(), timeout_, leaders, where());
+      leaders_ = std::make_unique<GlooComm>(config_.store, config_.prefix + "gloo_leaders/",
+                                            topo_.my_host, topo_.num_hosts(), timeout_, leaders,
+                                            where(), &abort_signal());
       if (leader_transport() == "ring") {
         ring_ = std::make_unique<TcpRing>(store, config_.prefix + "ring_leaders/", topo_.my_host,
                                           topo_.num_hosts(), timeout_, leaders, where(),
@@ -149,8 +149,14 @@ CpuProcessGroup::CpuProcessGroup(GroupConfig config, std::string host_id)
     std::vector<int> ranks(size_);
     for (int r = 0; r < size_; ++r) ranks[r] = r;
     all_ranks_ = std::make_unique<GlooComm>(config_.store, config_.prefix + "gloo_all/", rank_,
-                                            size_, timeout_, ranks, where());
+                                            size_, timeout_, ranks, where(), &abort_signal());
   }
+}
+
+void CpuProcessGroup::end_running_operation() noexcept {
+  // Shared memory and the leaders' ring poll the abort themselves; Gloo's calls do not.
+  if (leaders_) leaders_->shut_down_connections();
+  if (all_ranks_) all_ranks_->shut_down_connections();
 }
 
 CpuProcessGroup::~CpuProcessGroup() {

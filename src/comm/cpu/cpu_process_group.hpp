@@ -71,6 +71,7 @@ class CpuProcessGroup : public AsyncProcessGroup {
                       const CallInfo& call) override;
   void run_barrier(const CallInfo& call) override;
   ProcessGroupPtr make_same_backend(GroupConfig config) override;
+  void end_running_operation() noexcept override;
 
  private:
   // Hierarchical all_reduce of large buffers is pipelined in chunks (all_reduce_pipelined).

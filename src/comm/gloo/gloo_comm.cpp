@@ -28,9 +28,11 @@
 
 #include "../local_address.hpp"
 #include "../reduce_kernels.hpp"
+#include "connection_sockets.hpp"
 #include "ddp/util/deadline.hpp"
 #include "ddp/util/env.hpp"
 #include "ddp/util/error.hpp"
+#include "ddp/util/logging.hpp"
 #include "store_adapter.hpp"
 
 namespace ddp::detail {
@@ -126,6 +128,10 @@ std::function<void(void*, const void*, const void*, size_t)> reducer(DataType dt
 
 }  // namespace
 
+void GlooComm::shut_down_connections() noexcept {
+  sockets_.shut_down_all();
+}
+
 void GlooComm::close_connections() noexcept {
   if (!context_) return;
   for (int r = 0; r < size_; ++r) {
@@ -140,14 +146,15 @@ void GlooComm::close_connections() noexcept {
 
 GlooComm::GlooComm(std::shared_ptr<Store> store, const std::string& prefix, int rank, int size,
                    std::chrono::milliseconds timeout, std::vector<int> group_ranks,
-                   std::string where)
+                   std::string where, const AbortSignal* abort)
     : store_(store),
       prefix_(prefix),
       rank_(rank),
       size_(size),
       timeout_(timeout),
       group_ranks_(std::move(group_ranks)),
-      where_(std::move(where)) {
+      where_(std::move(where)),
+      abort_(abort) {
   auto device = make_device();
   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
   ctx->setTimeout(timeout);
@@ -161,6 +168,20 @@ GlooComm::GlooComm(std::shared_ptr<Store> store, const std::string& prefix, int 
         fmt::format("gloo: {} could not connect to its {} peers within {} ms "
                     "(listening on {}): {}",
                     where_, size - 1, timeout.count(), device->str(), e.what()));
+  }
+  // connectFullMesh stored each rank's listening addresses under its rank: with them the
+  // sockets of this context's connections can be found (for shut_down_connections).
+  std::vector<std::vector<char>> published(size);
+  for (int r = 0; r < size; ++r) {
+    if (r != rank) published[r] = adapter.fetched(std::to_string(r));
+  }
+  sockets_ = GlooConnectionSockets::find(*ctx, rank, size, published);
+  if (sockets_.count() != static_cast<size_t>(size - 1)) {
+    log::get("ddp.comm")
+        ->debug(
+            "gloo: {} found the sockets of {} of its {} connections; in-place recovery's "
+            "notice cannot end a call on the others, which end at the group timeout",
+            where_, sockets_.count(), size - 1);
   }
   context_ = std::move(ctx);
   // Store barrier: a rank that finished connecting must not tear its context down (closing
@@ -202,6 +223,17 @@ template <typename Fn>
 void GlooComm::guarded(const CallInfo& call, Fn&& fn) {
   try {
     fn();
+  } catch (...) {
+    // After the group's abort the failure is its doing (shut_down_connections): the caller
+    // re-forms on the abort's PeerLostError.
+    if (abort_ != nullptr && abort_->raised()) abort_->rethrow();
+    throw_gloo_failure(call);
+  }
+}
+
+void GlooComm::throw_gloo_failure(const CallInfo& call) {
+  try {
+    throw;
   } catch (const ddp::Error&) {
     throw;
   } catch (const gloo::IoException& e) {

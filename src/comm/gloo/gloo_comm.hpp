@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "../abort_signal.hpp"
 #include "../call_info.hpp"
+#include "connection_sockets.hpp"
 #include "ddp/comm/types.hpp"
 #include "ddp/comm/work.hpp"
 #include "ddp/store/store.hpp"
@@ -33,8 +35,12 @@ class GlooComm {
  public:
   // Collective over all `size` ranks: blocks until all connected or `timeout`.
   // `group_ranks[i]` names rank i in messages (ranks of the enclosing process group).
+  // `abort` (the enclosing group's, outliving this; may be null): once raised, a collective
+  // that fails throws the abort's error (a PeerLostError) instead of its own. A point-to-point
+  // Work may outlive the group, so it keeps Gloo's error (a NetworkError).
   GlooComm(std::shared_ptr<Store> store, const std::string& prefix, int rank, int size,
-           std::chrono::milliseconds timeout, std::vector<int> group_ranks, std::string where);
+           std::chrono::milliseconds timeout, std::vector<int> group_ranks, std::string where,
+           const AbortSignal* abort = nullptr);
   ~GlooComm();
 
   int rank() const { return rank_; }
@@ -66,9 +72,21 @@ class GlooComm {
   std::shared_ptr<Work> post_recv_any(void* data, size_t bytes, int tag, const CallInfo& call,
                                       std::shared_ptr<int> source);
 
+  // In-place recovery (the enclosing group's notify_peer_lost, after raising `abort`): shuts
+  // every connection down (connection_sockets.hpp), so the call in flight on this rank and
+  // every peer's call waiting on this rank fail now instead of at the timeout. Gloo gives no
+  // other way to end a call in flight. A posted recv from any source is not tied to one
+  // connection and still waits for its own timeout. Thread-safe; this communicator is
+  // unusable afterwards.
+  void shut_down_connections() noexcept;
+
  private:
+  // Runs a blocking Gloo call; its failure leaves as one of ddp's errors naming `call`.
   template <typename Fn>
   void guarded(const CallInfo& call, Fn&& fn);
+  // Only inside a catch block: rethrows the exception being handled as ddp's TimeoutError
+  // (naming the ranks that never reached `call`), NetworkError or CollectiveError.
+  [[noreturn]] void throw_gloo_failure(const CallInfo& call);
   uint32_t next_tag() { return tag_++; }
   // A Gloo options object (gloo::AllreduceOptions, ...) for one call: this communicator's
   // context, the call's tag and the group timeout.
@@ -90,6 +108,8 @@ class GlooComm {
   std::chrono::milliseconds timeout_;
   std::vector<int> group_ranks_;
   std::string where_;
+  const AbortSignal* abort_;
+  GlooConnectionSockets sockets_;  // of context_'s connections, found once it connected
   std::shared_ptr<gloo::Context> context_;
   uint32_t tag_ = 0;
 };

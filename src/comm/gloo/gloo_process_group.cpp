@@ -17,7 +17,7 @@ GlooProcessGroup::GlooProcessGroup(GroupConfig config) : AsyncProcessGroup(std::
   // Joining first through the store gives a precise "k of n joined" timeout message.
   HostTopology::exchange(*config_.store, config_.prefix, rank_, size_, default_host_id(), timeout_);
   comm_ = std::make_unique<GlooComm>(config_.store, config_.prefix + "gloo/", rank_, size_,
-                                     timeout_, identity_ranks(size_), where());
+                                     timeout_, identity_ranks(size_), where(), &abort_signal());
 }
 
 GlooProcessGroup::~GlooProcessGroup() {

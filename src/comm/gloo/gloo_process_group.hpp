@@ -59,6 +59,7 @@ class GlooProcessGroup : public AsyncProcessGroup {
   ProcessGroupPtr make_same_backend(GroupConfig config) override {
     return std::make_shared<GlooProcessGroup>(std::move(config));
   }
+  void end_running_operation() noexcept override { comm_->shut_down_connections(); }
 
  private:
   std::unique_ptr<GlooComm> comm_;

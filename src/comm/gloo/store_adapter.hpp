@@ -1,10 +1,12 @@
 #pragma once
 // StoreAdapter: a ddp::Store seen through gloo::rendezvous::Store, with every key under a
-// prefix so several Gloo contexts can rendezvous on one store (internal header).
+// prefix so several Gloo contexts can rendezvous on one store (internal header). It keeps what
+// it read, for the caller to look at after the rendezvous (fetched()).
 
 #include <gloo/rendezvous/store.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,7 +28,15 @@ class StoreAdapter : public gloo::rendezvous::Store {
   std::vector<char> get(const std::string& key) override {
     store_->wait({prefix_ + key}, timeout_);
     const std::string v = store_->get(prefix_ + key);
-    return std::vector<char>(v.begin(), v.end());
+    std::vector<char> value(v.begin(), v.end());
+    fetched_[key] = value;
+    return value;
+  }
+
+  // The last value get() returned for `key` (without the prefix); empty if it never read it.
+  std::vector<char> fetched(const std::string& key) const {
+    const auto it = fetched_.find(key);
+    return it == fetched_.end() ? std::vector<char>{} : it->second;
   }
 
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
@@ -43,6 +53,7 @@ class StoreAdapter : public gloo::rendezvous::Store {
   std::shared_ptr<ddp::Store> store_;
   std::string prefix_;
   std::chrono::milliseconds timeout_;
+  std::map<std::string, std::vector<char>> fetched_;
 };
 
 }  // namespace ddp::detail

@@ -62,7 +62,7 @@ void StepManager::attach(DistributedDataParallelBase& model, torch::optim::Optim
   cuda_device_ = cuda_device_of(model.base_module());
   // This process starts with no trained state: at the job's start (every rank fresh) rank 0's
   // state goes everywhere, after a restart the survivors' does.
-  HealTarget target{&model.base_module(), &optimizer, &step_};
+  HealTarget target{&model.base_module(), &optimizer, &step_, {}};
   for (;;) {
     try {
       heal_from_peer(group_.group(), target, /*fresh=*/true, group_.group()->timeout());
@@ -95,7 +95,7 @@ void StepManager::recover() {
       group_.reform();
       ++recoveries_;
       model_->reset_process_group(group_.group());
-      HealTarget target{&model_->base_module(), optimizer_, &step_};
+      HealTarget target{&model_->base_module(), optimizer_, &step_, {}};
       if (pending_rng_) {
         // The ZeRO step cut by the loss is dropped, not rolled forward: what run_step held back.
         target.drop_pending = [this] {
