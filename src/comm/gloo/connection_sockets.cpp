@@ -12,6 +12,8 @@
 #include <cstring>
 #include <exception>
 #include <optional>
+#include <utility>
+#include <vector>
 
 namespace ddp::detail {
 
