@@ -77,6 +77,16 @@ TEST_P(PeerLostOnGloo, TheNoticeEndsACallThatALivePeerNeverJoins) {
   }
 }
 
+// A point-to-point recv whose sender is alive and never sends: the notice ends it too (with
+// Gloo's connection error: a Work may outlive its group, so it does not carry the abort's).
+TEST_P(PeerLostOnGloo, TheNoticeEndsARecvFromALivePeerThatNeverSends) {
+  std::vector<ProcessGroupPtr> groups = form_gloo_groups(GetParam());
+  float value = 0.0f;
+  WorkPtr recv = groups[0]->recv(&value, 1, DataType::kFloat32, /*src=*/2, /*tag=*/7);
+  groups[0]->notify_peer_lost(PeerLostError("rank 2 of 3 was lost (test)", 2, 1));
+  EXPECT_THROW(recv->wait(kBeyondTheTest), NetworkError);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, PeerLostOnGloo, ::testing::Values("gloo", "cpu"),
                          [](const auto& info) { return info.param; });
 
