@@ -7,6 +7,7 @@
 
 #include <array>
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <string>
 #include <thread>
@@ -77,14 +78,48 @@ TEST_P(PeerLostOnGloo, TheNoticeEndsACallThatALivePeerNeverJoins) {
   }
 }
 
-// A point-to-point recv whose sender is alive and never sends: the notice ends it too (with
-// Gloo's connection error: a Work may outlive its group, so it does not carry the abort's).
+// A point-to-point recv whose sender is alive and never sends: the notice ends it with its
+// cause, like a collective (the Work keeps a copy: it may outlive its group).
 TEST_P(PeerLostOnGloo, TheNoticeEndsARecvFromALivePeerThatNeverSends) {
   std::vector<ProcessGroupPtr> groups = form_gloo_groups(GetParam());
   float value = 0.0f;
   WorkPtr recv = groups[0]->recv(&value, 1, DataType::kFloat32, /*src=*/2, /*tag=*/7);
   groups[0]->notify_peer_lost(PeerLostError("rank 2 of 3 was lost (test)", 2, 1));
-  EXPECT_THROW(recv->wait(kBeyondTheTest), NetworkError);
+  try {
+    recv->wait(kBeyondTheTest);
+    ADD_FAILURE() << "the recv completed though rank 2 never sent";
+  } catch (const PeerLostError& e) {
+    EXPECT_EQ(e.lost_rank(), 2);
+  }
+}
+
+// A recv from any source is Gloo's context's, not one connection's: shutting the connections
+// down did not end it (it waited for the group timeout); the notice aborts its wait. Both the
+// wait in flight when the notice comes and one that starts after it end.
+TEST_P(PeerLostOnGloo, TheNoticeEndsARecvFromAnySource) {
+  std::vector<ProcessGroupPtr> groups = form_gloo_groups(GetParam());
+  float in_flight_value = 0.0f;
+  float later_value = 0.0f;
+  WorkPtr in_flight = groups[0]->recv_any_source(&in_flight_value, 1, DataType::kFloat32,
+                                                 /*tag=*/7, std::make_shared<int>(-1));
+  WorkPtr waited_later = groups[0]->recv_any_source(&later_value, 1, DataType::kFloat32,
+                                                    /*tag=*/8, std::make_shared<int>(-1));
+  std::exception_ptr in_flight_error;
+  std::thread waiter([&] {
+    try {
+      in_flight->wait(kBeyondTheTest);
+    } catch (...) {
+      in_flight_error = std::current_exception();
+    }
+  });
+  // Lets the waiter block in Gloo's wait (if it had not yet, the check below proves less,
+  // never a false failure: the abort also ends a wait that starts after it).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  groups[0]->notify_peer_lost(PeerLostError("rank 1 of 3 was lost (test)", 1, 1));
+  waiter.join();
+  ASSERT_TRUE(in_flight_error) << "the recv completed though no rank sent";
+  EXPECT_THROW(std::rethrow_exception(in_flight_error), PeerLostError);
+  EXPECT_THROW(waited_later->wait(kBeyondTheTest), PeerLostError);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, PeerLostOnGloo, ::testing::Values("gloo", "cpu"),

@@ -129,6 +129,9 @@ std::function<void(void*, const void*, const void*, size_t)> reducer(DataType dt
 }  // namespace
 
 void GlooComm::shut_down_connections() noexcept {
+  // The transfers first: once they are ended, a connection's end fails them with the notice's
+  // error rather than Gloo's.
+  pending_->end(abort_ != nullptr && abort_->raised() ? abort_->error() : nullptr);
   sockets_.shut_down_all();
 }
 
@@ -433,20 +436,25 @@ uint64_t p2p_slot(int tag) {
 namespace {
 
 // A posted Gloo transfer. Gloo cannot poll an unbound buffer without blocking, so
-// is_completed() turns true once a wait() has succeeded.
+// is_completed() turns true once a wait() has succeeded. Listed in `pending` while it lives, so
+// that in-place recovery's notice ends its wait (pending_transfers.hpp).
 class P2PWork : public Work {
  public:
   // `source`: for a multi-source recv, where wait() stores the sender (mapped through
   // `group_ranks`, the enclosing group's rank of each communicator rank); else null.
   P2PWork(std::unique_ptr<gloo::transport::UnboundBuffer> buf, bool is_send, std::string what,
-          std::unique_ptr<char> dummy, std::shared_ptr<int> source = nullptr,
-          std::vector<int> group_ranks = {})
+          std::unique_ptr<char> dummy, std::shared_ptr<GlooPendingTransfers> pending,
+          std::shared_ptr<int> source = nullptr, std::vector<int> group_ranks = {})
       : buf_(std::move(buf)),
         is_send_(is_send),
         what_(std::move(what)),
         dummy_(std::move(dummy)),
+        pending_(std::move(pending)),
         source_(std::move(source)),
-        group_ranks_(std::move(group_ranks)) {}
+        group_ranks_(std::move(group_ranks)) {
+    pending_->add(buf_.get(), is_send_);
+  }
+  ~P2PWork() override { pending_->forget(buf_.get()); }
 
   void wait(std::chrono::milliseconds timeout) override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -454,11 +462,13 @@ class P2PWork : public Work {
     try {
       int peer = -1;
       const bool ok = is_send_ ? buf_->waitSend(timeout) : buf_->waitRecv(&peer, timeout);
-      if (!ok) throw gloo::IoException("Timed out");
+      if (!ok) throw_ended();  // only the notice aborts a wait
       if (source_)
         *source_ =
             peer >= 0 && peer < static_cast<int>(group_ranks_.size()) ? group_ranks_[peer] : peer;
     } catch (const gloo::IoException& e) {
+      // The notice shut the connections down: its error, not the connection's.
+      if (pending_->ended_by()) throw_ended();
       const std::string m = e.what();
       if (m.find("imed out") != std::string::npos) {
         throw TimeoutError(fmt::format("{} did not complete within {} ms: {}", what_,
@@ -483,11 +493,18 @@ class P2PWork : public Work {
   }
 
  private:
+  // The notice's error (a PeerLostError), or one saying the group ended the transfer.
+  [[noreturn]] void throw_ended() const {
+    if (std::exception_ptr error = pending_->ended_by()) std::rethrow_exception(error);
+    throw NetworkError(fmt::format("{} ended: its group shut its connections down", what_));
+  }
+
   std::mutex mutex_;
   std::unique_ptr<gloo::transport::UnboundBuffer> buf_;
   bool is_send_;
   std::string what_;
   std::unique_ptr<char> dummy_;
+  std::shared_ptr<GlooPendingTransfers> pending_;
   std::shared_ptr<int> source_;
   std::vector<int> group_ranks_;
   bool done_ = false;
@@ -502,7 +519,7 @@ std::shared_ptr<Work> GlooComm::post_send(const void* data, size_t bytes, int ds
   auto buf = context_->createUnboundBuffer(p, bytes);
   buf->send(dst, p2p_slot(tag));
   return std::make_shared<P2PWork>(std::move(buf), true, call.describe() + " on " + where_,
-                                   std::move(dummy));
+                                   std::move(dummy), pending_);
 }
 
 std::shared_ptr<Work> GlooComm::post_recv(void* data, size_t bytes, int src, int tag,
@@ -512,7 +529,7 @@ std::shared_ptr<Work> GlooComm::post_recv(void* data, size_t bytes, int src, int
   auto buf = context_->createUnboundBuffer(p, bytes);
   buf->recv(src, p2p_slot(tag));
   return std::make_shared<P2PWork>(std::move(buf), false, call.describe() + " on " + where_,
-                                   std::move(dummy));
+                                   std::move(dummy), pending_);
 }
 
 std::shared_ptr<Work> GlooComm::post_recv_any(void* data, size_t bytes, int tag,
@@ -527,7 +544,8 @@ std::shared_ptr<Work> GlooComm::post_recv_any(void* data, size_t bytes, int tag,
   buf->recv(srcs, p2p_slot(tag));
   return std::make_shared<P2PWork>(std::move(buf), false,
                                    call.describe() + " from any source on " + where_,
-                                   std::move(dummy), std::move(source), group_ranks_);
+                                   std::move(dummy), pending_, std::move(source),
+                                   group_ranks_);
 }
 
 }  // namespace ddp::detail

@@ -18,6 +18,7 @@
 #include "../abort_signal.hpp"
 #include "../call_info.hpp"
 #include "connection_sockets.hpp"
+#include "pending_transfers.hpp"
 #include "ddp/comm/types.hpp"
 #include "ddp/comm/work.hpp"
 #include "ddp/store/store.hpp"
@@ -36,8 +37,8 @@ class GlooComm {
   // Collective over all `size` ranks: blocks until all connected or `timeout`.
   // `group_ranks[i]` names rank i in messages (ranks of the enclosing process group).
   // `abort` (the enclosing group's, outliving this; may be null): once raised, a collective
-  // that fails throws the abort's error (a PeerLostError) instead of its own. A point-to-point
-  // Work may outlive the group, so it keeps Gloo's error (a NetworkError).
+  // that fails throws the abort's error (a PeerLostError) instead of its own; so does a
+  // point-to-point Work that shut_down_connections ended (it keeps a copy of the error).
   GlooComm(std::shared_ptr<Store> store, const std::string& prefix, int rank, int size,
            std::chrono::milliseconds timeout, std::vector<int> group_ranks, std::string where,
            const AbortSignal* abort = nullptr);
@@ -74,10 +75,10 @@ class GlooComm {
 
   // In-place recovery (the enclosing group's notify_peer_lost, after raising `abort`): shuts
   // every connection down (connection_sockets.hpp), so the call in flight on this rank and
-  // every peer's call waiting on this rank fail now instead of at the timeout. Gloo gives no
-  // other way to end a call in flight. A posted recv from any source is not tied to one
-  // connection and still waits for its own timeout. Thread-safe; this communicator is
-  // unusable afterwards.
+  // every peer's call waiting on this rank fail now instead of at the timeout (Gloo gives no
+  // other way to end a call in flight), and ends the wait of every point-to-point transfer
+  // whose Work still exists, a recv from any source included (pending_transfers.hpp): those
+  // throw the abort's error. Thread-safe; this communicator is unusable afterwards.
   void shut_down_connections() noexcept;
 
  private:
@@ -110,6 +111,8 @@ class GlooComm {
   std::string where_;
   const AbortSignal* abort_;
   GlooConnectionSockets sockets_;  // of context_'s connections, found once it connected
+  // The point-to-point transfers posted whose Work still exists (shared with each Work).
+  std::shared_ptr<GlooPendingTransfers> pending_ = std::make_shared<GlooPendingTransfers>();
   std::shared_ptr<gloo::Context> context_;
   uint32_t tag_ = 0;
 };
