@@ -544,8 +544,7 @@ std::shared_ptr<Work> GlooComm::post_recv_any(void* data, size_t bytes, int tag,
   buf->recv(srcs, p2p_slot(tag));
   return std::make_shared<P2PWork>(std::move(buf), false,
                                    call.describe() + " from any source on " + where_,
-                                   std::move(dummy), pending_, std::move(source),
-                                   group_ranks_);
+                                   std::move(dummy), pending_, std::move(source), group_ranks_);
 }
 
 }  // namespace ddp::detail

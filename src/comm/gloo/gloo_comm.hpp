@@ -18,10 +18,10 @@
 #include "../abort_signal.hpp"
 #include "../call_info.hpp"
 #include "connection_sockets.hpp"
-#include "pending_transfers.hpp"
 #include "ddp/comm/types.hpp"
 #include "ddp/comm/work.hpp"
 #include "ddp/store/store.hpp"
+#include "pending_transfers.hpp"
 
 namespace gloo {
 class Context;
