@@ -36,7 +36,8 @@ case $PAIR in
 esac
 # Enough epochs for STEPS (312 steps per epoch at 3 ranks x 64): plain mnist stops at the end
 # of its last epoch even before --total-steps.
-EPOCHS=$(( (STEPS + 60000 / WORLD / 64 - 1) / (60000 / WORLD / 64) ))
+steps_per_epoch=$((60000 / WORLD / 64))
+EPOCHS=$(( (STEPS + steps_per_epoch - 1) / steps_per_epoch ))
 ddprun=$build/apps/ddprun/ddprun
 mnist=$build/examples/mnist/mnist
 for b in "$ddprun" "$mnist"; do
@@ -46,7 +47,6 @@ work=$(mktemp -d /tmp/ddp_bench_overhead_XXXXXX)
 trap 'rm -rf "$work"' EXIT
 out=$work/out.jsonl
 load_before=$(cut -d' ' -f1 /proc/loadavg)
-steps_per_epoch=$((60000 / WORLD / 64))
 # The tutorial's recipe trains whole epochs: the Python pair runs those.
 [[ $PAIR == python_gloo ]] && STEPS=$((EPOCHS * steps_per_epoch))
 echo "bench/fault/overhead: $PAIR, $WORLD ranks, $STEPS steps, $REPEAT pairs; $(nproc) CPUs;" \
