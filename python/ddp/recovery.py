@@ -26,7 +26,7 @@ What ddp does for it:
 - ``import ddp`` under ``DDP_RECOVERY=step`` makes ``env://`` hand torch.distributed the store
   ddprun hosts (it outlives any rank; rank 0 must not host one), and the ddp backend runs the
   default group on a ddp RecoverableGroup, whose collectives ddprun's notice of a lost rank
-  aborts within about 100 ms (a RuntimeError naming the lost rank) and which re-forms in this
+  aborts within milliseconds (a RuntimeError naming the lost rank) and which re-forms in this
   same process group object, so PyTorch's DDP keeps it.
 - The manager registers a comm hook (an all-reduce average, as DDP's default) that records a
   failed all-reduce instead of raising inside autograd, so DDP's reducer never sees an error

@@ -129,11 +129,17 @@ RecoverableGroup::RecoverableGroup(RecoverableGroupOptions options) : options_(s
   // moved on to a newer generation, so this one does too, as reform() does.
   int64_t g = recovery_notice::read_generation(*store_);
   // --recovery shrink: the others went on without this slot's lost process; this replacement,
-  // now running, claims the slot back (they make room at the generation it opens).
+  // now running, claims the slot back (they make room at the generation it opens), here or,
+  // deferred, once the program is ready to be healed (claim_return()).
   if (g > 0 && recovery_notice::awaits_return(*store_, slot_, g)) {
-    g = recovery_notice::publish_rank_back(*store_, slot_);
+    if (options_.defer_return) {
+      returning_ = true;
+      group_ = form_alone(g);
+    } else {
+      g = recovery_notice::publish_rank_back(*store_, slot_);
+    }
   }
-  for (;;) {
+  while (!returning_) {
     try {
       group_ = form(g);
       break;
@@ -160,6 +166,7 @@ RecoverableGroup::~RecoverableGroup() {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
   }
+  stop_interrupter_.interrupt();
   cv_.notify_all();
   announced_cv_.notify_all();
   if (watcher_.joinable()) watcher_.join();
@@ -242,15 +249,50 @@ PeerLostError RecoverableGroup::lost_error(int64_t generation, const Loss& loss)
       loss.first.value_or(-1), generation);
 }
 
+RecoverableGroup::NextRecord RecoverableGroup::await_next_record(
+    std::unique_lock<std::mutex>& lock) {
+  const int64_t next = announced_.load() + 1;
+  if (watch_store_ == store_) {
+    // A store shared with the training thread: a blocking wait would hold up its calls.
+    if (cv_.wait_for(lock, options_.watch_interval, [&] { return stop_; })) {
+      return NextRecord::kStop;
+    }
+    lock.unlock();
+    return NextRecord::kMaySet;  // read the counter
+  }
+  lock.unlock();
+  // The watcher's own connection: the wait ends one round trip after ddprun claims the record,
+  // or at the destructor's interrupt (a TcpStore's; other stores' at the interval).
+  switch (recovery_notice::wait_for_record(*watch_store_, next, options_.watch_interval,
+                                           &stop_interrupter_)) {
+    case WaitOutcome::kSet:
+      return NextRecord::kSet;
+    case WaitOutcome::kInterrupted:
+      return NextRecord::kStop;
+    case WaitOutcome::kTimedOut:
+      break;
+  }
+  lock.lock();
+  const bool stopping = stop_;
+  lock.unlock();
+  return stopping ? NextRecord::kStop : NextRecord::kNotSet;
+}
+
 void RecoverableGroup::watch_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    if (cv_.wait_for(lock, options_.watch_interval, [&] { return stop_; })) return;
-    lock.unlock();
+    if (stop_) return;
     int64_t g = 0;
     Loss lost;
     try {
-      g = recovery_notice::read_generation(*watch_store_);
+      const NextRecord next = await_next_record(lock);
+      if (next == NextRecord::kStop) return;
+      if (next != NextRecord::kNotSet) g = recovery_notice::read_generation(*watch_store_);
+      if (next == NextRecord::kSet && g <= announced_.load()) {
+        // The record is claimed before the counter is raised: its writer raises it next.
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        g = recovery_notice::read_generation(*watch_store_);
+      }
       if (g > announced_.load()) lost = read_loss(*watch_store_, g);
     } catch (const std::exception& e) {
       // The store is ddprun's (step mode) or rank 0's: when unreachable no notice can come; the
@@ -262,6 +304,7 @@ void RecoverableGroup::watch_loop() {
       }
       store_unreachable_ = true;
       lock.lock();
+      if (cv_.wait_for(lock, options_.watch_interval, [&] { return stop_; })) return;
       continue;
     }
     store_unreachable_ = false;
@@ -273,6 +316,33 @@ void RecoverableGroup::watch_loop() {
     // The group of an older generation gives up its collective in flight now.
     if (current_) current_->notify_peer_lost(lost_error(g, lost));
   }
+}
+
+ProcessGroupPtr RecoverableGroup::form_alone(int64_t generation) {
+  rank_ = 0;
+  world_size_ = 1;
+  if (options_.membership_only) return nullptr;
+  InitOptions init;
+  init.backend = options_.backend;
+  init.timeout = options_.timeout;
+  init.rank = 0;
+  init.world_size = 1;
+  init.store = connect_ ? connect_() : store_;
+  // Keys of this slot's incarnation only: a later replacement of the slot starts at a later
+  // generation.
+  init.group_name = fmt::format("{}/g{}/alone{}", options_.group_name, generation, slot_);
+  return init_process_group(init);
+}
+
+const ProcessGroupPtr& RecoverableGroup::claim_return() {
+  if (!returning_) return group_;
+  returning_ = false;
+  // The slot may have been taken out meanwhile (its node declared lost): then reform() finds
+  // it in no generation and throws RemovedFromJobError.
+  if (recovery_notice::awaits_return(*store_, slot_, recovery_notice::read_generation(*store_))) {
+    recovery_notice::publish_rank_back(*store_, slot_);
+  }
+  return reform();
 }
 
 ProcessGroupPtr RecoverableGroup::form(int64_t generation) {

@@ -108,6 +108,21 @@ int64_t read_generation(Store& store) {
   return store.add(generation_key(), 0);
 }
 
+WaitOutcome wait_for_record(Store& store, int64_t generation, std::chrono::milliseconds timeout,
+                            WaitInterrupter* interrupter) {
+  const std::vector<std::string> keys{lost_key(generation)};
+  if (auto* interruptible = dynamic_cast<InterruptibleWait*>(&store);
+      interruptible != nullptr && interrupter != nullptr) {
+    return interruptible->wait_interruptibly(keys, timeout, *interrupter);
+  }
+  try {
+    store.wait(keys, timeout);
+    return WaitOutcome::kSet;
+  } catch (const TimeoutError&) {
+    return WaitOutcome::kTimedOut;
+  }
+}
+
 std::optional<int> read_lost_rank(Store& store, int64_t generation) {
   const std::optional<Record> record = read_record(store, generation);
   if (!record) return std::nullopt;

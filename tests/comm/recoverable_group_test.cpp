@@ -632,6 +632,97 @@ TEST(RecoverableGroup, AWaitingReplacementRefusesOnceItsPeersFinish) {
   EXPECT_NE(got.what.find("already finished"), std::string::npos) << got.what;
 }
 
+// The watcher waits in the store for the next generation's record, on a connection of its own:
+// the notice reaches every rank at once, not at the watcher's next look. With an interval of a
+// minute, a watcher that read the counter once per interval would still see nothing after the
+// 20 s this test waits; the destructors end the watchers' waits at once (a TcpStore's).
+TEST(RecoverableGroup, TheWatcherLearnsOfANewGenerationAtOnceNotAtItsInterval) {
+  TcpJob job;
+  std::vector<std::unique_ptr<RecoverableGroup>> groups(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      RecoverableGroupOptions o = job.options(r, kLongGroupTimeout);
+      o.watch_interval = std::chrono::minutes(1);
+      groups[r] = std::make_unique<RecoverableGroup>(o);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(recovery_notice::publish_lost_rank(*job.server, 1), 1);
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(groups[r]->wait_announced_after(0, std::chrono::seconds(20))) << "rank " << r;
+    EXPECT_EQ(groups[r]->lost_rank(), 1) << "rank " << r;
+  }
+  for (auto& g : groups) throw_in_scope(std::move(g));
+}
+
+// --recovery shrink with defer_return (ddp::StepManager's): rank 1's replacement starts with a
+// group of its own and claims its slot only at claim_return(), so until then the survivors'
+// group of two stays current (no record is added) and they keep running collectives in it.
+// After the claim all three form the next generation with their launch ranks.
+TEST(RecoverableGroup, AReplacementDeferringItsReturnClaimsTheSlotOnlyWhenAsked) {
+  TcpJob job;
+  std::vector<std::unique_ptr<RecoverableGroup>> peers = job.form_all();
+  throw_in_scope(std::move(peers[1]));  // rank 1 is killed
+  EXPECT_EQ(recovery_notice::publish_rank_left(*job.server, 1), 1);
+  std::array<float, kWorld> shrunk_sums{}, sums{};
+  std::array<int, kWorld> ranks{-1, -1, -1};
+  std::atomic<int> shrunk{0}, while_returning{0};
+  std::atomic<bool> claimed{false};
+  std::vector<std::thread> survivors;
+  for (int slot : {0, 2}) {
+    survivors.emplace_back([&, slot] {
+      RecoverableGroup& group = *peers[slot];
+      while (!group.stale()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      group.reform();  // without slot 1
+      shrunk_sums[slot] = all_reduce_one(*group.group(), 1.0f);
+      ++shrunk;
+      // Collectives of the two go on while the replacement has not claimed its slot.
+      for (;;) {
+        const bool was_stale = group.stale();
+        if (claimed.load()) break;
+        EXPECT_FALSE(was_stale) << "slot " << slot;
+        try {
+          all_reduce_one(*group.group(), 1.0f);
+          ++while_returning;
+        } catch (const PeerLostError&) {  // the other one saw the claim first
+          EXPECT_TRUE(claimed.load()) << "slot " << slot;
+          break;
+        }
+      }
+      while (!group.stale()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      group.reform();  // slot 1 is back
+      ranks[slot] = group.rank();
+      sums[slot] = all_reduce_one(*group.group(), 1.0f);
+    });
+  }
+  while (shrunk.load() < 2) std::this_thread::yield();
+  RecoverableGroupOptions o = job.options(1, kLongGroupTimeout);
+  o.defer_return = true;
+  RecoverableGroup replacement(o);
+  EXPECT_TRUE(replacement.returning());
+  EXPECT_EQ(replacement.rank(), 0);
+  EXPECT_EQ(replacement.world_size(), 1);
+  ASSERT_NE(replacement.group(), nullptr);
+  EXPECT_EQ(all_reduce_one(*replacement.group(), 5.0f), 5.0f);  // its own group: no one else
+  EXPECT_EQ(recovery_notice::read_generation(*job.server), 1);  // nothing claimed yet
+  // The survivors run collectives meanwhile (a few each).
+  while (while_returning.load() < 6) std::this_thread::yield();
+  claimed = true;
+  replacement.claim_return();
+  EXPECT_FALSE(replacement.returning());
+  EXPECT_EQ(replacement.generation(), 2);
+  EXPECT_EQ(replacement.rank(), 1);
+  EXPECT_EQ(replacement.world_size(), 3);
+  EXPECT_EQ(all_reduce_one(*replacement.group(), 1.0f), 3.0f);
+  for (auto& t : survivors) t.join();
+  for (int slot : {0, 2}) {
+    EXPECT_EQ(shrunk_sums[slot], 2.0f) << "slot " << slot;
+    EXPECT_EQ(ranks[slot], slot) << "slot " << slot;
+    EXPECT_EQ(sums[slot], 3.0f) << "slot " << slot;
+  }
+}
+
 // A normal in-place recovery is not taken for finished peers: each rank formed its group a
 // second time in the same process (the first one's finish no longer holds), rank 2 is
 // restarted after it closed its group cleanly (a later record names it), and the survivors wait

@@ -1,15 +1,17 @@
 #pragma once
 // RecoverableGroup: a process group that outlives a member (in-place recovery,
 // docs/recovery.md). It holds the group of the current membership generation and a watcher
-// thread that reads the generation counter ddprun --recovery step publishes in the job's store
-// (recovery_notice.hpp) every watch_interval.
+// thread that learns of every generation ddprun --recovery step publishes in the job's store
+// (recovery_notice.hpp): on a connection of its own it waits in the store for the next record
+// (one round trip after ddprun claims it), on a store it shares it reads the counter every
+// watch_interval.
 //
 // When a rank is lost the watcher
 // - marks the group stale (stale(): an atomic load, no store round trip, cheap enough for
 //   every training step), and
-// - calls notify_peer_lost on it, so the collective in flight ends within about
-//   watch_interval + 100 ms with a PeerLostError naming the lost rank and the generation,
-//   instead of waiting out the group timeout.
+// - calls notify_peer_lost on it, so the collective in flight ends within milliseconds of
+//   ddprun's record (on a shared store: within about watch_interval) with a PeerLostError
+//   naming the lost rank and the generation, instead of waiting out the group timeout.
 // reform() then builds the group of the newest generation in the same process, under its own
 // store key prefix ("<group_name>/g<generation>"), which the restarted rank joins too (it reads
 // the generation when it starts).
@@ -45,6 +47,7 @@
 
 #include "ddp/comm/process_group.hpp"
 #include "ddp/store/store.hpp"
+#include "ddp/store/wait_interrupter.hpp"
 #include "ddp/util/error.hpp"
 
 namespace ddp {
@@ -76,7 +79,8 @@ struct RecoverableGroupOptions {
   // Bounds forming a generation (every rank, the restarted one included, must join) and every
   // collective of the groups.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  // How often the watcher reads the generation counter (one store round trip each).
+  // How long the watcher's wait for the next generation lasts (then it waits again), and on a
+  // store shared with the training thread how often it reads the generation counter instead.
   std::chrono::milliseconds watch_interval{100};
   // Unset: from the environment (RANK, WORLD_SIZE as ddprun sets them).
   std::optional<int> rank;
@@ -99,6 +103,13 @@ struct RecoverableGroupOptions {
   // made. Everything else is the same: the watcher and stale(), the membership of every
   // generation (rank(), world_size()) and reform()'s wait until every member arrived at it.
   bool membership_only = false;
+  // --recovery shrink: a replacement (a process restarted in a slot the others went on without,
+  // recovery_notice::awaits_return) claims the slot back at claim_return(), not in the
+  // constructor. Until then group() is a group of this process alone (rank 0 of 1: nothing it
+  // runs reaches another process), on which the program builds its model and DDP wrapper while
+  // the others train on: they stop for the heal only, not for this process's start (loading its
+  // data, building its model). ddp::StepManager sets it and claims in attach().
+  bool defer_return = false;
 };
 
 class RecoverableGroup {
@@ -154,14 +165,31 @@ class RecoverableGroup {
   // while this process still ran, e.g. a network split).
   const ProcessGroupPtr& reform();
 
+  // Whether this process is a replacement that has not claimed its slot back yet
+  // (options.defer_return): group() is its own, rank() 0 and world_size() 1.
+  bool returning() const { return returning_; }
+  // A returning replacement claims its slot back ("back:<slot>", recovery_notice.hpp) and joins
+  // the generation that opens with every member, as reform() does (the others make room at
+  // once: their step in flight is redone with it). Nothing when not returning(). Returns
+  // group().
+  const ProcessGroupPtr& claim_return();
+
  private:
   struct Loss {
     std::optional<int> first;  // the first lost slot
     std::string description;   // loss_description()
   };
   void watch_loop();
+  // Waits (`lock` held on entry, released on return) at most watch_interval for the record of
+  // the generation after the announced one: kSet when it is set, kNotSet when it is not,
+  // kMaySet when this store cannot say (one shared with the training thread: the counter tells),
+  // kStop when the group is being destroyed.
+  enum class NextRecord { kSet, kNotSet, kMaySet, kStop };
+  NextRecord await_next_record(std::unique_lock<std::mutex>& lock);
   // Forms `generation`'s group with this slot's place in it (rank_, world_size_ on success).
   ProcessGroupPtr form(int64_t generation);
+  // A group of this process alone, for a returning replacement (options.defer_return).
+  ProcessGroupPtr form_alone(int64_t generation);
   // Waits until every slot of `slots` (this one included) arrived at `generation`, before the
   // group's own rendezvous: polls every watch_interval, throws PeersFinishedError as soon as a
   // missing slot finished and TimeoutError, naming the missing slots, after options.timeout.
@@ -180,6 +208,7 @@ class RecoverableGroup {
   // From the environment: a new connection per generation (recoverable_group.cpp); else unset.
   std::function<std::shared_ptr<Store>()> connect_;
   bool records_finish_ = false;  // the destructor publishes this slot's finish (see there)
+  bool returning_ = false;       // returning(): claim_return() not called yet
   ProcessGroupPtr group_;
   int64_t generation_ = 0;
   std::optional<int64_t> first_generation_;  // the first one this process formed
@@ -191,7 +220,8 @@ class RecoverableGroup {
   std::condition_variable cv_;
   mutable std::condition_variable announced_cv_;  // notified when announced_ grows
   bool stop_ = false;
-  bool store_unreachable_ = false;  // the watcher's last read failed (warned once)
+  WaitInterrupter stop_interrupter_;  // ends the watcher's wait in the store at destruction
+  bool store_unreachable_ = false;    // the watcher's last read failed (warned once)
   std::thread watcher_;
 };
 

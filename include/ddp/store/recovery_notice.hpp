@@ -53,12 +53,14 @@
 // losses at the same moment. Workers read the counter from a watcher thread (RecoverableGroup),
 // never on the training step's path.
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "ddp/store/store.hpp"
+#include "ddp/store/wait_interrupter.hpp"
 
 namespace ddp::recovery_notice {
 
@@ -77,6 +79,14 @@ inline constexpr const char* kLaunchWorldSizeEnvVar = "DDP_RECOVERY_LAUNCH_WORLD
 
 // The current generation (0 when no rank was lost yet).
 int64_t read_generation(Store& store);
+
+// Waits until the record of `generation` (lost/<g>) is set (kSet) or `timeout` passed
+// (kTimedOut): a blocking wait in the store, so a watcher learns of a new generation one round
+// trip after its writer claimed it. The counter may still read g - 1 for a moment after (the
+// writer raises it next). With `interrupter`, a store that offers InterruptibleWait (TcpStore)
+// ends the wait soon after interrupter->interrupt() (kInterrupted); other stores wait on.
+WaitOutcome wait_for_record(Store& store, int64_t generation, std::chrono::milliseconds timeout,
+                            WaitInterrupter* interrupter = nullptr);
 
 // The (first) rank slot whose loss opened `generation`, or nullopt when not recorded
 // (generation 0).

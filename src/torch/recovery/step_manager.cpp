@@ -16,6 +16,13 @@ namespace ddp {
 
 namespace {
 
+// A replacement under --recovery shrink claims its slot back in attach(), once its model and
+// data are built (RecoverableGroupOptions::defer_return).
+RecoverableGroupOptions deferring_return(RecoverableGroupOptions options) {
+  options.defer_return = true;
+  return options;
+}
+
 std::chrono::milliseconds notice_wait_from_env() {
   const std::optional<int64_t> ms = env::get_int(recovery_notice::kNoticeWaitEnvVar);
   return std::chrono::milliseconds(ms && *ms > 0 ? *ms : 5000);
@@ -26,7 +33,7 @@ std::chrono::milliseconds notice_wait_from_env() {
 StepManager::StepManager(StepManagerOptions options)
     : options_(std::move(options)),
       notice_wait_(options_.notice_wait.value_or(notice_wait_from_env())),
-      group_(options_.group) {
+      group_(deferring_return(options_.group)) {
   if (options_.max_attempts_per_step < 1) {
     throw UsageError(
         fmt::format("StepManagerOptions::max_attempts_per_step must be at least 1, "
@@ -60,6 +67,11 @@ void StepManager::attach(DistributedDataParallelBase& model, torch::optim::Optim
   // else would redo the survivors' step); otherwise the whole group.
   if (group_.store()) recovery_notice::announce_step_manager(*group_.store());
   cuda_device_ = cuda_device_of(model.base_module());
+  if (group_.returning()) {
+    // The others trained on while this replacement started: it joins them now, ready.
+    group_.claim_return();
+    model_->reset_process_group(group_.group());
+  }
   // This process starts with no trained state: at the job's start (every rank fresh) rank 0's
   // state goes everywhere, after a restart the survivors' does.
   HealTarget target{&model.base_module(), &optimizer, &step_, {}};

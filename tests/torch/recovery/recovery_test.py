@@ -943,8 +943,9 @@ def silent_peer(ddprun, worker, tmp, reference):
 
 
 def shrink(ddprun, worker, tmp):
-    """--recovery shrink, 2 ranks: rank 1 killed at step 10; rank 0 goes on at once alone (its
-    replacement joins only after rank 0 committed a step without it:
+    """--recovery shrink, 2 ranks: rank 1 killed at step 10; rank 0 goes on at once alone, also
+    while its replacement builds its model (that one attaches only after rank 0 committed a step
+    without it after its StepManager started, and fails if none comes:
     DDP_TEST_REJOIN_AFTER_SHRUNK), then makes room for it; each step committed once by rank 0,
     both ranks end at STEPS with bitwise equal parameters, within float rounding of a run
     without a failure (rank 0 alone trains on both shares, the same samples; no dropout and

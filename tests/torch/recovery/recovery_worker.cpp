@@ -25,8 +25,9 @@
 // destructor (its group records no finish: ddprun's agent must, seeing it exit 0).
 // DDP_TEST_STEP_SLEEP_MS=T: sleep T ms after each committed step (a job that runs long enough
 // for a node to join it). DDP_TEST_REJOIN_AFTER_SHRUNK=1 (--recovery shrink): a replacement
-// waits, before it joins, until another rank committed a step without it (at a world size
-// below the launch's, at most 60 s), so the survivors' going on is seen whatever the load.
+// waits, after its StepManager started and before attach(), until another rank committed a
+// step without it (at a world size below the launch's), so the survivors' going on is seen
+// whatever the load; it fails after 60 s (the others waited for it before it attached).
 //
 // At the end each rank writes DIR/rank<R>.params (every parameter's bytes, in order) and
 // DIR/rank<R>.json (rank and world size at the end, committed steps, attempts dropped,
@@ -122,34 +123,42 @@ std::pair<torch::Tensor, torch::Tensor> batch_for(int64_t step, int rank, int wo
   return {torch::cat(xs), torch::cat(ys)};
 }
 
-// DDP_TEST_REJOIN_AFTER_SHRUNK (above): the first commit of another slot at a world size below
-// the launch's, read from DIR/rank<R>.commits.
-void wait_for_a_shrunk_commit(const std::string& out) {
+// DDP_TEST_REJOIN_AFTER_SHRUNK (above): how many steps the other slots committed at a world size
+// below the launch's, read from DIR/rank<R>.commits.
+int64_t shrunk_commits(const std::string& out) {
   const int slot = std::stoi(env_or("RANK", "0"));
   const int world = std::stoi(env_or("WORLD_SIZE", "1"));
+  int64_t count = 0;
+  for (int r = 0; r < world; ++r) {
+    if (r == slot) continue;
+    std::ifstream commits(fmt::format("{}/rank{}.commits", out, r));
+    long pid = 0, step = 0, size = 0;
+    while (commits >> pid >> step >> size) count += size < world ? 1 : 0;
+  }
+  return count;
+}
+
+// Waits until the others committed more than `seen` steps without this slot; throws after 60 s.
+void wait_for_a_shrunk_commit(const std::string& out, int64_t seen) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < deadline) {
-    for (int r = 0; r < world; ++r) {
-      if (r == slot) continue;
-      std::ifstream commits(fmt::format("{}/rank{}.commits", out, r));
-      long pid = 0, step = 0, size = 0;
-      while (commits >> pid >> step >> size) {
-        if (size < world) return;
-      }
+  while (shrunk_commits(out) <= seen) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw std::runtime_error(
+          "DDP_TEST_REJOIN_AFTER_SHRUNK: for 60 s after this replacement's StepManager started "
+          "no other rank committed a step without it: they waited for it before it attached");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
 
 int run(int64_t steps, const std::string& out) {
-  if (env_or("DDP_TEST_REJOIN_AFTER_SHRUNK", "0") == "1" &&
-      env_or("TORCHELASTIC_RESTART_COUNT", "0") != "0") {
-    wait_for_a_shrunk_commit(out);
-  }
+  const bool rejoin_after_shrunk = env_or("DDP_TEST_REJOIN_AFTER_SHRUNK", "0") == "1" &&
+                                   env_or("TORCHELASTIC_RESTART_COUNT", "0") != "0";
   ddp::StepManagerOptions options;
   options.group.timeout = std::chrono::seconds(60);
   options.group.backend = env_or("DDP_TEST_BACKEND", "cpu");
   ddp::StepManager manager(options);
+  const int64_t shrunk_before = rejoin_after_shrunk ? shrunk_commits(out) : 0;
   // The launch rank names this process's files and its kill orders; the step's data follows the
   // current rank, which shrinks when a node is lost.
   const int slot = manager.slot();
@@ -188,6 +197,9 @@ int run(int64_t steps, const std::string& out) {
       env_or("TORCHELASTIC_RESTART_COUNT", "0") == "1") {
     ::kill(::getpid(), SIGKILL);
   }
+  // A replacement under --recovery shrink claims its slot back in attach(): until then the
+  // others train on without it.
+  if (rejoin_after_shrunk) wait_for_a_shrunk_commit(out, shrunk_before);
   manager.attach(model, optimizer);
 
   const bool first_life = env_or("TORCHELASTIC_RESTART_COUNT", "0") == "0";

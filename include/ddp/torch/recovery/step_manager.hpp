@@ -14,7 +14,7 @@
 //
 // Run under `ddprun --recovery step`: when a rank dies, ddprun restarts it in place and
 // announces the loss in the job's store; the survivors' collective in flight fails with
-// PeerLostError within about RecoverableGroupOptions::watch_interval + 100 ms.
+// PeerLostError within milliseconds of that record (RecoverableGroup's watcher waits for it).
 //
 // Contract of run_step(fn):
 // - fn runs forward and backward through the DDP wrapper (gradients are zeroed before it);
@@ -84,7 +84,9 @@ class StepManager {
   StepManager(const StepManager&) = delete;
   StepManager& operator=(const StepManager&) = delete;
 
-  // The current generation's group: build DDP on it (init_sync(false)).
+  // The current generation's group: build DDP on it (init_sync(false)). Under --recovery shrink
+  // a replacement's is a group of its own until attach() (RecoverableGroupOptions::
+  // defer_return: the others train on meanwhile): run no collective of the program's before.
   const ProcessGroupPtr& process_group() const { return group_.group(); }
   // This rank and the world size in the current generation: both shrink when a node is lost
   // (the survivors are renumbered in slot order), so read them per step, e.g. for the step's
