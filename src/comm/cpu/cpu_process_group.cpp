@@ -154,7 +154,9 @@ CpuProcessGroup::CpuProcessGroup(GroupConfig config, std::string host_id)
 }
 
 void CpuProcessGroup::end_running_operation() noexcept {
-  // Shared memory and the leaders' ring poll the abort themselves; Gloo's calls do not.
+  // Shared memory and the leaders' ring poll the abort themselves (a shared-memory wait asleep
+  // is woken to see it now); Gloo's calls do not.
+  if (shm_) shm_->wake_waiters();
   if (leaders_) leaders_->shut_down_connections();
   if (all_ranks_) all_ranks_->shut_down_connections();
 }

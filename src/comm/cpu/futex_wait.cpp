@@ -88,4 +88,8 @@ void publish(std::atomic<uint32_t>* word, uint32_t value, std::atomic<uint32_t>*
   }
 }
 
+void wake_sleepers(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
 }  // namespace ddp::detail

@@ -22,12 +22,18 @@ inline bool reached(uint32_t value, uint32_t target) {
 
 // Waits until *word reaches target, spinning at most `spin` first. Returns false when the
 // deadline passed first, or when `cancel` (optional) turned true: it is read between sleeps,
-// which last at most 100 ms. `slept` (optional) tells whether the spin ran out.
+// which last at most 100 ms (wake_sleepers ends one early). `slept` (optional) tells whether the
+// spin ran out.
 bool wait_reached(std::atomic<uint32_t>* word, uint32_t target, std::atomic<uint32_t>* waiters,
                   Clock::time_point deadline, std::chrono::microseconds spin, bool* slept = nullptr,
                   const std::atomic<bool>* cancel = nullptr);
 
 // Stores value into *word and wakes its sleepers.
 void publish(std::atomic<uint32_t>* word, uint32_t value, std::atomic<uint32_t>* waiters);
+
+// Wakes every sleeper on *word without changing it: they re-read `cancel` at once (those that
+// have nothing to end sleep again). One that checked `cancel` but has not yet gone to sleep
+// still sleeps out its slice.
+void wake_sleepers(std::atomic<uint32_t>* word);
 
 }  // namespace ddp::detail

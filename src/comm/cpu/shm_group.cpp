@@ -155,6 +155,15 @@ void ShmGroup::wait_all(const ShmContext& ctx) {
   }
 }
 
+void ShmGroup::wake_waiters() noexcept {
+  for (int j = 0; j < n_; ++j) {
+    if (j == me_) continue;
+    wake_sleepers(&ctl_[j].phase);             // wait_all
+    wake_sleepers(&channel(me_, j).consumed);  // send
+    wake_sleepers(&channel(j, me_).written);   // recv
+  }
+}
+
 void ShmGroup::wait_word(std::atomic<uint32_t>* word, uint32_t target, const ShmContext& ctx,
                          const char* waiting_for, int peer) {
   if (wait_reached(word, target, &header_->waiters, ctx.deadline, spin_now(), nullptr,

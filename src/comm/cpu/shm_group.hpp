@@ -86,6 +86,11 @@ class ShmGroup {
   // messages are that recv's). Never waits for a message to begin.
   bool try_recv(void* data, size_t bytes, int src, int tag, const ShmContext& ctx);
 
+  // Wakes this process's waits asleep in this group (every word it may wait on) so they read
+  // their abort flag now, not at the end of their sleep; other processes' sleepers on those
+  // words wake too and sleep again. Thread-safe; for ProcessGroup::notify_peer_lost.
+  void wake_waiters() noexcept;
+
   // Tests only: publishes one chunk to `dst` with these header fields and no payload, as a
   // corrupt or hostile peer process could (after the receiver released the previous chunk).
   // The receiver must refuse what does not fit its protocol, never trust it.
