@@ -149,6 +149,13 @@ def main():
             res["back_at_kill_point_s"] = round(back[0] - t_kill, 3) if back else None
             res["stall_s"] = (round(back[0] - t_kill - step_s, 3)
                               if back and step_s else None)
+            # The same against the steps right after the kill point, not before it: the redone
+            # step ran at the size the job had then (under --recovery shrink the survivors
+            # split the lost rank's share, so each of their steps is longer).
+            after = sorted(t for s, t in lines if t > t_kill and a.kill_at + 1 <= s <= a.kill_at + 4)
+            after_gaps = [b - a_ for a_, b in zip(after, after[1:])]
+            res["stall_at_size_s"] = (round(back[0] - t_kill - statistics.median(after_gaps), 3)
+                                      if back and after_gaps else None)
             res["steps_after_kill"] = sum(1 for _, t in lines if t > t_kill)
     m = re.search(r"(\d+) attempts dropped on rank 0|attempts dropped: (\d+)", text)
     res["attempts_dropped_rank0"] = int(m.group(1) or m.group(2)) if m else None

@@ -157,6 +157,8 @@ for system in dict.fromkeys(r["system"] for r in rows):
          "steps_recomputed": redone,
          "attempts_dropped_rank0": dropped,
          "stall_s": med([f["stall_s"] for f in fault if f.get("stall_s") is not None]),
+         "stall_at_size_s": med([f["stall_at_size_s"] for f in fault
+                                 if f.get("stall_at_size_s") is not None]),
          "all_exit_0": all(r["exit_code"] == 0 for r in clean + fault),
          "all_reached_end": len({r["last_step"] for r in clean + fault}) == 1}
     summary[system] = s
@@ -209,6 +211,9 @@ if "ddp_shrink" in summary:
     d = summary["ddp_shrink"]
     t["ddp_shrink_lost_s"] = d["lost_s"]
     t["ddp_shrink_stall_s"] = d["stall_s"]
+    t["ddp_shrink_stall_at_size_s"] = d["stall_at_size_s"]
+    if d["stall_at_size_s"] is not None:
+        t["ddp_shrink_stall_at_size_under_0.2s"] = d["stall_at_size_s"] < 0.2
     if d["lost_s"] is not None:
         t["ddp_shrink_under_0.2s"] = d["lost_s"] < 0.2
     if "ddp_step" in summary and d["lost_s"] and summary["ddp_step"]["lost_s"]:
