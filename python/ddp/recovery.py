@@ -102,6 +102,9 @@ class _DdpBackendGroups:
             raise RuntimeError(
                 "ddp.StepManager needs 'ddprun --recovery step' (the default group of the 'ddp' "
                 "backend re-forms only there)")
+        # --recovery shrink: a replacement's group was its own until now (the others trained
+        # on while this process built its model): it claims its slot back and joins them.
+        _C._claim_return(self._backend)
 
     @property
     def generation(self):

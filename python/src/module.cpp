@@ -84,6 +84,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       [](const c10::intrusive_ptr<ddp::python::ProcessGroupBase>& b) { ddp_backend(b).reform(); },
       py::call_guard<py::gil_scoped_release>(),
       "Joins the newest membership generation (collective; blocks up to the group timeout).");
+  m.def(
+      "_claim_return",
+      [](const c10::intrusive_ptr<ddp::python::ProcessGroupBase>& b) {
+        ddp_backend(b).claim_return();
+      },
+      py::call_guard<py::gil_scoped_release>(),
+      "--recovery shrink: a replacement claims its slot back and joins the others (collective; "
+      "nothing for any other process).");
   ddp::python::bind_recovery_membership(m);
   // StepManager's waits on PyTorch's backends (python/ddp/torch_generations.py: PendingWaits).
   m.def(

@@ -51,6 +51,9 @@ ProcessGroupDDP::ProcessGroupDDP(const c10::intrusive_ptr<c10d::Store>& store, i
     r.rank = rank;
     r.world_size = size;
     r.group_name = "python_recovery";
+    // PyTorch's DDP built with init_sync=False runs no collective: the replacement claims its
+    // slot in ddp.StepManager (claim_return()), after the program built its model.
+    r.defer_return = true;
     recoverable_ = std::make_shared<RecoverableGroup>(r);
     // A replacement started after a lost node shrank the job joins a smaller group than the
     // launch's `size`: group_rank() and group_size() say where it stands.
@@ -155,6 +158,16 @@ void ProcessGroupDDP::reform() {
     std::lock_guard<std::mutex> lock(pg_mutex_);
     pg_ = next;
   }
+}
+
+void ProcessGroupDDP::claim_return() {
+  RecoverableGroup& group = recoverable_group();
+  if (!group.returning()) return;
+  live();
+  drain_in_flight();
+  ProcessGroupPtr next = group.claim_return();
+  std::lock_guard<std::mutex> lock(pg_mutex_);
+  pg_ = next;
 }
 
 int ProcessGroupDDP::group_rank() const {

@@ -116,6 +116,11 @@ class ProcessGroupDDP : public ProcessGroupBase {
   // live ranks and the restarted one). The training thread's call, with no operation of its
   // own in flight.
   void reform();
+  // --recovery shrink: a replacement's default group is one of its own (rank 0 of 1) until
+  // this call claims its slot back and joins the others (RecoverableGroupOptions::
+  // defer_return), so they train on while it builds its model; ddp.StepManager calls it.
+  // Nothing when this process is no returning replacement.
+  void claim_return();
   // This rank and the group's size in the current generation. c10d keeps the launch's rank and
   // size for a group's lifetime (getRank(), getSize(), hence torch.distributed.get_rank() and
   // get_world_size()); a node lost under --recovery step renumbers the survivors, and the

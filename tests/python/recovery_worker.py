@@ -28,6 +28,14 @@ forward, which must give twice the step: the group must end its collective at dd
 when a member dies, and follow the default group into each new generation (a replacement makes
 it again). DDP_TEST_QUICK_EXIT=1: after its outputs the worker ends with
 os._exit(0), without destroying its process group (ddprun's agent records its finish).
+--recovery shrink: DDP_TEST_REJOIN_AFTER_SHRUNK=1: a replacement, after its DDP and before its
+ddp.StepManager (which claims its slot back), writes DIR/rank<R>.built and waits until another
+rank committed a step without it (at a world size below the launch's), failing after 60 s (the
+others waited for it); a rank that committed a step without the others waits for a .built file
+before its next step (at most 120 s), so the replacement is between its DDP and its
+StepManager while it commits. DDP_TEST_AWAIT_RETURN_AT_STEP=S: a rank that committed step S at
+a world size below the launch's waits until the replacement claimed its slot back (at most
+120 s), so it is back before the job's last step whatever the load.
 Writes DIR/rank<R>.params (every parameter's bytes, in order), DIR/rank<R>.json and appends
 "<pid> <step> <world size>" to DIR/rank<R>.commits per committed step; R is the launch rank."""
 import argparse
@@ -94,6 +102,26 @@ def keep_sockets_open(commits_path, step):
     os._exit(0)
 
 
+def shrunk_commits(out, slot, world):
+    """How many steps the other slots committed at a world size below `world`."""
+    count = 0
+    for r in range(world):
+        path = os.path.join(out, f"rank{r}.commits")
+        if r == slot or not os.path.exists(path):
+            continue
+        with open(path) as f:
+            count += sum(1 for line in f if line.strip() and int(line.split()[2]) < world)
+    return count
+
+
+def wait_until(condition, seconds, failure):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise RuntimeError(failure)
+        time.sleep(0.01)
+
+
 def ints(text):
     return [int(v) for v in text.split(",")] if text else []
 
@@ -135,6 +163,14 @@ def main():
     restart_count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if os.environ.get("DDP_TEST_KILL_IN_HEAL") == "1" and restart_count == "1":
         os.kill(os.getpid(), signal.SIGKILL)
+    rejoin_after_shrunk = os.environ.get("DDP_TEST_REJOIN_AFTER_SHRUNK") == "1"
+    if rejoin_after_shrunk and restart_count != "0":
+        seen = shrunk_commits(args.out, slot, dist.get_world_size())
+        open(os.path.join(args.out, f"rank{slot}.built"), "w").close()
+        wait_until(lambda: shrunk_commits(args.out, slot, dist.get_world_size()) > seen, 60,
+                   "DDP_TEST_REJOIN_AFTER_SHRUNK: for 60 s after this replacement built its DDP "
+                   "no other rank committed a step without it: they waited for it before its "
+                   "StepManager")
     steps = ddp.StepManager(model, opt)
 
     kill_steps = ints(os.environ.get("DDP_TEST_KILL_AT_STEP", ""))
@@ -173,6 +209,7 @@ def main():
         return loss
 
     kill_node_at = int(os.environ.get("DDP_TEST_KILL_NODE_AT_STEP", "-1"))
+    await_return_at = int(os.environ.get("DDP_TEST_AWAIT_RETURN_AT_STEP", "-1"))
     step_sleep = int(os.environ.get("DDP_TEST_STEP_SLEEP_MS", "0")) / 1000.0
     commits = open(os.path.join(args.out, f"rank{slot}.commits"), "a")
     while steps.step < args.steps:
@@ -180,6 +217,13 @@ def main():
         commits.write(f"{os.getpid()} {steps.step} {steps.world_size}\n")
         commits.flush()
         maybe_die("between")
+        if rejoin_after_shrunk and steps.world_size < steps.launch_world_size:
+            wait_until(lambda: any(name.endswith(".built") for name in os.listdir(args.out)), 120,
+                       "DDP_TEST_REJOIN_AFTER_SHRUNK: no replacement built its DDP within 120 s")
+        if steps.step == await_return_at and steps.world_size < steps.launch_world_size:
+            wait_until(steps._groups.stale, 120,
+                       "DDP_TEST_AWAIT_RETURN_AT_STEP: the replacement did not claim its slot "
+                       "back within 120 s")
         if step_sleep:
             time.sleep(step_sleep)
         if steps.step == kill_node_at:  # the whole node: the agent, then this worker

@@ -942,7 +942,7 @@ def silent_peer(ddprun, worker, tmp, reference):
           f"equal to the reference")
 
 
-def shrink(ddprun, worker, tmp):
+def shrink(ddprun, worker, tmp, python=False):
     """--recovery shrink, 2 ranks: rank 1 killed at step 10; rank 0 goes on at once alone, also
     while its replacement builds its model (that one attaches only after rank 0 committed a step
     without it after its StepManager started, and fails if none comes:
@@ -951,22 +951,25 @@ def shrink(ddprun, worker, tmp):
     without a failure (rank 0 alone trains on both shares, the same samples; no dropout and
     SGD, as for a lost node, so that rounding stays rounding: with 3 ranks the survivors would
     weigh the shares unevenly, 2 on one rank and 1 on the other)."""
-    what = "--recovery shrink (2 ranks, rank 1 killed at step 10)"
-    plain = {"DDP_TEST_DROPOUT": "0", "DDP_TEST_OPTIMIZER": "sgd"}
-    ref_dir = os.path.join(tmp, "shrink_reference")
+    what = f"--recovery shrink ({'Python, ' if python else ''}2 ranks, rank 1 killed at step 10)"
+    plain = {"DDP_TEST_DROPOUT": "0", "DDP_TEST_OPTIMIZER": "sgd", "DDP_TEST_SUBGROUP": "0"}
+    # Rank 1 must be back before rank 0's last step. The C++ replacement (LibTorch, well under a
+    # second) rejoins long before rank 0 finishes the 19 steps after the kill at 300 ms each;
+    # the Python one (torch, PyTorch's DDP: seconds under load) is waited for at step 20.
+    after_kill = ({"DDP_TEST_AWAIT_RETURN_AT_STEP": "20"} if python
+                  else {"DDP_TEST_STEP_SLEEP_MS": "300"})
+    ref_dir = os.path.join(tmp, "shrink_reference" + ("_python" if python else ""))
     os.makedirs(ref_dir)
     p = run(ddprun, worker, ref_dir, "shrink", plain, world=2)
     if p.returncode != 0:
         fail(f"{what}: the run without a failure exited {p.returncode}", p)
     reference = read_params(ref_dir, 2)[0]
-    out = os.path.join(tmp, "shrink")
+    out = os.path.join(tmp, "shrink" + ("_python" if python else ""))
     os.makedirs(out)
     p = run(ddprun, worker, out, "shrink", dict(
-        plain, **{"DDP_TEST_KILL_AT_STEP": "10", "DDP_TEST_KILL_RANK": "1",
-                  "DDP_TEST_KILL_PHASE": "backward", "DDP_TEST_REJOIN_AFTER_SHRUNK": "1",
-                  # The 19 steps after the kill last about 6 s: the replacement (a C++ process
-                  # starting LibTorch, well under a second) rejoins long before rank 0 finishes.
-                  "DDP_TEST_STEP_SLEEP_MS": "300"}), world=2)
+        plain, **after_kill, **{"DDP_TEST_KILL_AT_STEP": "10", "DDP_TEST_KILL_RANK": "1",
+                                "DDP_TEST_KILL_PHASE": "backward",
+                                "DDP_TEST_REJOIN_AFTER_SHRUNK": "1"}), world=2)
     if p.returncode != 0:
         fail(f"{what}: ddprun exited {p.returncode}", p)
     if "restarting only rank 1 (--recovery shrink" not in p.stderr or \
@@ -1193,6 +1196,8 @@ def main():
 
     if python and args.backend == "gloo":
         silent_peer(args.ddprun, args.worker, tmp, reference[0])
+    if python and args.backend == "ddp":
+        shrink(args.ddprun, args.worker, tmp, python=True)
     if python:
         print("PASS")
         return
