@@ -942,7 +942,7 @@ def silent_peer(ddprun, worker, tmp, reference):
           f"equal to the reference")
 
 
-def shrink(ddprun, worker, tmp, python=False):
+def shrink(ddprun, worker, tmp, python=None):
     """--recovery shrink, 2 ranks: rank 1 killed at step 10; rank 0 goes on at once alone, also
     while its replacement builds its model (that one attaches only after rank 0 committed a step
     without it after its StepManager started, and fails if none comes:
@@ -950,8 +950,11 @@ def shrink(ddprun, worker, tmp, python=False):
     both ranks end at STEPS with bitwise equal parameters, within float rounding of a run
     without a failure (rank 0 alone trains on both shares, the same samples; no dropout and
     SGD, as for a lost node, so that rounding stays rounding: with 3 ranks the survivors would
-    weigh the shares unevenly, 2 on one rank and 1 on the other)."""
-    what = f"--recovery shrink ({'Python, ' if python else ''}2 ranks, rank 1 killed at step 10)"
+    weigh the shares unevenly, 2 on one rank and 1 on the other). python: the backend of the
+    Python worker (ddp or gloo), whose replacement claims its slot in ddp.StepManager; None: the
+    C++ worker."""
+    what = (f"--recovery shrink ({f'Python on {python}, ' if python else ''}2 ranks, rank 1 "
+            f"killed at step 10)")
     plain = {"DDP_TEST_DROPOUT": "0", "DDP_TEST_OPTIMIZER": "sgd", "DDP_TEST_SUBGROUP": "0"}
     # Rank 1 must be back before rank 0's last step. The C++ replacement (LibTorch, well under a
     # second) rejoins long before rank 0 finishes the 19 steps after the kill at 300 ms each;
@@ -1196,8 +1199,8 @@ def main():
 
     if python and args.backend == "gloo":
         silent_peer(args.ddprun, args.worker, tmp, reference[0])
-    if python and args.backend == "ddp":
-        shrink(args.ddprun, args.worker, tmp, python=True)
+    if python:
+        shrink(args.ddprun, args.worker, tmp, python=args.backend)
     if python:
         print("PASS")
         return
