@@ -2,6 +2,10 @@
 # Time lost to one failure, NODES hosts (default 1), WORLD ranks (default 3), the tutorials'
 # Fashion-MNIST CNN (batch 64 per rank, Adam 1e-3), in one run, for:
 #   ddp_step      ddprun --recovery step + examples/mnist --recovery step (ddp::StepManager)
+#   ddp_shrink    the same under ddprun --recovery shrink (the survivors go on at once)
+#   ddp_step_python, ddp_step_python_gloo, ddp_shrink_python, ddp_shrink_python_gloo
+#                 PyTorch's DDP with ddp.StepManager (fault_train.py ddp_step) on the ddp
+#                 backend or PyTorch's gloo, under --recovery step or shrink
 #   ddp_group     ddprun (--recovery group, the default) + examples/mnist --snapshot (a snapshot
 #                 after every epoch; the whole group restarts and resumes from it)
 #   torchrun      torchrun --max-restarts 1 + PyTorch DDP on gloo with the seed tutorial's
@@ -101,11 +105,13 @@ run() {
       cmd=("${prefix[@]}" --max-restarts 1
            "$mnist" --batch-size "$BATCH" --epochs "$EPOCHS" --snapshot "$dir/snapshot.pt"
            --loss-log "$dir/loss.log") ;;
-    ddp_step_python | ddp_step_python_gloo)
+    ddp_step_python | ddp_step_python_gloo | ddp_shrink_python | ddp_shrink_python_gloo)
       launch "$ddprun"
       backend=ddp
-      [[ $system == ddp_step_python_gloo ]] && backend=gloo
-      cmd=("${prefix[@]}" --recovery step --max-restarts 1
+      [[ $system == *_gloo ]] && backend=gloo
+      mode=step
+      [[ $system == ddp_shrink_* ]] && mode=shrink
+      cmd=("${prefix[@]}" --recovery "$mode" --max-restarts 1
            --no-python env "PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$here/fault_train.py"
            ddp_step --backend "$backend" --total-steps "$TOTAL" --loss-log "$dir/loss.log") ;;
     torchrun)
@@ -207,6 +213,11 @@ for mine in ("ddp_step_python", "ddp_step_python_gloo"):
                 and summary[peer]["lost_s"] is not None:
             t[f"{mine}_less_than_{peer}"] = d["lost_s"] < summary[peer]["lost_s"]
 # --recovery shrink: the survivors go on at once (issue 48's target: under 0.2 s lost).
+for mine in ("ddp_shrink_python", "ddp_shrink_python_gloo"):
+    if mine in summary:
+        t[f"{mine}_lost_s"] = summary[mine]["lost_s"]
+        t[f"{mine}_stall_s"] = summary[mine]["stall_s"]
+        t[f"{mine}_stall_at_size_s"] = summary[mine]["stall_at_size_s"]
 if "ddp_shrink" in summary:
     d = summary["ddp_shrink"]
     t["ddp_shrink_lost_s"] = d["lost_s"]
