@@ -2,8 +2,11 @@
 // survivors re-form a smaller round when at least MIN remain.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -80,6 +83,21 @@ class TakenLosses {
   std::mutex mutex_;
   std::vector<LostPeer> taken_;
 };
+
+// Whether the survivors recorded `lost` (node rank `slot` of round `generation` of "job") in the
+// store within 30 s: its heartbeat key reads "lost" (docs/rendezvous.md), what an arriving node
+// looks for. The watcher writes it just after its loss handler returned, so a test that waited
+// for the handler alone raced it (an arriving node grew the round instead, once under load).
+bool wait_for_recorded_loss(const LoopbackStore& store, int64_t generation, int slot) {
+  const std::string key = fmt::format("rdzv/job/{}/hb/{}", generation, slot);
+  auto client = store.connect();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (client->check({key}) && client->get(key) == "lost") return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
 
 // A --recovery step agent ("host9", 2 workers) arriving while a round of "job" runs.
 RendezvousOptions step_joiner_options(const LoopbackStore& store, NodeRange range) {
@@ -252,6 +270,8 @@ TEST(RdzvMembership, ANodeArrivingAfterALossTakenInPlaceTakesItsPlace) {
   Node* victim = silence(nodes, 1);
   ASSERT_NE(victim, nullptr);
   ASSERT_TRUE(losses.wait_for(1)) << "the lost node was never taken";
+  ASSERT_TRUE(wait_for_recorded_loss(store, victim->round.generation, victim->round.node_rank))
+      << "the loss was taken but never recorded in the store";
 
   const RendezvousOptions o = step_joiner_options(store, {1, 3});
   Rendezvous joiner(o, store.connect());
