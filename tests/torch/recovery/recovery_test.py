@@ -15,8 +15,9 @@ agent each, kills on either node, rank 0 included):
 
 With --zero the worker trains with ddp::ZeroRedundancyOptimizer (Adam, sharded): the same
 checks, with kills inside the optimizer step too (after the dying rank stepped its shard,
-before the parameter all-gather: the survivors finish that step), and with --lost-node a node
-lost with its ranks' shards (their replicas live on the other node).
+before the parameter all-gather: the survivors finish that step), --recovery shrink with the
+replacement's ZeRO built on its own world-1 group and resharded by the heal (SGD sharded), and
+with --lost-node a node lost with its ranks' shards (their replicas live on the other node).
 
 With --python PY --python-worker recovery_worker.py the same checks (cpu only: reference, 3
 seeds, a failure in the first step, two in a row, a replacement killed while being healed; and
@@ -953,9 +954,13 @@ def shrink(ddprun, worker, tmp, python=None):
     weigh the shares unevenly, 2 on one rank and 1 on the other). python: the backend of the
     Python worker (ddp or gloo), whose replacement claims its slot in ddp.StepManager; None: the
     C++ worker."""
-    what = (f"--recovery shrink ({f'Python on {python}, ' if python else ''}2 ranks, rank 1 "
-            f"killed at step 10)")
-    plain = {"DDP_TEST_DROPOUT": "0", "DDP_TEST_OPTIMIZER": "sgd", "DDP_TEST_SUBGROUP": "0"}
+    # With --zero the same SGD sharded by ZeRO: the replacement builds its optimizer on its own
+    # world-1 group (it claims its slot only in attach()), the heal reshards it for world 2.
+    zero = "DDP_TEST_OPTIMIZER" in EXTRA_ENV
+    plain = {"DDP_TEST_DROPOUT": "0", "DDP_TEST_OPTIMIZER": "zero_sgd" if zero else "sgd",
+             "DDP_TEST_SUBGROUP": "0"}
+    what = (f"--recovery shrink ({f'Python on {python}, ' if python else ''}"
+            f"{'ZeRO, ' if zero else ''}2 ranks, rank 1 killed at step 10)")
     # Rank 1 must be back before rank 0's last step. The C++ replacement (LibTorch, well under a
     # second) rejoins long before rank 0 finishes the 19 steps after the kill at 300 ms each;
     # the Python one (torch, PyTorch's DDP: seconds under load) is waited for at step 20.
