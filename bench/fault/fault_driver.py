@@ -76,6 +76,7 @@ def main():
         os.remove(a.log)
 
     lines = []  # (step, time since start)
+    cpus = []  # rank 0's CPU seconds at each of lines, where the log gives them
     buf = b""
     pos = 0
     victim = None
@@ -101,7 +102,9 @@ def main():
             *complete, buf = buf.split(b"\n")
             for line in complete:
                 if line.strip():
-                    lines.append((int(line.split()[0]), now))
+                    fields = line.split()
+                    lines.append((int(fields[0]), now))
+                    cpus.append(float(fields[2]) if len(fields) > 2 else None)
         if a.kill_at > 0 and t_kill is None:
             if victim is None and lines:
                 victim = find_victim(tag, key, value)
@@ -140,6 +143,10 @@ def main():
     gaps = [b - a_ for a_, b in zip(before[10:], before[11:])]
     step_s = statistics.median(gaps) if gaps else None
     res["step_s_median"] = round(step_s, 4) if step_s else None
+    # The same window in rank 0's CPU seconds per step (logs that give them: fault_train.py).
+    window = cpus[10:len(before)]
+    cpu_gaps = [b - a_ for a_, b in zip(window, window[1:]) if a_ is not None and b is not None]
+    res["cpu_s_per_step_median"] = round(statistics.median(cpu_gaps), 5) if cpu_gaps else None
     if a.kill_at > 0:
         res["killed_pid"] = victim
         res["kill_t_s"] = round(t_kill, 3) if t_kill is not None else None

@@ -76,6 +76,13 @@ def open_log(path, enabled):
     return open(path, "a", buffering=1) if enabled and path else None
 
 
+def log_step(log, step, loss):
+    """One committed step in the loss log: "<step> <loss> <CPU seconds of this process>" (the
+    CPU time lets bench/fault/overhead.sh compare CPU per step, steadier than wall time on an
+    oversubscribed machine)."""
+    log.write(f"{step} {loss.item()!r} {time.process_time()!r}\n")
+
+
 class Trainer:
     """The seed tutorial's Trainer (snapshot recipe), with the data position from the step."""
 
@@ -109,7 +116,7 @@ class Trainer:
             step = epoch * spe + b
             loss = self._run_batch(*self.data.batch(step))
             if self.log:
-                self.log.write(f"{step + 1} {loss.item()!r}\n")
+                log_step(self.log, step + 1, loss)
 
     def _save_snapshot(self, epoch):
         snapshot = {"MODEL_STATE": self.model.module.state_dict(),
@@ -205,7 +212,7 @@ def run_torchft(args):
         ft_optimizer.step()  # commits only if every participant's all-reduce succeeded
         if manager.current_step() > step:
             if log:
-                log.write(f"{manager.current_step()} {loss.item()!r}\n")
+                log_step(log, manager.current_step(), loss)
         else:
             dropped += 1
     if group == 0:
@@ -239,7 +246,7 @@ def run_ddp_step(args):
     while steps.step < args.total_steps:
         loss = steps.run_step(forward)
         if log:
-            log.write(f"{steps.step} {loss.item()!r}\n")
+            log_step(log, steps.step, loss)
     if rank == 0:
         print(f"Training time = {time.perf_counter() - begin:.2f} s | attempts dropped: "
               f"{steps.dropped}", flush=True)

@@ -17,7 +17,10 @@
 # JSON lines: one `fault` line per run (bench/fault/README.md's keys; no kill), then one
 # `recovery_overhead` line: `step_s_plain`, `step_s_step` (medians over runs of each run's
 # median step interval on rank 0), `overhead_pct` (step over plain, minus 1), `wall_s_plain`,
-# `wall_s_step` (medians of whole runs: start, training, evaluation, exit), `steps_plain`,
+# `wall_s_step` (medians of whole runs: start, training, evaluation, exit), `cpu_s_plain`,
+# `cpu_s_step`, `cpu_overhead_pct` (the same for rank 0's CPU seconds per step, PAIR=python_gloo
+# only: on a machine with fewer cores than ranks the wall time swings with the scheduler, a
+# process's own CPU time much less), `steps_plain`,
 # `steps_step` (rank 0's committed steps, must both be STEPS), `runs`, `load1_before`,
 # `load1_after`, `target_under_2pct`, `pair`.
 set -euo pipefail
@@ -90,9 +93,13 @@ med = lambda xs: round(statistics.median(xs), 5) if xs else None
 of = lambda system, key: [r[key] for r in rows if r["system"] == system and r.get(key)]
 plain, step = med(of(plain_system, "step_s_median")), med(of(step_system, "step_s_median"))
 pct = round((step / plain - 1) * 100, 2) if plain and step else None
+cpu_plain = med(of(plain_system, "cpu_s_per_step_median"))
+cpu_step = med(of(step_system, "cpu_s_per_step_median"))
+cpu_pct = round((cpu_step / cpu_plain - 1) * 100, 2) if cpu_plain and cpu_step else None
 print(json.dumps({"bench": "recovery_overhead", "pair": pair,
                   "runs": len(of(step_system, "wall_s")),
                   "step_s_plain": plain, "step_s_step": step, "overhead_pct": pct,
+                  "cpu_s_plain": cpu_plain, "cpu_s_step": cpu_step, "cpu_overhead_pct": cpu_pct,
                   "wall_s_plain": med(of(plain_system, "wall_s")),
                   "wall_s_step": med(of(step_system, "wall_s")),
                   "steps_plain": sorted(set(of(plain_system, "last_step"))),

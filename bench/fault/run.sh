@@ -29,7 +29,8 @@
 #   each other either way); FAULT_HOSTS=netns: each node a network namespace of its own
 #   (bench/fault/netns.sh, root), torchft's replica groups spread over them.)
 #   (REPEAT=N runs each pair N times, the medians go into the summary; KEEP=DIR keeps every
-#   run's loss log and output there.)
+#   run's loss log and output there. WARM_SPARE=off: the Python systems' ddprun keeps no warm
+#   spare, so the killed rank restarts in a new interpreter; default auto.)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -111,9 +112,12 @@ run() {
       [[ $system == *_gloo ]] && backend=gloo
       mode=step
       [[ $system == ddp_shrink_* ]] && mode=shrink
-      cmd=("${prefix[@]}" --recovery "$mode" --max-restarts 1
-           --no-python env "PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$here/fault_train.py"
-           ddp_step --backend "$backend" --total-steps "$TOTAL" --loss-log "$dir/loss.log") ;;
+      # The script as ddprun's PROGRAM in $PY (DDPRUN_PYTHON), as a user launches it: ddprun
+      # then keeps a warm spare for the killed rank (WARM_SPARE=off: none, --warm-spare).
+      cmd=(env "DDPRUN_PYTHON=$PY" "PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH}"
+           "${prefix[@]}" --recovery "$mode" --max-restarts 1 --warm-spare "${WARM_SPARE:-auto}"
+           "$here/fault_train.py" ddp_step --backend "$backend" --total-steps "$TOTAL"
+           --loss-log "$dir/loss.log") ;;
     torchrun)
       launch "$TORCHRUN"
       cmd=("${prefix[@]}" --max-restarts 1

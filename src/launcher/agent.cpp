@@ -95,6 +95,7 @@ AttemptSpec make_spec(const AgentOptions& options, const WorldAssignment& world,
   spec.run_id = options.run_id;
   spec.host = options.host;
   spec.command = options.command;
+  spec.warm_spare_command = options.warm_spare_command;
   spec.base_env = options.base_env;
   spec.set_omp_threads = options.set_omp_threads;
   spec.write_logs = run_dir.persistent();

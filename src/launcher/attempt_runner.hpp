@@ -38,6 +38,7 @@
 #include "ddp/launcher/process.hpp"
 #include "ddp/launcher/signals.hpp"
 #include "ddp/launcher/stacks.hpp"
+#include "ddp/launcher/warm_spare.hpp"
 #include "ddp/launcher/worker_group.hpp"
 #include "ddp/util/exit_status.hpp"
 
@@ -116,9 +117,21 @@ class AttemptRunner {
   // Opens filtered_[] in attempt_dir_ for the streams that have duplicate filters.
   void open_filtered_logs();
   void start_workers();
-  // Starts the worker of rank `id` (at the attempt's start, or again in place: --recovery step).
-  std::unique_ptr<Worker> spawn_worker(const WorkerIdentity& id, int restart_count,
-                                       bool append_logs);
+  // Starts the worker of rank `id` (at the attempt's start, or again in place: --recovery step,
+  // `in_place`, in the warm spare when there is one).
+  std::unique_ptr<Worker> spawn_worker(const WorkerIdentity& id, int restart_count, bool in_place);
+  // How the worker of rank `id` is started: argv, environment, CPUs, tracer.
+  SpawnOptions worker_spawn_options(const WorkerIdentity& id, int restart_count,
+                                    const std::string& error_file);
+  // The rank's process started in place: in the warm spare when one is ready (then another
+  // is started), else a new one.
+  SpawnedProcess spawn_in_place(const WorkerIdentity& id, const SpawnOptions& so);
+  // --recovery step with a Python program (spec_.warm_spare_command): starts the warm spare
+  // (warm_spare.hpp) unless one runs, one failed by itself in this attempt, or the attempt
+  // stops.
+  void start_spare();
+  // Kills the warm spare (the attempt ends; reaped like any child).
+  void retire_spare();
   // --recovery step: offers the failed worker `w` to spec_.replace_failed and, when it agrees,
   // starts its rank again in w's slot. The old worker's output is drained and closed first
   // (it is reaped; a descendant still holding its pipes loses the rest of its output).
@@ -224,6 +237,10 @@ class AttemptRunner {
   int interrupt_signal_ = 0;
   bool stop_requested_ = false;
   bool requeue_noted_ = false;  // the first worker's kRequeueExitStatus was announced
+  // The warm spare, while one waits; spare_failed_: one exited by itself (none is started
+  // again in this attempt).
+  std::optional<WarmSpare> spare_;
+  bool spare_failed_ = false;
 };
 
 }  // namespace ddp::launcher::detail

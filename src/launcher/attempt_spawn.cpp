@@ -117,68 +117,132 @@ void AttemptRunner::start_workers() {
       open_filtered_logs();
     }
     first = false;
-    workers_.push_back(spawn_worker(id, spec_.restart_count, /*append_logs=*/false));
+    workers_.push_back(spawn_worker(id, spec_.restart_count, /*in_place=*/false));
   }
   publish_workers();
+  start_spare();
   next_watch_ = Clock::now() + kWatchdogPeriod;
 }
 
-std::unique_ptr<Worker> AttemptRunner::spawn_worker(const WorkerIdentity& id, int restart_count,
-                                                    bool append_logs) {
+SpawnOptions AttemptRunner::worker_spawn_options(const WorkerIdentity& id, int restart_count,
+                                                 const std::string& error_file) {
   const WorldAssignment& world = *spec_.world;
   std::string dir = spec_.run_dir->rank_dir(spec_.attempt, id.global_rank);
-  {
-    auto w = std::make_unique<Worker>();
-    w->id = id;
-    w->error_file = dir + "/error.json";
-    ::unlink(w->error_file.c_str());  // a stale file must not be reported as this failure
-    for (int s = 0; s < 2; ++s) {
-      StreamRoute route = route_for(id, dir, s);
-      route.append = append_logs;
-      w->streams[s] = std::make_unique<StreamForwarder>(std::move(route));
-    }
-    WorkerEnvInputs env;
-    env.world = &world;
-    env.worker = id;
-    env.role = spec_.role;
-    env.run_id = spec_.run_id;
-    env.restart_count = restart_count;
-    env.max_restarts = spec_.max_restarts;
-    env.error_file = w->error_file;
-    env.set_omp_threads = spec_.set_omp_threads;
-    env.virtual_local_rank = spec_.placement.virtual_local_rank;
-    SpawnOptions so;
-    so.argv = spec_.command;
-    so.env = build_worker_env(spec_.base_env, env);
-    if (static_cast<size_t>(id.local_rank) < spec_.worker_cpus.size()) {
-      so.cpu_affinity = spec_.worker_cpus[id.local_rank];
-    }
-    // Flight recorder dumps go beside the rank folders of this attempt, where the hang
-    // report and `ddprun trace` find them (without --log-dir that is ddprun's temporary
-    // ROOT, removed at exit), unless the user chose a directory.
-    if (std::none_of(so.env.begin(), so.env.end(), [](const std::string& e) {
-          return e.rfind("DDP_FLIGHT_RECORDER_DIR=", 0) == 0;
-        })) {
-      dump_dir_ = dir.substr(0, dir.rfind('/'));
-      set_env_entry(so.env, "DDP_FLIGHT_RECORDER_DIR", dump_dir_);
-    }
-    if (!spec_.python_hook_dir.empty()) {
-      add_torch_progress_env(so.env, spec_.python_hook_dir, attempt_dir_);
-    }
-    // Only the stack tracer's tools may ptrace the worker (the agent when it could not start
-    // one; nobody when there is no tool to run).
-    if (spec_.stack_tools.tracer) {
-      so.ptracer = spec_.stack_tools.tracer->pid();
-    } else if (spec_.stack_tools.py_spy.empty() && spec_.stack_tools.eu_stack.empty()) {
-      so.ptracer = -1;
-    }
-    SpawnedProcess p = spawn_process(so);
-    w->pid = p.pid;
-    note_memory_cgroup(*w);
-    w->fds[0] = std::move(p.stdout_read);
-    w->fds[1] = std::move(p.stderr_read);
-    return w;
+  WorkerEnvInputs env;
+  env.world = &world;
+  env.worker = id;
+  env.role = spec_.role;
+  env.run_id = spec_.run_id;
+  env.restart_count = restart_count;
+  env.max_restarts = spec_.max_restarts;
+  env.error_file = error_file;
+  env.set_omp_threads = spec_.set_omp_threads;
+  env.virtual_local_rank = spec_.placement.virtual_local_rank;
+  SpawnOptions so;
+  so.argv = spec_.command;
+  so.env = build_worker_env(spec_.base_env, env);
+  if (static_cast<size_t>(id.local_rank) < spec_.worker_cpus.size()) {
+    so.cpu_affinity = spec_.worker_cpus[id.local_rank];
   }
+  // Flight recorder dumps go beside the rank folders of this attempt, where the hang
+  // report and `ddprun trace` find them (without --log-dir that is ddprun's temporary
+  // ROOT, removed at exit), unless the user chose a directory.
+  if (std::none_of(so.env.begin(), so.env.end(), [](const std::string& e) {
+        return e.rfind("DDP_FLIGHT_RECORDER_DIR=", 0) == 0;
+      })) {
+    dump_dir_ = dir.substr(0, dir.rfind('/'));
+    set_env_entry(so.env, "DDP_FLIGHT_RECORDER_DIR", dump_dir_);
+  }
+  if (!spec_.python_hook_dir.empty()) {
+    add_torch_progress_env(so.env, spec_.python_hook_dir, attempt_dir_);
+  }
+  // Only the stack tracer's tools may ptrace the worker (the agent when it could not start
+  // one; nobody when there is no tool to run).
+  if (spec_.stack_tools.tracer) {
+    so.ptracer = spec_.stack_tools.tracer->pid();
+  } else if (spec_.stack_tools.py_spy.empty() && spec_.stack_tools.eu_stack.empty()) {
+    so.ptracer = -1;
+  }
+  return so;
+}
+
+std::unique_ptr<Worker> AttemptRunner::spawn_worker(const WorkerIdentity& id, int restart_count,
+                                                    bool in_place) {
+  std::string dir = spec_.run_dir->rank_dir(spec_.attempt, id.global_rank);
+  auto w = std::make_unique<Worker>();
+  w->id = id;
+  w->error_file = dir + "/error.json";
+  ::unlink(w->error_file.c_str());  // a stale file must not be reported as this failure
+  for (int s = 0; s < 2; ++s) {
+    StreamRoute route = route_for(id, dir, s);
+    route.append = in_place;  // a rank restarted in place appends to its logs
+    w->streams[s] = std::make_unique<StreamForwarder>(std::move(route));
+  }
+  const SpawnOptions so = worker_spawn_options(id, restart_count, w->error_file);
+  SpawnedProcess p = in_place ? spawn_in_place(id, so) : spawn_process(so);
+  w->pid = p.pid;
+  note_memory_cgroup(*w);
+  w->fds[0] = std::move(p.stdout_read);
+  w->fds[1] = std::move(p.stderr_read);
+  return w;
+}
+
+SpawnedProcess AttemptRunner::spawn_in_place(const WorkerIdentity& id, const SpawnOptions& so) {
+  if (!spare_) return spawn_process(so);
+  const pid_t spare_pid = spare_->pid();
+  std::string why;
+  std::optional<SpawnedProcess> p = spare_->take(so, why);
+  spare_.reset();
+  if (!p) {
+    // Whatever broke it would break the next one too: none again in this attempt.
+    notice(fmt::format("the warm spare (pid {}) {}; rank {} starts in a new process", spare_pid,
+                       why, id.global_rank));
+    spare_failed_ = true;
+    return spawn_process(so);
+  }
+  notice(
+      fmt::format("rank {} runs in the warm spare (pid {}), whose interpreter was started "
+                  "ahead (--warm-spare)",
+                  id.global_rank, spare_pid));
+  start_spare();  // for the next failure
+  return std::move(*p);
+}
+
+void AttemptRunner::start_spare() {
+  if (spare_ || spare_failed_ || spec_.warm_spare_command.empty() || !spec_.replace_failed ||
+      stopping() || spec_.world->workers.empty()) {
+    return;
+  }
+  // The job's environment at interpreter start, without a rank: the variables a worker's
+  // imports read are the same on every rank (OMP_NUM_THREADS, PYTHONPATH and ddprun's hook,
+  // DDP_RECOVERY); the rank's own arrive with its orders (python/ddp/warm_spare.py).
+  SpawnOptions so = worker_spawn_options(spec_.world->workers.front(), spec_.restart_count, "");
+  for (const char* key :
+       {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_ERROR_FILE", "CUDA_VISIBLE_DEVICES"}) {
+    if (std::string(key) == "CUDA_VISIBLE_DEVICES" && !spec_.placement.virtual_local_rank) continue;
+    const std::string prefix = std::string(key) + "=";
+    so.env.erase(std::remove_if(so.env.begin(), so.env.end(),
+                                [&](const std::string& e) { return e.rfind(prefix, 0) == 0; }),
+                 so.env.end());
+  }
+  so.argv = spec_.warm_spare_command;
+  so.cpu_affinity.clear();
+  try {
+    spare_ = WarmSpare::start(std::move(so));
+  } catch (const Error& e) {
+    notice(
+        fmt::format("cannot start the warm spare: {}; a rank restarted in place starts in a "
+                    "new process",
+                    e.what()));
+    spare_failed_ = true;
+  }
+}
+
+void AttemptRunner::retire_spare() {
+  if (!spare_) return;
+  spare_->kill();
+  spare_.reset();
 }
 
 bool AttemptRunner::replace_in_place(Worker& w) {
@@ -197,7 +261,7 @@ bool AttemptRunner::replace_in_place(Worker& w) {
   }
   std::unique_ptr<Worker> fresh;
   try {
-    fresh = spawn_worker(w.id, *restart_count, /*append_logs=*/true);
+    fresh = spawn_worker(w.id, *restart_count, /*in_place=*/true);
   } catch (const Error& e) {
     notice(fmt::format("cannot restart rank {}: {}", w.id.global_rank, e.what()));
     return false;  // the attempt fails as with --recovery group

@@ -15,6 +15,7 @@ namespace ddp::launcher::detail {
 
 void AttemptRunner::begin_stop(int sig) {
   if (stopping()) return;
+  retire_spare();
   phase_ = Phase::kStopping;
   kill_at_ = deadline_after(spec_.term_grace);
   if (sig != 0) forward(sig);
@@ -46,6 +47,7 @@ void AttemptRunner::begin_kill() {
 }
 
 void AttemptRunner::kill_everything() {
+  retire_spare();
   for (auto& w : workers_) signal_process_group(w->pid, SIGKILL);
   for (pid_t child : list_children(self_)) {
     ::kill(child, SIGKILL);
@@ -114,6 +116,16 @@ void AttemptRunner::reap() {
       return;
     }
     termed_.erase(pid);
+    if (spare_ && spare_->pid() == pid) {
+      // It exited by itself (a retired one is no longer spare_): say why, once.
+      notice(
+          fmt::format("the warm spare (pid {}) ended: {}; a rank restarted in place starts "
+                      "in a new process (--warm-spare off starts none)",
+                      pid, spare_->exit_reason(status)));
+      spare_.reset();
+      spare_failed_ = true;
+      continue;
+    }
     for (auto& w : workers_) {
       if (w->pid == pid && !w->exited) on_worker_exit(*w, status, usage.ru_maxrss);
     }

@@ -179,6 +179,10 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
              "only that worker; the others, on every node, drop the step in flight and go on; "
              "docs/recovery.md) or shrink (as step, and the others go on without it at once "
              "until it is back) (default group)");
+  value_flag("warm_spare", "--warm-spare,--warm_spare", "PET_WARM_SPARE",
+             "With --recovery step or shrink and a Python PROGRAM: auto keeps one interpreter per "
+             "node that has imported torch and ddp, in which a restarted rank runs (it starts "
+             "in a fraction of the time), or off (default auto)");
   value_flag("hang_timeout", "--hang-timeout,--hang_timeout", "PET_HANG_TIMEOUT",
              "End the job when no collective completed for this many seconds while one waited "
              "(PyTorch workers' flight recorder; docs/ddprun.md, 'My job is stuck') (default off)");
@@ -467,6 +471,12 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args, const
     const RecoveryMode mode = parse_recovery_mode(s->value, s->source);
     o.recovery_step = mode != RecoveryMode::kGroup;
     o.recovery_shrink = mode == RecoveryMode::kShrink;
+  }
+  if (auto s = value_of(v["warm_spare"], env)) {
+    if (s->value != "auto" && s->value != "off") {
+      throw UsageError(fmt::format("{} {}: expected auto or off", s->source, s->value));
+    }
+    o.warm_spare = s->value == "auto";
   }
 
   ParsedCommandLine result;

@@ -17,6 +17,7 @@
 #include "ddp/launcher/output.hpp"
 #include "ddp/launcher/root_cause.hpp"
 #include "ddp/launcher/step_recovery.hpp"
+#include "ddp/launcher/warm_spare.hpp"
 #include "ddp/launcher/worker_env.hpp"
 #include "ddp/launcher/worker_placement.hpp"
 #include "ddp/launcher/world.hpp"
@@ -153,6 +154,7 @@ int launch(const LaunchOptions& options, const EnvLookup& env) {
     bool lazy_set = false;
     for (const auto& entry : a.base_env) lazy_set |= entry.rfind("TORCH_GLOO_LAZY_INIT=", 0) == 0;
     if (!lazy_set) set_env_entry(a.base_env, "TORCH_GLOO_LAZY_INIT", "1");
+    if (o.warm_spare) a.warm_spare_command = warm_spare_command(a.command);
   }
 
   std::unique_ptr<Membership> membership;

@@ -45,6 +45,7 @@ void AttemptRunner::notice(const std::string& text) {
 void AttemptRunner::loop() {
   for (;;) {
     if (all_exited()) {
+      retire_spare();  // nobody left to replace
       reap();
       if (!children_remain_) break;
       // Workers are done but adopted descendants linger: stop them too.

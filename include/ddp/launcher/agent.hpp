@@ -25,7 +25,9 @@ struct AgentOptions {
   std::string role = "default";
   std::string run_id = "none";
   int max_restarts = 0;
-  std::vector<std::string> command;   // resolved argv of every worker
+  std::vector<std::string> command;  // resolved argv of every worker
+  // --recovery step with a Python program: the warm spare's argv (warm_spare.hpp); empty: none.
+  std::vector<std::string> warm_spare_command;
   std::vector<std::string> base_env;  // "KEY=VALUE"
   bool set_omp_threads = false;
   std::optional<std::string> log_dir;

@@ -89,6 +89,10 @@ struct LaunchOptions {
   // failed worker; "shrink" too, and the others go on without it until it is back.
   bool recovery_step = false;  // step or shrink
   bool recovery_shrink = false;
+  // --warm-spare auto|off (warm_spare.hpp): auto keeps a Python interpreter ready on each node
+  // for a rank restarted in place, when the workers run a Python program under --recovery
+  // step or shrink; off: a restarted rank is always a new process.
+  bool warm_spare = true;
 
   // --hang-timeout SECONDS: the no-progress watchdog (hang_watchdog.hpp); unset: off.
   std::optional<std::chrono::milliseconds> hang_timeout;

@@ -51,6 +51,12 @@ struct SpawnOptions {
   // The process the child declares as its tracer (PR_SET_PTRACER, for Yama's ptrace_scope 1):
   // 0 the launcher, -1 none, else that pid (ddprun's stack tracer: stack_tracer.hpp).
   pid_t ptracer = 0;
+  // A descriptor of the launcher's that the child keeps across exec (its close-on-exec flag is
+  // cleared in the child only); -1 none.
+  int inherit_fd = -1;
+  // Start in the idle scheduling class (SCHED_IDLE): it runs only on CPU nobody else wants
+  // (warm_spare.hpp; the child must be able to leave it again).
+  bool idle_class = false;
 };
 
 struct SpawnedProcess {

@@ -99,6 +99,9 @@ struct AttemptSpec {
   // finished: none could heal it), or nullopt to fail the attempt as usual. Unset: never
   // called (--recovery group).
   std::function<std::optional<int>(const WorkerFailure&, bool a_peer_finished)> replace_failed;
+  // --recovery step with a Python program: the warm spare's command (warm_spare.hpp), in which
+  // a rank restarted in place runs; empty: none (a restarted rank is a new process).
+  std::vector<std::string> warm_spare_command;
   // --recovery step: called when a worker exited 0 while the attempt runs (its global rank),
   // so the others learn it finished even if it skipped its destructors. Must not throw.
   std::function<void(int global_rank)> on_worker_succeeded;

@@ -59,6 +59,16 @@ TWO_NODES_WORLD = 4  # --two-nodes: 2 agents x 2 ranks
 STEPS = 30
 
 
+def launched(worker, env):
+    """ddprun's PROGRAM [ARGS] for `worker`: the C++ worker with --no-python; the Python one
+    (interpreter, script) as a Python PROGRAM, the interpreter in DDPRUN_PYTHON, as users launch
+    a script: ddprun then keeps a warm spare in which a rank restarted in place runs."""
+    if len(worker) == 1:
+        return ["--no-python"] + worker
+    env["DDPRUN_PYTHON"] = worker[0]
+    return worker[1:]
+
+
 def run_two_nodes(ddprun, worker, out, env_extra, step_on=(True, True)):
     """Two agents on this machine, each a simulated host (DDP_HOST_ID: the cpu backend then runs
     shared memory within a node and the leaders' TCP ring between them, as on two machines),
@@ -73,7 +83,7 @@ def run_two_nodes(ddprun, worker, out, env_extra, step_on=(True, True)):
         cmd = [ddprun, "--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1",
                "--master-port", str(port), "--nproc-per-node", "2", "--max-restarts", "2"]
         cmd += ["--recovery", "step"] if step_on[node] else []
-        cmd += ["--no-python"] + worker + ["--steps", str(STEPS), "--out", out]
+        cmd += launched(worker, env) + ["--steps", str(STEPS), "--out", out]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     errs = wait_all(procs, 300)
@@ -189,7 +199,7 @@ def start_elastic_agent(ddprun, worker, out, run_id, port, host, env_extra, step
     cmd = [ddprun, "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--rdzv-backend", backend,
            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
            "--rdzv-conf", "heartbeat=2,last_call_timeout=10", "--recovery", "step",
-           "--max-restarts", "2", "--no-python"] + worker + [
+           "--max-restarts", "2"] + launched(worker, env) + [
            "--steps", str(steps), "--out", out]
     return subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr, text=True,
                             start_new_session=True)
@@ -1015,7 +1025,7 @@ def run(ddprun, worker, out, recovery, env_extra, world=None):
     cmd = [ddprun, "--standalone", "--nproc-per-node", str(world), "--max-restarts", "2"]
     if recovery:
         cmd += ["--recovery", recovery]
-    cmd += ["--no-python"] + worker + ["--steps", str(STEPS), "--out", out]
+    cmd += launched(worker, env) + ["--steps", str(STEPS), "--out", out]
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        timeout=300)
     return p
@@ -1150,6 +1160,8 @@ def main():
             fail(f"{what}: ddprun did not restart rank {kill_rank} alone", p)
         if "restarting the worker group" in p.stderr:
             fail(f"{what}: ddprun restarted the whole group", p)
+        if python and f"rank {kill_rank} runs in the warm spare" not in p.stderr:
+            fail(f"{what}: the restarted rank did not run in ddprun's warm spare", p)
         # The survivors' collective in flight ended by ddprun's notice (PeerLostError), not by
         # the group timeout (a TimeoutError message).
         lost = f"rank {kill_rank} of {WORLD} was lost (membership generation 1"

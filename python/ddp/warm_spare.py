@@ -1,0 +1,137 @@
+"""A warm spare: the Python interpreter that ddprun keeps ready under ``--recovery step`` and
+``--recovery shrink`` so that a rank restarted in place does not pay for a new interpreter.
+
+ddprun starts ``PYTHON -u -m ddp.warm_spare`` beside the workers (one per node, with the
+job's environment but no rank of its own) when they run a Python program. The spare imports
+what every ddp.StepManager program imports and what costs most of a Python worker's start
+(torch, torch.distributed, PyTorch's DistributedDataParallel and the torch._dynamo it loads,
+ddp), then waits on a socket ddprun passed it (``DDP_WARM_SPARE_FD``). When a worker fails and
+ddprun restarts its rank in place, it sends the spare that rank's command line, environment
+and CPUs instead of starting a new process, and the spare becomes the rank: it takes the
+environment, argv and CPUs, and runs the program as Python would have (a script with
+``runpy.run_path`` and its folder first on sys.path; ``-m`` with ``runpy.run_module``; ``-c``).
+Its pid, output pipes and process group are the rank's from then on.
+
+The message (docs/ddprun.md, "Warm spare"): NUL-terminated fields, all bytes::
+
+    ddp-warm-spare-1 \\0 <n> \\0 argv[0..n) \\0... <m> \\0 env "K=V" [0..m) \\0... <k> \\0 cpu [0..k) \\0...
+
+then end of file. End of file with no message: the job is over (exit 0, nothing printed).
+
+ddprun starts the spare in the idle scheduling class where the spare can leave it again (root,
+CAP_SYS_NICE, or RLIMIT_NICE >= 20): its imports take only CPU nobody else wants; it returns to
+the normal class before it becomes a rank. Elsewhere it imports at normal priority.
+"""
+
+import os
+import runpy
+import sys
+
+_MAGIC = b"ddp-warm-spare-1"
+_FD_VAR = "DDP_WARM_SPARE_FD"
+
+
+def _leave_idle_class():
+    try:
+        if os.sched_getscheduler(0) != os.SCHED_IDLE:
+            return
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except OSError as e:
+        print(f"ddp.warm_spare: cannot leave the idle scheduling class ({e}); this rank runs at "
+              f"idle priority", file=sys.stderr, flush=True)
+
+
+def _warm_up():
+    """The imports a Python worker of ddp.StepManager spends its start on."""
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
+    try:
+        # PyTorch's DistributedDataParallel imports it in its constructor (1 s and more).
+        import torch._dynamo  # noqa: F401
+    except Exception:  # a torch without it, or one that fails here: the program will say
+        pass
+    import ddp  # noqa: F401
+
+
+def _read_all(fd):
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def decode(message):
+    """(argv, env, cpus) of a message (bytes, bytes "K=V", ints); ValueError when malformed."""
+    fields = message.split(b"\0")
+    if len(fields) < 2 or fields[0] != _MAGIC or fields[-1] != b"":
+        raise ValueError("not a ddprun warm spare message")
+    fields.pop()
+    pos = 1
+    parts = []
+    for _ in range(3):
+        count = int(fields[pos])
+        parts.append(fields[pos + 1:pos + 1 + count])
+        if len(parts[-1]) != count:
+            raise ValueError("truncated warm spare message")
+        pos += 1 + count
+    if pos != len(fields):
+        raise ValueError("trailing fields in a warm spare message")
+    argv, env, cpus = parts
+    return argv, env, [int(c) for c in cpus]
+
+
+def _become(env, cpus):
+    os.environb.clear()
+    for entry in env:
+        key, sep, value = entry.partition(b"=")
+        if sep and key:
+            os.environb[key] = value
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    # ddprun's --hang-timeout hook (its sitecustomize) starts its reporter for $RANK at
+    # interpreter start; the spare had no rank then.
+    hook = getattr(sys.modules.get("sitecustomize"), "_ddprun_start_progress", None)
+    if hook is not None:
+        hook()
+
+
+def _run(argv):
+    """Runs the worker command `argv` (PYTHON -u SCRIPT|-m MODULE|-c CODE ARGS...) here."""
+    args = [os.fsdecode(a) for a in argv[1:]]
+    while args and args[0] == "-u":  # this interpreter runs unbuffered already (-u)
+        args.pop(0)
+    if not args:
+        raise SystemExit("ddp.warm_spare: no program in the worker command")
+    if args[0] == "-m":
+        sys.argv = [args[1]] + args[2:]
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    elif args[0] == "-c":
+        sys.argv = ["-c"] + args[2:]
+        main = {"__name__": "__main__", "__builtins__": __builtins__}
+        exec(compile(args[1], "<string>", "exec"), main)
+    else:
+        sys.argv = args
+        sys.path[0] = os.path.dirname(os.path.realpath(args[0]))
+        runpy.run_path(args[0], run_name="__main__")
+
+
+def main():
+    fd = int(os.environ.pop(_FD_VAR))
+    _warm_up()
+    message = _read_all(fd)
+    os.close(fd)
+    if not message:
+        return 0  # ddprun needs no spare any more
+    argv, env, cpus = decode(message)
+    _leave_idle_class()
+    _become(env, cpus)
+    _run(argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
