@@ -16,7 +16,8 @@ The message (docs/ddprun.md, "Warm spare"): NUL-terminated fields, all bytes::
 
     ddp-warm-spare-1 \\0 <n> \\0 argv[0..n) \\0... <m> \\0 env "K=V" [0..m) \\0... <k> \\0 cpu [0..k) \\0...
 
-then end of file. End of file with no message: the job is over (exit 0, nothing printed).
+then end of file. End of file with no message: the job is over (exit 0, nothing printed). The
+spare writes one byte, ``R``, once its imports are done.
 
 ddprun starts the spare in the idle scheduling class where the spare can leave it again (root,
 CAP_SYS_NICE, or RLIMIT_NICE >= 20): its imports take only CPU nobody else wants; it returns to
@@ -29,6 +30,7 @@ import sys
 
 _MAGIC = b"ddp-warm-spare-1"
 _FD_VAR = "DDP_WARM_SPARE_FD"
+_READY = b"R"
 
 
 def _leave_idle_class():
@@ -122,6 +124,10 @@ def _run(argv):
 def main():
     fd = int(os.environ.pop(_FD_VAR))
     _warm_up()
+    try:
+        os.write(fd, _READY)  # ddprun says whether the rank it hands over found this done
+    except OSError:
+        pass  # ddprun is gone: the read below sees the end
     message = _read_all(fd)
     os.close(fd)
     if not message:

@@ -190,6 +190,7 @@ std::unique_ptr<Worker> AttemptRunner::spawn_worker(const WorkerIdentity& id, in
 SpawnedProcess AttemptRunner::spawn_in_place(const WorkerIdentity& id, const SpawnOptions& so) {
   if (!spare_) return spawn_process(so);
   const pid_t spare_pid = spare_->pid();
+  const bool warm = spare_->warm();
   std::string why;
   std::optional<SpawnedProcess> p = spare_->take(so, why);
   spare_.reset();
@@ -200,10 +201,10 @@ SpawnedProcess AttemptRunner::spawn_in_place(const WorkerIdentity& id, const Spa
     spare_failed_ = true;
     return spawn_process(so);
   }
-  notice(
-      fmt::format("rank {} runs in the warm spare (pid {}), whose interpreter was started "
-                  "ahead (--warm-spare)",
-                  id.global_rank, spare_pid));
+  notice(fmt::format("rank {} runs in the warm spare (pid {}, --warm-spare), {}", id.global_rank,
+                     spare_pid,
+                     warm ? "which had imported torch and ddp"
+                          : "which had not finished importing torch and ddp yet"));
   start_spare();  // for the next failure
   return std::move(*p);
 }

@@ -91,6 +91,14 @@ WarmSpare WarmSpare::start(SpawnOptions options) {
   return spare;
 }
 
+bool WarmSpare::warm() {
+  char ready = 0;
+  while (!warm_ && socket_.valid() && ::recv(socket_.get(), &ready, 1, MSG_DONTWAIT) == 1) {
+    warm_ = ready == 'R';
+  }
+  return warm_;
+}
+
 std::optional<SpawnedProcess> WarmSpare::take(const SpawnOptions& worker, std::string& why) {
   const std::string message =
       encode_warm_spare_message(worker.argv, worker.env, worker.cpu_affinity);

@@ -138,6 +138,10 @@ TEST(WarmSpareFlag, AutoByDefaultOffOnRequestAndNothingElse) {
 
 TEST_F(WarmSpareTest, TheSpareBecomesTheScriptWithItsArgvEnvironmentAndCpus) {
   WarmSpare spare = start_spare();
+  // It says when its imports are done.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!spare.warm() && std::chrono::steady_clock::now() < until) ::usleep(10000);
+  ASSERT_TRUE(spare.warm());
   const std::string script = (dir_ / "prog" / "train.py").string();
   std::string why;
   auto p = spare.take(orders({python_, "-u", script, "--lr", "0.1"}), why);

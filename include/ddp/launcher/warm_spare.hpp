@@ -57,6 +57,10 @@ class WarmSpare {
 
   pid_t pid() const { return process_.pid; }
 
+  // Whether the spare said its imports are done (a byte on the socket; checked without
+  // waiting). A spare taken before that finishes them as the rank.
+  bool warm();
+
   // Hands the spare `worker`'s argv, env and CPUs. On success returns the process (the
   // spare's pid and output pipes), and this object is spent. nullopt when the spare could not
   // take it (it died; the message did not go out in time: then it is killed), with `why`.
@@ -72,6 +76,7 @@ class WarmSpare {
   WarmSpare() = default;
   SpawnedProcess process_;
   UniqueFd socket_;  // the agent's end
+  bool warm_ = false;
 };
 
 }  // namespace ddp::launcher
