@@ -8,7 +8,8 @@
 #   3. No `import ddp` (no_import_job.py): the environment registers the backend through torch's
 #      plugin entry point, under ddprun, under --recovery step (the script imports ddp only
 #      after init_process_group and must still get ddprun's store) and under torchrun.
-#   4. `ddprun --recovery step` with rank 1 killed mid-step (recovery_job.py).
+#   4. `ddprun --recovery step` with rank 1 killed mid-step (recovery_job.py): its replacement
+#      runs in ddprun's warm spare.
 # Usage: wheel_jobs.sh VENV WORK   (WORK: an empty folder the jobs may write)
 set -euo pipefail
 venv="$(realpath "${1:?usage: wheel_jobs.sh VENV WORK}")"
@@ -69,4 +70,7 @@ out="$(timeout 180 ddprun --standalone --nproc-per-node 2 --recovery step --max-
 expect_ranks "$out" "step 6, recoveries [0-9]*, parameters equal across ranks"
 # The survivor re-formed the group; the replacement joined the new one (no re-form of its own).
 grep -q "rank 0 of 2: step 6, recoveries [1-9]" <<<"$out" || { echo "$out"; fail "rank 0 never re-formed the group"; }
+# The replacement ran in ddprun's warm spare: the wheel's ddp.warm_spare, in this environment's
+# Python (as a user who is not root: at normal priority, docs/recovery.md).
+grep -q "rank 1 runs in the warm spare" <<<"$out" || { echo "$out"; fail "rank 1 did not run in the warm spare"; }
 echo "PASS: the wheel's jobs"
