@@ -122,6 +122,9 @@ def _run(argv):
 
 
 def main():
+    if _FD_VAR not in os.environ:
+        raise SystemExit(f"ddp.warm_spare is started by ddprun (--warm-spare), which passes "
+                         f"{_FD_VAR}; it is not a program to run by hand")
     fd = int(os.environ.pop(_FD_VAR))
     _warm_up()
     try:
