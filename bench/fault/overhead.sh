@@ -19,8 +19,8 @@
 # median step interval on rank 0), `overhead_pct` (step over plain, minus 1), `wall_s_plain`,
 # `wall_s_step` (medians of whole runs: start, training, evaluation, exit), `cpu_s_plain`,
 # `cpu_s_step`, `cpu_overhead_pct` (the same for rank 0's CPU seconds per step, PAIR=python_gloo
-# only: on a machine with fewer cores than ranks the wall time swings with the scheduler, a
-# process's own CPU time much less), `steps_plain`,
+# only; on this project's 2-core machine they swing as much as wall time: bench/fault/README.md),
+# `steps_plain`,
 # `steps_step` (rank 0's committed steps, must both be STEPS), `runs`, `load1_before`,
 # `load1_after`, `target_under_2pct`, `pair`.
 set -euo pipefail

@@ -101,6 +101,17 @@ def _become(env, cpus):
         hook()
 
 
+def _set_path0(entry):
+    """sys.path[0] as Python sets it for the program. ddprun starts the spare with
+    PYTHONSAFEPATH=1 (Python >= 3.11), so the spare's own imports never came from the working
+    directory: there the entry is added; an older Python put the working directory first (-m),
+    which is replaced."""
+    if getattr(sys.flags, "safe_path", False):
+        sys.path.insert(0, entry)
+    else:
+        sys.path[0] = entry
+
+
 def _run(argv):
     """Runs the worker command `argv` (PYTHON -u SCRIPT|-m MODULE|-c CODE ARGS...) here."""
     args = [os.fsdecode(a) for a in argv[1:]]
@@ -110,14 +121,16 @@ def _run(argv):
         raise SystemExit("ddp.warm_spare: no program in the worker command")
     if args[0] == "-m":
         sys.argv = [args[1]] + args[2:]
+        _set_path0(os.getcwd())
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
     elif args[0] == "-c":
         sys.argv = ["-c"] + args[2:]
+        _set_path0("")
         main = {"__name__": "__main__", "__builtins__": __builtins__}
         exec(compile(args[1], "<string>", "exec"), main)
     else:
         sys.argv = args
-        sys.path[0] = os.path.dirname(os.path.realpath(args[0]))
+        _set_path0(os.path.dirname(os.path.realpath(args[0])))
         runpy.run_path(args[0], run_name="__main__")
 
 

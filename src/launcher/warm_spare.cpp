@@ -85,6 +85,9 @@ WarmSpare WarmSpare::start(SpawnOptions options) {
   options.inherit_fd = theirs.get();
   options.idle_class = can_leave_idle_class();
   set_env_entry(options.env, kWarmSpareFdEnvVar, std::to_string(theirs.get()));
+  // Its own imports never from the working directory (Python >= 3.11; `-m` would put it first
+  // on sys.path): the spare puts there what the program's Python would (warm_spare.py).
+  set_env_entry(options.env, "PYTHONSAFEPATH", "1");
   WarmSpare spare;
   spare.process_ = spawn_process(options);
   spare.socket_ = std::move(mine);

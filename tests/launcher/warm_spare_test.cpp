@@ -87,7 +87,7 @@ class WarmSpareTest : public ::testing::Test {
         "print('cpus', sorted(os.sched_getaffinity(0)))\n"
         "print('policy_idle', os.sched_getscheduler(0) == os.SCHED_IDLE)\n";
     write_file(dir_ / "prog" / "train.py", report + "print('path0', sys.path[0])\n");
-    write_file(dir_ / "lib" / "trainmod.py", report);
+    write_file(dir_ / "lib" / "trainmod.py", report + "print('path0', sys.path[0])\n");
   }
   void TearDown() override {
     if (!dir_.empty()) fs::remove_all(dir_);
@@ -172,6 +172,8 @@ TEST_F(WarmSpareTest, TheSpareRunsAModuleAndRunPathsCommand) {
     EXPECT_EQ(wait_exit_code(p->pid), 0) << out;
     EXPECT_NE(out.find("argv ['x']"), std::string::npos) << out;
     EXPECT_NE(out.find("name __main__"), std::string::npos) << out;
+    // As `python -m` puts it: the working directory (the spare's own imports skipped it).
+    EXPECT_NE(out.find("path0 " + fs::current_path().string() + "\n"), std::string::npos) << out;
   }
   {
     // --run-path's command (command.cpp): -c code that runs PROGRAM with runpy.run_path.

@@ -48,8 +48,8 @@ bool can_leave_idle_class();
 class WarmSpare {
  public:
   // Starts a spare with `options` (argv from warm_spare_command, the spare's environment; the
-  // socket descriptor and the idle class are added here). Throws ddp::Error like
-  // spawn_process.
+  // socket descriptor, PYTHONSAFEPATH=1 and the idle class are added here). Throws ddp::Error
+  // like spawn_process.
   static WarmSpare start(SpawnOptions options);
 
   WarmSpare(WarmSpare&&) = default;
