@@ -12,7 +12,7 @@ environment, argv and CPUs, and runs the program as Python would have (a script 
 ``runpy.run_path`` and its folder first on sys.path; ``-m`` with ``runpy.run_module``; ``-c``).
 Its pid, output pipes and process group are the rank's from then on.
 
-The message (docs/ddprun.md, "Warm spare"): NUL-terminated fields, all bytes::
+The message (src/launcher/warm_spare.cpp writes it; docs/recovery.md, "The warm spare"): NUL-terminated fields, all bytes::
 
     ddp-warm-spare-1 \\0 <n> \\0 argv[0..n) \\0... <m> \\0 env "K=V" [0..m) \\0... <k> \\0 cpu [0..k) \\0...
 
@@ -58,9 +58,15 @@ def _warm_up():
 
 
 def _read_all(fd):
+    """Everything until ddprun closes its end. A close that finds our "ready" byte unread in its
+    queue (it was written as ddprun took this spare) reaches us as ECONNRESET after the data
+    instead of end of file: the same end (decode() checks the message is whole)."""
     chunks = []
     while True:
-        chunk = os.read(fd, 1 << 16)
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except ConnectionResetError:
+            chunk = b""
         if not chunk:
             return b"".join(chunks)
         chunks.append(chunk)

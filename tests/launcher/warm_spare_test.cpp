@@ -193,6 +193,26 @@ TEST_F(WarmSpareTest, TheSpareRunsAModuleAndRunPathsCommand) {
   }
 }
 
+// ddprun may take a spare just as it writes its "ready" byte, and close its end with that byte
+// unread: the spare then reads ECONNRESET after its orders instead of end of file, and must run
+// them all the same.
+TEST_F(WarmSpareTest, ItsOrdersRunWhenItsReadyByteWasNeverRead) {
+  const fs::path marker = dir_ / "imported";
+  write_file(dir_ / "lib" / "torch" / "_dynamo.py",
+             "open(" + ::testing::PrintToString(marker.string()) + ", 'w').close()\n");
+  WarmSpare spare = start_spare();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!fs::exists(marker) && std::chrono::steady_clock::now() < until) ::usleep(10000);
+  ::usleep(300000);  // its last import is done: the byte follows at once
+  std::string why;
+  auto p = spare.take(orders({python_, "-u", (dir_ / "prog" / "train.py").string(), "z"}), why);
+  ASSERT_TRUE(p.has_value()) << why;
+  const std::string out = read_until_eof(p->stdout_read.get());
+  const std::string err = read_until_eof(p->stderr_read.get());
+  EXPECT_EQ(wait_exit_code(p->pid), 0) << out << err;
+  EXPECT_NE(out.find("argv ['z']"), std::string::npos) << out << err;
+}
+
 TEST_F(WarmSpareTest, TheScriptsExitCodeIsTheProcesses) {
   write_file(dir_ / "prog" / "fail.py", "import sys\nsys.exit(7)\n");
   WarmSpare spare = start_spare();

@@ -1,5 +1,5 @@
 #pragma once
-// The warm spare (docs/ddprun.md, "Warm spare"): under --recovery step or shrink, when the
+// The warm spare (docs/recovery.md, "The warm spare"): under --recovery step or shrink, when the
 // workers run a Python program, each agent keeps one Python interpreter started ahead of need
 // (`PYTHON -u -m ddp.warm_spare`, python/ddp/warm_spare.py) that has imported torch, PyTorch's
 // DDP and ddp, and waits. A rank restarted in place runs in it: the agent sends it the rank's
@@ -8,11 +8,12 @@
 // interpreter to import torch (seconds) before they can heal the rank.
 //
 // Contracts:
-// - The spare starts with the job's environment but no rank (warm_spare_env); it is a child of
-//   the agent like a worker (own process group, PR_SET_PDEATHSIG, pipes for its output) and in
-//   the idle scheduling class where it can leave it again (can_leave_idle_class).
-// - take() never blocks for long: the message goes out within kSendTimeout or the spare is
-//   given up (killed) and the caller starts the rank as a new process.
+// - The spare starts with the job's environment but no rank (AttemptRunner::start_spare); it is
+//   a child of the agent like a worker (own process group, PR_SET_PDEATHSIG, pipes for its
+//   output) and in the idle scheduling class where it can leave it again
+//   (can_leave_idle_class).
+// - take() never blocks for long: the message goes out within kWarmSpareSendTimeout or the
+//   spare is given up (killed) and the caller starts the rank as a new process.
 // - A spare whose interpreter failed (no ddp importable, say) has exited on its own: its last
 //   stderr line says why (exit_reason), and the agent starts no other one in that attempt.
 
