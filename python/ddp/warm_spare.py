@@ -34,13 +34,22 @@ _READY = b"R"
 
 
 def _leave_idle_class():
+    """Every thread of this process back to the normal class: threads started by the imports
+    were started in the idle class too, and would stay there."""
     try:
-        if os.sched_getscheduler(0) != os.SCHED_IDLE:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]
+    for tid in threads:
+        try:
+            if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except ProcessLookupError:
+            pass  # the thread ended meanwhile
+        except OSError as e:
+            print(f"ddp.warm_spare: cannot leave the idle scheduling class ({e}); this rank runs "
+                  f"at idle priority", file=sys.stderr, flush=True)
             return
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-    except OSError as e:
-        print(f"ddp.warm_spare: cannot leave the idle scheduling class ({e}); this rank runs at "
-              f"idle priority", file=sys.stderr, flush=True)
 
 
 def _warm_up():
