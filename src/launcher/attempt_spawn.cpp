@@ -229,6 +229,7 @@ void AttemptRunner::start_spare() {
   }
   so.argv = spec_.warm_spare_command;
   so.cpu_affinity.clear();
+  so.idle_class = can_leave_idle_class();  // its imports on CPU the workers leave idle
   try {
     spare_ = WarmSpare::start(std::move(so));
   } catch (const Error& e) {

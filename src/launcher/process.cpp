@@ -70,7 +70,7 @@ void write_str(int fd, const char* s) {
 // Runs in the child between fork and exec: async-signal-safe calls only.
 [[noreturn]] void exec_child(pid_t parent, pid_t ptracer, int pdeath_signal, int out_fd, int err_fd,
                              char* const* argv, char* const* envp, const cpu_set_t* cpus,
-                             int inherit_fd, bool idle_class) {
+                             int inherit_fd) {
   ::setpgid(0, 0);
   if (pdeath_signal > 0) {
     ::prctl(PR_SET_PDEATHSIG, pdeath_signal);
@@ -92,10 +92,6 @@ void write_str(int fd, const char* s) {
     ::_exit(127);
   }
   if (inherit_fd >= 0) ::fcntl(inherit_fd, F_SETFD, 0);
-  if (idle_class) {
-    sched_param param{};
-    ::sched_setscheduler(0, SCHED_IDLE, &param);  // best effort: normal priority otherwise
-  }
   ::signal(SIGPIPE, SIG_DFL);
   sigset_t empty;
   ::sigemptyset(&empty);
@@ -142,10 +138,16 @@ SpawnedProcess spawn_process(const SpawnOptions& options) {
   if (pid == 0) {
     exec_child(parent, options.ptracer, options.pdeath_signal, out.write.get(), err.write.get(),
                argv.data(), envp.data(), options.cpu_affinity.empty() ? nullptr : &cpus,
-               options.inherit_fd, options.idle_class);
+               options.inherit_fd);
   }
   // Also set it here, so signals sent to -pid right after fork reach the child either way.
   ::setpgid(pid, pid);
+  if (options.idle_class) {
+    // From here, not in the child: whoever moves it back to the normal class later (a warm
+    // spare taken at once) does so after this, never before. Best effort.
+    sched_param param{};
+    ::sched_setscheduler(pid, SCHED_IDLE, &param);
+  }
 
   SpawnedProcess spawned;
   spawned.pid = pid;

@@ -2,13 +2,16 @@
 
 #include <fmt/format.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "ddp/launcher/worker_env.hpp"
 #include "ddp/util/error.hpp"
@@ -83,12 +86,12 @@ WarmSpare WarmSpare::start(SpawnOptions options) {
   UniqueFd mine(pair[0]);
   UniqueFd theirs(pair[1]);
   options.inherit_fd = theirs.get();
-  options.idle_class = can_leave_idle_class();
   set_env_entry(options.env, kWarmSpareFdEnvVar, std::to_string(theirs.get()));
   // Its own imports never from the working directory (Python >= 3.11; `-m` would put it first
   // on sys.path): the spare puts there what the program's Python would (warm_spare.py).
   set_env_entry(options.env, "PYTHONSAFEPATH", "1");
   WarmSpare spare;
+  spare.idle_ = options.idle_class;
   spare.process_ = spawn_process(options);
   spare.socket_ = std::move(mine);
   return spare;
@@ -102,7 +105,23 @@ bool WarmSpare::warm() {
   return warm_;
 }
 
+void WarmSpare::leave_idle_class() {
+  // Every thread: those its imports started are in the idle class too. Best effort: a thread
+  // may end meanwhile, and the spare does the same for itself once it reads its orders.
+  std::error_code ec;
+  const std::string tasks = fmt::format("/proc/{}/task", process_.pid);
+  for (const auto& entry : std::filesystem::directory_iterator(tasks, ec)) {
+    const pid_t tid = static_cast<pid_t>(std::strtol(entry.path().filename().c_str(), nullptr, 10));
+    if (tid <= 0 || ::sched_getscheduler(tid) != SCHED_IDLE) continue;
+    sched_param param{};
+    ::sched_setscheduler(tid, SCHED_OTHER, &param);
+  }
+}
+
 std::optional<SpawnedProcess> WarmSpare::take(const SpawnOptions& worker, std::string& why) {
+  // A spare still importing reads its orders only when its imports end: on a busy node, in the
+  // idle class, that could be never. From now on it is the rank: normal priority.
+  if (idle_ && !warm()) leave_idle_class();
   const std::string message =
       encode_warm_spare_message(worker.argv, worker.env, worker.cpu_affinity);
   const auto deadline = std::chrono::steady_clock::now() + kWarmSpareSendTimeout;

@@ -98,8 +98,10 @@ class WarmSpareTest : public ::testing::Test {
     if (!dir_.empty()) fs::remove_all(dir_);
   }
 
-  WarmSpare start_spare() {
+  // idle: in the idle class, as ddprun starts it where it can leave that class again.
+  WarmSpare start_spare(bool idle = false) {
     SpawnOptions so;
+    so.idle_class = idle;
     so.argv = warm_spare_command({python_, "-u", (dir_ / "prog" / "train.py").string()});
     so.env = {"PATH=/usr/bin:/bin", "PYTHONPATH=" + (dir_ / "lib").string()};
     return WarmSpare::start(std::move(so));
@@ -162,10 +164,24 @@ TEST_F(WarmSpareTest, TheSpareBecomesTheScriptWithItsArgvEnvironmentAndCpus) {
   EXPECT_NE(out.find("torch_before True"), std::string::npos) << out;
   EXPECT_NE(out.find("cpus [0]"), std::string::npos) << out;
   EXPECT_NE(out.find("path0 " + (dir_ / "prog").string()), std::string::npos) << out;
-  if (can_leave_idle_class()) {
-    // Every thread left the idle class, the one the imports started too (below).
-    EXPECT_NE(out.find("idle_threads 0"), std::string::npos) << out;
+}
+
+// ddprun starts the spare in the idle class. Taken before its imports ended (on a busy node it
+// may not get the CPU to end them), it runs at normal priority from then on, every thread of it
+// (the stand-in torch._dynamo starts one during the imports).
+TEST_F(WarmSpareTest, AnIdleSpareTakenAtOnceRunsItsRankAtNormalPriority) {
+  if (!can_leave_idle_class()) {
+    GTEST_SKIP() << "this user cannot leave the idle scheduling class (not root, RLIMIT_NICE "
+                    "below 20): ddprun starts no spare in it";
   }
+  WarmSpare spare = start_spare(/*idle=*/true);
+  std::string why;
+  auto p = spare.take(orders({python_, "-u", (dir_ / "prog" / "train.py").string()}), why);
+  ASSERT_TRUE(p.has_value()) << why;
+  const std::string out = read_until_eof(p->stdout_read.get());
+  const std::string err = read_until_eof(p->stderr_read.get());
+  EXPECT_EQ(wait_exit_code(p->pid), 0) << out << err;
+  EXPECT_NE(out.find("idle_threads 0"), std::string::npos) << out << err;
 }
 
 TEST_F(WarmSpareTest, TheSpareRunsAModuleAndRunPathsCommand) {

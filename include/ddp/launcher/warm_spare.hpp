@@ -48,9 +48,9 @@ bool can_leave_idle_class();
 
 class WarmSpare {
  public:
-  // Starts a spare with `options` (argv from warm_spare_command, the spare's environment; the
-  // socket descriptor, PYTHONSAFEPATH=1 and the idle class are added here). Throws ddp::Error
-  // like spawn_process.
+  // Starts a spare with `options` (argv from warm_spare_command, the spare's environment,
+  // `idle_class` where can_leave_idle_class(); the socket descriptor and PYTHONSAFEPATH=1 are
+  // added here). Throws ddp::Error like spawn_process.
   static WarmSpare start(SpawnOptions options);
 
   WarmSpare(WarmSpare&&) = default;
@@ -62,7 +62,8 @@ class WarmSpare {
   // waiting). A spare taken before that finishes them as the rank.
   bool warm();
 
-  // Hands the spare `worker`'s argv, env and CPUs. On success returns the process (the
+  // Hands the spare `worker`'s argv, env and CPUs (an idle-class spare still importing is
+  // moved to the normal class first). On success returns the process (the
   // spare's pid and output pipes), and this object is spent. nullopt when the spare could not
   // take it (it died; the message did not go out in time: then it is killed), with `why`.
   std::optional<SpawnedProcess> take(const SpawnOptions& worker, std::string& why);
@@ -75,7 +76,9 @@ class WarmSpare {
 
  private:
   WarmSpare() = default;
+  void leave_idle_class();
   SpawnedProcess process_;
+  bool idle_ = false;
   UniqueFd socket_;  // the agent's end
   bool warm_ = false;
 };
