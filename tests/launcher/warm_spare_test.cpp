@@ -118,6 +118,26 @@ class WarmSpareTest : public ::testing::Test {
     return w;
   }
 
+  // What a rank run by a spare printed, and how it ended.
+  struct Ran {
+    std::string out, err;
+    int code = -1;
+  };
+  // Hands `spare` the orders to run `argv` and waits for the rank it becomes to end.
+  Ran run_as_rank(WarmSpare& spare, std::vector<std::string> argv) {
+    std::string why;
+    std::optional<SpawnedProcess> p = spare.take(orders(std::move(argv)), why);
+    if (!p) {
+      ADD_FAILURE() << "the spare could not be taken: " << why;
+      return {};
+    }
+    Ran ran;
+    ran.out = read_until_eof(p->stdout_read.get());
+    ran.err = read_until_eof(p->stderr_read.get());
+    ran.code = wait_exit_code(p->pid);
+    return ran;
+  }
+
   std::string python_;
   fs::path dir_;
 };
@@ -149,14 +169,11 @@ TEST_F(WarmSpareTest, TheSpareBecomesTheScriptWithItsArgvEnvironmentAndCpus) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (!spare.warm() && std::chrono::steady_clock::now() < until) ::usleep(10000);
   ASSERT_TRUE(spare.warm());
-  const std::string script = (dir_ / "prog" / "train.py").string();
-  std::string why;
-  auto p = spare.take(orders({python_, "-u", script, "--lr", "0.1"}), why);
-  ASSERT_TRUE(p.has_value()) << why;
-  const std::string out = read_until_eof(p->stdout_read.get());
-  const std::string err = read_until_eof(p->stderr_read.get());
-  EXPECT_EQ(wait_exit_code(p->pid), 0) << out << err;
-  EXPECT_NE(out.find("argv ['--lr', '0.1']"), std::string::npos) << out << err;
+  const Ran ran =
+      run_as_rank(spare, {python_, "-u", (dir_ / "prog" / "train.py").string(), "--lr", "0.1"});
+  const std::string& out = ran.out;
+  EXPECT_EQ(ran.code, 0) << out << ran.err;
+  EXPECT_NE(out.find("argv ['--lr', '0.1']"), std::string::npos) << out << ran.err;
   EXPECT_NE(out.find("name __main__"), std::string::npos) << out;
   // Its rank arrived with the orders; the socket's descriptor is not left in its environment.
   EXPECT_NE(out.find("rank 3 fd None"), std::string::npos) << out;
@@ -175,44 +192,29 @@ TEST_F(WarmSpareTest, AnIdleSpareTakenAtOnceRunsItsRankAtNormalPriority) {
                     "below 20): ddprun starts no spare in it";
   }
   WarmSpare spare = start_spare(/*idle=*/true);
-  std::string why;
-  auto p = spare.take(orders({python_, "-u", (dir_ / "prog" / "train.py").string()}), why);
-  ASSERT_TRUE(p.has_value()) << why;
-  const std::string out = read_until_eof(p->stdout_read.get());
-  const std::string err = read_until_eof(p->stderr_read.get());
-  EXPECT_EQ(wait_exit_code(p->pid), 0) << out << err;
-  EXPECT_NE(out.find("idle_threads 0"), std::string::npos) << out << err;
+  const Ran ran = run_as_rank(spare, {python_, "-u", (dir_ / "prog" / "train.py").string()});
+  EXPECT_EQ(ran.code, 0) << ran.out << ran.err;
+  EXPECT_NE(ran.out.find("idle_threads 0"), std::string::npos) << ran.out << ran.err;
 }
 
 TEST_F(WarmSpareTest, TheSpareRunsAModuleAndRunPathsCommand) {
-  {
-    WarmSpare spare = start_spare();
-    std::string why;
-    auto p = spare.take(orders({python_, "-u", "-m", "trainmod", "x"}), why);
-    ASSERT_TRUE(p.has_value()) << why;
-    const std::string out = read_until_eof(p->stdout_read.get());
-    EXPECT_EQ(wait_exit_code(p->pid), 0) << out;
-    EXPECT_NE(out.find("argv ['x']"), std::string::npos) << out;
-    EXPECT_NE(out.find("name __main__"), std::string::npos) << out;
-    // As `python -m` puts it: the working directory (the spare's own imports skipped it).
-    EXPECT_NE(out.find("path0 " + fs::current_path().string() + "\n"), std::string::npos) << out;
-  }
-  {
-    // --run-path's command (command.cpp): -c code that runs PROGRAM with runpy.run_path.
-    WarmSpare spare = start_spare();
-    std::string why;
-    const std::string script = (dir_ / "prog" / "train.py").string();
-    auto p = spare.take(
-        orders({python_, "-u", "-c",
-                "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], "
-                "run_name='__main__')",
-                script, "y"}),
-        why);
-    ASSERT_TRUE(p.has_value()) << why;
-    const std::string out = read_until_eof(p->stdout_read.get());
-    EXPECT_EQ(wait_exit_code(p->pid), 0) << out;
-    EXPECT_NE(out.find("argv ['y']"), std::string::npos) << out;
-  }
+  WarmSpare module_spare = start_spare();
+  const Ran module = run_as_rank(module_spare, {python_, "-u", "-m", "trainmod", "x"});
+  EXPECT_EQ(module.code, 0) << module.out << module.err;
+  EXPECT_NE(module.out.find("argv ['x']"), std::string::npos) << module.out;
+  EXPECT_NE(module.out.find("name __main__"), std::string::npos) << module.out;
+  // As `python -m` puts it: the working directory (the spare's own imports skipped it).
+  EXPECT_NE(module.out.find("path0 " + fs::current_path().string() + "\n"), std::string::npos)
+      << module.out;
+  // --run-path's command (command.cpp): -c code that runs PROGRAM with runpy.run_path.
+  WarmSpare run_path_spare = start_spare();
+  const Ran run_path = run_as_rank(
+      run_path_spare, {python_, "-u", "-c",
+                       "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], "
+                       "run_name='__main__')",
+                       (dir_ / "prog" / "train.py").string(), "y"});
+  EXPECT_EQ(run_path.code, 0) << run_path.out << run_path.err;
+  EXPECT_NE(run_path.out.find("argv ['y']"), std::string::npos) << run_path.out;
 }
 
 // ddprun may take a spare just as it writes its "ready" byte, and close its end with that byte
@@ -226,22 +228,15 @@ TEST_F(WarmSpareTest, ItsOrdersRunWhenItsReadyByteWasNeverRead) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (!fs::exists(marker) && std::chrono::steady_clock::now() < until) ::usleep(10000);
   ::usleep(300000);  // its last import is done: the byte follows at once
-  std::string why;
-  auto p = spare.take(orders({python_, "-u", (dir_ / "prog" / "train.py").string(), "z"}), why);
-  ASSERT_TRUE(p.has_value()) << why;
-  const std::string out = read_until_eof(p->stdout_read.get());
-  const std::string err = read_until_eof(p->stderr_read.get());
-  EXPECT_EQ(wait_exit_code(p->pid), 0) << out << err;
-  EXPECT_NE(out.find("argv ['z']"), std::string::npos) << out << err;
+  const Ran ran = run_as_rank(spare, {python_, "-u", (dir_ / "prog" / "train.py").string(), "z"});
+  EXPECT_EQ(ran.code, 0) << ran.out << ran.err;
+  EXPECT_NE(ran.out.find("argv ['z']"), std::string::npos) << ran.out << ran.err;
 }
 
 TEST_F(WarmSpareTest, TheScriptsExitCodeIsTheProcesses) {
   write_file(dir_ / "prog" / "fail.py", "import sys\nsys.exit(7)\n");
   WarmSpare spare = start_spare();
-  std::string why;
-  auto p = spare.take(orders({python_, "-u", (dir_ / "prog" / "fail.py").string()}), why);
-  ASSERT_TRUE(p.has_value()) << why;
-  EXPECT_EQ(wait_exit_code(p->pid), 7);
+  EXPECT_EQ(run_as_rank(spare, {python_, "-u", (dir_ / "prog" / "fail.py").string()}).code, 7);
 }
 
 TEST_F(WarmSpareTest, ASpareThatCannotImportSaysWhyAndCannotBeTaken) {
