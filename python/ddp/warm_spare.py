@@ -12,7 +12,8 @@ environment, argv and CPUs, and runs the program as Python would have (a script 
 ``runpy.run_path`` and its folder first on sys.path; ``-m`` with ``runpy.run_module``; ``-c``).
 Its pid, output pipes and process group are the rank's from then on.
 
-The message (src/launcher/warm_spare.cpp writes it; docs/recovery.md, "The warm spare"): NUL-terminated fields, all bytes::
+The message (src/launcher/warm_spare.cpp writes it; docs/recovery.md, "The warm spare"):
+NUL-terminated fields, all bytes::
 
     ddp-warm-spare-1 \\0 <n> \\0 argv[0..n) \\0... <m> \\0 env "K=V" [0..m) \\0... <k> \\0 cpu [0..k) \\0...
 
@@ -20,8 +21,11 @@ then end of file. End of file with no message: the job is over (exit 0, nothing 
 spare writes one byte, ``R``, once its imports are done.
 
 ddprun starts the spare in the idle scheduling class where the spare can leave it again (root,
-CAP_SYS_NICE, or RLIMIT_NICE >= 20): its imports take only CPU nobody else wants; it returns to
-the normal class before it becomes a rank. Elsewhere it imports at normal priority.
+CAP_SYS_NICE, or RLIMIT_NICE >= 20): its imports take only CPU nobody else wants. Two moves back
+to the normal class, for two cases: ddprun moves a spare it takes before the "ready" byte (its
+imports would otherwise go on at idle priority before it could read its orders), and the spare
+moves every thread of its own once it has read them (a spare taken when ready, and any thread
+started since ddprun's move). Elsewhere it imports at normal priority.
 """
 
 import os
