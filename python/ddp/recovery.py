@@ -342,15 +342,17 @@ class StepManager:
             self.recoveries += 1
 
     def _same_buckets(self):
-        # DDP lays gradients out in buckets, first in reverse parameter order, then (after the
-        # first backward) in the order they became ready; the all-reduce sums buffers position
-        # by position. A restarted rank's DDP is new while the survivors' rebuilt long ago, so
-        # their layouts would differ and the sums mix different parameters (no error: the
-        # sizes match). So on every rank, at the start and at every heal, DDP rebuilds its
-        # buckets now, in parameter order, rank 0's layout broadcast (a collective), and never
-        # again: every rank, and every run, sums in the same layout.
+        # DDP lays gradients out in buckets, first all in one, then (after the first backward)
+        # in the order they became ready; the all-reduce sums buffers position by position. A
+        # restarted rank's DDP is new while the survivors' rebuilt long ago, so their layouts
+        # would differ and the sums mix different parameters (no error: the sizes match). So on
+        # every rank, at the start and at every heal, DDP rebuilds its buckets now, and never
+        # again: every rank, and every run, sums in the same layout. The order is reverse
+        # parameter order (python/src/bucket_order.cpp), what a sequential model's backward
+        # produces: the last layers' bucket is all-reduced while the first layers' backward
+        # runs. The rebuild broadcasts rank 0's layout (a collective), the same on every rank.
         self.model._update_process_group(self._groups.group)
-        self.model.reducer._push_all_rebuilt_params()
+        _C._push_params_in_reverse_order(self.model.reducer)
         self.model.reducer._rebuild_buckets()
 
     def _heal(self):

@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include "bound_work.hpp"
+#include "bucket_order.hpp"
 #include "ddp/comm/types.hpp"
 #include "ddp/util/error.hpp"
 #include "job_store.hpp"
@@ -93,6 +94,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "--recovery shrink: a replacement claims its slot back and joins the others (collective; "
       "nothing for any other process).");
   ddp::python::bind_recovery_membership(m);
+  ddp::python::bind_bucket_order(m);
   // StepManager's waits on PyTorch's backends (python/ddp/torch_generations.py: PendingWaits).
   m.def(
       "_bind_work",

@@ -230,6 +230,15 @@ def main():
             os.kill(os.getppid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
 
+    # StepManager lays DDP's buckets out in reverse parameter order, on every rank and after
+    # every heal (python/src/bucket_order.cpp): the last layers' all-reduce overlaps the first
+    # layers' backward. DDP logs its rebuilt layout as "i j k, l m" (buckets, comma-separated).
+    layout = model._get_ddp_logging_data().get("rebuilt_per_bucket_param_indices", "")
+    indices = [int(i) for i in layout.replace(",", " ").split()]
+    parameter_count = len(list(model.parameters()))
+    if indices != list(reversed(range(parameter_count))):
+        raise AssertionError(f"DDP's buckets are {layout!r}, not in reverse parameter order "
+                             f"({parameter_count} parameters)")
     with open(os.path.join(args.out, f"rank{slot}.params"), "wb") as f:
         for p in model.parameters():
             f.write(p.detach().cpu().contiguous().numpy().tobytes())
