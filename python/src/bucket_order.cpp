@@ -45,8 +45,7 @@ struct ReverseOrderPush : c10d::Reducer {
 void bind_bucket_order(py::module& m) {
   m.def(
       "_push_params_in_reverse_order",
-      [](c10d::Reducer& reducer) { ReverseOrderPush::push(reducer); },
-      py::arg("reducer"),
+      [](c10d::Reducer& reducer) { ReverseOrderPush::push(reducer); }, py::arg("reducer"),
       "What Reducer._push_all_rebuilt_params does, in reverse parameter order: the next "
       "Reducer._rebuild_buckets lays the buckets out as if the backward had produced the "
       "gradients from the last parameter to the first. Call it between steps, never while a "
