@@ -27,17 +27,21 @@ void warn_stacks(const std::string& text) {
 }
 
 StackRequestChannel::StackRequestChannel(Store& store, std::string prefix, int node_rank,
-                                         int num_nodes, Capture capture)
+                                         int num_nodes, Capture capture, int64_t first)
     : store_(store),
       prefix_(std::move(prefix)),
       me_(node_rank),
       nodes_(num_nodes),
       capture_(std::move(capture)),
-      next_(store_.add(prefix_ + "seq", 0) + 1),
+      next_(first > 0 ? first : first_request(store_, prefix_)),
       missing_since_(kNotMissing) {
   // A request its asker deleted between our check and our get must not hold the round's
   // thread for the store's default wait (300 s): the store is this channel's own connection.
   store_.set_timeout(kAbandonedRequest);
+}
+
+int64_t StackRequestChannel::first_request(Store& store, const std::string& prefix) {
+  return store.add(prefix + "seq", 0) + 1;
 }
 
 int64_t StackRequestChannel::reserve_request_id(Store& store, const std::string& prefix) {

@@ -36,11 +36,16 @@ class StackRequestChannel {
   // every later request of the round (issue 49, finding 5).
   static constexpr std::chrono::milliseconds kAbandonedRequest{2000};
 
-  // Starts after the requests already posted (they were for earlier members of the round).
-  // Store errors propagate from every call; the caller (StackService's round thread) takes a
-  // TimeoutError for a late reply and tries again, any other for the end of the round.
+  // Starts at request `first` (from first_request(): the node's join_round takes it before it
+  // returns, so every request posted after the node joined is served), or, with 0, after the
+  // requests already posted now (they were for earlier members of the round). Store errors
+  // propagate from every call; the caller (StackService's round thread) takes a TimeoutError
+  // for a late reply and tries again, any other for the end of the round.
   StackRequestChannel(Store& store, std::string prefix, int node_rank, int num_nodes,
-                      Capture capture);
+                      Capture capture, int64_t first = 0);
+
+  // The id of the next request to be posted under `prefix`: where a channel made now starts.
+  static int64_t first_request(Store& store, const std::string& prefix);
 
   // Asks the other nodes and returns each node's answer by node rank ("" for none and for
   // this node) by `deadline`. Serves the other nodes' requests while it waits: when a round

@@ -387,7 +387,8 @@ struct StackService::State {
   // Serves and asks the other nodes until leave_round(). A store call that times out (a
   // loaded host answering late) costs the request at hand, not the round: the next slice tries
   // again. Any other store error ends the thread (the store is gone), and says so to requests.
-  void round_loop(std::shared_ptr<Store> s, int gen, int me, int nodes) {
+  // `first`: the first request to serve (join_round's read; 0: read when the channel is made).
+  void round_loop(std::shared_ptr<Store> s, int gen, int me, int nodes, int64_t first) {
     const std::string prefix = keys_prefix(options.run_id, gen);
     std::string ended;
     bool warned = false;
@@ -398,8 +399,9 @@ struct StackService::State {
         std::vector<std::string> answers;
         try {
           if (!channel) {
-            channel.emplace(*s, prefix, me, nodes,
-                            [this](Clock::time_point d) { return capture_for_other_node(d); });
+            channel.emplace(
+                *s, prefix, me, nodes,
+                [this](Clock::time_point d) { return capture_for_other_node(d); }, first);
           }
           {
             std::lock_guard<std::mutex> lock(mutex);
@@ -418,6 +420,14 @@ struct StackService::State {
             detail::warn_stacks(
                 fmt::format("the job's store answered late ({}); trying again", e.what()));
           }
+        } catch (...) {
+          // The round ends (below): a request taken from the queue goes back, so that its
+          // asker hears why instead of waiting out its deadline.
+          if (mine) {
+            std::lock_guard<std::mutex> lock(mutex);
+            outgoing.push_front(mine);
+          }
+          throw;
         }
         if (mine) {
           std::lock_guard<std::mutex> lock(mutex);
@@ -540,9 +550,21 @@ void StackService::join_round(std::shared_ptr<Store> store, int generation, int 
     s.round_ended.clear();
   }
   if (!store) return;  // requests name the other nodes as not asked, and why
+  // Where this node starts serving, read before join_round returns: a request posted after the
+  // node joined is answered even when the round thread starts late. (Read in that thread, a
+  // loaded machine let another node's first request come before it, which this node then took
+  // for an earlier member's and never answered.) The store's limit is the channel's own. A
+  // store that fails here leaves the read to the round thread, which retries a late store.
+  int64_t first = 0;
+  try {
+    store->set_timeout(detail::StackRequestChannel::kAbandonedRequest);
+    first = detail::StackRequestChannel::first_request(*store,
+                                                       keys_prefix(s.options.run_id, generation));
+  } catch (const Error&) {
+  }
   s.round_stop = false;
-  s.round_thread = std::thread([&s, store, generation, node_rank, num_nodes] {
-    s.round_loop(store, generation, node_rank, num_nodes);
+  s.round_thread = std::thread([&s, store, generation, node_rank, num_nodes, first] {
+    s.round_loop(store, generation, node_rank, num_nodes, first);
   });
 }
 
