@@ -87,7 +87,12 @@ start_pod() {
 # The trainer in place of /workspace/train.py: with --recovery step, PyTorch DDP under
 # ddp.StepManager; without, a gloo all-reduce loop (env:// only).
 trainer() {
-  if printf '%s\n' "${ARGS[@]}" | grep -qx -- --recovery; then
+  # No `printf ... | grep -q` here: grep -q exits at its first match, and under pipefail a
+  # printf that writes after that (SIGPIPE) failed the test (in CI, the two pods of one job
+  # once ran different trainers).
+  local arg recovery=0
+  for arg in "${ARGS[@]}"; do [[ "$arg" == --recovery ]] && recovery=1; done
+  if ((recovery)); then
     mkdir -p "$T/out"
     echo "$TESTS/python/recovery_worker.py" --steps "$STEPS" --out "$T/out"
   else

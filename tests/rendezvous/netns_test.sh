@@ -44,6 +44,8 @@
 # Exit 77 (ctest: skipped) with the reason when not root or without iproute2. Always removes
 # its namespaces and temp dir; every wait is bounded.
 set -uo pipefail
+# A pipe ends in `grep PATTERN >/dev/null`, never `grep -q`: grep -q exits at its first match,
+# and a writer still writing then dies of SIGPIPE, which pipefail makes the pipe's failure.
 
 SCENARIO="${1:?usage: netns_test.sh SCENARIO DDPRUN WORKERS_DIR [PYTHON]}"
 DDPRUN="${2:?}"
@@ -120,7 +122,7 @@ elastic)
   grep -q "RESTART=0 " "$T/node2late.log" || fail "the late node's first workers did not see TORCHELASTIC_RESTART_COUNT=0"
   grep -q "RESTART=[1-9] " "$T/node2late.log" && fail "the late node's workers saw a restart count above 0"
   # Workers resumed from the snapshot instead of step 0 after the shrink.
-  grep "WORLD_SIZE=4 " "$T/node0.log" | grep -qv "start_step=0$" ||
+  grep "WORLD_SIZE=4 " "$T/node0.log" | grep -v "start_step=0$" >/dev/null ||
     fail "the shrunken round did not resume from the snapshot"
   echo "PASS: survived a SIGKILLed agent with WORLD_SIZE=4, admitted a late node, finished with 6"
   ;;
@@ -244,13 +246,13 @@ store_host_lost | store_host_lost_torchrun)
   # The round moved with the store: the waiting line names the standby, not the lost endpoint.
   for node in 1 2; do
     expect_in "$T/node$node.log" "waiting for the other nodes of c10d run 'lost$TAG' (2 to 3 nodes): the rendezvous store is 10.78.0."
-    grep "waiting for the other nodes" "$T/node$node.log" | grep -q "store is 10.78.0.[23]:" ||
+    grep "waiting for the other nodes" "$T/node$node.log" | grep "store is 10.78.0.[23]:" >/dev/null ||
       fail "node $node's waiting line after the move does not name the standby store"
   done
   # The survivors were stopped by the membership change (or their workers failed with the
   # lost peers: then the smaller round does not count against --max-restarts 0).
-  grep "WORLD_SIZE=4 " "$T/survivors.txt" | grep -q "^worker" || fail "no worker restarted"
-  grep "^worker .*WORLD_SIZE=4 " "$T/survivors.txt" | grep -qv "start_step=0$" ||
+  grep "WORLD_SIZE=4 " "$T/survivors.txt" | grep "^worker" >/dev/null || fail "no worker restarted"
+  grep "^worker .*WORLD_SIZE=4 " "$T/survivors.txt" | grep -v "start_step=0$" >/dev/null ||
     fail "the round of 2 nodes did not resume from the snapshot"
   echo "PASS: node 0, which served the store, died; the two others moved to a standby store and finished from the snapshot"
   ;;
@@ -338,7 +340,7 @@ recovery_lost_node)
   kill_node 1
   expect_in "$T/node0.log" "its ranks 2-3 leave the job and the other 2 workers go on"
   # (The flight recorder's wait for the lost ranks' records times out, by design.)
-  grep "timed out\|restarting the worker group" "$T/node0.log" | grep -qv "flight recorder" &&
+  grep "timed out\|restarting the worker group" "$T/node0.log" | grep -v "flight recorder" >/dev/null &&
     fail "node 0: a collective timed out or the group restarted"
   for rank in 0 1; do
     grep -q '"world_size":2,"step":'"$STEPS"',.*"generation":1' "$T/out/rank$rank.json" ||
