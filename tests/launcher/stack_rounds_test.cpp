@@ -55,6 +55,24 @@ bool node0_serves(HashStore& store, const std::string& prefix) {
   return false;
 }
 
+// Node 1 asks node 0 for its workers' stacks (both services of this process, their worker this
+// process, stacks from `eu_stack`), each node over its own view of the round's store; both have
+// left the round when it returns.
+StackService::Collected node1_asks_node0(const std::string& run_id, const std::string& eu_stack,
+                                         std::shared_ptr<Store> node0_store,
+                                         std::shared_ptr<Store> node1_store) {
+  const StackServiceOptions so = node_options(run_id, eu_stack);
+  StackService node0(so), node1(so);
+  node0.set_workers({{0, ::getpid()}});
+  node1.set_workers({{1, ::getpid()}});
+  node0.join_round(std::move(node0_store), 0, 0, 2);
+  node1.join_round(std::move(node1_store), 0, 1, 2);
+  auto got = node1.capture_all_nodes(std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  node0.leave_round();
+  node1.leave_round();
+  return got;
+}
+
 // Issue 49, finding 5: an asker that took a request id and died before posting it no longer
 // stops the round's later requests. Node 0's service answers request 1 (node 1's, posted here
 // by hand as the service would), then passes over id 2, never posted, once id 3 exists and id
@@ -141,18 +159,9 @@ TEST_F(StacksWithTools, RequestsInALoopPauseTheWorkersAtMostOncePerInterval) {
 // Issue 49, finding 5: the keys of a request do not outlive it. Node 1 asks node 0 (both
 // services of this process, one store); afterwards only the round's id counter is left.
 TEST_F(StacksWithTools, ARequestLeavesNoKeysBehind) {
-  const StackServiceOptions so = node_options("clean", one_frame_eu_stack());
-  StackService node0(so), node1(so);
-  node0.set_workers({{0, ::getpid()}});
-  node1.set_workers({{1, ::getpid()}});
   auto store = std::make_shared<HashStore>();
-  node0.join_round(store, 0, 0, 2);
-  node1.join_round(store, 0, 1, 2);
-  const auto got =
-      node1.capture_all_nodes(std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  const auto got = node1_asks_node0("clean", one_frame_eu_stack(), store, store);
   EXPECT_EQ(got.answered, (std::vector<int>{1, 0})) << ::testing::PrintToString(got.notes);
-  node0.leave_round();
-  node1.leave_round();
   EXPECT_EQ(store->num_keys(), 1) << "only ddprun_stacks/clean/0/seq should be left";
 }
 
@@ -191,19 +200,11 @@ class LateRoundThreadStore : public Store {
 // while node 0's thread had not read it yet, was taken for an earlier member's and never
 // answered (CI: StacksWithTools.ARequestLeavesNoKeysBehind, "node rank 0 did not answer").
 TEST_F(StacksWithTools, ARequestPostedRightAfterJoiningIsAnswered) {
-  const StackServiceOptions so = node_options("early", one_frame_eu_stack());
-  StackService node0(so), node1(so);
-  node0.set_workers({{0, ::getpid()}});
-  node1.set_workers({{1, ::getpid()}});
   auto store = std::make_shared<HashStore>();
-  node0.join_round(std::make_shared<LateRoundThreadStore>(store, std::chrono::milliseconds(1500)),
-                   0, 0, 2);
-  node1.join_round(store, 0, 1, 2);
-  const auto got =
-      node1.capture_all_nodes(std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  const auto got = node1_asks_node0(
+      "early", one_frame_eu_stack(),
+      std::make_shared<LateRoundThreadStore>(store, std::chrono::milliseconds(1500)), store);
   EXPECT_EQ(got.answered, (std::vector<int>{1, 0})) << ::testing::PrintToString(got.notes);
-  node0.leave_round();
-  node1.leave_round();
 }
 
 // A node's view of the round's store that forces one interleaving: an answer written by this
@@ -265,18 +266,11 @@ class InterleavingStore : public Store {
 // that checked for the request in between took its own answer for late and deleted it unread
 // (CI's ASan stage, StacksWithTools.AStoreCallAnsweredLateCostsTheRequestNotTheRound).
 TEST_F(StacksWithTools, AnAnswerWrittenAsTheAskerStopsWaitingIsTaken) {
-  const StackServiceOptions so = node_options("edge", one_frame_eu_stack());
-  StackService node0(so), node1(so);
-  node0.set_workers({{0, ::getpid()}});
-  node1.set_workers({{1, ::getpid()}});
   auto store = std::make_shared<HashStore>();
-  node0.join_round(std::make_shared<InterleavingStore>(store, true, false), 0, 0, 2);
-  node1.join_round(std::make_shared<InterleavingStore>(store, false, true), 0, 1, 2);
-  const auto got =
-      node1.capture_all_nodes(std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  const auto got = node1_asks_node0("edge", one_frame_eu_stack(),
+                                    std::make_shared<InterleavingStore>(store, true, false),
+                                    std::make_shared<InterleavingStore>(store, false, true));
   EXPECT_EQ(got.answered, (std::vector<int>{1, 0})) << ::testing::PrintToString(got.notes);
-  node0.leave_round();
-  node1.leave_round();
   EXPECT_EQ(store->num_keys(), 1) << "only ddprun_stacks/edge/0/seq should be left";
 }
 
