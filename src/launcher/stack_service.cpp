@@ -387,9 +387,10 @@ struct StackService::State {
   // Serves and asks the other nodes until leave_round(). A store call that times out (a
   // loaded host answering late) costs the request at hand, not the round: the next slice tries
   // again. Any other store error ends the thread (the store is gone), and says so to requests.
-  // `first`: the first request to serve (join_round's read; 0: read when the channel is made).
-  void round_loop(std::shared_ptr<Store> s, int gen, int me, int nodes, int64_t first) {
-    const std::string prefix = keys_prefix(options.run_id, gen);
+  // `prefix`: the round's keys; `first`: the first request to serve (join_round's read; 0: read
+  // when the channel is made).
+  void round_loop(std::shared_ptr<Store> s, const std::string& prefix, int me, int nodes,
+                  int64_t first) {
     std::string ended;
     bool warned = false;
     try {
@@ -555,16 +556,16 @@ void StackService::join_round(std::shared_ptr<Store> store, int generation, int 
   // loaded machine let another node's first request come before it, which this node then took
   // for an earlier member's and never answered.) The store's limit is the channel's own. A
   // store that fails here leaves the read to the round thread, which retries a late store.
+  const std::string prefix = keys_prefix(s.options.run_id, generation);
   int64_t first = 0;
   try {
     store->set_timeout(detail::StackRequestChannel::kAbandonedRequest);
-    first = detail::StackRequestChannel::first_request(*store,
-                                                       keys_prefix(s.options.run_id, generation));
+    first = detail::StackRequestChannel::first_request(*store, prefix);
   } catch (const Error&) {
   }
   s.round_stop = false;
-  s.round_thread = std::thread([&s, store, generation, node_rank, num_nodes, first] {
-    s.round_loop(store, generation, node_rank, num_nodes, first);
+  s.round_thread = std::thread([&s, store, prefix, node_rank, num_nodes, first] {
+    s.round_loop(store, prefix, node_rank, num_nodes, first);
   });
 }
 
