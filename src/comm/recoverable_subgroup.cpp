@@ -71,7 +71,7 @@ ProcessGroupPtr RecoverableSubgroup::group(const std::function<void()>& before_r
     std::lock_guard<std::mutex> lock(mutex_);
     if (current == generation_) return group_;
   }
-  if (parent_->world_size() != parent_world_size_) {
+  if (!options_.whole_job && parent_->world_size() != parent_world_size_) {
     throw UsageError(fmt::format(
         "group '{}' cannot follow the job into membership generation {}: the job's ranks changed "
         "({} -> {} ranks: a node was lost or joined), so members of this group may be gone; make "
@@ -91,15 +91,15 @@ ProcessGroupPtr RecoverableSubgroup::group(const std::function<void()>& before_r
   return next;
 }
 
-void RecoverableSubgroup::await_members(int64_t generation) const {
+void RecoverableSubgroup::await_members(int64_t generation, int rank, int size) const {
   // Keys of this generation only. A member that died before arriving never sets its key: the
   // wait ends at the parent's next announcement instead (init_process_group's own wait knows no
   // notice and would last the whole timeout).
   Store& store = *parent_->store();
   const std::string base = fmt::format("{}/g{}/present/", options_.name, generation);
   std::vector<std::string> keys;
-  for (int r = 0; r < options_.size; ++r) keys.push_back(base + std::to_string(r));
-  store.set(keys[options_.rank], "1");
+  for (int r = 0; r < size; ++r) keys.push_back(base + std::to_string(r));
+  store.set(keys[rank], "1");
   const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
   for (;;) {
     if (store.check(keys)) return;
@@ -111,19 +111,24 @@ void RecoverableSubgroup::await_members(int64_t generation) const {
           "group '{}' of membership generation {}: {} of its {} members arrived within {} ms "
           "(each arrives at its first operation on the group in that generation); every member "
           "must make the group (new_group) and use it",
-          options_.name, generation, arrived, options_.size, options_.timeout.count()));
+          options_.name, generation, arrived, size, options_.timeout.count()));
     }
     std::this_thread::sleep_for(kArrivalPoll);
   }
 }
 
 ProcessGroupPtr RecoverableSubgroup::form(int64_t generation) const {
-  await_members(generation);
+  // The parent's rank and size are those of `generation` here: group() runs on the training
+  // thread, which is the one that re-forms the parent.
+  const int rank = options_.whole_job ? parent_->rank() : options_.rank;
+  const int size = options_.whole_job ? parent_->world_size() : options_.size;
+  await_members(generation, rank, size);
   InitOptions o;
   o.backend = options_.backend;
   o.timeout = options_.timeout;
-  o.rank = options_.rank;
-  o.world_size = options_.size;
+  o.rank = rank;
+  o.world_size = size;
+  o.device = options_.device;
   // Its own key space per generation: the replacement and the survivors meet there.
   o.store = std::make_shared<PrefixStore>(fmt::format("{}/g{}", options_.name, generation),
                                           parent_->store());

@@ -3,7 +3,8 @@
 // in flight ends with PeerLostError at the launcher's notice, the subgroup refuses while the
 // job's group is stale, and after the re-form it meets the replacement's subgroup in the next
 // generation (also when a member died before the group's first operation); after a lost node it
-// refuses with a UsageError instead of waiting for a member.
+// refuses with a UsageError instead of waiting for a member, unless it is the whole job's
+// (options.whole_job): then it follows the survivors.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -207,6 +208,47 @@ TEST(RecoverableSubgroup, RefusesToFollowAJobThatLostANode) {
   for (auto& t : threads) t.join();
   ASSERT_TRUE(refusal.has_value()) << "the subgroup did not refuse after the lost node";
   EXPECT_NE(refusal->find("the job's ranks changed (3 -> 2 ranks"), std::string::npos) << *refusal;
+}
+
+TEST(RecoverableSubgroup, AWholeJobSubgroupFollowsAJobThatLostANode) {
+  auto store = std::make_shared<HashStore>();
+  store->set_timeout(std::chrono::minutes(5));
+  std::atomic<int> made{0};
+  std::array<float, 2> sums{};
+  std::array<int, 2> sizes{};
+  std::vector<std::thread> threads;
+  for (int r : {0, 1}) {  // the survivors; job rank 2 is lost with its node
+    threads.emplace_back([&, r] {
+      auto job = job_group(r, store);
+      RecoverableSubgroupOptions o;
+      o.name = "default_pg/cuda";
+      o.whole_job = true;
+      o.timeout = std::chrono::seconds(60);
+      RecoverableSubgroup all(job, o);
+      EXPECT_EQ(all_reduce_one(all.group(), 1.0F), 3.0F);  // generation 0: the three ranks
+      ++made;
+      while (!job->stale()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      job->reform();
+      ProcessGroupPtr pg = all.group();
+      sizes[r] = pg->size();
+      EXPECT_EQ(pg->rank(), job->rank());
+      sums[r] = all_reduce_one(pg, static_cast<float>(r + 1));
+    });
+  }
+  {
+    auto job = job_group(2, store);
+    RecoverableSubgroupOptions o;
+    o.name = "default_pg/cuda";
+    o.whole_job = true;
+    o.timeout = std::chrono::seconds(60);
+    RecoverableSubgroup all(job, o);
+    EXPECT_EQ(all_reduce_one(all.group(), 1.0F), 3.0F);
+    while (made.load() < 2) std::this_thread::yield();
+  }
+  EXPECT_EQ(recovery_notice::publish_lost_node(*store, {2}), 1);
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(sizes, (std::array<int, 2>{2, 2}));
+  EXPECT_EQ(sums, (std::array<float, 2>{3.0F, 3.0F}));  // 1 + 2: the two survivors only
 }
 
 }  // namespace subgroup

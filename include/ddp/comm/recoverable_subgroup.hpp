@@ -18,6 +18,9 @@
 //   the survivors) from waiting for survivors that are healing it.
 // - A job that lost a node renumbers its survivors: a subgroup's members may be gone, so
 //   group() then throws UsageError saying so (make the subgroups again from the survivors).
+//   A subgroup of every rank of the job (options.whole_job: the CUDA lane of the `ddp` Python
+//   backend's default group) follows it instead: each generation's group has the parent's
+//   ranks and size.
 //
 // Thread-safety: group() and generation() are for the training thread.
 #include <chrono>
@@ -26,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -41,6 +45,12 @@ struct RecoverableSubgroupOptions {
   int rank = 0;  // this process's rank in the subgroup
   int size = 1;  // the subgroup's size
   std::string backend = "cpu";
+  // nccl only: the CUDA device (unset: LOCAL_RANK's).
+  std::optional<int> device;
+  // Every rank of the job, in the parent's order: `rank` and `size` are ignored, each
+  // generation's group takes the parent's rank() and world_size() of that generation, so it
+  // follows a lost node too.
+  bool whole_job = false;
   // Bounds forming each generation's group and every collective of it.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
 };
@@ -67,7 +77,8 @@ class RecoverableSubgroup {
  private:
   // Waits until every member arrived at `generation` (PeerLostError as soon as the parent
   // announces a newer one; TimeoutError after options.timeout), then forms its group.
-  void await_members(int64_t generation) const;
+  // `rank` and `size`: this member's place in that generation's group.
+  void await_members(int64_t generation, int rank, int size) const;
   ProcessGroupPtr form(int64_t generation) const;
   void abort_on_announcements();
 
