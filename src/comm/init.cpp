@@ -64,6 +64,14 @@ std::vector<std::string> available_backends() {
   return b;
 }
 
+std::optional<std::string> cuda_device_identity([[maybe_unused]] int device) {
+#ifdef DDP_HAVE_NCCL_BACKEND
+  return detail::default_host_id() + "/" + cuda_pci_bus_id(device);
+#else
+  return std::nullopt;
+#endif
+}
+
 ProcessGroupPtr init_process_group(const InitOptions& options) {
   const std::string& backend = options.backend;
   const auto backends = available_backends();
@@ -109,6 +117,7 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
     warn_debug_collectives_unchecked(options, backend);
     NcclOptions nccl = NcclOptions::from_env(options.timeout);
     nccl.group_name = options.group_name;  // the unique-id exchange keys on it
+    nccl.host_id = options.host_id.value_or(detail::default_host_id());
     return make_nccl_process_group(store, rank, size, device, nccl);
   }
 #endif

@@ -1,5 +1,6 @@
 // How the members of an NCCL group find its unique id in the store (no GPU needed): the
-// store key comes from what the members agree on, so concurrent groups never cross.
+// store key comes from what the members agree on, so concurrent groups never cross. And the
+// check that no two members use one GPU, which every member answers alike.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -7,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "ddp/comm/nccl_process_group.hpp"
 #include "ddp/store/hash_store.hpp"
 #include "ddp/util/error.hpp"
 #include "nccl_bootstrap.hpp"
@@ -71,6 +73,62 @@ TEST(NcclBootstrap, MissingRankZeroIsATimeoutNamingTheGroup) {
     std::string what = e.what();
     EXPECT_NE(what.find("rank 1 of 2"), std::string::npos) << what;
     EXPECT_NE(what.find("'tp'"), std::string::npos) << what;
+  }
+}
+
+// Each member's outcome of check_one_rank_per_gpu when member r uses GPU gpus[r] (ranks as
+// threads on one store): "" when it passed, else its SharedGpuError's message.
+std::vector<std::string> check_gpus(HashStore& store, const GroupIdentity& group,
+                                    const std::vector<std::string>& gpus) {
+  std::vector<std::string> outcome(gpus.size());
+  std::vector<std::thread> members;
+  for (int r = 0; r < static_cast<int>(gpus.size()); ++r) {
+    members.emplace_back([&, r] {
+      try {
+        nccl_detail::check_one_rank_per_gpu(store, group, r, 10s, gpus[r]);
+      } catch (const SharedGpuError& e) {
+        outcome[r] = e.what();
+      }
+    });
+  }
+  for (auto& m : members) m.join();
+  return outcome;
+}
+
+TEST(NcclBootstrap, MembersOnDistinctGpusPassTheCheck) {
+  HashStore store;
+  GroupIdentity group{"default_pg", 4, {}};
+  // The same bus id on two hosts is two GPUs.
+  auto outcome = check_gpus(store, group,
+                            {"a/0000:3B:00.0", "a/0000:5E:00.0", "b/0000:3B:00.0", "b/0000:5E:00.0"});
+  EXPECT_EQ(outcome, std::vector<std::string>(4, ""));
+}
+
+TEST(NcclBootstrap, TwoMembersOnOneGpuFailEveryMemberAlike) {
+  HashStore store;
+  GroupIdentity group{"default_pg", 3, {}};
+  auto outcome = check_gpus(store, group, {"a/0000:3B:00.0", "a/0000:5E:00.0", "a/0000:3B:00.0"});
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(outcome[r].find("use a GPU that another member"), std::string::npos)
+        << "rank " << r << ": '" << outcome[r] << "'";
+  }
+  EXPECT_NE(outcome[1].find("not this rank's GPU: a/0000:5E:00.0"), std::string::npos) << outcome[1];
+  EXPECT_NE(outcome[2].find("among them this rank's GPU: a/0000:3B:00.0"), std::string::npos)
+      << outcome[2];
+  // The next group of the same identity checks afresh: its members moved to their own GPUs.
+  outcome = check_gpus(store, group, {"a/0000:3B:00.0", "a/0000:5E:00.0", "a/0000:86:00.0"});
+  EXPECT_EQ(outcome, std::vector<std::string>(3, ""));
+}
+
+TEST(NcclBootstrap, GpuCheckWithAMissingMemberIsATimeoutSayingHowManyArrived) {
+  HashStore store;
+  GroupIdentity group{"tp", 2, {}};
+  try {
+    nccl_detail::check_one_rank_per_gpu(store, group, 0, 50ms, "a/0000:3B:00.0");
+    FAIL() << "the check passed without the other member";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("1 of the 2 members arrived"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "ddp/comm/process_group.hpp"
+#include "ddp/util/error.hpp"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
 
@@ -50,9 +51,21 @@ struct NcclOptions {
   // The global ranks of the group's members, in group-rank order (empty: not given). When
   // given, its size must equal the group's.
   std::vector<int> member_ranks;
+  // Which host this rank runs on (ddp::init_process_group passes the cpu backend's host id):
+  // with it, the members check that no two of them use one GPU (SharedGpuError). Empty: no
+  // check (NCCL itself then fails such a group, less clearly).
+  std::string host_id;
 
   // Defaults with `timeout`, overridden by the DDP_NCCL_* variables above.
   static NcclOptions from_env(std::chrono::milliseconds timeout);
+};
+
+// Two members of a new NCCL group use one GPU (NcclOptions::host_id); thrown on every member
+// alike when the group is made, so callers can agree to fall back (the `ddp` Python backend
+// stages CUDA tensors through the host then).
+class SharedGpuError : public UsageError {
+ public:
+  using UsageError::UsageError;
 };
 
 class NcclProcessGroup : public ProcessGroup {
@@ -81,5 +94,10 @@ ProcessGroupPtr make_nccl_process_group(std::shared_ptr<Store> store, int rank, 
 
 ProcessGroupPtr make_nccl_process_group(std::shared_ptr<Store> store, int rank, int size,
                                         int device, const NcclOptions& options);
+
+// The PCI bus id of CUDA device `device` of this process ("0000:3B:00.0"): one GPU has the same
+// id in every process of its host, whatever CUDA_VISIBLE_DEVICES each was given. Throws
+// CollectiveError when CUDA cannot say (no such device).
+std::string cuda_pci_bus_id(int device);
 
 }  // namespace ddp

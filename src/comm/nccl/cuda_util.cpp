@@ -2,7 +2,21 @@
 
 #include <fmt/format.h>
 
+#include <array>
+
+#include "ddp/comm/nccl_process_group.hpp"
 #include "ddp/util/error.hpp"
+
+namespace ddp {
+
+std::string cuda_pci_bus_id(int device) {
+  std::array<char, 64> id{};  // "dddd:bb:dd.f" and a terminator need 13
+  nccl_detail::check_cuda(cudaDeviceGetPCIBusId(id.data(), static_cast<int>(id.size()), device),
+                          "cudaDeviceGetPCIBusId", -1);
+  return id.data();
+}
+
+}  // namespace ddp
 
 namespace ddp::nccl_detail {
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "ddp/comm/nccl_process_group.hpp"
 #include "ddp/store/store.hpp"
 #include "ddp/util/error.hpp"
 
@@ -60,6 +61,38 @@ std::string exchange_group_secret(Store& store, const GroupIdentity& group, int 
         rank, size, describe(group), key, timeout.count(), e.what()));
   }
   return store.get(key);
+}
+
+void check_one_rank_per_gpu(Store& store, const GroupIdentity& group, int rank,
+                            std::chrono::milliseconds timeout, const std::string& gpu) {
+  const std::string prefix = identity_prefix(group);
+  const int64_t index = store.add(fmt::format("{}/rank{}/gpu_checks", prefix, rank), 1);
+  const std::string base = fmt::format("{}/{}/gpu_check", prefix, index);
+  // Ranks already on this GPU, this one included. Bus ids hold ':' and '.', which keys allow.
+  const int64_t on_my_gpu = store.add(fmt::format("{}/gpu/{}", base, gpu), 1);
+  if (on_my_gpu > 1) store.add(base + "/shared", 1);
+  // Counted after "shared": when the last member arrives, every share is counted.
+  const std::string verdict_key = base + "/verdict";
+  if (store.add(base + "/arrived", 1) == group.size) {
+    store.set(verdict_key, std::to_string(store.add(base + "/shared", 0)));
+  }
+  try {
+    store.wait({verdict_key}, timeout);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(fmt::format(
+        "nccl backend: rank {} of {} in {}: {} of the {} members arrived to create the group "
+        "within {} ms ({})",
+        rank, group.size, describe(group), store.add(base + "/arrived", 0), group.size,
+        timeout.count(), e.what()));
+  }
+  const std::string verdict = store.get(verdict_key);
+  if (verdict == "0") return;
+  throw SharedGpuError(fmt::format(
+      "nccl backend: rank {} of {} in {}: {} member(s) use a GPU that another member of the "
+      "group uses too ({}this rank's GPU: {}); NCCL takes one rank per GPU: give each rank its "
+      "own device (LOCAL_RANK, CUDA_VISIBLE_DEVICES), or use a host backend (gloo, cpu, ddp) "
+      "for ranks that share a GPU",
+      rank, group.size, describe(group), verdict, on_my_gpu > 1 ? "among them " : "not ", gpu));
 }
 
 ncclUniqueId exchange_unique_id(Store& store, const GroupIdentity& group, int rank,

@@ -32,6 +32,17 @@ std::string exchange_group_secret(Store& store, const GroupIdentity& group, int 
                                   std::chrono::milliseconds timeout,
                                   const std::function<std::string()>& create);
 
+// Every member says which GPU it uses (`gpu`, cuda_device_identity: host and PCI bus id) before
+// the group's communicator is made; throws SharedGpuError on every member alike when two
+// members use one GPU (NCCL refuses such a communicator with an error that names neither rank;
+// the `ddp` Python backend then stages the group's CUDA tensors through the host). A constant
+// number of store operations per member, whatever the group's size: each adds to a counter per
+// GPU, those that found their GPU taken add to a shared count, and the last member to arrive
+// publishes that count. Keyed like exchange_group_secret (the k-th check of an identity), on a
+// counter of its own. TimeoutError after `timeout` naming how many members arrived.
+void check_one_rank_per_gpu(Store& store, const GroupIdentity& group, int rank,
+                            std::chrono::milliseconds timeout, const std::string& gpu);
+
 // exchange_group_secret with ncclGetUniqueId as `create`.
 ncclUniqueId exchange_unique_id(Store& store, const GroupIdentity& group, int rank,
                                 std::chrono::milliseconds timeout);

@@ -580,6 +580,10 @@ ProcessGroupPtr make_nccl_process_group(std::shared_ptr<Store> store, int rank, 
         rank, device, devices, env::get_or("CUDA_VISIBLE_DEVICES", "<unset>"), devices));
   }
   GroupIdentity group{options.group_name, size, options.member_ranks};
+  if (!options.host_id.empty()) {
+    check_one_rank_per_gpu(*store, group, rank, options.timeout,
+                           options.host_id + "/" + cuda_pci_bus_id(device));
+  }
   const ncclUniqueId id = exchange_unique_id(*store, group, rank, options.timeout);
   return std::make_shared<NcclProcessGroupImpl>(rank, size, device, options, id);
 }
