@@ -64,14 +64,6 @@ std::vector<std::string> available_backends() {
   return b;
 }
 
-std::optional<std::string> cuda_device_identity([[maybe_unused]] int device) {
-#ifdef DDP_HAVE_NCCL_BACKEND
-  return detail::default_host_id() + "/" + cuda_pci_bus_id(device);
-#else
-  return std::nullopt;
-#endif
-}
-
 ProcessGroupPtr init_process_group(const InitOptions& options) {
   const std::string& backend = options.backend;
   const auto backends = available_backends();

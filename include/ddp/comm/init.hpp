@@ -61,10 +61,4 @@ ProcessGroupPtr new_group(const ProcessGroupPtr& parent, const std::vector<int>&
 // The backends this build supports ("cpu", "gloo", and "mpi"/"nccl" when built).
 std::vector<std::string> available_backends();
 
-// Which GPU CUDA device `device` of this process is, "<host id>/<PCI bus id>" (host id as for
-// the cpu backend: DDP_HOST_ID, else hostname and boot id): equal in two processes exactly when
-// they use the same GPU. For ranks that must not share one (NCCL refuses two ranks of a group
-// on one GPU). nullopt in a build without the nccl backend (no CUDA runtime linked).
-std::optional<std::string> cuda_device_identity(int device);
-
 }  // namespace ddp

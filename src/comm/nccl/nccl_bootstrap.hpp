@@ -32,7 +32,7 @@ std::string exchange_group_secret(Store& store, const GroupIdentity& group, int 
                                   std::chrono::milliseconds timeout,
                                   const std::function<std::string()>& create);
 
-// Every member says which GPU it uses (`gpu`, cuda_device_identity: host and PCI bus id) before
+// Every member says which GPU it uses (`gpu`: its host and PCI bus id) before
 // the group's communicator is made; throws SharedGpuError on every member alike when two
 // members use one GPU (NCCL refuses such a communicator with an error that names neither rank;
 // the `ddp` Python backend then stages the group's CUDA tensors through the host). A constant
