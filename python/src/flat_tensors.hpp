@@ -6,16 +6,13 @@
 
 #include <vector>
 
-#include "tensor_args.hpp"
+#include "op_route.hpp"
 
 namespace ddp::python {
 
 // Packs `ts` (equal dtype) into one contiguous 1-D tensor in host memory.
 inline at::Tensor pack(const std::vector<at::Tensor>& ts) {
-  std::vector<at::Tensor> flat;
-  flat.reserve(ts.size());
-  for (const auto& t : ts) flat.push_back(t.reshape(-1));
-  return host_contiguous(at::cat(flat));
+  return OpRoute{}.pack(ts);  // the host route
 }
 
 // The bytes of a contiguous tensor as a 1-D uint8 tensor sharing its storage.

@@ -7,6 +7,7 @@
 // process_group_ddp_barrier_p2p.cpp.
 
 #include <Python.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -41,6 +42,8 @@ ProcessGroupDDP::ProcessGroupDDP(const c10::intrusive_ptr<c10d::Store>& store, i
       store_(store),
       completer_(std::make_shared<Completer>()),
       timeout_(timeout) {
+  // Before anything joins: a bad DDP_CUDA_COLLECTIVES fails every rank alike, at once.
+  const bool lanes = nccl_lanes_enabled();
   if (env::get("DDP_RECOVERY").value_or("") == "step" && group_name == "default_pg") {
     // The group rendezvouses through ddprun's store (its own connections), under the
     // generation's prefix, not through `store`: every generation must be reachable by a
@@ -58,6 +61,13 @@ ProcessGroupDDP::ProcessGroupDDP(const c10::intrusive_ptr<c10d::Store>& store, i
     // A replacement started after a lost node shrank the job joins a smaller group than the
     // launch's `size`: group_rank() and group_size() say where it stands.
     pg_ = recoverable_->group();
+    if (lanes) {
+      RecoverableSubgroupOptions lane;
+      lane.name = group_name + "/cuda";
+      lane.whole_job = true;  // follows a lost node, as the default group does
+      lane.timeout = timeout;
+      lane_ = std::make_unique<NcclLane>(recoverable_, lane);
+    }
     std::lock_guard<std::mutex> lock(job_group_mutex);
     job_group = recoverable_;
   } else if (auto parent = step_recovery_job_group(); parent) {
@@ -68,6 +78,11 @@ ProcessGroupDDP::ProcessGroupDDP(const c10::intrusive_ptr<c10d::Store>& store, i
     o.rank = rank;
     o.size = size;
     o.timeout = timeout;
+    if (lanes) {
+      RecoverableSubgroupOptions lane = o;
+      lane.name = group_name + "/cuda";
+      lane_ = std::make_unique<NcclLane>(parent, lane);
+    }
     // Formed at its first operation (live() -> follow_job()).
     subgroup_ = std::make_unique<RecoverableSubgroup>(std::move(parent), o);
   } else {
@@ -79,6 +94,9 @@ ProcessGroupDDP::ProcessGroupDDP(const c10::intrusive_ptr<c10d::Store>& store, i
     o.store = std::make_shared<C10dStoreBridge>(store);
     o.group_name = group_name;
     pg_ = init_process_group(o);
+    if (lanes) {
+      lane_ = std::make_unique<NcclLane>(o.store, rank, size, timeout, group_name);
+    }
   }
 #if TORCH_VERSION_MAJOR < 2
   init();
@@ -198,15 +216,36 @@ void ProcessGroupDDP::shutdown() {
     pg.swap(pg_);
   }
   pg.reset();            // waits for the operations still queued (each bounded by the timeout)
+  lane_.reset();         // likewise its NCCL group's
   subgroup_.reset();     // its aborting thread, and its own reference to the group
   recoverable_.reset();  // its watcher thread; the group itself went above
   if (saved) PyEval_RestoreThread(saved);
 }
 
+OpRoute ProcessGroupDDP::route(const std::vector<at::Tensor>& tensors) {
+  if (!lane_ || tensors.empty()) return {};
+  const c10::Device device = tensors[0].device();
+  for (const auto& t : tensors) {
+    // Mixed devices (a CPU output list for CUDA inputs) cross the host, as before.
+    if (!t.is_cuda() || t.device() != device) return {};
+  }
+  OpRoute r;
+  r.nccl = lane_->group(device.index(), [this] { drain_in_flight(); });
+  if (r.nccl) r.stream = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+  return r;
+}
+
+WorkPtr ProcessGroupDDP::run(const OpRoute& route,
+                             const std::function<WorkPtr(ProcessGroup&)>& op) const {
+  if (!route.on_device()) return op(*live());
+  return lane_->issue(*route.nccl, route.stream->native_handle(), op);
+}
+
 c10::intrusive_ptr<WorkDDP> ProcessGroupDDP::make_work(c10d::OpType type, WorkDDP::Start start,
                                                        std::function<void()> epilogue,
                                                        std::vector<at::Tensor> outputs,
-                                                       bool counted) {
+                                                       bool counted,
+                                                       std::optional<c10::Stream> stream) {
   live();  // a group that was shut down refuses at the call
   if (counted && type != c10d::OpType::SEND && type != c10d::OpType::RECV &&
       type != c10d::OpType::RECVANYSOURCE) {
@@ -214,6 +253,7 @@ c10::intrusive_ptr<WorkDDP> ProcessGroupDDP::make_work(c10d::OpType type, WorkDD
   }
   auto work = c10::make_intrusive<WorkDDP>(group_rank(), type, std::move(epilogue),
                                            std::move(outputs), timeout_, completer_);
+  if (stream) work->set_stream(*stream);
   // Issued at once unless a future's callbacks may still issue operations before it (see
   // "Issue order" in work_ddp.hpp).
   if (!completer_->defer_if_busy(work, start)) {

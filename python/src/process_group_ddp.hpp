@@ -4,8 +4,12 @@
 // (shared memory within a host, Gloo between hosts), rendezvousing through the store PyTorch
 // hands it.
 //
-// Tensors: dense CPU tensors, one per call (no *_multigpu forms). Contiguous tensors are
-// passed by data pointer; others are staged through a contiguous copy. Reductions take
+// Tensors: dense CPU or CUDA tensors, one per call (no *_multigpu forms). Contiguous tensors
+// are passed by data pointer; others are staged through a contiguous copy. CUDA tensors run on
+// the group's NCCL lane where the build has ddp's nccl backend (all_reduce but its bitwise
+// operators, all_reduce_coalesced, broadcast, reduce, all_gather of equal sizes,
+// all_gather_into_tensor, reduce_scatter and reduce_scatter_tensor: nccl_lane.hpp), and
+// through host memory otherwise (tensor_args.hpp). Reductions take
 // float32/64, float16, bfloat16, int32/64, uint8 (and bool for MIN/MAX); operations that only
 // move data take any dtype. ReduceOp BAND/BOR/BXOR (integer and bool tensors) run as an
 // all_gather plus a local reduction in all_reduce; PREMUL_SUM is NCCL's.
@@ -31,6 +35,8 @@
 #include "ddp/comm/process_group.hpp"
 #include "ddp/comm/recoverable_group.hpp"
 #include "ddp/comm/recoverable_subgroup.hpp"
+#include "nccl_lane.hpp"
+#include "op_route.hpp"
 #include "work_ddp.hpp"
 
 namespace ddp::python {
@@ -143,9 +149,25 @@ class ProcessGroupDDP : public ProcessGroupBase {
   // `start` hands the operation to ddp, now or, when futures' callbacks may still issue
   // operations before it, later on the completer (see "Issue order" in work_ddp.hpp).
   // `counted`: whether it counts in getSequenceNumberForGroup (a collective of the caller's).
+  // `stream`: an operation on the NCCL lane's caller stream (WorkDDP::set_stream).
   c10::intrusive_ptr<WorkDDP> make_work(c10d::OpType type, WorkDDP::Start start,
                                         std::function<void()> epilogue,
-                                        std::vector<at::Tensor> outputs, bool counted = true);
+                                        std::vector<at::Tensor> outputs, bool counted = true,
+                                        std::optional<c10::Stream> stream = std::nullopt);
+  // A collective of the caller's on `route`.
+  c10::intrusive_ptr<WorkDDP> make_work(const OpRoute& route, c10d::OpType type,
+                                        WorkDDP::Start start, std::function<void()> epilogue,
+                                        std::vector<at::Tensor> outputs) {
+    return make_work(type, std::move(start), std::move(epilogue), std::move(outputs), true,
+                     route.stream);
+  }
+  // Where an operation on `tensors` runs: the NCCL lane when they are all CUDA tensors of one
+  // device and the group has a lane there (its communicator is made at the first such call,
+  // a collective), else the host group. Operations that the lane does not run pass {}.
+  OpRoute route(const std::vector<at::Tensor>& tensors);
+  // Hands `op` to the route's group: the lane's (ordered after the work on the route's stream)
+  // or live(). For the operations' Start functions, which may run on the completer's thread.
+  WorkPtr run(const OpRoute& route, const std::function<WorkPtr(ProcessGroup&)>& op) const;
   c10::intrusive_ptr<c10d::Work> all_reduce_tensor(const at::Tensor& t, const c10d::ReduceOp& op);
   c10::intrusive_ptr<c10d::Work> bitwise_all_reduce(const at::Tensor& t, const c10d::ReduceOp& op);
   // Blocks of possibly different sizes to and from every rank, as sends and receives.
@@ -176,6 +198,7 @@ class ProcessGroupDDP : public ProcessGroupBase {
   mutable ProcessGroupPtr pg_;             // mutable: live() of a new_group() re-points it
   std::shared_ptr<RecoverableGroup> recoverable_;  // step recovery's default group, else null
   std::unique_ptr<RecoverableSubgroup> subgroup_;  // a new_group() under step recovery, else null
+  std::unique_ptr<NcclLane> lane_;  // the group's CUDA tensors on NCCL; null: through the host
   std::shared_ptr<Completer> completer_;
   std::chrono::milliseconds timeout_;
   // Mutable: live() (const) may drain them when a new_group() follows the job (follow_job).

@@ -19,13 +19,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::broadcast(std::vector<at::Tensor
   const auto& t = single_tensor(tensors, "broadcast");
   check_root(opts.rootRank, "broadcast");
   if (opts.rootTensor != 0) throw UsageError("broadcast: the ddp backend takes rootTensor 0");
-  auto buf = host_contiguous(t);
+  const OpRoute route = this->route({t});
+  auto buf = route.buffer(t);
   const auto e = move_elements(t.scalar_type(), t.numel());
   const int root = static_cast<int>(opts.rootRank);
-  auto start = [this, buf, e, root] {
-    return std::vector<WorkPtr>{live()->broadcast(buf.data_ptr(), e.count, e.dtype, root)};
+  auto start = [this, route, buf, e, root] {
+    return std::vector<WorkPtr>{run(route, [&](ProcessGroup& g) {
+      return g.broadcast(buf.data_ptr(), e.count, e.dtype, root);
+    })};
   };
-  return make_work(c10d::OpType::BROADCAST, start, [t, buf] { copy_back(t, buf); }, {t});
+  return make_work(route, c10d::OpType::BROADCAST, start, [t, buf] { copy_back(t, buf); }, {t});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather(
@@ -58,20 +61,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather(
         "all_gather: output[{}] (this rank's slot) has {} elements but the input has {}",
         group_rank(), outs[group_rank()].numel(), in.numel()));
   }
-  auto src = host_contiguous(in);
   bool equal = true;
   int64_t total = 0;
   for (const auto& o : outs) {
     equal = equal && o.numel() == in.numel();
     total += o.numel();
   }
-  auto flat = at::empty({total}, host_options(in));
+  // Equal sizes only on the lane (unequal ones are all_gather_v, which the host runs).
+  std::vector<at::Tensor> all = outs;
+  all.push_back(in);
+  const OpRoute route = equal ? this->route(all) : OpRoute{};
+  auto src = route.buffer(in);
+  auto flat = at::empty({total}, route.options(in));
   WorkDDP::Start start;
   if (equal) {
     const auto e = move_elements(in.scalar_type(), in.numel());
-    start = [this, src, flat, e] {
-      return std::vector<WorkPtr>{
-          live()->all_gather(src.data_ptr(), flat.data_ptr(), e.count, e.dtype)};
+    start = [this, route, src, flat, e] {
+      return std::vector<WorkPtr>{run(route, [&](ProcessGroup& g) {
+        return g.all_gather(src.data_ptr(), flat.data_ptr(), e.count, e.dtype);
+      })};
     };
   } else {
     // Unequal sizes (the ranks' outputs say how much each contributes): all_gather_v.
@@ -90,7 +98,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather(
       offset += o.numel();
     }
   };
-  return make_work(c10d::OpType::ALLGATHER, start, std::move(epilogue), outs);
+  return make_work(route, c10d::OpType::ALLGATHER, start, std::move(epilogue), outs);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_allgather_base(
@@ -98,16 +106,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_allgather_base(
   check_dense(input, "all_gather_into_tensor");
   check_same({output}, input.scalar_type(), input.numel() * group_size(), "all_gather_into_tensor",
              "output");
-  auto src = host_contiguous(input);
-  auto dst = host_contiguous(output);
+  const OpRoute route = this->route({input, output});
+  auto src = route.buffer(input);
+  auto dst = route.buffer(output);
   const auto e = move_elements(input.scalar_type(), input.numel());
-  auto start = [this, src, dst, e] {
-    return std::vector<WorkPtr>{
-        live()->all_gather(src.data_ptr(), dst.data_ptr(), e.count, e.dtype)};
+  auto start = [this, route, src, dst, e] {
+    return std::vector<WorkPtr>{run(route, [&](ProcessGroup& g) {
+      return g.all_gather(src.data_ptr(), dst.data_ptr(), e.count, e.dtype);
+    })};
   };
   at::Tensor out = output;
-  return make_work(c10d::OpType::_ALLGATHER_BASE, start, [out, src, dst] { copy_back(out, dst); },
-                   {out});
+  return make_work(route, c10d::OpType::_ALLGATHER_BASE, start,
+                   [out, src, dst] { copy_back(out, dst); }, {out});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather_coalesced(

@@ -83,12 +83,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::all_reduce_tensor(const at::Tens
                                                                   const c10d::ReduceOp& op) {
   if (is_bitwise(op)) return bitwise_all_reduce(t, op);
   const auto [r, dtype] = reduction(t, op, "all_reduce");
-  auto buf = host_contiguous(t);
-  auto start = [this, buf, dtype = dtype, r = r] {
-    return std::vector<WorkPtr>{
-        live()->all_reduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), dtype, r)};
+  const OpRoute route = this->route({t});
+  auto buf = route.buffer(t);
+  auto start = [this, route, buf, dtype = dtype, r = r] {
+    return std::vector<WorkPtr>{run(route, [&](ProcessGroup& g) {
+      return g.all_reduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), dtype, r);
+    })};
   };
-  return make_work(c10d::OpType::ALLREDUCE, start, [t, buf] { copy_back(t, buf); }, {t});
+  return make_work(route, c10d::OpType::ALLREDUCE, start, [t, buf] { copy_back(t, buf); }, {t});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::bitwise_all_reduce(const at::Tensor& t,
@@ -139,10 +141,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allreduce_coalesced(
                     reduce_op_name(opts.reduceOp)));
   }
   const auto [r, dtype] = reduction(tensors[0], opts.reduceOp, "all_reduce_coalesced");
-  auto flat = pack(tensors);
-  auto start = [this, flat, dtype = dtype, r = r] {
-    return std::vector<WorkPtr>{
-        live()->all_reduce(flat.data_ptr(), static_cast<size_t>(flat.numel()), dtype, r)};
+  const OpRoute route = this->route(tensors);
+  auto flat = route.pack(tensors);
+  auto start = [this, route, flat, dtype = dtype, r = r] {
+    return std::vector<WorkPtr>{run(route, [&](ProcessGroup& g) {
+      return g.all_reduce(flat.data_ptr(), static_cast<size_t>(flat.numel()), dtype, r);
+    })};
   };
   std::vector<at::Tensor> ts = tensors;
   auto epilogue = [ts, flat] {
@@ -152,7 +156,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allreduce_coalesced(
       offset += t.numel();
     }
   };
-  return make_work(c10d::OpType::ALLREDUCE_COALESCED, start, std::move(epilogue), ts);
+  return make_work(route, c10d::OpType::ALLREDUCE_COALESCED, start, std::move(epilogue), ts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce(std::vector<at::Tensor>& tensors,
@@ -161,11 +165,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce(std::vector<at::Tensor>& 
   check_root(opts.rootRank, "reduce");
   if (opts.rootTensor != 0) throw UsageError("reduce: the ddp backend takes rootTensor 0");
   const auto [r, dtype] = reduction(t, opts.reduceOp, "reduce");
-  auto buf = host_contiguous(t);
+  const OpRoute route = this->route({t});
+  auto buf = route.buffer(t);
   const int root_rank = static_cast<int>(opts.rootRank);
-  auto start = [this, buf, dtype = dtype, r = r, root_rank] {
-    return std::vector<WorkPtr>{
-        live()->reduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), dtype, r, root_rank)};
+  auto start = [this, route, buf, dtype = dtype, r = r, root_rank] {
+    return std::vector<WorkPtr>{run(route, [&](ProcessGroup& g) {
+      return g.reduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), dtype, r, root_rank);
+    })};
   };
   // Only the root's result is defined; other ranks' tensors hold unspecified values afterwards
   // (gloo leaves partial sums there too), so only the root copies a staged result back.
@@ -173,7 +179,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce(std::vector<at::Tensor>& 
   auto epilogue = [t, buf, root] {
     if (root) copy_back(t, buf);
   };
-  return make_work(c10d::OpType::REDUCE, start, std::move(epilogue), {t});
+  return make_work(route, c10d::OpType::REDUCE, start, std::move(epilogue), {t});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce_scatter(
@@ -186,14 +192,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce_scatter(
   }
   check_same(inputs[0], out.scalar_type(), out.numel(), "reduce_scatter", "input_list");
   const auto [r, dtype] = reduction(out, opts.reduceOp, "reduce_scatter");
-  auto flat = pack(inputs[0]);
-  auto dst = host_contiguous(out);
-  auto start = [this, flat, dst, dtype = dtype, r = r] {
-    return std::vector<WorkPtr>{live()->reduce_scatter(flat.data_ptr(), dst.data_ptr(),
-                                                       static_cast<size_t>(dst.numel()), dtype, r)};
+  std::vector<at::Tensor> all = inputs[0];
+  all.push_back(out);
+  const OpRoute route = this->route(all);
+  auto flat = route.pack(inputs[0]);
+  auto dst = route.buffer(out);
+  auto start = [this, route, flat, dst, dtype = dtype, r = r] {
+    return std::vector<WorkPtr>{run(route, [&](ProcessGroup& g) {
+      return g.reduce_scatter(flat.data_ptr(), dst.data_ptr(), static_cast<size_t>(dst.numel()),
+                              dtype, r);
+    })};
   };
-  return make_work(c10d::OpType::REDUCE_SCATTER, start, [out, dst, flat] { copy_back(out, dst); },
-                   {out});
+  return make_work(route, c10d::OpType::REDUCE_SCATTER, start,
+                   [out, dst, flat] { copy_back(out, dst); }, {out});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_reduce_scatter_base(
@@ -202,14 +213,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_reduce_scatter_base(
   check_same({input}, output.scalar_type(), output.numel() * group_size(), "reduce_scatter_tensor",
              "input");
   const auto [r, dtype] = reduction(output, opts.reduceOp, "reduce_scatter_tensor");
-  auto src = host_contiguous(input);
-  auto dst = host_contiguous(output);
-  auto start = [this, src, dst, dtype = dtype, r = r] {
-    return std::vector<WorkPtr>{live()->reduce_scatter(src.data_ptr(), dst.data_ptr(),
-                                                       static_cast<size_t>(dst.numel()), dtype, r)};
+  const OpRoute route = this->route({input, output});
+  auto src = route.buffer(input);
+  auto dst = route.buffer(output);
+  auto start = [this, route, src, dst, dtype = dtype, r = r] {
+    return std::vector<WorkPtr>{run(route, [&](ProcessGroup& g) {
+      return g.reduce_scatter(src.data_ptr(), dst.data_ptr(), static_cast<size_t>(dst.numel()),
+                              dtype, r);
+    })};
   };
   at::Tensor out = output;
-  return make_work(c10d::OpType::_REDUCE_SCATTER_BASE, start,
+  return make_work(route, c10d::OpType::_REDUCE_SCATTER_BASE, start,
                    [out, dst, src] { copy_back(out, dst); }, {out});
 }
 

@@ -2,6 +2,7 @@
 
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type.h>
+#include <c10/core/StreamGuard.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -171,6 +172,7 @@ void WorkDDP::finish_work(std::exception_ptr err) {
   std::call_once(finish_once_, [&] {
     if (!err && epilogue_) {
       try {
+        c10::OptionalStreamGuard on_callers_stream(stream_);
         epilogue_();
       } catch (...) {
         err = std::current_exception();
@@ -198,6 +200,7 @@ void WorkDDP::mark_future() {
   }
   // Outside every lock: marking a future runs its callbacks (DDP's hooks) right here, and a
   // callback may wait on this very Work.
+  c10::OptionalStreamGuard on_callers_stream(stream_);
   if (err) {
     future->setError(err);
   } else {

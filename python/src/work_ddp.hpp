@@ -26,6 +26,7 @@
 // callback is attached (then()) before the same thread issues its next operation, as DDP's
 // comm hooks do. Operations issued from a callback on the completer thread go out at once.
 
+#include <c10/core/Stream.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
@@ -35,6 +36,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -74,6 +76,12 @@ class WorkDDP : public c10d::Work {
 
   // Waits for the ddp Works (up to the group timeout) and completes; the Completer's job.
   void wait_and_complete();
+
+  // An operation on the NCCL lane (nccl_lane.hpp): the caller's CUDA stream it was issued from.
+  // The epilogue and the future's completion run with it current, so that the copies back and
+  // the future's event order after the collective there (ddp's Work::wait made that stream wait
+  // for it), as waiters and callbacks then do. Unset: the thread's own streams (host operations).
+  void set_stream(c10::Stream stream) { stream_ = stream; }
 
   // A recv from any source: where the ddp Work stores the sender's rank.
   void set_source(std::shared_ptr<int> source) { source_ = std::move(source); }
@@ -117,7 +125,8 @@ class WorkDDP : public c10d::Work {
   bool future_marked_ = false;  // guarded by future_mutex_
   std::exception_ptr error_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
-  std::shared_ptr<int> source_;  // set by the recv from any source, else null
+  std::shared_ptr<int> source_;        // set by the recv from any source, else null
+  std::optional<c10::Stream> stream_;  // set_stream, before the Work is issued
 };
 
 // Completes the futures of Works (getFuture) of one process group, in issue order, on one

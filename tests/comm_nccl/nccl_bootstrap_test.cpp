@@ -99,8 +99,8 @@ TEST(NcclBootstrap, MembersOnDistinctGpusPassTheCheck) {
   HashStore store;
   GroupIdentity group{"default_pg", 4, {}};
   // The same bus id on two hosts is two GPUs.
-  auto outcome = check_gpus(store, group,
-                            {"a/0000:3B:00.0", "a/0000:5E:00.0", "b/0000:3B:00.0", "b/0000:5E:00.0"});
+  auto outcome = check_gpus(
+      store, group, {"a/0000:3B:00.0", "a/0000:5E:00.0", "b/0000:3B:00.0", "b/0000:5E:00.0"});
   EXPECT_EQ(outcome, std::vector<std::string>(4, ""));
 }
 
@@ -112,7 +112,8 @@ TEST(NcclBootstrap, TwoMembersOnOneGpuFailEveryMemberAlike) {
     EXPECT_NE(outcome[r].find("use a GPU that another member"), std::string::npos)
         << "rank " << r << ": '" << outcome[r] << "'";
   }
-  EXPECT_NE(outcome[1].find("not this rank's GPU: a/0000:5E:00.0"), std::string::npos) << outcome[1];
+  EXPECT_NE(outcome[1].find("not this rank's GPU: a/0000:5E:00.0"), std::string::npos)
+      << outcome[1];
   EXPECT_NE(outcome[2].find("among them this rank's GPU: a/0000:3B:00.0"), std::string::npos)
       << outcome[2];
   // The next group of the same identity checks afresh: its members moved to their own GPUs.

@@ -1,0 +1,107 @@
+#include "nccl_lane.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "ddp/comm/init.hpp"
+#include "ddp/store/prefix_store.hpp"
+#include "ddp/util/env.hpp"
+#include "ddp/util/error.hpp"
+
+namespace ddp::python {
+
+bool nccl_lanes_enabled() {
+  const auto backends = available_backends();
+  const bool built = std::find(backends.begin(), backends.end(), "nccl") != backends.end();
+  const std::string choice = env::get_or("DDP_CUDA_COLLECTIVES", "");
+  if (choice.empty()) return built;
+  if (choice == "host") return false;
+  if (choice != "nccl") {
+    throw UsageError(fmt::format(
+        "DDP_CUDA_COLLECTIVES={}: say 'nccl' (the ddp backend runs CUDA tensors' collectives on "
+        "NCCL, in device memory) or 'host' (it stages them through host memory)",
+        choice));
+  }
+  if (!built) {
+    throw UsageError(
+        "DDP_CUDA_COLLECTIVES=nccl, but this build of ddp has no nccl backend (built without "
+        "the CUDA toolkit or NCCL: see docs/nccl.md); unset it to stage CUDA tensors through "
+        "the host");
+  }
+  return true;
+}
+
+NcclLane::NcclLane(std::shared_ptr<Store> store, int rank, int size,
+                   std::chrono::milliseconds timeout, std::string group_name)
+    : name_(std::move(group_name)),
+      store_(std::move(store)),
+      rank_(rank),
+      size_(size),
+      timeout_(timeout) {}
+
+NcclLane::NcclLane(std::shared_ptr<RecoverableGroup> job, RecoverableSubgroupOptions subgroup)
+    : name_(subgroup.name), job_(std::move(job)), subgroup_options_(std::move(subgroup)) {
+  subgroup_options_.backend = "nccl";
+}
+
+NcclLane::~NcclLane() = default;
+
+ProcessGroupPtr NcclLane::group(int device, const std::function<void()>& before_reform) {
+  if (device_ && *device_ != device) {
+    throw UsageError(fmt::format(
+        "group '{}' of the ddp backend runs its CUDA tensors on cuda:{}, its first CUDA "
+        "tensors' device, but got a tensor on cuda:{}: a group's CUDA tensors must live on one "
+        "device (one GPU per process, as with nccl)",
+        name_, *device_, device));
+  }
+  if (staging_) return nullptr;
+  // A replacement that has not claimed its slot back trains alone: nothing to meet.
+  if (job_ && job_->returning()) return nullptr;
+  device_ = device;
+  try {
+    if (!job_) {
+      if (!plain_) plain_ = make_group(device);
+      return plain_;
+    }
+    if (!subgroup_) {
+      subgroup_options_.device = device;
+      subgroup_ = std::make_unique<RecoverableSubgroup>(job_, subgroup_options_);
+    }
+    return subgroup_->group(before_reform);
+  } catch (const SharedGpuError& e) {
+    fall_back(e);
+    return nullptr;
+  }
+}
+
+ProcessGroupPtr NcclLane::make_group(int device) {
+  InitOptions o;
+  o.backend = "nccl";
+  o.timeout = timeout_;
+  o.rank = rank_;
+  o.world_size = size_;
+  o.device = device;
+  o.store = std::make_shared<PrefixStore>("cuda", store_);
+  o.group_name = name_;
+  return init_process_group(o);
+}
+
+void NcclLane::fall_back(const SharedGpuError& error) {
+  staging_ = true;
+  plain_.reset();
+  fmt::print(stderr, "ddp backend: group '{}' stages its CUDA tensors through host memory: {}\n",
+             name_, error.what());
+}
+
+WorkPtr NcclLane::issue(ProcessGroup& nccl, void* stream,
+                        const std::function<WorkPtr(ProcessGroup&)>& op) {
+  auto& lane = dynamic_cast<NcclProcessGroup&>(nccl);
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  lane.set_compute_stream(static_cast<CUstream_st*>(stream));
+  return op(lane);
+}
+
+}  // namespace ddp::python

@@ -1,0 +1,94 @@
+#pragma once
+// NcclLane: where a `ddp`-backend group runs the collectives of its CUDA tensors
+// (docs/python.md, "CUDA tensors"). Where this build has ddp's nccl backend they run on an NCCL
+// communicator of the tensors' device, in device memory: no host copies. They are staged
+// through the host group instead (the CPU path, as gloo does) when
+// - DDP_CUDA_COLLECTIVES=host, or the build has no nccl backend (no lane at all);
+// - ranks of the group share a GPU, which NCCL refuses: ddp's nccl backend finds it when the
+//   communicator is made and fails every rank alike (SharedGpuError), so every rank falls back
+//   together; said once on stderr;
+// - the process is a replacement that has not claimed its slot back yet (--recovery step's
+//   defer_return: its group is one of its own until then).
+//
+// The communicator is made at the group's first operation on CUDA tensors (a collective: every
+// rank issues it), on their device; a group's CUDA tensors live on one device.
+//
+// Under ddprun --recovery step the lane is a RecoverableSubgroup of the job's RecoverableGroup:
+// the whole job for the default group, a new_group's ranks for a new_group. ddprun's notice
+// aborts its communicator (ddp's nccl backend makes non-blocking ones, so the abort returns at
+// once) and the first CUDA operation after the default group re-formed makes a new communicator
+// in the new generation, under that generation's store prefix, where a replacement meets the
+// survivors.
+//
+// Thread-safety: group() is for the threads that issue the group's operations, which the
+// Completer runs one at a time ("Issue order", work_ddp.hpp); issue() serializes the stream
+// setting with the operation it orders.
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "ddp/comm/nccl_process_group.hpp"
+#include "ddp/comm/process_group.hpp"
+#include "ddp/comm/recoverable_group.hpp"
+#include "ddp/comm/recoverable_subgroup.hpp"
+#include "ddp/store/store.hpp"
+
+namespace ddp::python {
+
+// Whether this process runs CUDA tensors on NCCL lanes: DDP_CUDA_COLLECTIVES is "nccl" (the
+// default where the build has ddp's nccl backend) or "host". UsageError naming the choices for
+// any other value, and for "nccl" in a build without the backend.
+bool nccl_lanes_enabled();
+
+class NcclLane {
+ public:
+  // A plain group's lane: its ranks meet in `store` (the group's own) under "cuda/".
+  NcclLane(std::shared_ptr<Store> store, int rank, int size, std::chrono::milliseconds timeout,
+           std::string group_name);
+  // A lane under step recovery, following `job`'s generations. `subgroup`: the new_group's name,
+  // rank and size, or whole_job for the default group; its backend and device are set here.
+  NcclLane(std::shared_ptr<RecoverableGroup> job, RecoverableSubgroupOptions subgroup);
+  ~NcclLane();
+  NcclLane(const NcclLane&) = delete;
+  NcclLane& operator=(const NcclLane&) = delete;
+
+  // The NCCL group for CUDA device `device`, made at the first call (collective); under step
+  // recovery made again at the first call of each generation (PeerLostError while the job's
+  // group is stale). Null when this group's CUDA tensors are staged through the host (above).
+  // UsageError for a device other than the first call's. `before_reform`: run before a new
+  // generation's communicator replaces the old one (the caller lets its operations on the old
+  // one end).
+  ProcessGroupPtr group(int device, const std::function<void()>& before_reform);
+
+  // Runs `op` on `nccl` (a group() result) after making its collectives order after the work
+  // queued on `stream` (the caller's current CUDA stream, a cudaStream_t), atomically with
+  // respect to other issue() calls of this lane.
+  WorkPtr issue(ProcessGroup& nccl, void* stream, const std::function<WorkPtr(ProcessGroup&)>& op);
+
+ private:
+  ProcessGroupPtr make_group(int device);
+  // Marks the lane as staging for good after `error` (ranks share a GPU); prints why once.
+  void fall_back(const SharedGpuError& error);
+
+  std::string name_;
+  // A plain group's lane.
+  std::shared_ptr<Store> store_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::chrono::milliseconds timeout_{0};
+  ProcessGroupPtr plain_;
+  // Under step recovery: made at the first group() call, when the device is known.
+  std::shared_ptr<RecoverableGroup> job_;
+  RecoverableSubgroupOptions subgroup_options_;
+  std::unique_ptr<RecoverableSubgroup> subgroup_;
+
+  std::optional<int> device_;
+  bool staging_ = false;  // ranks of the group share a GPU: CUDA tensors go through the host
+  std::mutex issue_mutex_;
+};
+
+}  // namespace ddp::python
