@@ -40,9 +40,20 @@ import atexit as _atexit  # noqa: E402
 # exiting with its error). Registered at import, so it runs after the user's own atexit hooks.
 _atexit.register(_C._quiesce_for_exit, 5.0)
 
-__all__ = ["BACKEND_NAME", "StepManager", "recovery_enabled"]
+__all__ = ["BACKEND_NAME", "StepManager", "cuda_collectives", "recovery_enabled"]
 
 BACKEND_NAME = "ddp"
+
+
+def cuda_collectives(group=None):
+    """Where a group of the ``ddp`` backend (default: the default group) runs the collectives of
+    its CUDA tensors: ``"nccl"`` (on an NCCL communicator of their device, in device memory),
+    ``"host"`` (staged through host memory: a build without ddp's nccl backend,
+    ``DDP_CUDA_COLLECTIVES=host``, or ranks that share a GPU) or ``"undecided"`` (before the
+    group's first operation on CUDA tensors, which makes its communicator). docs/python.md."""
+    pg = group if group is not None else _dist.distributed_c10d._get_default_group()
+    # One backend object serves every device type of a ddp group.
+    return _C._cuda_collectives(pg._get_backend(torch.device("cpu")))
 
 
 def _group_name(group_id):

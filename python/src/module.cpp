@@ -6,6 +6,7 @@
 
 #include "bound_work.hpp"
 #include "bucket_order.hpp"
+#include "ddp/comm/init.hpp"
 #include "ddp/comm/types.hpp"
 #include "ddp/util/error.hpp"
 #include "job_store.hpp"
@@ -80,6 +81,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_group_size", [](const c10::intrusive_ptr<ddp::python::ProcessGroupBase>& b) {
     return ddp_backend(b).group_size();
   });
+  m.def("_available_backends", &ddp::available_backends,
+        "The backends of ddp's own this build has: cpu, gloo, and mpi, nccl when built.");
+  m.def(
+      "_cuda_collectives",
+      [](const c10::intrusive_ptr<ddp::python::ProcessGroupBase>& b) {
+        return ddp_backend(b).cuda_collectives();
+      },
+      "Where the group runs its CUDA tensors' collectives: 'nccl' (on its NCCL lane, in device "
+      "memory), 'host' (staged through host memory), or 'undecided' (a lane exists but no CUDA "
+      "operation made its communicator yet).");
   m.def(
       "_reform",
       [](const c10::intrusive_ptr<ddp::python::ProcessGroupBase>& b) { ddp_backend(b).reform(); },

@@ -77,6 +77,11 @@ ProcessGroupPtr NcclLane::group(int device, const std::function<void()>& before_
   }
 }
 
+std::string NcclLane::path() const {
+  if (staging_) return "host";
+  return plain_ || (subgroup_ && subgroup_->generation() >= 0) ? "nccl" : "undecided";
+}
+
 ProcessGroupPtr NcclLane::make_group(int device) {
   InitOptions o;
   o.backend = "nccl";

@@ -64,6 +64,10 @@ class NcclLane {
   // one end).
   ProcessGroupPtr group(int device, const std::function<void()>& before_reform);
 
+  // "nccl" once a communicator was made, "host" when the group's CUDA tensors are staged through
+  // the host for good (ranks share a GPU), "undecided" before the first CUDA operation.
+  std::string path() const;
+
   // Runs `op` on `nccl` (a group() result) after making its collectives order after the work
   // queued on `stream` (the caller's current CUDA stream, a cudaStream_t), atomically with
   // respect to other issue() calls of this lane.

@@ -134,6 +134,8 @@ class ProcessGroupDDP : public ProcessGroupBase {
   // Equal to getRank() and getSize() in every other group.
   int group_rank() const;
   int group_size() const;
+  // Where this group runs its CUDA tensors' collectives: NcclLane::path(), "host" without a lane.
+  std::string cuda_collectives() const { return lane_ ? lane_->path() : "host"; }
 
   // The number of collectives this group issued (sends and receives not counted), equal on
   // every rank of a group used correctly. torch's ProcessGroupWrapper, which wraps every group

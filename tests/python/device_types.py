@@ -4,13 +4,18 @@ both, and run collectives, barrier and object collectives; torch (2.11, 2.13) ca
 once for device types that name the same backend (a torch that called it per device would make two
 ddp groups under one name, which this test catches). Runs on a CPU-only torch: the registration below
 claims cuda without any CUDA tensor being used. CUDA tensors themselves are checked on a GPU
-machine (bench/gpu/python_cuda.py).
+machine (bench/gpu/python_cuda.py). Also where a group runs its CUDA tensors
+(ddp.cuda_collectives): on an NCCL lane where this build has ddp's nccl backend, decided at the
+first CUDA operation (CPU ones leave it undecided), through the host with
+DDP_CUDA_COLLECTIVES=host, and a bad value of that variable fails the group at once, naming it.
 Run: ddprun --standalone --nproc-per-node N .venv/bin/python device_types.py"""
+import os
+
 import torch
 import torch.distributed as dist
 
 import ddp
-from common import check_equal, done, init
+from common import check_equal, done, expect_error, init
 
 # What `import ddp` registered: cuda only where this torch has CUDA.
 want = ["cpu", "cuda"] if torch.backends.cuda.is_built() else ["cpu"]
@@ -46,4 +51,23 @@ assert calls[1] is not calls[0], "new_group reused the default group"
 u = torch.ones(3)
 dist.all_reduce(u, group=sub)
 check_equal("subgroup all_reduce", u, torch.full((3,), float(n)))
+
+# Where CUDA tensors go. CPU operations ran on both groups: they decide nothing.
+lanes = "nccl" in ddp._C._available_backends()
+check_equal("cuda_collectives of the default group", ddp.cuda_collectives(),
+            "undecided" if lanes else "host")
+check_equal("cuda_collectives of the subgroup", ddp.cuda_collectives(sub),
+            "undecided" if lanes else "host")
+os.environ["DDP_CUDA_COLLECTIVES"] = "host"
+staged = dist.new_group(ranks=list(range(n)), backend="ddp")
+check_equal("cuda_collectives with DDP_CUDA_COLLECTIVES=host", ddp.cuda_collectives(staged),
+            "host")
+os.environ["DDP_CUDA_COLLECTIVES"] = "device"
+expect_error("DDP_CUDA_COLLECTIVES=device",
+             lambda: dist.new_group(ranks=list(range(n)), backend="ddp"),
+             "DDP_CUDA_COLLECTIVES=device: say 'nccl'")
+del os.environ["DDP_CUDA_COLLECTIVES"]
+v = torch.ones(2)
+dist.all_reduce(v, group=staged)
+check_equal("all_reduce after the refused group", v, torch.full((2,), float(n)))
 done("device_types")
