@@ -3,7 +3,8 @@
     ddprun --standalone --nproc-per-node 1 --recovery step bench/gpu/python_nccl_reform.py \
         [--reforms 20] [--steps-between 2] [--warmup 3]
 
-Environment: PYTHON_NCCL_BACKEND (default nccl; gloo on a machine without a GPU),
+Environment: PYTHON_NCCL_BACKEND (default nccl; gloo on a machine without a GPU; ddp: the ddp
+backend, whose CUDA tensors run on its NCCL lane, aborted and re-made in every generation),
 PYTHON_NCCL_DEVICE (default cuda:0 for nccl, else cpu), PYTHONPATH with ddp's build/python.
 
 PyTorch's DistributedDataParallel (init_sync=False) over a small MLP with dropout on the device,
@@ -241,6 +242,14 @@ def main():
         torch.cuda.synchronize(device)
     if t.sum().item() != 4.0 * steps.world_size:
         problems.append(f"an all-reduce on the last generation's group gave {t.tolist()}")
+    if backend == "ddp":
+        # The ddp backend's CUDA tensors ran on its NCCL lane, re-made in every generation.
+        out["cuda_collectives"] = ddp.cuda_collectives()
+        lane = device.type == "cuda" and "nccl" in _C._available_backends()
+        want = "nccl" if lane else ("undecided" if device.type == "cpu" and
+                                    "nccl" in _C._available_backends() else "host")
+        if out["cuda_collectives"] != want:
+            problems.append(f"ddp.cuda_collectives() is {out['cuda_collectives']!r}, want {want!r}")
     rc = finish()
     faulthandler.cancel_dump_traceback_later()
     dist.destroy_process_group()

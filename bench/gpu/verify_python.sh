@@ -7,12 +7,13 @@
 #               cnn_cpu.py and cnn_gpu.py (below), each plain and under --recovery step
 #   frameworks  Accelerate and Lightning on the GPU under ddprun (tests/frameworks/)
 #   reform      ddp.StepManager on PyTorch's nccl, cuda:0, 1 rank under ddprun --recovery step,
-#               through REFORMS (default 20) forced re-forms (python_nccl_reform.py)
+#               through REFORMS (default 20) forced re-forms (python_nccl_reform.py); then the
+#               same on the ddp backend (its CUDA tensors on its NCCL lane)
 #
 #   PYTHON=python3 DDPRUN=build/apps/ddprun DDP_PYTHONPATH=build/python SEEDS=../shared/seeds \
 #     [PARTS="cuda tutorial frameworks reform"] bench/gpu/verify_python.sh OUT_DIR
 #
-# Without a GPU (a smoke test of this script): PARTS="tutorial reform" PYTHON_NCCL_BACKEND=gloo
+# Without a GPU (a smoke test of this script): PARTS="tutorial reform" PYTHON_NCCL_BACKEND="gloo ddp"
 # PYTHON_NCCL_DEVICE=cpu; seed 000's script needs CUDA and is then skipped, 004's run on the CPU.
 #
 # Seed 004 (t04_scaling_python_workloads) has one complete script, cnn_cpu.py (section 4.6.1,
@@ -208,10 +209,12 @@ for fw in accelerate lightning; do
     "exit $rc; $(grep -a -v '^{' "$LOGS/python-$fw.log" | tail -3 | tr '\n' ' ')"
 done
 
-# 4. ddp.StepManager on PyTorch's nccl (cuda:0), 1 rank, through forced re-forms.
-if part reform; then
-  backend=${PYTHON_NCCL_BACKEND:-nccl} device=${PYTHON_NCCL_DEVICE:-cuda:0}
-  log=$LOGS/python-reform.log
+# 4. ddp.StepManager on PyTorch's nccl (cuda:0), 1 rank, through forced re-forms; then on the
+#    ddp backend, whose CUDA tensors run on its NCCL lane (re-made in every generation).
+for backend in ${PYTHON_NCCL_BACKEND:-nccl ddp}; do
+  part reform || break
+  device=${PYTHON_NCCL_DEVICE:-cuda:0}
+  log=$LOGS/python-reform-$backend.log
   PYTHON_NCCL_BACKEND=$backend PYTHON_NCCL_DEVICE=$device timeout 300 "$DDPRUN" --standalone \
     --nproc-per-node 1 --recovery step "$ROOT/bench/gpu/python_nccl_reform.py" \
     --reforms "${REFORMS:-20}" >"$log" 2>&1
@@ -223,4 +226,4 @@ if part reform; then
     status "StepManager re-forms on $backend ($device)" failed \
       "exit $rc$([ $rc = 124 ] && echo ' (timeout 300 s)'); $(grep -a 'FAILED\|Error' "$log" | head -4 | tr '\n' ' ') $(grep -a -v '^{' "$log" | tail -2 | tr '\n' ' ')"
   fi
-fi
+done

@@ -2,8 +2,9 @@
 // Checking and adapting the tensors torch.distributed hands the ddp backend to ddp's
 // (pointer, count, DataType) collectives.
 //
-// - Tensors must be dense CPU or CUDA tensors. ddp's collectives run in host memory, so CUDA
-//   tensors are staged through the host (as gloo does): copied to a host buffer when the
+// - Tensors must be dense CPU or CUDA tensors. CUDA tensors run on the group's NCCL lane where it
+//   has one (nccl_lane.hpp, op_route.hpp); otherwise ddp's collectives run in host memory, and
+//   CUDA tensors are staged through the host (as gloo does): copied to a host buffer when the
 //   operation is called (after the work queued on the caller's current CUDA stream, which the
 //   copy waits for) and copied back into the CUDA tensor when it finished (a synchronous copy:
 //   the result is on the device before the Work completes). docs/python.md.
