@@ -222,30 +222,43 @@ void ProcessGroupDDP::shutdown() {
   if (saved) PyEval_RestoreThread(saved);
 }
 
-OpRoute ProcessGroupDDP::route(const std::vector<at::Tensor>& tensors) {
-  if (!lane_ || tensors.empty()) return {};
-  const c10::Device device = tensors[0].device();
+OpRoute ProcessGroupDDP::route(const std::vector<at::Tensor>& tensors, bool lane) {
+  std::optional<c10::Device> cuda;  // the CUDA tensors' device
+  bool host_tensors = false;
   for (const auto& t : tensors) {
-    // Mixed devices (a CPU output list for CUDA inputs) cross the host, as before.
-    if (!t.is_cuda() || t.device() != device) return {};
+    if (!t.is_cuda()) {
+      host_tensors = true;
+    } else if (!cuda) {
+      cuda = t.device();
+    } else if (*cuda != t.device()) {
+      return {};  // several devices: synchronous staging, as before
+    }
   }
-  OpRoute r;
-  r.nccl = lane_->group(device.index(), [this] { drain_in_flight(); });
-  if (r.nccl) r.stream = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
-  return r;
+  if (!cuda) return {};
+  if (lane && lane_ && !host_tensors) {
+    OpRoute r;
+    r.nccl = lane_->group(cuda->index(), [this] { drain_in_flight(); });
+    if (r.nccl) {
+      r.stream = c10::impl::VirtualGuardImpl(cuda->type()).getStream(*cuda);
+      return r;
+    }
+  }
+  return overlapped_host_staging() ? OpRoute::staged_from(*cuda) : OpRoute{};
 }
 
 WorkPtr ProcessGroupDDP::run(const OpRoute& route,
                              const std::function<WorkPtr(ProcessGroup&)>& op) const {
-  if (!route.on_device()) return op(*live());
+  if (!route.on_device()) {
+    route.wait_copied();
+    return op(*live());
+  }
   return lane_->issue(*route.nccl, route.stream->native_handle(), op);
 }
 
 c10::intrusive_ptr<WorkDDP> ProcessGroupDDP::make_work(c10d::OpType type, WorkDDP::Start start,
                                                        std::function<void()> epilogue,
                                                        std::vector<at::Tensor> outputs,
-                                                       bool counted,
-                                                       std::optional<c10::Stream> stream) {
+                                                       bool counted, const OpRoute& route) {
   live();  // a group that was shut down refuses at the call
   if (counted && type != c10d::OpType::SEND && type != c10d::OpType::RECV &&
       type != c10d::OpType::RECVANYSOURCE) {
@@ -253,10 +266,11 @@ c10::intrusive_ptr<WorkDDP> ProcessGroupDDP::make_work(c10d::OpType type, WorkDD
   }
   auto work = c10::make_intrusive<WorkDDP>(group_rank(), type, std::move(epilogue),
                                            std::move(outputs), timeout_, completer_);
-  if (stream) work->set_stream(*stream);
+  if (route.stream) work->set_stream(*route.stream);
   // Issued at once unless a future's callbacks may still issue operations before it (see
-  // "Issue order" in work_ddp.hpp).
-  if (!completer_->defer_if_busy(work, start)) {
+  // "Issue order" in work_ddp.hpp), or its copies to the host are still running (overlapped
+  // staging: the completer issues it once they ended, and the caller goes on meanwhile).
+  if (!completer_->defer_if_busy(work, start, /*always=*/route.overlapped())) {
     work->issue(start);
     // Inline operations finished already: complete now (epilogue, errors) and skip the
     // bookkeeping of operations in flight.

@@ -152,23 +152,26 @@ class ProcessGroupDDP : public ProcessGroupBase {
   // operations before it, later on the completer (see "Issue order" in work_ddp.hpp).
   // `counted`: whether it counts in getSequenceNumberForGroup (a collective of the caller's).
   // `stream`: an operation on the NCCL lane's caller stream (WorkDDP::set_stream).
+  // `route`: where the operation runs (a collective of the caller's); the default is the host
+  // group as is.
   c10::intrusive_ptr<WorkDDP> make_work(c10d::OpType type, WorkDDP::Start start,
                                         std::function<void()> epilogue,
                                         std::vector<at::Tensor> outputs, bool counted = true,
-                                        std::optional<c10::Stream> stream = std::nullopt);
-  // A collective of the caller's on `route`.
+                                        const OpRoute& route = {});
   c10::intrusive_ptr<WorkDDP> make_work(const OpRoute& route, c10d::OpType type,
                                         WorkDDP::Start start, std::function<void()> epilogue,
                                         std::vector<at::Tensor> outputs) {
-    return make_work(type, std::move(start), std::move(epilogue), std::move(outputs), true,
-                     route.stream);
+    return make_work(type, std::move(start), std::move(epilogue), std::move(outputs), true, route);
   }
-  // Where an operation on `tensors` runs: the NCCL lane when they are all CUDA tensors of one
-  // device and the group has a lane there (its communicator is made at the first such call,
-  // a collective), else the host group. Operations that the lane does not run pass {}.
-  OpRoute route(const std::vector<at::Tensor>& tensors);
+  // Where an operation on `tensors` runs (op_route.hpp): the NCCL lane when they are all CUDA
+  // tensors of one device, `lane` allows it and the group has a lane (its communicator is made
+  // at the first such call, a collective); else the host group, with overlapped staging when
+  // some are CUDA tensors of one device; else the host group as is (CPU tensors, CUDA tensors
+  // of several devices, DDP_HOST_STAGING=sync).
+  OpRoute route(const std::vector<at::Tensor>& tensors, bool lane = true);
   // Hands `op` to the route's group: the lane's (ordered after the work on the route's stream)
-  // or live(). For the operations' Start functions, which may run on the completer's thread.
+  // or live() (after the route's copies to the host ended). For the operations' Start
+  // functions, which may run on the completer's thread.
   WorkPtr run(const OpRoute& route, const std::function<WorkPtr(ProcessGroup&)>& op) const;
   c10::intrusive_ptr<c10d::Work> all_reduce_tensor(const at::Tensor& t, const c10d::ReduceOp& op);
   c10::intrusive_ptr<c10d::Work> bitwise_all_reduce(const at::Tensor& t, const c10d::ReduceOp& op);

@@ -28,7 +28,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::broadcast(std::vector<at::Tensor
       return g.broadcast(buf.data_ptr(), e.count, e.dtype, root);
     })};
   };
-  return make_work(route, c10d::OpType::BROADCAST, start, [t, buf] { copy_back(t, buf); }, {t});
+  return make_work(route, c10d::OpType::BROADCAST, start,
+                   [t, buf, route] { route.copy_back(t, buf); }, {t});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather(
@@ -67,10 +68,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather(
     equal = equal && o.numel() == in.numel();
     total += o.numel();
   }
-  // Equal sizes only on the lane (unequal ones are all_gather_v, which the host runs).
+  // Unequal sizes are all_gather_v, which the lane does not run: the host does.
   std::vector<at::Tensor> all = outs;
   all.push_back(in);
-  const OpRoute route = equal ? this->route(all) : OpRoute{};
+  const OpRoute route = this->route(all, /*lane=*/equal);
   auto src = route.buffer(in);
   auto flat = at::empty({total}, route.options(in));
   WorkDDP::Start start;
@@ -86,15 +87,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather(
     const auto e = move_elements(in.scalar_type(), 1);
     std::vector<size_t> counts;
     for (const auto& o : outs) counts.push_back(static_cast<size_t>(o.numel()) * e.count);
-    start = [this, src, flat, counts, e] {
-      return std::vector<WorkPtr>{
-          live()->all_gather_v(src.data_ptr(), flat.data_ptr(), counts, e.dtype)};
+    start = [this, route, src, flat, counts, e] {
+      return std::vector<WorkPtr>{run(route, [&](ProcessGroup& g) {
+        return g.all_gather_v(src.data_ptr(), flat.data_ptr(), counts, e.dtype);
+      })};
     };
   }
-  auto epilogue = [outs, src, flat] {
+  auto epilogue = [outs, src, flat, route] {
     int64_t offset = 0;
     for (const auto& o : outs) {
-      o.copy_(flat.narrow(0, offset, o.numel()).view(o.sizes()));
+      route.copy_back(o, flat.narrow(0, offset, o.numel()));
       offset += o.numel();
     }
   };
@@ -117,7 +119,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_allgather_base(
   };
   at::Tensor out = output;
   return make_work(route, c10d::OpType::_ALLGATHER_BASE, start,
-                   [out, src, dst] { copy_back(out, dst); }, {out});
+                   [out, src, dst, route] { route.copy_back(out, dst); }, {out});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allgather_coalesced(

@@ -90,7 +90,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::all_reduce_tensor(const at::Tens
       return g.all_reduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), dtype, r);
     })};
   };
-  return make_work(route, c10d::OpType::ALLREDUCE, start, [t, buf] { copy_back(t, buf); }, {t});
+  return make_work(route, c10d::OpType::ALLREDUCE, start,
+                   [t, buf, route] { route.copy_back(t, buf); }, {t});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::bitwise_all_reduce(const at::Tensor& t,
@@ -149,10 +150,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::allreduce_coalesced(
     })};
   };
   std::vector<at::Tensor> ts = tensors;
-  auto epilogue = [ts, flat] {
+  auto epilogue = [ts, flat, route] {
     int64_t offset = 0;
     for (const auto& t : ts) {
-      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      route.copy_back(t, flat.narrow(0, offset, t.numel()));
       offset += t.numel();
     }
   };
@@ -176,8 +177,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce(std::vector<at::Tensor>& 
   // Only the root's result is defined; other ranks' tensors hold unspecified values afterwards
   // (gloo leaves partial sums there too), so only the root copies a staged result back.
   const bool root = opts.rootRank == group_rank();
-  auto epilogue = [t, buf, root] {
-    if (root) copy_back(t, buf);
+  auto epilogue = [t, buf, root, route] {
+    if (root) route.copy_back(t, buf);
   };
   return make_work(route, c10d::OpType::REDUCE, start, std::move(epilogue), {t});
 }
@@ -204,7 +205,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::reduce_scatter(
     })};
   };
   return make_work(route, c10d::OpType::REDUCE_SCATTER, start,
-                   [out, dst, flat] { copy_back(out, dst); }, {out});
+                   [out, dst, flat, route] { route.copy_back(out, dst); }, {out});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_reduce_scatter_base(
@@ -224,7 +225,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDP::_reduce_scatter_base(
   };
   at::Tensor out = output;
   return make_work(route, c10d::OpType::_REDUCE_SCATTER_BASE, start,
-                   [out, dst, src] { copy_back(out, dst); }, {out});
+                   [out, dst, src, route] { route.copy_back(out, dst); }, {out});
 }
 
 }  // namespace ddp::python

@@ -323,11 +323,12 @@ void Completer::watch(c10::intrusive_ptr<WorkDDP> work) {
   cv_.notify_all();
 }
 
-bool Completer::defer_if_busy(const c10::intrusive_ptr<WorkDDP>& work, WorkDDP::Start& start) {
+bool Completer::defer_if_busy(const c10::intrusive_ptr<WorkDDP>& work, WorkDDP::Start& start,
+                              bool always) {
   if (is_current_thread()) return false;  // a callback's operation goes out at once
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (queue_.empty() && processing_ == 0) return false;
+    if (!always && queue_.empty() && processing_ == 0) return false;
     work->defer(std::move(start));
     queue_.push_back({work, now_ns()});
     start_threads();

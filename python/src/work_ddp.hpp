@@ -151,8 +151,10 @@ class Completer {
   void watch(c10::intrusive_ptr<WorkDDP> work);
   // Queues `work` (with its deferred start) behind the queued Works when called from a
   // thread other than the completer's while Works are queued or a callback runs (see "Issue
-  // order" above); false when it may be issued at once instead.
-  bool defer_if_busy(const c10::intrusive_ptr<WorkDDP>& work, WorkDDP::Start& start);
+  // order" above), or with `always` from any thread but the completer's; false when it may be
+  // issued at once instead.
+  bool defer_if_busy(const c10::intrusive_ptr<WorkDDP>& work, WorkDDP::Start& start,
+                     bool always = false);
   // Completes `work` on the calling completer thread (a future asked for inside a callback:
   // queueing it behind the running callback would deadlock).
   void complete_inline(WorkDDP& work);

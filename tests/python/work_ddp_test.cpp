@@ -1,6 +1,8 @@
 // WorkDDP and its Completer (python/src/work_ddp.*) without Python: who runs a future's
 // callbacks. Callbacks may issue collectives, so they must run on the group's completer in
-// issue order, never on whichever thread happened to notice a Work finished.
+// issue order, never on whichever thread happened to notice a Work finished. And who issues an
+// operation whose inputs are still being copied (overlapped host staging): the completer, so
+// that the caller goes on, with the caller's later operations queued behind it.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -8,6 +10,7 @@
 #include <future>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "work_ddp.hpp"
 
@@ -83,6 +86,48 @@ TEST(WorkDDPFuture, AFutureAskedForAfterTheWorkFinishedCompletesAtOnce) {
   auto future = work->getFuture();
   EXPECT_TRUE(future->completed());  // no thread hand-off for a Work finished already
   EXPECT_FALSE(future->hasError());
+}
+
+TEST(WorkDDPIssue, AnOperationDeferredAlwaysIsIssuedByTheCompleterAndKeepsTheOrder) {
+  auto completer = std::make_shared<Completer>();
+  std::promise<void> copies_ended;  // what the staged operation's start waits for
+  auto copied = copies_ended.get_future().share();
+  std::mutex order_mutex;
+  std::vector<int> order;
+  std::thread::id staged_issuer;
+  auto make = [&] {
+    return c10::make_intrusive<WorkDDP>(0, c10d::OpType::ALLREDUCE, nullptr,
+                                        std::vector<at::Tensor>{}, 30s, completer);
+  };
+  auto finished_inner = [] {
+    auto inner = std::make_shared<GatedWork>();
+    inner->finish();
+    inner->release();
+    return inner;
+  };
+  auto staged = make();
+  WorkDDP::Start staged_start = [&] {
+    copied.wait();
+    std::lock_guard<std::mutex> lock(order_mutex);
+    order.push_back(1);
+    staged_issuer = std::this_thread::get_id();
+    return std::vector<ddp::WorkPtr>{finished_inner()};
+  };
+  // Nothing queued: only `always` defers it. The caller is not held by its start.
+  ASSERT_TRUE(completer->defer_if_busy(staged, staged_start, /*always=*/true));
+  auto next = make();
+  WorkDDP::Start next_start = [&] {
+    std::lock_guard<std::mutex> lock(order_mutex);
+    order.push_back(2);
+    return std::vector<ddp::WorkPtr>{finished_inner()};
+  };
+  // The caller's next operation (no staging of its own) queues behind it.
+  ASSERT_TRUE(completer->defer_if_busy(next, next_start));
+  copies_ended.set_value();
+  EXPECT_TRUE(next->wait(30s));
+  EXPECT_TRUE(staged->wait(30s));
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+  EXPECT_NE(staged_issuer, std::this_thread::get_id());
 }
 
 }  // namespace
