@@ -138,11 +138,22 @@ def main():
             "bench": "gpu_step", "impl": {"ddp": "pytorch", "plain": "pytorch-plain",
                      "data_parallel": "pytorch-data_parallel"}[a.mode],
             "mode": a.mode, "model": a.model, "parameters": parameters, "world": world,
-            "batch": batch, "device": str(device), "backend": backend, "ms_per_step": median,
+            "batch": batch, "device": str(device), "backend": backend,
+            # The ddp backend's way with CUDA tensors (docs/python.md): its NCCL lane, or
+            # host staging (overlapped, or synchronous with DDP_HOST_STAGING=sync).
+            **({"cuda_collectives": ddp_cuda_path(),
+                "host_staging": os.environ.get("DDP_HOST_STAGING", "overlap")}
+               if backend == "ddp" and a.mode == "ddp" else {}),
+            "ms_per_step": median,
             "ms_per_step_blocks": ms, "samples_per_s": 1000.0 * batch * world / median,
             "torch": torch.__version__}), flush=True)
     if a.mode == "ddp":
         dist.destroy_process_group()
+
+
+def ddp_cuda_path():
+    import ddp
+    return ddp.cuda_collectives()
 
 
 if __name__ == "__main__":

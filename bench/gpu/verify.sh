@@ -358,13 +358,15 @@ if want one_gpu && is_built bench_gpu_step && is_built ddprun && [ "$GPUS" = 1 ]
           "$(bin bench_gpu_step)" --model "$model" --device cuda:0 --backend cpu $STEP_ARGS \
           2>>"$LOGS/one_gpu.log" | keep_json
       done
-      # PyTorch's DDP on gloo, and on the ddp package's backend (CUDA tensors staged by it).
-      for backend in gloo ddp; do
-        [ $backend = ddp ] && ! is_built ddp_python_ext && continue
+      # PyTorch's DDP on gloo, and on the ddp package's backend (CUDA tensors staged by it: the
+      # ranks share the GPU, so no NCCL lane), its staging overlapped (default) and synchronous.
+      for backend in gloo ddp ddp/sync; do
+        [ $backend != gloo ] && ! is_built ddp_python_ext && continue
+        DDP_HOST_STAGING=$([ $backend = ddp/sync ] && echo sync || echo overlap) \
         PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" timeout 300 "$PYTHON" \
           -m torch.distributed.run --standalone --nproc_per_node 2 "$ROOT/bench/gpu/torch_step.py" \
-          --model "$model" --device cuda:0 --backend $backend $STEP_ARGS 2>>"$LOGS/one_gpu.log" |
-          keep_json
+          --model "$model" --device cuda:0 --backend ${backend%/sync} $STEP_ARGS \
+          2>>"$LOGS/one_gpu.log" | keep_json
       done
     done
   done
@@ -375,18 +377,21 @@ runs = {}
 for r in rows:
     if r.get("bench") == "gpu_step" and r.get("world") == 2 and r.get("device") == "cuda:0":
         impl = r["impl"] + "/" + (r["host_staging"] if r["impl"] == "ddp" else r["backend"])
+        if r["impl"] == "pytorch" and r["backend"] == "ddp" and r.get("host_staging") == "sync":
+            impl += "/sync"
         runs.setdefault((r["model"], impl), []).append(r["ms_per_step"])
 out = {"bench": "one_gpu_summary", "ms_per_step_median": {f"{m}/{i}": statistics.median(v) for (m, i), v in sorted(runs.items())}}
 for m in ("cnn", "resnet18"):
     gloo = runs.get((m, "pytorch/gloo"))
     for name, impl in (("ddp_overlap", "ddp/overlap"), ("ddp_sync", "ddp/sync"),
-                       ("pytorch_on_ddp_backend", "pytorch/ddp")):
+                       ("pytorch_on_ddp_backend", "pytorch/ddp"),
+                       ("pytorch_on_ddp_backend_sync", "pytorch/ddp/sync")):
         mine = runs.get((m, impl))
         if gloo and mine:
             out[f"{m}_{name}_over_gloo_time"] = statistics.median(mine) / statistics.median(gloo)
 out["note"] = ("world 2 on one GPU, ms per step: ddp's C++ DDP on its cpu backend (host staging "
-               "overlapped or synchronous) and PyTorch's DDP on the ddp backend, each over "
-               "PyTorch's DDP on gloo; < 1: faster than gloo")
+               "overlapped or synchronous) and PyTorch's DDP on the ddp backend (its host staging "
+               "overlapped or synchronous), each over PyTorch's DDP on gloo; < 1: faster than gloo")
 print(json.dumps(out))
 PY
   # Two ranks on one GPU over NCCL: expected to fail at once with NCCL's duplicate-GPU error.
@@ -402,10 +407,10 @@ PY
     start=$(date +%s)
     NCCL_DEBUG=WARN timeout 300 "${cmd[@]}" >"$LOGS/nccl_one_gpu_$impl.log" 2>&1
     rc=$?
-    msg=$(grep -a -m1 -iE 'duplicate gpu|invalid usage|ncclInvalidUsage' "$LOGS/nccl_one_gpu_$impl.log" | cut -c1-400)
+    msg=$(grep -a -m1 -iE 'duplicate gpu|invalid usage|ncclInvalidUsage|NCCL takes one rank per GPU' "$LOGS/nccl_one_gpu_$impl.log" | cut -c1-400)
     record one_gpu_nccl "$([ $rc != 0 ] && echo ok || echo failed)" impl=$impl exit="$rc" \
       seconds=$(($(date +%s) - start)) error="${msg:-none found, see logs/nccl_one_gpu_$impl.log}" \
-      expect="non-zero exit naming NCCL's duplicate-GPU refusal"
+      expect="non-zero exit naming the duplicate GPU (ddp's own check: NCCL takes one rank per GPU; PyTorch: NCCL's refusal)"
   done
 fi
 
