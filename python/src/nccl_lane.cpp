@@ -50,34 +50,48 @@ NcclLane::NcclLane(std::shared_ptr<RecoverableGroup> job, RecoverableSubgroupOpt
 NcclLane::~NcclLane() = default;
 
 ProcessGroupPtr NcclLane::group(int device, const std::function<void()>& before_reform) {
-  if (device_ && *device_ != device) {
-    throw UsageError(fmt::format(
-        "group '{}' of the ddp backend runs its CUDA tensors on cuda:{}, its first CUDA "
-        "tensors' device, but got a tensor on cuda:{}: a group's CUDA tensors must live on one "
-        "device (one GPU per process, as with nccl)",
-        name_, *device_, device));
-  }
-  if (staging_) return nullptr;
-  // A replacement that has not claimed its slot back trains alone: nothing to meet.
-  if (job_ && job_->returning()) return nullptr;
-  device_ = device;
-  try {
+  RecoverableSubgroup* subgroup = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    if (device_ && *device_ != device) {
+      throw UsageError(fmt::format(
+          "group '{}' of the ddp backend runs its CUDA tensors on cuda:{}, its first CUDA "
+          "tensors' device, but got a tensor on cuda:{}: a group's CUDA tensors must live on "
+          "one device (one GPU per process, as with nccl)",
+          name_, *device_, device));
+    }
+    if (staging_) return nullptr;
+    // A replacement that has not claimed its slot back trains alone: nothing to meet.
+    if (job_ && job_->returning()) return nullptr;
+    device_ = device;
     if (!job_) {
-      if (!plain_) plain_ = make_group(device);
+      try {
+        if (!plain_) plain_ = make_group(device);
+      } catch (const SharedGpuError& e) {
+        fall_back(e);
+        return nullptr;
+      }
       return plain_;
     }
     if (!subgroup_) {
       subgroup_options_.device = device;
       subgroup_ = std::make_unique<RecoverableSubgroup>(job_, subgroup_options_);
     }
-    return subgroup_->group(before_reform);
+    subgroup = subgroup_.get();
+  }
+  // Outside the lock: a re-form first lets the operations in flight end (before_reform), which
+  // may take the completer thread through here.
+  try {
+    return subgroup->group(before_reform);
   } catch (const SharedGpuError& e) {
+    std::lock_guard<std::mutex> lock(state_mutex_);
     fall_back(e);
     return nullptr;
   }
 }
 
 std::string NcclLane::path() const {
+  std::lock_guard<std::mutex> lock(state_mutex_);
   if (staging_) return "host";
   return plain_ || (subgroup_ && subgroup_->generation() >= 0) ? "nccl" : "undecided";
 }
@@ -94,7 +108,8 @@ ProcessGroupPtr NcclLane::make_group(int device) {
   return init_process_group(o);
 }
 
-void NcclLane::fall_back(const SharedGpuError& error) {
+void NcclLane::fall_back(const SharedGpuError& error) {  // state_mutex_ held
+  if (staging_) return;  // another thread fell back first and said why
   staging_ = true;
   plain_.reset();
   fmt::print(stderr, "ddp backend: group '{}' stages its CUDA tensors through host memory: {}\n",

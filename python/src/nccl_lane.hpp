@@ -20,9 +20,9 @@
 // in the new generation, under that generation's store prefix, where a replacement meets the
 // survivors.
 //
-// Thread-safety: group() is for the threads that issue the group's operations, which the
-// Completer runs one at a time ("Issue order", work_ddp.hpp); issue() serializes the stream
-// setting with the operation it orders.
+// Thread-safety: any thread that issues the group's operations (the training thread, the
+// completer's running a future's callback); issue() serializes the stream setting with the
+// operation it orders.
 
 #include <chrono>
 #include <functional>
@@ -76,6 +76,7 @@ class NcclLane {
  private:
   ProcessGroupPtr make_group(int device);
   // Marks the lane as staging for good after `error` (ranks share a GPU); prints why once.
+  // With state_mutex_ held.
   void fall_back(const SharedGpuError& error);
 
   std::string name_;
@@ -90,6 +91,9 @@ class NcclLane {
   RecoverableSubgroupOptions subgroup_options_;
   std::unique_ptr<RecoverableSubgroup> subgroup_;
 
+  // Guards the members above and below but issue_mutex_; held while a plain lane's
+  // communicator is made (group() may be called from the training and the completer thread).
+  mutable std::mutex state_mutex_;
   std::optional<int> device_;
   bool staging_ = false;  // ranks of the group share a GPU: CUDA tensors go through the host
   std::mutex issue_mutex_;
