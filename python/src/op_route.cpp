@@ -2,8 +2,13 @@
 
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <thread>
 
 #include "ddp/util/env.hpp"
+#include "ddp/util/error.hpp"
 
 namespace ddp::python {
 
@@ -51,8 +56,24 @@ at::Tensor OpRoute::pack(const std::vector<at::Tensor>& ts) const {
   return buffer(at::cat(flat));
 }
 
-void OpRoute::wait_copied() const {
-  if (copied) copied->synchronize();
+void OpRoute::wait_copied(std::chrono::milliseconds limit) const {
+  if (!copied) return;
+  // Polled, not synchronize(): a GPU that never gets there (a hung kernel before the copies)
+  // fails the operation after `limit` instead of holding the completer's thread forever. The
+  // pause grows to 200 us: a copy takes from microseconds (a small tensor) to milliseconds.
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  std::chrono::microseconds pause{10};
+  while (!copied->query()) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw TimeoutError(fmt::format(
+          "ddp backend: the copies of an operation's CUDA tensors to host memory did not end "
+          "within {} ms: the GPU is still busy with the work queued before them on the "
+          "caller's stream, or hung",
+          limit.count()));
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(200));
+  }
 }
 
 void OpRoute::copy_back(const at::Tensor& dst, const at::Tensor& staged) const {

@@ -16,6 +16,7 @@
 #include <c10/core/Stream.h>
 #include <torch/extension.h>
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -55,8 +56,8 @@ struct OpRoute {
   // `ts` (equal dtype) packed into one contiguous 1-D buffer where the operation runs.
   at::Tensor pack(const std::vector<at::Tensor>& ts) const;
   // Blocks until the copies to the host ended (overlapped staging; nothing otherwise): before
-  // the host collective reads them.
-  void wait_copied() const;
+  // the host collective reads them. TimeoutError after `limit`.
+  void wait_copied(std::chrono::milliseconds limit) const;
   // Copies a result from `staged` (a buffer or a view of one) into `dst` unless they are the
   // same tensor: on the caller's stream without blocking where the route has one (the Work's
   // epilogue runs with it current), else synchronously (copy_back).

@@ -249,7 +249,7 @@ OpRoute ProcessGroupDDP::route(const std::vector<at::Tensor>& tensors, bool lane
 WorkPtr ProcessGroupDDP::run(const OpRoute& route,
                              const std::function<WorkPtr(ProcessGroup&)>& op) const {
   if (!route.on_device()) {
-    route.wait_copied();
+    route.wait_copied(timeout_);
     return op(*live());
   }
   return lane_->issue(*route.nccl, route.stream->native_handle(), op);
