@@ -300,6 +300,13 @@ step_torch() {  # model mode world
     "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$3" --redirects 1 --tee 1 \
       --log_dir "$LOGS/torchrun" "$ROOT/bench/gpu/torch_step.py" --model "$1" --mode ddp \
       --device "$STEP_DEVICE" $STEP_ARGS 2>>"$LOGS/step.log" | keep_json
+    # At world 1 also on the ddp package's backend: its CUDA tensors on its NCCL lane.
+    if [ "$3" = 1 ] && is_built ddp_python_ext; then
+      PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m torch.distributed.run \
+        --standalone --nproc_per_node 1 --redirects 1 --tee 1 --log_dir "$LOGS/torchrun" \
+        "$ROOT/bench/gpu/torch_step.py" --model "$1" --mode ddp --backend ddp \
+        --device "$STEP_DEVICE" $STEP_ARGS 2>>"$LOGS/step.log" | keep_json
+    fi
   fi
 }
 if ! want step; then
@@ -324,7 +331,8 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 runs = {}
 for r in rows:
     if r.get("bench") == "gpu_step" and r.get("device", "").startswith(sys.argv[2]):
-        runs.setdefault((r["model"], r["impl"], r["world"]), []).append(r["ms_per_step"])
+        impl = r["impl"] + ("/ddp_backend" if r["impl"] == "pytorch" and r.get("backend") == "ddp" else "")
+        runs.setdefault((r["model"], impl, r["world"]), []).append(r["ms_per_step"])
 best = {k: min(v) for k, v in runs.items()}
 out = {"bench": "gpu_step_summary", "ms_per_step_best": {f"{m}/{i}/w{w}": v for (m, i, w), v in sorted(best.items())}}
 for (m, i, w), v in best.items():
@@ -334,6 +342,9 @@ for (m, i, w), v in best.items():
         out[f"{m}_w{w}_ddp_allreduce_over_pytorch_time"] = v / best[(m, "pytorch", w)]
     if i == "ddp" and w == 1 and (m, "libtorch", 1) in best:
         out[f"{m}_ddp_overhead_over_plain_libtorch"] = v / best[(m, "libtorch", 1)]
+    if i == "pytorch/ddp_backend" and (m, "pytorch", w) in best:
+        # PyTorch's DDP on the ddp backend (its NCCL lane) over the same on PyTorch's nccl.
+        out[f"{m}_w{w}_pytorch_on_ddp_backend_over_nccl_time"] = v / best[(m, "pytorch", w)]
     if i == "pytorch" and w == 1 and (m, "pytorch-plain", 1) in best:
         out[f"{m}_pytorch_ddp_overhead_over_plain"] = v / best[(m, "pytorch-plain", 1)]
 out["note"] = "times: lower is better; ddp_over_pytorch_time < 1 means ddp is faster"
