@@ -60,7 +60,7 @@ ProcessGroupPtr NcclLane::group(int device, const std::function<void()>& before_
           "one device (one GPU per process, as with nccl)",
           name_, *device_, device));
     }
-    if (staging_) return nullptr;
+    if (staging()) return nullptr;
     // A replacement that has not claimed its slot back trains alone: nothing to meet.
     if (job_ && job_->returning()) return nullptr;
     device_ = device;
@@ -90,9 +90,15 @@ ProcessGroupPtr NcclLane::group(int device, const std::function<void()>& before_
   }
 }
 
+bool NcclLane::staging() const {
+  // Under step recovery the members of each generation check afresh (a replacement knows
+  // nothing of an earlier verdict, and must meet the others in whatever they do).
+  return job_ ? staging_generation_ == job_->generation() : staging_generation_ >= 0;
+}
+
 std::string NcclLane::path() const {
   std::lock_guard<std::mutex> lock(state_mutex_);
-  if (staging_) return "host";
+  if (staging()) return "host";
   return plain_ || (subgroup_ && subgroup_->generation() >= 0) ? "nccl" : "undecided";
 }
 
@@ -109,19 +115,56 @@ ProcessGroupPtr NcclLane::make_group(int device) {
 }
 
 void NcclLane::fall_back(const SharedGpuError& error) {  // state_mutex_ held
-  if (staging_) return;  // another thread fell back first and said why
-  staging_ = true;
+  if (staging()) return;  // another thread fell back first and said why
+  staging_generation_ = job_ ? job_->generation() : 0;
   plain_.reset();
   fmt::print(stderr, "ddp backend: group '{}' stages its CUDA tensors through host memory: {}\n",
              name_, error.what());
 }
 
-WorkPtr NcclLane::issue(ProcessGroup& nccl, void* stream,
+namespace {
+
+// A lane operation's Work. ddp's nccl Work::wait makes the group's compute stream wait for the
+// collective, and that is one setting for the whole group, which every issue() changes; this
+// Work first sets it back to the stream its operation was issued from, so the wait orders that
+// stream even after another stream issued on the lane since (a future's callback runs on a
+// stream of its own), under the same lock as the issues.
+class LaneWork : public Work {
+ public:
+  LaneWork(WorkPtr inner, ProcessGroupPtr group, CUstream_st* stream,
+           std::shared_ptr<std::mutex> issue_mutex)
+      : inner_(std::move(inner)),
+        group_(std::move(group)),
+        stream_(stream),
+        issue_mutex_(std::move(issue_mutex)) {}
+
+  void wait(std::chrono::milliseconds timeout) override {
+    std::lock_guard<std::mutex> lock(*issue_mutex_);
+    dynamic_cast<NcclProcessGroup&>(*group_).set_compute_stream(stream_);
+    inner_->wait(timeout);
+  }
+  bool is_completed() override { return inner_->is_completed(); }
+
+ private:
+  WorkPtr inner_;
+  ProcessGroupPtr group_;  // the generation's group the operation ran on
+  CUstream_st* stream_;
+  std::shared_ptr<std::mutex> issue_mutex_;
+};
+
+}  // namespace
+
+WorkPtr NcclLane::issue(const ProcessGroupPtr& nccl, void* stream,
                         const std::function<WorkPtr(ProcessGroup&)>& op) {
-  auto& lane = dynamic_cast<NcclProcessGroup&>(nccl);
-  std::lock_guard<std::mutex> lock(issue_mutex_);
-  lane.set_compute_stream(static_cast<CUstream_st*>(stream));
-  return op(lane);
+  auto& lane = dynamic_cast<NcclProcessGroup&>(*nccl);
+  auto* caller = static_cast<CUstream_st*>(stream);
+  WorkPtr inner;
+  {
+    std::lock_guard<std::mutex> lock(*issue_mutex_);
+    lane.set_compute_stream(caller);
+    inner = op(lane);
+  }
+  return std::make_shared<LaneWork>(std::move(inner), nccl, caller, issue_mutex_);
 }
 
 }  // namespace ddp::python

@@ -6,7 +6,8 @@
 // - DDP_CUDA_COLLECTIVES=host, or the build has no nccl backend (no lane at all);
 // - ranks of the group share a GPU, which NCCL refuses: ddp's nccl backend finds it when the
 //   communicator is made and fails every rank alike (SharedGpuError), so every rank falls back
-//   together; said once on stderr;
+//   together (under step recovery for that generation: the next one's members check again,
+//   a replacement among them); said once on stderr;
 // - the process is a replacement that has not claimed its slot back yet (--recovery step's
 //   defer_return: its group is one of its own until then).
 //
@@ -25,6 +26,7 @@
 // operation it orders.
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -70,13 +72,17 @@ class NcclLane {
 
   // Runs `op` on `nccl` (a group() result) after making its collectives order after the work
   // queued on `stream` (the caller's current CUDA stream, a cudaStream_t), atomically with
-  // respect to other issue() calls of this lane.
-  WorkPtr issue(ProcessGroup& nccl, void* stream, const std::function<WorkPtr(ProcessGroup&)>& op);
+  // respect to other issue() calls of this lane. The Work's wait() makes that same stream wait
+  // for the collective (whatever stream issued on the lane since).
+  WorkPtr issue(const ProcessGroupPtr& nccl, void* stream,
+                const std::function<WorkPtr(ProcessGroup&)>& op);
 
  private:
   ProcessGroupPtr make_group(int device);
-  // Marks the lane as staging for good after `error` (ranks share a GPU); prints why once.
-  // With state_mutex_ held.
+  // Whether the group's CUDA tensors go through the host now (state_mutex_ held).
+  bool staging() const;
+  // Marks the lane as staging after `error` (ranks share a GPU): for good on a plain lane, for
+  // the current generation under step recovery; prints why once. With state_mutex_ held.
   void fall_back(const SharedGpuError& error);
 
   std::string name_;
@@ -95,8 +101,12 @@ class NcclLane {
   // communicator is made (group() may be called from the training and the completer thread).
   mutable std::mutex state_mutex_;
   std::optional<int> device_;
-  bool staging_ = false;  // ranks of the group share a GPU: CUDA tensors go through the host
-  std::mutex issue_mutex_;
+  // The generation (0 for a plain lane) in which the group's ranks were found to share a GPU:
+  // its CUDA tensors go through the host; -1 while not.
+  int64_t staging_generation_ = -1;
+  // Serializes issue() and the waits of its Works (LaneWork); shared with the Works, which may
+  // outlive the lane.
+  std::shared_ptr<std::mutex> issue_mutex_ = std::make_shared<std::mutex>();
 };
 
 }  // namespace ddp::python

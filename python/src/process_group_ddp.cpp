@@ -237,7 +237,11 @@ OpRoute ProcessGroupDDP::route(const std::vector<at::Tensor>& tensors, bool lane
   if (!cuda) return {};
   if (lane && lane_ && !host_tensors) {
     OpRoute r;
-    r.nccl = lane_->group(cuda->index(), [this] { drain_in_flight(); });
+    // A re-form lets the operations in flight end first; not from the completer's thread
+    // (running a callback), whose queued operations could only end after it returned.
+    r.nccl = lane_->group(cuda->index(), [this] {
+      if (!completer_->is_current_thread()) drain_in_flight();
+    });
     if (r.nccl) {
       r.stream = c10::impl::VirtualGuardImpl(cuda->type()).getStream(*cuda);
       return r;
@@ -252,7 +256,7 @@ WorkPtr ProcessGroupDDP::run(const OpRoute& route,
     route.wait_copied(timeout_);
     return op(*live());
   }
-  return lane_->issue(*route.nccl, route.stream->native_handle(), op);
+  return lane_->issue(route.nccl, route.stream->native_handle(), op);
 }
 
 c10::intrusive_ptr<WorkDDP> ProcessGroupDDP::make_work(c10d::OpType type, WorkDDP::Start start,

@@ -2,7 +2,9 @@
 
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type.h>
+#include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -146,9 +148,24 @@ bool WorkDDP::wait(std::chrono::milliseconds timeout) {
     }
   }
   finish_work(err);  // the future's callbacks are its owner's to run (see finish_work)
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (exception_) std::rethrow_exception(exception_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (exception_) std::rethrow_exception(exception_);
+  }
+  order_current_stream();
   return true;
+}
+
+void WorkDDP::order_current_stream() const {
+  if (!stream_) return;
+  // torch's Work.wait() on CUDA tensors orders the waiter's current stream: if that is not the
+  // stream the operation was issued from (where its results were written), order it after it.
+  const c10::impl::VirtualGuardImpl streams(stream_->device_type());
+  const c10::Stream current = streams.getStream(stream_->device());
+  if (current == *stream_) return;
+  c10::Event written(stream_->device_type());
+  written.record(*stream_);
+  written.block(current);
 }
 
 std::exception_ptr WorkDDP::wait_inner() {

@@ -65,6 +65,7 @@ int64_t RecoverableSubgroup::generation() const {
 }
 
 ProcessGroupPtr RecoverableSubgroup::group(const std::function<void()>& before_reform) {
+  std::lock_guard<std::mutex> forming(form_mutex_);
   if (parent_->stale()) throw lost_error(*parent_, options_.name);
   const int64_t current = parent_->generation();
   {

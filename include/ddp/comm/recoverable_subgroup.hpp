@@ -22,7 +22,9 @@
 //   backend's default group) follows it instead: each generation's group has the parent's
 //   ranks and size.
 //
-// Thread-safety: group() and generation() are for the training thread.
+// Thread-safety: group() may be called from several threads (the `ddp` Python backend issues
+// from the training thread and from its completer's, running a future's callback): the calls
+// are serialized, so a generation is formed once. generation() from any thread.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -86,6 +88,7 @@ class RecoverableSubgroup {
   RecoverableSubgroupOptions options_;
   int parent_world_size_;     // the parent's world size when this subgroup was made
   mutable std::mutex mutex_;  // guards group_, generation_, stopping_
+  std::mutex form_mutex_;     // serializes group(): one forming per generation
   std::condition_variable changed_;
   ProcessGroupPtr group_;
   int64_t generation_ = -1;

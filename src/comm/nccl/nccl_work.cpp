@@ -89,14 +89,22 @@ bool NcclWork::is_completed() {
 }
 
 void NcclWork::wait(std::chrono::milliseconds timeout) {
-  state_->rethrow_if_failed();
   if (!block_host_) {
-    DeviceGuard guard(state_->device, state_->rank);
-    check_cuda(cudaStreamWaitEvent(compute_stream_->load(), state_->done, 0),
-               "cudaStreamWaitEvent (compute stream on a collective)", state_->rank);
+    // Also for a failed collective: its kernel may still run after an abort (a non-blocking
+    // communicator's abort returns before its kernels ended), and the caller frees the buffers
+    // it passed once wait() returned or threw; the compute stream, on which the caching
+    // allocator reuses that memory, must not run ahead of the kernel. The collective's own
+    // error is thrown first, before any error of this call.
+    cudaError_t ordered = cudaSuccess;
+    {
+      DeviceGuard guard(state_->device, state_->rank);
+      ordered = cudaStreamWaitEvent(compute_stream_->load(), state_->done, 0);
+    }
     state_->rethrow_if_failed();
+    check_cuda(ordered, "cudaStreamWaitEvent (compute stream on a collective)", state_->rank);
     return;
   }
+  state_->rethrow_if_failed();
   const auto start = Clock::now();
   // Saturating: min<Clock::duration>(max(), ...) converted max() to nanoseconds first, which
   // overflows to a deadline in the past.
