@@ -49,7 +49,8 @@ NcclLane::NcclLane(std::shared_ptr<RecoverableGroup> job, RecoverableSubgroupOpt
 
 NcclLane::~NcclLane() = default;
 
-ProcessGroupPtr NcclLane::group(int device, const std::function<void()>& before_reform) {
+std::shared_ptr<NcclProcessGroup> NcclLane::group(int device,
+                                                  const std::function<void()>& before_reform) {
   RecoverableSubgroup* subgroup = nullptr;
   {
     std::lock_guard<std::mutex> lock(state_mutex_);
@@ -71,7 +72,7 @@ ProcessGroupPtr NcclLane::group(int device, const std::function<void()>& before_
         fall_back(e);
         return nullptr;
       }
-      return plain_;
+      return std::dynamic_pointer_cast<NcclProcessGroup>(plain_);
     }
     if (!subgroup_) {
       subgroup_options_.device = device;
@@ -82,7 +83,7 @@ ProcessGroupPtr NcclLane::group(int device, const std::function<void()>& before_
   // Outside the lock: a re-form first lets the operations in flight end (before_reform), which
   // may take the completer thread through here.
   try {
-    return subgroup->group(before_reform);
+    return std::dynamic_pointer_cast<NcclProcessGroup>(subgroup->group(before_reform));
   } catch (const SharedGpuError& e) {
     std::lock_guard<std::mutex> lock(state_mutex_);
     fall_back(e);
@@ -131,7 +132,7 @@ namespace {
 // stream of its own), under the same lock as the issues.
 class LaneWork : public Work {
  public:
-  LaneWork(WorkPtr inner, ProcessGroupPtr group, CUstream_st* stream,
+  LaneWork(WorkPtr inner, std::shared_ptr<NcclProcessGroup> group, CUstream_st* stream,
            std::shared_ptr<std::mutex> issue_mutex)
       : inner_(std::move(inner)),
         group_(std::move(group)),
@@ -140,29 +141,28 @@ class LaneWork : public Work {
 
   void wait(std::chrono::milliseconds timeout) override {
     std::lock_guard<std::mutex> lock(*issue_mutex_);
-    dynamic_cast<NcclProcessGroup&>(*group_).set_compute_stream(stream_);
+    group_->set_compute_stream(stream_);
     inner_->wait(timeout);
   }
   bool is_completed() override { return inner_->is_completed(); }
 
  private:
   WorkPtr inner_;
-  ProcessGroupPtr group_;  // the generation's group the operation ran on
+  std::shared_ptr<NcclProcessGroup> group_;  // the generation's group the operation ran on
   CUstream_st* stream_;
   std::shared_ptr<std::mutex> issue_mutex_;
 };
 
 }  // namespace
 
-WorkPtr NcclLane::issue(const ProcessGroupPtr& nccl, void* stream,
+WorkPtr NcclLane::issue(const std::shared_ptr<NcclProcessGroup>& nccl, void* stream,
                         const std::function<WorkPtr(ProcessGroup&)>& op) {
-  auto& lane = dynamic_cast<NcclProcessGroup&>(*nccl);
   auto* caller = static_cast<CUstream_st*>(stream);
   WorkPtr inner;
   {
     std::lock_guard<std::mutex> lock(*issue_mutex_);
-    lane.set_compute_stream(caller);
-    inner = op(lane);
+    nccl->set_compute_stream(caller);
+    inner = op(*nccl);
   }
   return std::make_shared<LaneWork>(std::move(inner), nccl, caller, issue_mutex_);
 }

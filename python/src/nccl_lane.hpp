@@ -64,7 +64,7 @@ class NcclLane {
   // UsageError for a device other than the first call's. `before_reform`: run before a new
   // generation's communicator replaces the old one (the caller lets its operations on the old
   // one end).
-  ProcessGroupPtr group(int device, const std::function<void()>& before_reform);
+  std::shared_ptr<NcclProcessGroup> group(int device, const std::function<void()>& before_reform);
 
   // "nccl" once a communicator was made, "host" when the group's CUDA tensors are staged through
   // the host for good (ranks share a GPU), "undecided" before the first CUDA operation.
@@ -74,7 +74,7 @@ class NcclLane {
   // queued on `stream` (the caller's current CUDA stream, a cudaStream_t), atomically with
   // respect to other issue() calls of this lane. The Work's wait() makes that same stream wait
   // for the collective (whatever stream issued on the lane since).
-  WorkPtr issue(const ProcessGroupPtr& nccl, void* stream,
+  WorkPtr issue(const std::shared_ptr<NcclProcessGroup>& nccl, void* stream,
                 const std::function<WorkPtr(ProcessGroup&)>& op);
 
  private:

@@ -21,7 +21,7 @@
 #include <optional>
 #include <vector>
 
-#include "ddp/comm/process_group.hpp"
+#include "ddp/comm/nccl_process_group.hpp"
 #include "tensor_args.hpp"
 
 namespace ddp::python {
@@ -31,7 +31,7 @@ namespace ddp::python {
 bool overlapped_host_staging();
 
 struct OpRoute {
-  ProcessGroupPtr nccl;  // set: the lane's NCCL group
+  std::shared_ptr<NcclProcessGroup> nccl;  // set: the lane's NCCL group
   // The caller's current stream on the CUDA tensors' device: for the lane and overlapped
   // staging (the Work's epilogue and future run on it: WorkDDP::set_stream).
   std::optional<c10::Stream> stream;
