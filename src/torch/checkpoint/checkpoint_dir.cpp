@@ -38,6 +38,26 @@ std::optional<int64_t> step_of_staging_name(const std::string& name) {
   return step_of_name(name.substr(0, dot));
 }
 
+bool is_moved_aside_name(const std::string& name) {
+  return name.size() > 4 && name.compare(name.size() - 4, 4, ".old") == 0 &&
+         step_of_staging_name(name).has_value();
+}
+
+// Checkpoints a replace on a file system without renameat2 moved aside (step-N.saving-ID.old)
+// while step-N itself is absent: a kill came between the replace's two renames, so the moved
+// one is still step N's checkpoint.
+std::vector<StepDir> moved_aside_without_their_step(const std::string& dir) {
+  std::vector<StepDir> r;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!is_moved_aside_name(name) || e.is_symlink(ec) || !e.is_directory(ec)) continue;
+    const int64_t step = *step_of_staging_name(name);
+    if (!fs::exists(step_dir(dir, step), ec)) r.push_back({step, e.path().string()});
+  }
+  return r;
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UsageError(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
@@ -149,8 +169,12 @@ dcp::Metadata read_complete(const std::string& path) {
 }
 
 std::vector<StepDir> complete_step_dirs(const std::string& dir, std::vector<std::string>* skipped) {
+  std::vector<StepDir> candidates = step_dirs(dir);
+  for (auto& d : moved_aside_without_their_step(dir)) candidates.push_back(std::move(d));
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const StepDir& a, const StepDir& b) { return a.step > b.step; });
   std::vector<StepDir> r;
-  for (auto& d : step_dirs(dir)) {
+  for (auto& d : candidates) {
     try {
       read_complete(d.path);
       r.push_back(d);
@@ -169,6 +193,22 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
 
 void remove_incomplete(const std::string& dir, std::optional<int64_t> below_step) {
   std::error_code ec;
+  // A checkpoint a killed replace moved aside goes back under its step's name first (it is
+  // that step's only copy); the staging sweep below would otherwise remove it.
+  for (const auto& d : moved_aside_without_their_step(dir)) {
+    if (below_step && d.step >= *below_step) continue;
+    try {
+      read_complete(d.path);
+    } catch (const UsageError&) {
+      continue;
+    }
+    if (::renameat2(AT_FDCWD, d.path.c_str(), AT_FDCWD, step_dir(dir, d.step).c_str(),
+                    RENAME_NOREPLACE) != 0 &&
+        (errno == EINVAL || errno == ENOSYS)) {
+      ::rename(d.path.c_str(), step_dir(dir, d.step).c_str());  // the step is still absent
+    }
+  }
+  ddp::fsync_directory(dir);
   for (const auto& d : step_dirs(dir)) {
     if (below_step && d.step >= *below_step) continue;
     if (!fs::exists(d.path + "/.metadata", ec)) ddp::remove_tree(d.path, ec);

@@ -21,8 +21,9 @@ std::string step_dir(const std::string& dir, int64_t step);
 std::string staging_dir(const std::string& dir, int64_t step, int64_t save_id);
 // Publishes a complete staging directory as `final_path`, replacing a checkpoint already
 // there in one atomic exchange (renameat2 RENAME_EXCHANGE; on a file system without it, two
-// renames: a kill between them leaves that step absent, the older checkpoints intact), then
-// removes what it replaced and fsyncs the folder. Error naming the paths when it cannot.
+// renames: the old one moved aside to <staging>.old, then the new one in: a kill between them
+// leaves the old one there, which complete_step_dirs lists and remove_incomplete moves back),
+// then removes what it replaced and fsyncs the folder. Error naming the paths when it cannot.
 void publish(const std::string& staging, const std::string& final_path);
 // The step of a step-<digits> name, or nullopt.
 std::optional<int64_t> step_of_name(const std::string& name);
@@ -39,7 +40,8 @@ std::vector<StepDir> step_dirs(const std::string& dir);
 // .metadata: an unfinished save; a referenced file missing or shorter than the records).
 dcp::Metadata read_complete(const std::string& path);
 
-// Complete checkpoints, newest first; `skipped` gets "path: reason" for each incomplete one.
+// Complete checkpoints, newest first (a checkpoint a killed replace left moved aside counts as
+// its step's); `skipped` gets "path: reason" for each incomplete one.
 std::vector<StepDir> complete_step_dirs(const std::string& dir,
                                         std::vector<std::string>* skipped = nullptr);
 
@@ -48,8 +50,9 @@ std::vector<StepDir> complete_step_dirs(const std::string& dir,
 void write_file_atomically(const std::string& path, const std::string& bytes);
 
 // Removes what a killed save left: step directories without .metadata and staging
-// directories (published saves leave none). Called by rank 0 while no save is in flight, or
-// with `below_step` for the steps before one it just published.
+// directories (published saves leave none), after moving a complete checkpoint a killed
+// replace left aside back under its step's name. Called by rank 0 while no save is in flight,
+// or with `below_step` for the steps before one it just published.
 void remove_incomplete(const std::string& dir, std::optional<int64_t> below_step = std::nullopt);
 // Removes all but the newest `keep` complete checkpoints.
 void prune_complete(const std::string& dir, int keep);

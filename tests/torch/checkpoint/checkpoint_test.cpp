@@ -156,6 +156,49 @@ TEST(Checkpoint, IncompleteAndTruncatedCheckpointsAreSkippedWithTheirReason) {
   });
 }
 
+// On a file system without renameat2's exchange, a step saved twice is replaced by two renames
+// (the old checkpoint moved aside, the new one in). A kill between them must not lose the
+// step: the moved-aside copy is listed and loaded as that step, and the next run's first save
+// moves it back under its name instead of sweeping it away with the staging directories.
+TEST(Checkpoint, ACheckpointAKilledReplaceMovedAsideIsStillLoadedAndMovedBack) {
+  TempDir dir;
+  const std::string step3 = dir.path() + "/step-00000003";
+  const std::string aside = step3 + ".saving-4.old";
+  run_ranks(1, [&](int, ProcessGroupPtr pg) {
+    auto model = make_model(0.0);
+    {
+      Checkpointer ckpt(CheckpointOptions(dir.path()).async(false).keep(1), pg);
+      fill(*model, 3);
+      ckpt.save({3, 0, 3}, *model, nullptr);
+    }
+    fs::rename(step3, aside);                   // the state a kill between the two renames leaves
+    fs::create_directory(step3 + ".saving-4");  // the unpublished new save
+
+    const auto list = Checkpointer::list(dir.path());
+    ASSERT_EQ(list.size(), 1u) << "the moved-aside checkpoint is step 3's";
+    EXPECT_EQ(list[0].first, 3);
+    EXPECT_EQ(list[0].second, aside);
+
+    Checkpointer next(CheckpointOptions(dir.path()).async(false).keep(1), pg);
+    auto fresh = make_model(0.0);
+    auto r = next.load_newest(*fresh, nullptr);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->progress.step, 3);
+    for (const auto& p : fresh->parameters()) EXPECT_TRUE(torch::all(p == 3).item<bool>());
+
+    // The next save (of step 3 again, as a resume does) first moves it back, then replaces it.
+    fill(*model, 5);
+    ASSERT_TRUE(next.save({3, 0, 3}, *model, nullptr));
+    EXPECT_FALSE(fs::exists(aside));
+    EXPECT_FALSE(fs::exists(step3 + ".saving-4"));
+    const auto after = Checkpointer::list(dir.path());
+    ASSERT_EQ(after.size(), 1u);
+    EXPECT_EQ(after[0].second, step3);
+    r = next.load_newest(*fresh, nullptr);
+    for (const auto& p : fresh->parameters()) EXPECT_TRUE(torch::all(p == 5).item<bool>());
+  });
+}
+
 // Issue 49, findings 6 and 7: a checkpoint's files are written through new temporaries of
 // random names and renamed into place. A link planted under a shard's name or under the old
 // fixed temporary name (.metadata.tmp) is replaced or ignored, never written through; a step

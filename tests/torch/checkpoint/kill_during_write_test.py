@@ -10,6 +10,7 @@ Usage: kill_during_write_test.py --tool PATH/checkpoint_stress [--runs 20]
 import argparse
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -18,10 +19,24 @@ import tempfile
 import time
 
 
+# A published checkpoint is DIR/step-<digits>; a save in progress writes into
+# DIR/step-<digits>.saving-<id> (its .metadata comes before the rename that publishes it, so
+# that name must never count as a checkpoint).
+PUBLISHED = re.compile(r"step-[0-9]+")
+
+
 def newest_complete(d):
-    steps = [n for n in os.listdir(d) if n.startswith("step-")
+    steps = [n for n in os.listdir(d) if PUBLISHED.fullmatch(n)
              and os.path.exists(os.path.join(d, n, ".metadata"))]
     return max(steps) if steps else None
+
+
+def save_cut_off(d):
+    """A kill landed mid-save: a staging directory, or a step directory without .metadata (a
+    prune removes .metadata first)."""
+    return any(".saving-" in n or
+               (PUBLISHED.fullmatch(n) and not os.path.exists(os.path.join(d, n, ".metadata")))
+               for n in os.listdir(d))
 
 
 def one_run(tool, d, rng, mode):
@@ -36,8 +51,7 @@ def one_run(tool, d, rng, mode):
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait()
-    interrupted = any(n.startswith("step-") and not os.path.exists(os.path.join(d, n, ".metadata"))
-                      for n in os.listdir(d))
+    interrupted = save_cut_off(d)
     v = subprocess.run([tool, "verify", d], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, timeout=120)
     if v.returncode != 0:
