@@ -90,7 +90,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       "Where the group runs its CUDA tensors' collectives: 'nccl' (on its NCCL lane, in device "
       "memory), 'host' (staged through host memory), or 'undecided' (a lane exists but no CUDA "
-      "operation made its communicator yet).");
+      "operation made its communicator yet).",
+      // It may wait while another thread makes the lane's communicator (a store in Python
+      // needs the GIL meanwhile).
+      py::call_guard<py::gil_scoped_release>());
   m.def(
       "_reform",
       [](const c10::intrusive_ptr<ddp::python::ProcessGroupBase>& b) { ddp_backend(b).reform(); },

@@ -167,4 +167,20 @@ WorkPtr NcclLane::issue(const std::shared_ptr<NcclProcessGroup>& nccl, void* str
   return std::make_shared<LaneWork>(std::move(inner), nccl, caller, issue_mutex_);
 }
 
+void NcclLane::hold_until_complete(std::vector<WorkPtr> works,
+                                   std::shared_ptr<const void> buffers) {
+  const auto complete = [](const Held& h) {
+    return std::all_of(h.works.begin(), h.works.end(),
+                       [](const WorkPtr& w) { return w->is_completed(); });
+  };
+  std::deque<Held> released;  // freed outside the lock
+  std::lock_guard<std::mutex> lock(held_mutex_);
+  // One communication stream runs them in issue order: the oldest complete first.
+  while (!held_.empty() && complete(held_.front())) {
+    released.push_back(std::move(held_.front()));
+    held_.pop_front();
+  }
+  held_.push_back({std::move(works), std::move(buffers)});
+}
+
 }  // namespace ddp::python

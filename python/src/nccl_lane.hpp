@@ -27,11 +27,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ddp/comm/nccl_process_group.hpp"
 #include "ddp/comm/process_group.hpp"
@@ -77,6 +79,14 @@ class NcclLane {
   WorkPtr issue(const std::shared_ptr<NcclProcessGroup>& nccl, void* stream,
                 const std::function<WorkPtr(ProcessGroup&)>& op);
 
+  // Keeps `buffers` (whatever references the device memory an operation's collectives read
+  // and write) until each of `works` (issue() results) completed on the device. NCCL uses that
+  // memory on its own stream, which the caching allocator knows nothing of: a tensor allocated
+  // on one stream and waited for on another could otherwise be freed after wait() and reused
+  // on its allocation stream while the collective still writes it (torch's nccl records the
+  // memory on its stream for this). Released at a later call once complete, in issue order.
+  void hold_until_complete(std::vector<WorkPtr> works, std::shared_ptr<const void> buffers);
+
  private:
   ProcessGroupPtr make_group(int device);
   // Whether the group's CUDA tensors go through the host now (state_mutex_ held).
@@ -104,6 +114,14 @@ class NcclLane {
   // The generation (0 for a plain lane) in which the group's ranks were found to share a GPU:
   // its CUDA tensors go through the host; -1 while not.
   int64_t staging_generation_ = -1;
+  // hold_until_complete's entries, oldest first.
+  struct Held {
+    std::vector<WorkPtr> works;
+    std::shared_ptr<const void> buffers;
+  };
+  std::mutex held_mutex_;
+  std::deque<Held> held_;
+
   // Serializes issue() and the waits of its Works (LaneWork); shared with the Works, which may
   // outlive the lane.
   std::shared_ptr<std::mutex> issue_mutex_ = std::make_shared<std::mutex>();

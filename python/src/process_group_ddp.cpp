@@ -84,6 +84,7 @@ ProcessGroupDDP::ProcessGroupDDP(const c10::intrusive_ptr<c10d::Store>& store, i
       lane_ = std::make_unique<NcclLane>(parent, lane);
     }
     // Formed at its first operation (live() -> follow_job()).
+    job_ = parent;
     subgroup_ = std::make_unique<RecoverableSubgroup>(std::move(parent), o);
   } else {
     InitOptions o;
@@ -160,7 +161,12 @@ void ProcessGroupDDP::drain_in_flight() const {
 }
 
 void ProcessGroupDDP::follow_job() const {
-  ProcessGroupPtr current = subgroup_->group([this] { drain_in_flight(); });
+  // Not from the completer's thread (issuing a deferred operation): the operations it would
+  // wait for can only be issued by it (make_work fails the deferred ones of an older
+  // generation instead).
+  ProcessGroupPtr current = subgroup_->group([this] {
+    if (!completer_->is_current_thread()) drain_in_flight();
+  });
   std::lock_guard<std::mutex> lock(pg_mutex_);
   pg_ = std::move(current);
 }
@@ -215,9 +221,10 @@ void ProcessGroupDDP::shutdown() {
     std::lock_guard<std::mutex> lock(pg_mutex_);
     pg.swap(pg_);
   }
-  pg.reset();            // waits for the operations still queued (each bounded by the timeout)
-  lane_.reset();         // likewise its NCCL group's
-  subgroup_.reset();     // its aborting thread, and its own reference to the group
+  pg.reset();         // waits for the operations still queued (each bounded by the timeout)
+  lane_.reset();      // likewise its NCCL group's
+  subgroup_.reset();  // its aborting thread, and its own reference to the group
+  job_.reset();
   recoverable_.reset();  // its watcher thread; the group itself went above
   if (saved) PyEval_RestoreThread(saved);
 }
@@ -267,6 +274,34 @@ c10::intrusive_ptr<WorkDDP> ProcessGroupDDP::make_work(c10d::OpType type, WorkDD
   if (counted && type != c10d::OpType::SEND && type != c10d::OpType::RECV &&
       type != c10d::OpType::RECVANYSOURCE) {
     ++seq_;
+  }
+  if (job_) {
+    // A new_group's operation issued later by the completer (deferred) belongs to the
+    // generation it was called in: after the job re-formed meanwhile it fails, as it did on the
+    // ranks that issued it at once (in the aborted generation), instead of running in the new
+    // generation, out of step with them.
+    const int64_t called_in = job_->generation();
+    start = [this, called_in, inner = std::move(start)] {
+      if (job_->generation() != called_in) {
+        throw PeerLostError(
+            fmt::format("an operation of a new_group called in membership generation {} was "
+                        "issued after the job re-formed (generation {}): it fails with that "
+                        "generation's step; redo the step",
+                        called_in, job_->generation()),
+            job_->lost_rank().value_or(-1), job_->generation());
+      }
+      return inner();
+    };
+  }
+  if (route.on_device()) {
+    // The start function holds the buffers NCCL reads and writes: the lane keeps it until the
+    // collectives completed on the device (NcclLane::hold_until_complete says why).
+    auto held = std::make_shared<WorkDDP::Start>(std::move(start));
+    start = [this, held] {
+      auto works = (*held)();
+      lane_->hold_until_complete(works, held);
+      return works;
+    };
   }
   auto work = c10::make_intrusive<WorkDDP>(group_rank(), type, std::move(epilogue),
                                            std::move(outputs), timeout_, completer_);

@@ -203,6 +203,7 @@ class ProcessGroupDDP : public ProcessGroupBase {
   mutable ProcessGroupPtr pg_;             // mutable: live() of a new_group() re-points it
   std::shared_ptr<RecoverableGroup> recoverable_;  // step recovery's default group, else null
   std::unique_ptr<RecoverableSubgroup> subgroup_;  // a new_group() under step recovery, else null
+  std::shared_ptr<RecoverableGroup> job_;          // subgroup_'s parent, else null
   std::unique_ptr<NcclLane> lane_;  // the group's CUDA tensors on NCCL; null: through the host
   std::shared_ptr<Completer> completer_;
   std::chrono::milliseconds timeout_;

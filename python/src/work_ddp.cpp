@@ -148,11 +148,13 @@ bool WorkDDP::wait(std::chrono::milliseconds timeout) {
     }
   }
   finish_work(err);  // the future's callbacks are its owner's to run (see finish_work)
+  // Also before a failure is thrown: a failed collective's kernel may still run (an aborted
+  // non-blocking communicator's), and the caller frees or reuses its tensors on its stream.
+  order_current_stream();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (exception_) std::rethrow_exception(exception_);
   }
-  order_current_stream();
   return true;
 }
 

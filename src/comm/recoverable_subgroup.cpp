@@ -119,10 +119,15 @@ void RecoverableSubgroup::await_members(int64_t generation, int rank, int size) 
 }
 
 ProcessGroupPtr RecoverableSubgroup::form(int64_t generation) const {
-  // The parent's rank and size are those of `generation` here: group() runs on the training
-  // thread, which is the one that re-forms the parent.
+  // group() may run on a thread other than the one that re-forms the parent (the `ddp` Python
+  // backend's completer). The parent stores its rank and size before its generation, so if it
+  // still says `generation` after they were read, they are that generation's; if not, this one
+  // is stale already.
   const int rank = options_.whole_job ? parent_->rank() : options_.rank;
   const int size = options_.whole_job ? parent_->world_size() : options_.size;
+  if (parent_->generation() != generation || parent_->stale()) {
+    throw lost_error(*parent_, options_.name);
+  }
   await_members(generation, rank, size);
   InitOptions o;
   o.backend = options_.backend;

@@ -132,7 +132,7 @@ class RecoverableGroup {
   // The job's store (null where generations cannot change: no ddprun --recovery step and no
   // options.store).
   const std::shared_ptr<Store>& store() const { return store_; }
-  int64_t generation() const { return generation_; }
+  int64_t generation() const { return generation_.load(); }
   // This rank in the current generation's group, and its size (both may change at reform()
   // when a node was lost).
   int rank() const { return rank_.load(std::memory_order_relaxed); }
@@ -208,9 +208,12 @@ class RecoverableGroup {
   // From the environment: a new connection per generation (recoverable_group.cpp); else unset.
   std::function<std::shared_ptr<Store>()> connect_;
   bool records_finish_ = false;  // the destructor publishes this slot's finish (see there)
-  bool returning_ = false;       // returning(): claim_return() not called yet
+  // returning() and generation() are read by other threads too (the `ddp` Python backend's
+  // lanes, on its completer thread); written by the training thread only. generation_ is stored
+  // after rank_ and world_size_, so a reader that sees a generation sees its membership.
+  std::atomic<bool> returning_{false};  // returning(): claim_return() not called yet
   ProcessGroupPtr group_;
-  int64_t generation_ = 0;
+  std::atomic<int64_t> generation_{0};
   std::optional<int64_t> first_generation_;  // the first one this process formed
   std::atomic<int64_t> announced_{0};
 
