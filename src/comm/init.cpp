@@ -109,6 +109,7 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
     warn_debug_collectives_unchecked(options, backend);
     NcclOptions nccl = NcclOptions::from_env(options.timeout);
     nccl.group_name = options.group_name;  // the unique-id exchange keys on it
+    nccl.interrupt = options.interrupt;
     nccl.host_id = options.host_id.value_or(detail::default_host_id());
     return make_nccl_process_group(store, rank, size, device, nccl);
   }

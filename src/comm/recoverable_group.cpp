@@ -389,6 +389,18 @@ ProcessGroupPtr RecoverableGroup::form(int64_t generation) {
     init.world_size = world_size;
     init.store = connect_ ? connect_() : store_;
     init.group_name = fmt::format("{}/g{}", options_.group_name, generation);
+    // A member lost while the group forms (after await_members): the others move on to the
+    // newer generation at the watcher's announcement, as await_members does, instead of waiting
+    // out the timeout in the backend's own rendezvous (nccl's; the host backends' is short).
+    init.interrupt = [this, generation] {
+      const int64_t newest = announced_.load(std::memory_order_acquire);
+      if (newest > generation) {
+        throw TimeoutError(fmt::format(
+            "RecoverableGroup: membership generation {} of '{}' was superseded by generation {} "
+            "while rank {} (launched as rank {}) made its group",
+            generation, options_.group_name, newest, rank_.load(), slot_));
+      }
+    };
     group = init_process_group(init);
   }
   rank_ = rank;

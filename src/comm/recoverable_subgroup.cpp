@@ -139,6 +139,11 @@ ProcessGroupPtr RecoverableSubgroup::form(int64_t generation) const {
   o.store = std::make_shared<PrefixStore>(fmt::format("{}/g{}", options_.name, generation),
                                           parent_->store());
   o.group_name = options_.name;
+  // A member lost while the group forms ends the making at the parent's announcement, as it
+  // ends await_members.
+  o.interrupt = [this, generation] {
+    if (parent_->announced_generation() > generation) throw lost_error(*parent_, options_.name);
+  };
   return init_process_group(o);
 }
 

@@ -133,5 +133,40 @@ TEST(NcclBootstrap, GpuCheckWithAMissingMemberIsATimeoutSayingHowManyArrived) {
   }
 }
 
+// In-place recovery passes an interrupt (NcclOptions::interrupt) that throws once a newer
+// membership generation is announced: a member lost while a generation's communicator forms
+// must end the others' waits for it at the notice, not after the timeout (a minute here, so a
+// wait that ignored the interrupt would end in TimeoutError instead of the interrupt's error).
+TEST(NcclBootstrap, AnInterruptEndsTheWaitsForAMissingMember) {
+  HashStore store;
+  GroupIdentity group{"recovery/g1", 2, {}};
+  const auto fire_at = std::chrono::steady_clock::now() + 200ms;
+  int calls = 0;
+  auto interrupt = [&] {
+    ++calls;
+    if (std::chrono::steady_clock::now() >= fire_at) {
+      throw PeerLostError("generation 2 was announced", 0, 2);
+    }
+  };
+  // Rank 1 waits for the unique id rank 0 never publishes...
+  EXPECT_THROW(exchange_group_secret(
+                   store, group, 1, 60s, [] { return std::string("unused"); }, interrupt),
+               PeerLostError);
+  EXPECT_GE(calls, 2) << "the interrupt is polled during the wait, not only before it";
+  // ... and for the GPU check's verdict, which needs the missing member.
+  calls = 0;
+  const auto again = std::chrono::steady_clock::now() + 200ms;
+  auto interrupt_again = [&] {
+    ++calls;
+    if (std::chrono::steady_clock::now() >= again) {
+      throw PeerLostError("generation 3 was announced", 0, 3);
+    }
+  };
+  EXPECT_THROW(
+      nccl_detail::check_one_rank_per_gpu(store, group, 0, 60s, "a/0000:3B:00.0", interrupt_again),
+      PeerLostError);
+  EXPECT_GE(calls, 2);
+}
+
 }  // namespace
 }  // namespace ddp::test

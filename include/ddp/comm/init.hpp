@@ -19,6 +19,7 @@
 // size run in the calling thread, default 65536), DDP_SHM_SLOT_BYTES, DDP_SHM_SPIN_US.
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -46,6 +47,9 @@ struct InitOptions {
   std::optional<bool> debug_collectives;
   // nccl only: the CUDA device; unset uses LOCAL_RANK.
   std::optional<int> device;
+  // nccl only: NcclOptions::interrupt (ends the group's making early, e.g. at a recovery
+  // notice).
+  std::function<void()> interrupt;
 };
 
 // Creates the group every rank of the job joins. Blocks until all world_size ranks joined or

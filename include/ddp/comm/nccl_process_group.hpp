@@ -20,6 +20,7 @@
 // transmit tags: send/recv pairs between two ranks match in issue order, whatever the tag.
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +56,12 @@ struct NcclOptions {
   // with it, the members check that no two of them use one GPU (SharedGpuError). Empty: no
   // check (NCCL itself then fails such a group, less clearly).
   std::string host_id;
+  // Called every few milliseconds while the group is being made (the members' waits in the
+  // store, NCCL's own init): an exception it throws abandons the group (a communicator already
+  // started is aborted) and reaches the caller. In-place recovery passes one that throws once
+  // a newer membership generation is announced, so a member lost while a generation's
+  // communicator forms costs the others a watch interval, not the timeout. Empty: none.
+  std::function<void()> interrupt;
 
   // Defaults with `timeout`, overridden by the DDP_NCCL_* variables above.
   static NcclOptions from_env(std::chrono::milliseconds timeout);

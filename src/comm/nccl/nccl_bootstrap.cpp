@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -29,6 +31,26 @@ std::string identity_prefix(const GroupIdentity& group) {
   return fmt::format("ddp_nccl/{}/n{}/ranks-{:016x}", group.name, group.size, hash);
 }
 
+// store.wait for `key` up to `timeout` (TimeoutError past it), calling `interrupt` between
+// slices of kInterruptPoll when set.
+void wait_for_key(Store& store, const std::string& key, std::chrono::milliseconds timeout,
+                  const std::function<void()>& interrupt) {
+  if (!interrupt) return store.wait({key}, timeout);
+  constexpr std::chrono::milliseconds kInterruptPoll{100};
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    interrupt();
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left <= kInterruptPoll)
+      return store.wait({key}, std::max(left, std::chrono::milliseconds(1)));
+    try {
+      return store.wait({key}, kInterruptPoll);
+    } catch (const TimeoutError&) {
+    }
+  }
+}
+
 std::string describe(const GroupIdentity& group) {
   if (group.member_ranks.empty()) return fmt::format("group '{}'", group.name);
   return fmt::format("group '{}' of global ranks [{}]", group.name,
@@ -39,7 +61,8 @@ std::string describe(const GroupIdentity& group) {
 
 std::string exchange_group_secret(Store& store, const GroupIdentity& group, int rank,
                                   std::chrono::milliseconds timeout,
-                                  const std::function<std::string()>& create) {
+                                  const std::function<std::string()>& create,
+                                  const std::function<void()>& interrupt) {
   const int size = group.size;
   // Members of one group agree on the prefix; each counts its own groups under it, so the
   // k-th group of this identity is the k-th for every member.
@@ -52,7 +75,7 @@ std::string exchange_group_secret(Store& store, const GroupIdentity& group, int 
     return secret;
   }
   try {
-    store.wait({key}, timeout);
+    wait_for_key(store, key, timeout, interrupt);
   } catch (const TimeoutError& e) {
     throw TimeoutError(fmt::format(
         "nccl backend: rank {} of {} in {}: rank 0 did not publish the NCCL unique id (store "
@@ -64,7 +87,8 @@ std::string exchange_group_secret(Store& store, const GroupIdentity& group, int 
 }
 
 void check_one_rank_per_gpu(Store& store, const GroupIdentity& group, int rank,
-                            std::chrono::milliseconds timeout, const std::string& gpu) {
+                            std::chrono::milliseconds timeout, const std::string& gpu,
+                            const std::function<void()>& interrupt) {
   const std::string prefix = identity_prefix(group);
   const int64_t index = store.add(fmt::format("{}/rank{}/gpu_checks", prefix, rank), 1);
   const std::string base = fmt::format("{}/{}/gpu_check", prefix, index);
@@ -77,7 +101,7 @@ void check_one_rank_per_gpu(Store& store, const GroupIdentity& group, int rank,
     store.set(verdict_key, std::to_string(store.add(base + "/shared", 0)));
   }
   try {
-    store.wait({verdict_key}, timeout);
+    wait_for_key(store, verdict_key, timeout, interrupt);
   } catch (const TimeoutError& e) {
     throw TimeoutError(fmt::format(
         "nccl backend: rank {} of {} in {}: {} of the {} members arrived to create the group "
@@ -96,18 +120,22 @@ void check_one_rank_per_gpu(Store& store, const GroupIdentity& group, int rank,
 }
 
 ncclUniqueId exchange_unique_id(Store& store, const GroupIdentity& group, int rank,
-                                std::chrono::milliseconds timeout) {
+                                std::chrono::milliseconds timeout,
+                                const std::function<void()>& interrupt) {
   ncclUniqueId id;
-  const std::string value = exchange_group_secret(store, group, rank, timeout, [&] {
-    const ncclResult_t result = ncclGetUniqueId(&id);
-    if (result != ncclSuccess) {
-      throw CollectiveError(fmt::format(
-          "nccl backend: rank 0 of {}: ncclGetUniqueId failed: {} (NCCL could not open its "
-          "bootstrap socket; NCCL_SOCKET_IFNAME selects the interface)",
-          group.size, ncclGetErrorString(result)));
-    }
-    return std::string(id.internal, sizeof id.internal);
-  });
+  const std::string value = exchange_group_secret(
+      store, group, rank, timeout,
+      [&] {
+        const ncclResult_t result = ncclGetUniqueId(&id);
+        if (result != ncclSuccess) {
+          throw CollectiveError(fmt::format(
+              "nccl backend: rank 0 of {}: ncclGetUniqueId failed: {} (NCCL could not open its "
+              "bootstrap socket; NCCL_SOCKET_IFNAME selects the interface)",
+              group.size, ncclGetErrorString(result)));
+        }
+        return std::string(id.internal, sizeof id.internal);
+      },
+      interrupt);
   if (value.size() != sizeof id.internal) {
     throw ProtocolError(fmt::format(
         "nccl backend: rank {} of {}: the group's NCCL unique id in the store has {} bytes, "

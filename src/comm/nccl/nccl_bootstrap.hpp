@@ -28,9 +28,12 @@ struct GroupIdentity {
 // group of every member uses the same key even when ranks are threads of one process sharing
 // the store. Groups created concurrently on one store must differ in identity (disjoint
 // member sets, or names). No NCCL calls: `create` supplies the secret.
+// `interrupt` (NcclOptions::interrupt), when set, is called between slices of the wait; what
+// it throws ends the wait (so for every wait below).
 std::string exchange_group_secret(Store& store, const GroupIdentity& group, int rank,
                                   std::chrono::milliseconds timeout,
-                                  const std::function<std::string()>& create);
+                                  const std::function<std::string()>& create,
+                                  const std::function<void()>& interrupt = {});
 
 // Every member says which GPU it uses (`gpu`: its host and PCI bus id) before
 // the group's communicator is made; throws SharedGpuError on every member alike when two
@@ -41,10 +44,12 @@ std::string exchange_group_secret(Store& store, const GroupIdentity& group, int 
 // publishes that count. Keyed like exchange_group_secret (the k-th check of an identity), on a
 // counter of its own. TimeoutError after `timeout` naming how many members arrived.
 void check_one_rank_per_gpu(Store& store, const GroupIdentity& group, int rank,
-                            std::chrono::milliseconds timeout, const std::string& gpu);
+                            std::chrono::milliseconds timeout, const std::string& gpu,
+                            const std::function<void()>& interrupt = {});
 
 // exchange_group_secret with ncclGetUniqueId as `create`.
 ncclUniqueId exchange_unique_id(Store& store, const GroupIdentity& group, int rank,
-                                std::chrono::milliseconds timeout);
+                                std::chrono::milliseconds timeout,
+                                const std::function<void()>& interrupt = {});
 
 }  // namespace ddp::nccl_detail

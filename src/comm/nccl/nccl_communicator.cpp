@@ -23,7 +23,8 @@ std::string describe(ncclResult_t result, ncclComm_t comm) {
 }  // namespace
 
 NcclCommunicator::NcclCommunicator(const ncclUniqueId& id, int rank, int size,
-                                   std::chrono::milliseconds timeout)
+                                   std::chrono::milliseconds timeout,
+                                   const std::function<void()>& interrupt)
     : rank_(rank), size_(size), timeout_(timeout) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // every call returns at once; wait_ready bounds the wait
@@ -36,7 +37,7 @@ NcclCommunicator::NcclCommunicator(const ncclUniqueId& id, int rank, int size,
                     describe(result, nullptr)));
   }
   try {
-    wait_ready(fmt::format("joining the {}-rank NCCL communicator", size));
+    wait_ready(fmt::format("joining the {}-rank NCCL communicator", size), interrupt);
   } catch (...) {
     if (!aborted_.exchange(true) && comm_ != nullptr) ncclCommAbort(comm_);
     comm_ = nullptr;
@@ -69,11 +70,12 @@ void NcclCommunicator::check(ncclResult_t result, const std::string& what) {
                                     what, describe(result, comm_)));
 }
 
-void NcclCommunicator::wait_ready(const std::string& what) {
+void NcclCommunicator::wait_ready(const std::string& what, const std::function<void()>& interrupt) {
   const auto start = Clock::now();
   auto nap = std::chrono::microseconds(1);
   for (;;) {
     throw_if_aborting();
+    if (interrupt) interrupt();  // the caller (the constructor) aborts on what it throws
     ncclResult_t state = ncclSuccess;
     const ncclResult_t result = ncclCommGetAsyncError(comm_, &state);
     if (result != ncclSuccess) state = result;

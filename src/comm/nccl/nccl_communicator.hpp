@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -20,7 +21,10 @@ class NcclCommunicator {
  public:
   // Joins the `size`-rank communicator identified by `id` on the current CUDA device. Throws
   // TimeoutError when not every rank joined within `timeout`, CollectiveError on NCCL errors.
-  NcclCommunicator(const ncclUniqueId& id, int rank, int size, std::chrono::milliseconds timeout);
+  // `interrupt` (NcclOptions::interrupt), when set, is called while the init is under way:
+  // what it throws aborts the communicator and reaches the caller.
+  NcclCommunicator(const ncclUniqueId& id, int rank, int size, std::chrono::milliseconds timeout,
+                   const std::function<void()>& interrupt = {});
   // Flushes and destroys the communicator, bounded by the timeout (aborts past it).
   ~NcclCommunicator();
   NcclCommunicator(const NcclCommunicator&) = delete;
@@ -33,7 +37,7 @@ class NcclCommunicator {
 
   // Polls until the pending non-blocking operation finished. Throws CollectiveError when NCCL
   // fails or an abort was requested, TimeoutError (after aborting) past the timeout.
-  void wait_ready(const std::string& what);
+  void wait_ready(const std::string& what, const std::function<void()>& interrupt = {});
 
   // NCCL's asynchronous error state: ncclSuccess or ncclInProgress while healthy. After
   // abort() it returns ncclSuccess without touching the freed communicator.

@@ -62,7 +62,8 @@ class NcclProcessGroupImpl final : public NcclProcessGroup {
       check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate",
                  rank_);
       check_cuda(cudaMalloc(&barrier_buffer_, sizeof(float)), "cudaMalloc (barrier buffer)", rank_);
-      communicator_ = std::make_unique<NcclCommunicator>(id, rank_, size_, timeout_);
+      communicator_ =
+          std::make_unique<NcclCommunicator>(id, rank_, size_, timeout_, options.interrupt);
       if (const size_t entries = FlightRecorder::entries_from_env(); entries > 0) {
         FlightRecorderIdentity id;
         id.group = options.group_name + "/";
@@ -582,9 +583,10 @@ ProcessGroupPtr make_nccl_process_group(std::shared_ptr<Store> store, int rank, 
   GroupIdentity group{options.group_name, size, options.member_ranks};
   if (!options.host_id.empty()) {
     check_one_rank_per_gpu(*store, group, rank, options.timeout,
-                           options.host_id + "/" + cuda_pci_bus_id(device));
+                           options.host_id + "/" + cuda_pci_bus_id(device), options.interrupt);
   }
-  const ncclUniqueId id = exchange_unique_id(*store, group, rank, options.timeout);
+  const ncclUniqueId id =
+      exchange_unique_id(*store, group, rank, options.timeout, options.interrupt);
   return std::make_shared<NcclProcessGroupImpl>(rank, size, device, options, id);
 }
 
