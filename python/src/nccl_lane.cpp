@@ -40,10 +40,14 @@ NcclLane::NcclLane(std::shared_ptr<Store> store, int rank, int size,
       store_(std::move(store)),
       rank_(rank),
       size_(size),
-      timeout_(timeout) {}
+      timeout_(timeout),
+      blocking_wait_(env::get_bool("DDP_NCCL_BLOCKING_WAIT", false)) {}
 
 NcclLane::NcclLane(std::shared_ptr<RecoverableGroup> job, RecoverableSubgroupOptions subgroup)
-    : name_(subgroup.name), job_(std::move(job)), subgroup_options_(std::move(subgroup)) {
+    : name_(subgroup.name),
+      job_(std::move(job)),
+      subgroup_options_(std::move(subgroup)),
+      blocking_wait_(env::get_bool("DDP_NCCL_BLOCKING_WAIT", false)) {
   subgroup_options_.backend = "nccl";
 }
 
@@ -133,13 +137,18 @@ namespace {
 class LaneWork : public Work {
  public:
   LaneWork(WorkPtr inner, std::shared_ptr<NcclProcessGroup> group, CUstream_st* stream,
-           std::shared_ptr<std::mutex> issue_mutex)
+           std::shared_ptr<std::mutex> issue_mutex, bool blocking_wait)
       : inner_(std::move(inner)),
         group_(std::move(group)),
         stream_(stream),
-        issue_mutex_(std::move(issue_mutex)) {}
+        issue_mutex_(std::move(issue_mutex)),
+        blocking_wait_(blocking_wait) {}
 
   void wait(std::chrono::milliseconds timeout) override {
+    // DDP_NCCL_BLOCKING_WAIT: the host waits for the collective itself and no stream is
+    // ordered, so no lock either (holding it would stall every issue() meanwhile, e.g. the
+    // next bucket's all_reduce from autograd).
+    if (blocking_wait_) return inner_->wait(timeout);
     std::lock_guard<std::mutex> lock(*issue_mutex_);
     group_->set_compute_stream(stream_);
     inner_->wait(timeout);
@@ -151,6 +160,7 @@ class LaneWork : public Work {
   std::shared_ptr<NcclProcessGroup> group_;  // the generation's group the operation ran on
   CUstream_st* stream_;
   std::shared_ptr<std::mutex> issue_mutex_;
+  bool blocking_wait_;
 };
 
 }  // namespace
@@ -164,7 +174,7 @@ WorkPtr NcclLane::issue(const std::shared_ptr<NcclProcessGroup>& nccl, void* str
     nccl->set_compute_stream(caller);
     inner = op(*nccl);
   }
-  return std::make_shared<LaneWork>(std::move(inner), nccl, caller, issue_mutex_);
+  return std::make_shared<LaneWork>(std::move(inner), nccl, caller, issue_mutex_, blocking_wait_);
 }
 
 void NcclLane::hold_until_complete(std::vector<WorkPtr> works,

@@ -114,6 +114,9 @@ class NcclLane {
   // The generation (0 for a plain lane) in which the group's ranks were found to share a GPU:
   // its CUDA tensors go through the host; -1 while not.
   int64_t staging_generation_ = -1;
+  // DDP_NCCL_BLOCKING_WAIT, which ddp's nccl backend reads for the lane's groups
+  // (NcclOptions::from_env; not called here: this file builds without the backend too).
+  const bool blocking_wait_;
   // hold_until_complete's entries, oldest first.
   struct Held {
     std::vector<WorkPtr> works;
