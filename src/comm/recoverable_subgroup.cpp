@@ -65,12 +65,22 @@ int64_t RecoverableSubgroup::generation() const {
 }
 
 ProcessGroupPtr RecoverableSubgroup::group(const std::function<void()>& before_reform) {
+  if (parent_->stale()) throw lost_error(*parent_, options_.name);
+  bool formed_before = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (parent_->generation() == generation_) return group_;
+    formed_before = generation_ >= 0;
+  }
+  // Before taking form_mutex_: the operations it lets end may be issued by another thread
+  // (a future's callback on the `ddp` backend's completer) that may be about to come here.
+  if (before_reform && formed_before) before_reform();
   std::lock_guard<std::mutex> forming(form_mutex_);
   if (parent_->stale()) throw lost_error(*parent_, options_.name);
   const int64_t current = parent_->generation();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (current == generation_) return group_;
+    if (current == generation_) return group_;  // another thread formed it meanwhile
   }
   if (!options_.whole_job && parent_->world_size() != parent_world_size_) {
     throw UsageError(fmt::format(
@@ -79,7 +89,6 @@ ProcessGroupPtr RecoverableSubgroup::group(const std::function<void()>& before_r
         "the group again from the ranks of the new generation, or use the default group only",
         options_.name, current, parent_world_size_, parent_->world_size()));
   }
-  if (before_reform && generation_ >= 0) before_reform();
   ProcessGroupPtr next = form(current);
   ProcessGroupPtr old;
   {

@@ -69,8 +69,9 @@ class RecoverableSubgroup {
   // parent re-formed since the last call (blocks until every member joined, TimeoutError after
   // options.timeout). PeerLostError while the parent is stale (a loss announced, not
   // re-formed).
-  // `before_reform` runs before a re-form replaces the group: the caller lets the operations it
-  // handed to the old group end there (they fail at once: aborted).
+  // `before_reform` runs before a re-form replaces the group, outside any lock of this class:
+  // the caller lets the operations it handed to the old group end there (they fail at once:
+  // aborted).
   ProcessGroupPtr group(const std::function<void()>& before_reform = {});
   // The parent's generation the current group belongs to (-1 before the first group()).
   int64_t generation() const;
