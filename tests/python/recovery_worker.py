@@ -26,7 +26,11 @@ workers die with it) and itself. DDP_TEST_SUBGROUP=1: the first and the last lau
 all-reduce the step number over a group of their own (dist.new_group) at the start of every
 forward, which must give twice the step: the group must end its collective at ddprun's notice
 when a member dies, and follow the default group into each new generation (a replacement makes
-it again). DDP_TEST_QUICK_EXIT=1: after its outputs the worker ends with
+it again). With it, when a rank outside the pair is killed in a forward or backward, the pair
+also probes operations deferred across the re-form (probe_deferred_across_reform): they must
+fail with PeerLostError, not run in the new generation; the rank to be killed waits until the
+pair set the probe up, and each member writes how many it checked ("subgroup_probe" in its
+JSON). DDP_TEST_QUICK_EXIT=1: after its outputs the worker ends with
 os._exit(0), without destroying its process group (ddprun's agent records its finish).
 --recovery shrink: DDP_TEST_REJOIN_AFTER_SHRUNK=1: a replacement, after its DDP and before its
 ddp.StepManager (which claims its slot back), writes DIR/rank<R>.built and waits until another
@@ -122,6 +126,61 @@ def wait_until(condition, seconds, failure):
         time.sleep(0.01)
 
 
+def probe_deferred_across_reform(pair, ends, slot, steps, out):
+    """Sets up, on the pair's two members, operations the group's completer issues only after
+    the job re-formed: a future callback on the completer holds it until the default group's
+    generation grew, and the operations called meanwhile are deferred behind it (the ddp
+    backend's issue order). They belong to the generation they were called in, so each must
+    fail with PeerLostError once issued, as on every rank, instead of running in the new
+    generation (out of step with the ranks that failed it, after a drain that waited for
+    itself). Tensors of 128 KiB: above DDP_CPU_INLINE_BYTES, so the group's worker thread runs
+    them, not the caller. Returns the works to check after the step was redone."""
+    generation = steps.generation
+
+    def hold(_fut):  # on the pair's completer thread
+        wait_until(lambda: steps.generation > generation, 120,
+                   "subgroup probe: the job did not re-form within 120 s of the probe")
+
+    def attached(s):
+        return os.path.join(out, f"probe{s}.attached")
+
+    def big():
+        return torch.ones(32768)
+
+    first, last = ends
+    checked = []
+    if slot == first:
+        # Completes only once `last` issued its own (it waits for this file): its callback
+        # runs on the completer, which it holds.
+        dist.all_reduce(big(), group=pair, async_op=True).get_future().then(hold)
+        open(attached(first), "w").close()
+        checked.append(dist.all_reduce(big(), group=pair, async_op=True))  # deferred
+    else:
+        wait_until(lambda: os.path.exists(attached(first)), 120,
+                   "subgroup probe: the pair's first member did not set up its probe")
+        dist.all_reduce(big(), group=pair, async_op=True)  # the first one's match
+        # Never matched in this generation (the first member's is deferred): it fails at the
+        # notice, and its callback then holds this member's completer.
+        dist.all_reduce(big(), group=pair, async_op=True).get_future().then(hold)
+        open(attached(last), "w").close()
+    checked.append(dist.all_reduce(big(), group=pair, async_op=True))  # deferred
+    return checked
+
+
+def check_probe(works):
+    for w in works:
+        try:
+            w.wait()
+        except Exception as e:  # noqa: BLE001 - the message says which failure it is
+            if "issued after the job re-formed" not in str(e):
+                raise AssertionError(f"subgroup probe: a deferred operation failed otherwise: "
+                                     f"{e}") from e
+        else:
+            raise AssertionError("subgroup probe: an operation called before the re-form ran "
+                                 "in the new generation")
+    return len(works)
+
+
 def ints(text):
     return [int(v) for v in text.split(",")] if text else []
 
@@ -176,12 +235,27 @@ def main():
     kill_steps = ints(os.environ.get("DDP_TEST_KILL_AT_STEP", ""))
     kill_ranks = ints(os.environ.get("DDP_TEST_KILL_RANK", ""))
     kill_phase = os.environ.get("DDP_TEST_KILL_PHASE", "backward")
+    # The step at which the pair probes operations deferred across the re-form: the first
+    # kill of a rank outside it, in a forward or backward (every process of the launch agrees).
+    probe_step = None
+    if (os.environ.get("DDP_TEST_SUBGROUP") == "1" and restart_count == "0"
+            and kill_phase in ("forward", "backward")):
+        ends = [0, dist.get_world_size() - 1]
+        probe_step = next((s for s, r in zip(kill_steps, kill_ranks) if r not in ends), None)
+    probe_works = []
+    probed = 0
 
     def maybe_die(phase):
         if restart_count != "0" or phase != kill_phase:
             return
         for s, r in zip(kill_steps, kill_ranks):
             if slot == r and steps.step == s:
+                if s == probe_step:  # the pair must be set up before the job re-forms
+                    ends = [0, dist.get_world_size() - 1]
+                    wait_until(lambda: all(os.path.exists(os.path.join(args.out,
+                                                                       f"probe{e}.attached"))
+                                           for e in ends), 120,
+                               "subgroup probe: the pair did not set up its probe in 120 s")
                 if os.environ.get("DDP_TEST_KILL_SILENT") == "1":
                     survivor = 0 if slot != 0 else 1
                     keep_sockets_open(os.path.join(args.out, f"rank{survivor}.commits"), s + 2)
@@ -195,6 +269,9 @@ def main():
             if check.item() != 2.0 * steps.step:
                 raise AssertionError(f"the subgroup's all_reduce gave {check.item()} at step "
                                      f"{steps.step}, not {2.0 * steps.step}")
+            if steps.step == probe_step and not probe_works and probed == 0:
+                probe_works.extend(probe_deferred_across_reform(pair, [0, dist.get_world_size() - 1],
+                                                                slot, steps, args.out))
         # The step being run (a redo may run a later one), split over the current ranks.
         x, y = batch_for(steps.step, steps.rank, steps.world_size,
                          max(steps.launch_world_size, steps.world_size))
@@ -214,6 +291,9 @@ def main():
     commits = open(os.path.join(args.out, f"rank{slot}.commits"), "a")
     while steps.step < args.steps:
         steps.run_step(forward)
+        if probe_works:
+            probed = check_probe(probe_works)
+            probe_works.clear()
         commits.write(f"{os.getpid()} {steps.step} {steps.world_size}\n")
         commits.flush()
         maybe_die("between")
@@ -246,6 +326,7 @@ def main():
         json.dump({"rank": steps.rank, "slot": slot, "world_size": steps.world_size,
                    "step": steps.step, "dropped": steps.dropped,
                    "recoveries": steps.recoveries, "generation": steps.generation,
+                   "subgroup_probe": probed,
                    "restart_count": int(restart_count)}, f)
     if os.environ.get("DDP_TEST_QUICK_EXIT") == "1":
         os._exit(0)

@@ -1177,6 +1177,16 @@ def main():
         survivors = [r for r in reports if r["rank"] != kill_rank]
         if any(r["recoveries"] != 1 for r in survivors):
             fail(f"{what}: survivors did not re-form exactly once: {survivors}", p)
+        # The Python worker's new_group of the first and last rank probes operations deferred
+        # across the re-form when a rank outside it dies in a forward or backward
+        # (recovery_worker.py, probe_deferred_across_reform): 2 checked on the first, 1 on the
+        # last.
+        if (python and os.environ.get("DDP_TEST_SUBGROUP") == "1"
+                and kill_rank not in (0, WORLD - 1) and phase in ("forward", "backward")):
+            probes = [reports[0].get("subgroup_probe"), reports[WORLD - 1].get("subgroup_probe")]
+            if probes != [2, 1]:
+                fail(f"{what}: the subgroup's deferred operations were not all checked "
+                     f"(first and last rank checked {probes}, not [2, 1])", p)
         params = read_params(out)
         if len(set(params)) != 1:
             fail(f"{what}: parameters differ between ranks", p)
