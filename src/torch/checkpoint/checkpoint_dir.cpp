@@ -195,6 +195,7 @@ void remove_incomplete(const std::string& dir, std::optional<int64_t> below_step
   std::error_code ec;
   // A checkpoint a killed replace moved aside goes back under its step's name first (it is
   // that step's only copy); the staging sweep below would otherwise remove it.
+  bool restored = false;
   for (const auto& d : moved_aside_without_their_step(dir)) {
     if (below_step && d.step >= *below_step) continue;
     try {
@@ -202,13 +203,14 @@ void remove_incomplete(const std::string& dir, std::optional<int64_t> below_step
     } catch (const UsageError&) {
       continue;
     }
-    if (::renameat2(AT_FDCWD, d.path.c_str(), AT_FDCWD, step_dir(dir, d.step).c_str(),
-                    RENAME_NOREPLACE) != 0 &&
-        (errno == EINVAL || errno == ENOSYS)) {
-      ::rename(d.path.c_str(), step_dir(dir, d.step).c_str());  // the step is still absent
+    const std::string back = step_dir(dir, d.step);
+    int rc = ::renameat2(AT_FDCWD, d.path.c_str(), AT_FDCWD, back.c_str(), RENAME_NOREPLACE);
+    if (rc != 0 && (errno == EINVAL || errno == ENOSYS)) {
+      rc = ::rename(d.path.c_str(), back.c_str());  // the step is still absent (listed so)
     }
+    restored = restored || rc == 0;
   }
-  ddp::fsync_directory(dir);
+  if (restored) ddp::fsync_directory(dir);
   for (const auto& d : step_dirs(dir)) {
     if (below_step && d.step >= *below_step) continue;
     if (!fs::exists(d.path + "/.metadata", ec)) ddp::remove_tree(d.path, ec);
