@@ -160,13 +160,15 @@ void ProcessGroupDDP::drain_in_flight() const {
   }
 }
 
+void ProcessGroupDDP::drain_unless_on_completer() const {
+  // On the completer's thread (running a callback, or issuing a deferred operation) the
+  // operations a drain would wait for can only be issued by that thread after it returned
+  // (make_work fails the deferred ones of an older generation instead).
+  if (!completer_->is_current_thread()) drain_in_flight();
+}
+
 void ProcessGroupDDP::follow_job() const {
-  // Not from the completer's thread (issuing a deferred operation): the operations it would
-  // wait for can only be issued by it (make_work fails the deferred ones of an older
-  // generation instead).
-  ProcessGroupPtr current = subgroup_->group([this] {
-    if (!completer_->is_current_thread()) drain_in_flight();
-  });
+  ProcessGroupPtr current = subgroup_->group([this] { drain_unless_on_completer(); });
   std::lock_guard<std::mutex> lock(pg_mutex_);
   pg_ = std::move(current);
 }
@@ -244,11 +246,8 @@ OpRoute ProcessGroupDDP::route(const std::vector<at::Tensor>& tensors, bool lane
   if (!cuda) return {};
   if (lane && lane_ && !host_tensors) {
     OpRoute r;
-    // A re-form lets the operations in flight end first; not from the completer's thread
-    // (running a callback), whose queued operations could only end after it returned.
-    r.nccl = lane_->group(cuda->index(), [this] {
-      if (!completer_->is_current_thread()) drain_in_flight();
-    });
+    // A re-form lets the operations in flight end first.
+    r.nccl = lane_->group(cuda->index(), [this] { drain_unless_on_completer(); });
     if (r.nccl) {
       r.stream = c10::impl::VirtualGuardImpl(cuda->type()).getStream(*cuda);
       return r;

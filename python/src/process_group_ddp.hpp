@@ -195,6 +195,8 @@ class ProcessGroupDDP : public ProcessGroupBase {
   ProcessGroup* live() const;
   // Waits (bounded by the group timeout) until the operations handed to this group ended.
   void drain_in_flight() const;
+  // drain_in_flight, but not on the completer's thread: before a re-form replaces a group.
+  void drain_unless_on_completer() const;
   void follow_job() const;
   RecoverableGroup& recoverable_group() const;
 

@@ -109,8 +109,9 @@ class WorkDDP : public c10d::Work {
   void mark_future();
   // finish_work, then mark_future: the owner's way to complete.
   void complete(std::exception_ptr err);
-  // After a successful wait(): the waiter's current stream on the operation's device waits for
-  // the stream it was issued from (nothing for host operations, or when they are the same).
+  // At the end of wait(), failed or not: the waiter's current stream on the operation's device
+  // waits for the stream it was issued from (nothing for host operations, or when they are the
+  // same).
   void order_current_stream() const;
 
   std::vector<ddp::WorkPtr> inner_;
